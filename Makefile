@@ -1,0 +1,39 @@
+# outbox: `make demo` runs the product, `make test` runs the tests. Both set themselves up.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.install-stamp
+LINT_PATHS := outbox tests bench cmd
+
+.DEFAULT_GOAL := help
+.PHONY: help install test lint demo bench clean
+
+help: ## List the targets
+	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  make %-8s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "outbox needs Python >= 3.11")'
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	@touch $(STAMP)
+
+install: $(STAMP) ## Create .venv with the package, test and lint dependencies
+
+test: $(STAMP) ## Run the tests (OUTBOX_TEST_DSN, or a throwaway local PostgreSQL)
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+lint: $(STAMP) ## ruff check, ruff format --check, mypy --strict
+	$(VENV)/bin/ruff check $(LINT_PATHS)
+	$(VENV)/bin/ruff format --check $(LINT_PATHS)
+	$(VENV)/bin/mypy
+
+demo: $(STAMP) ## Run the demo: local PostgreSQL (or OUTBOX_DSN), migrate, append, drain, report
+	$(PY) cmd/demo.py
+
+bench: $(STAMP) ## Run the benchmarks and print their figures
+	$(PY) bench/run.py
+
+clean: ## Stop the demo cluster, remove .venv, .outbox and caches
+	@if [ -x $(PY) ] && [ -d .outbox ]; then $(PY) cmd/demo.py --stop || true; fi
+	rm -rf $(VENV) .outbox .pytest_cache .mypy_cache .ruff_cache .hypothesis dist build
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +

@@ -1,0 +1,7 @@
+#!/usr/bin/env python3
+"""Thin entry script: `maintenance` from a source checkout (the installed script is the same)."""
+
+from outbox.cli.maintenance import main
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,126 @@
+"""What every command line shares: the one choke point for errors, the async runner, output.
+
+`main(app, prog)` runs a typer app so that any failure becomes one line on stderr and an exit
+code: 2 for bad usage (before any connection opens), 1 for operational failure, 130 when
+interrupted. Tracebacks appear only with `OUTBOX_LOG_LEVEL=debug`. `emit_json` writes orjson
+with `schema_version` to stdout; notes go to stderr, never mixed into data.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Awaitable, Callable
+from typing import Annotated, Any, NoReturn, TypeVar
+
+import anyio
+import asyncpg
+import orjson
+import typer
+from rich.console import Console
+
+from outbox import log
+from outbox.config import Settings
+from outbox.errors import ConfigError, OutboxError, ValidationError
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "DsnOption",
+    "JsonOption",
+    "UsageError",
+    "emit_json",
+    "main",
+    "require_dsn",
+    "run",
+    "settings_for",
+    "stderr",
+    "stdout",
+]
+
+SCHEMA_VERSION = 1
+T = TypeVar("T")
+
+stderr = Console(stderr=True, highlight=False, soft_wrap=True)
+stdout = Console(highlight=False)
+
+DsnOption = Annotated[
+    str | None,
+    typer.Option(
+        "--dsn",
+        envvar="OUTBOX_DSN",
+        show_envvar=True,
+        show_default=False,
+        help="PostgreSQL DSN; the password never appears in output.",
+    ),
+]
+JsonOption = Annotated[bool, typer.Option("--json", help="Write JSON (schema_version 1) to stdout.")]
+
+
+class UsageError(Exception):
+    """Bad usage found after parsing (exit 2, nothing connected)."""
+
+
+def _debug() -> bool:
+    return os.environ.get("OUTBOX_LOG_LEVEL", "").strip().lower() == "debug"
+
+
+def _fail(prog: str, message: str, code: int) -> NoReturn:
+    print(f"{prog}: error: {log.scrub(' '.join(message.split()))}", file=sys.stderr)
+    raise SystemExit(code)
+
+
+def settings_for(**overrides: Any) -> Settings:
+    """Settings from the environment plus CLI options; a bad value is a usage error."""
+    try:
+        return Settings.from_env(**overrides)
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def require_dsn(settings: Settings) -> str:
+    if not settings.dsn:
+        raise UsageError("no database given: pass --dsn or set OUTBOX_DSN")
+    return settings.dsn
+
+
+def run(fn: Callable[[], Awaitable[T]]) -> T:
+    """Run an async command body on the asyncio backend."""
+    return anyio.run(fn, backend="asyncio")
+
+
+def emit_json(mode: str, payload: dict[str, Any]) -> None:
+    body = {"schema_version": SCHEMA_VERSION, "mode": mode, **payload}
+    sys.stdout.buffer.write(orjson.dumps(body, option=orjson.OPT_NON_STR_KEYS) + b"\n")
+    sys.stdout.flush()
+
+
+def main(app: typer.Typer, prog: str, argv: list[str] | None = None) -> NoReturn:
+    """Run `app` and turn every outcome into an exit code with at most one line of error."""
+    args = sys.argv[1:] if argv is None else argv
+    try:
+        # Non-standalone: typer returns an explicit exit code (e.g. 0 after --help) and
+        # raises usage errors to us instead of printing a multi-line panel.
+        code = app(args=args or ["--help"], prog_name=prog, standalone_mode=False)
+    except typer.Exit as exc:
+        raise SystemExit(exc.exit_code) from None
+    except (typer.Abort, KeyboardInterrupt):
+        _fail(prog, "interrupted", 130)
+    except typer.TyperException as exc:  # usage errors carry exit_code 2
+        _fail(prog, exc.format_message(), exc.exit_code)
+    except (UsageError, ValidationError) as exc:
+        _fail(prog, str(exc), 2)
+    except SystemExit:
+        raise
+    except OutboxError as exc:
+        if _debug():
+            raise
+        _fail(prog, str(exc), 1)
+    except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as exc:
+        if _debug():
+            raise
+        _fail(prog, f"{type(exc).__name__}: {exc}", 1)
+    except Exception as exc:
+        if _debug():
+            raise
+        _fail(prog, f"unexpected {type(exc).__name__}: {exc} (set OUTBOX_LOG_LEVEL=debug)", 1)
+    raise SystemExit(code if isinstance(code, int) else 0)

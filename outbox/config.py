@@ -1,0 +1,215 @@
+"""Settings: one frozen value built from `OUTBOX_*` environment variables and CLI overrides.
+
+`Settings.from_env()` parses the environment, applies overrides (CLI options; `None` means
+"not given"), and validates. Every problem is a one-line `ConfigError` naming the variable
+(and its CLI option). Booleans accept true/false/1/0/yes/no/on/off and nothing else; an
+empty variable counts as unset. The DSN password never shows in `repr()`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from outbox.errors import ConfigError
+from outbox.redact import redact_dsn
+
+__all__ = ["FIELDS", "FieldSpec", "Settings", "parse_bool"]
+
+Ordering = Literal["campaign", "none"]
+DeadPolicy = Literal["block", "park"]
+
+_TRUE = {"true", "1", "yes", "on"}
+_FALSE = {"false", "0", "no", "off"}
+
+
+def parse_bool(raw: str) -> bool:
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ValueError("expected one of true/false/1/0/yes/no/on/off")
+
+
+def _parse_int(raw: str) -> int:
+    try:
+        return int(raw.strip())
+    except ValueError:
+        raise ValueError("expected an integer") from None
+
+
+def _parse_float(raw: str) -> float:
+    try:
+        value = float(raw.strip())
+    except ValueError:
+        raise ValueError("expected a number") from None
+    if not math.isfinite(value):
+        raise ValueError("expected a finite number")
+    return value
+
+
+def _parse_text(raw: str) -> str:
+    return raw.strip()
+
+
+def _parse_word(raw: str) -> str:
+    return raw.strip().lower()
+
+
+@dataclass(frozen=True, slots=True)
+class FieldSpec:
+    """How one setting is read and checked; also the source of the docs' configuration table."""
+
+    env: str
+    parse: Callable[[str], Any]
+    doc: str
+    low: float | None = None
+    high: float | None = None
+    choices: tuple[str, ...] = ()
+
+    @property
+    def option(self) -> str:
+        return "--" + self.env.removeprefix("OUTBOX_").lower().replace("_", "-")
+
+    def check(self, value: Any) -> None:
+        if self.choices and value not in self.choices:
+            raise ValueError(f"expected one of {'/'.join(self.choices)}")
+        if self.parse is parse_bool and not isinstance(value, bool):
+            raise ValueError("expected a boolean")
+        if self.parse in (_parse_int, _parse_float):
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise ValueError("expected a number")
+            if self.parse is _parse_int and not isinstance(value, int):
+                raise ValueError("expected an integer")
+            if not math.isfinite(value):
+                raise ValueError("expected a finite number")
+            if self.low is not None and value < self.low:
+                raise ValueError(f"must be at least {_fmt(self.low)}")
+            if self.high is not None and value > self.high:
+                raise ValueError(f"must be at most {_fmt(self.high)}")
+
+
+def _fmt(number: float) -> str:
+    return str(int(number)) if float(number).is_integer() else str(number)
+
+
+FIELDS: dict[str, FieldSpec] = {
+    "dsn": FieldSpec("OUTBOX_DSN", _parse_text, "PostgreSQL DSN (libpq URI or keywords)"),
+    "enabled": FieldSpec("OUTBOX_ENABLED", parse_bool, "enqueue one work row per appended event"),
+    "worker_enabled": FieldSpec(
+        "OUTBOX_WORKER_ENABLED", parse_bool, "the apply worker may run"
+    ),
+    "shadow_worker_enabled": FieldSpec(
+        "OUTBOX_SHADOW_WORKER_ENABLED", parse_bool, "the shadow worker may run (apply wins)"
+    ),
+    "inline_apply": FieldSpec(
+        "OUTBOX_INLINE_APPLY", parse_bool, "apply projectors inside the append transaction"
+    ),
+    "batch_size": FieldSpec(
+        "OUTBOX_BATCH_SIZE", _parse_int, "rows claimed per batch", low=1, high=10_000
+    ),
+    "poll_interval": FieldSpec(
+        "OUTBOX_POLL_INTERVAL", _parse_float, "seconds between polls without NOTIFY",
+        low=0.01, high=3600,
+    ),
+    "backoff_base": FieldSpec(
+        "OUTBOX_BACKOFF_BASE", _parse_float, "seconds of delay after the first failure",
+        low=0.001, high=86_400,
+    ),
+    "backoff_cap": FieldSpec(
+        "OUTBOX_BACKOFF_CAP", _parse_float, "upper bound of the retry delay, seconds",
+        low=0.001, high=7 * 86_400,
+    ),
+    "max_attempts": FieldSpec(
+        "OUTBOX_MAX_ATTEMPTS", _parse_int, "failed attempts before a row is dead", low=1, high=1000
+    ),
+    "ordering": FieldSpec(
+        "OUTBOX_ORDERING", _parse_word, "`campaign`: strict seq order per campaign; `none`: any",
+        choices=("campaign", "none"),
+    ),
+    "dead_policy": FieldSpec(
+        "OUTBOX_DEAD_POLICY", _parse_word, "`block`: a dead row blocks its campaign; `park`: not",
+        choices=("block", "park"),
+    ),
+    "append_key_ttl": FieldSpec(
+        "OUTBOX_APPEND_KEY_TTL", _parse_int, "seconds an append idempotency key is honoured",
+        low=1, high=366 * 86_400,
+    ),
+}
+
+
+@dataclass(frozen=True, slots=True, repr=False)
+class Settings:
+    dsn: str | None = None
+    enabled: bool = True
+    worker_enabled: bool = True
+    shadow_worker_enabled: bool = False
+    inline_apply: bool = False
+    batch_size: int = 100
+    poll_interval: float = 1.0
+    backoff_base: float = 1.0
+    backoff_cap: float = 300.0
+    max_attempts: int = 8
+    ordering: Ordering = "campaign"
+    dead_policy: DeadPolicy = "block"
+    append_key_ttl: int = 86_400
+
+    def __repr__(self) -> str:
+        parts = []
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if field.name == "dsn" and value is not None:
+                value = redact_dsn(value)
+            parts.append(f"{field.name}={value!r}")
+        return f"Settings({', '.join(parts)})"
+
+    __str__ = __repr__
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
+        """Settings from `env` (default: os.environ), then `overrides` that are not None."""
+        env = os.environ if env is None else env
+        values: dict[str, Any] = {}
+        for name, spec in FIELDS.items():
+            raw = env.get(spec.env)
+            if raw is None or not raw.strip():
+                continue
+            try:
+                values[name] = spec.parse(raw)
+            except ValueError as exc:
+                shown = "<redacted>" if name == "dsn" else repr(raw)
+                raise ConfigError(f"{spec.env}: {exc}, got {shown}") from None
+        unknown = set(overrides) - FIELDS.keys()
+        if unknown:
+            raise ConfigError(f"unknown setting(s): {', '.join(sorted(unknown))}")
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values).validate()
+
+    def replace(self, **changes: Any) -> Settings:
+        """A copy with `changes` (None means unchanged), validated."""
+        return dataclasses.replace(
+            self, **{k: v for k, v in changes.items() if v is not None}
+        ).validate()
+
+    def validate(self) -> Settings:
+        for name, spec in FIELDS.items():
+            value = getattr(self, name)
+            if name == "dsn":
+                if value is not None and not isinstance(value, str):
+                    raise ConfigError(f"{spec.env} ({spec.option}): expected a string")
+                continue
+            try:
+                spec.check(value)
+            except ValueError as exc:
+                raise ConfigError(f"{spec.env} ({spec.option}): {exc}, got {value!r}") from None
+        if self.backoff_cap < self.backoff_base:
+            raise ConfigError(
+                f"OUTBOX_BACKOFF_CAP ({self.backoff_cap}) must not be below "
+                f"OUTBOX_BACKOFF_BASE ({self.backoff_base})"
+            )
+        return self

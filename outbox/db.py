@@ -1,0 +1,159 @@
+"""Connections, pools, codecs, session settings and DSN redaction.
+
+This is the only module that knows asyncpg's connection API. Everything else receives an
+`Executor` (a pool or a connection) and runs named queries on what `acquire` yields.
+It must never let a DSN password reach a message: every error raised here is built from
+`redact_dsn` and `scrub`, never from `str()` of a driver error that may echo the DSN.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterable, Mapping
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any, TypeAlias
+
+import asyncpg
+import orjson
+
+from outbox import log
+from outbox.errors import DatabaseUnavailable
+from outbox.redact import dsn_secrets, redact_dsn, scrub
+
+if TYPE_CHECKING:
+    from asyncpg.pool import PoolConnectionProxy
+
+    Pool: TypeAlias = asyncpg.Pool[asyncpg.Record]
+    Connection: TypeAlias = (
+        asyncpg.Connection[asyncpg.Record] | PoolConnectionProxy[asyncpg.Record]
+    )
+    Executor: TypeAlias = Pool | Connection
+
+__all__ = [
+    "Connection",
+    "Executor",
+    "Pool",
+    "acquire",
+    "connect",
+    "create_pool",
+    "dsn_secrets",
+    "redact_dsn",
+    "scrub",
+]
+
+_logger = log.get_logger("outbox.db")
+
+def _encode_jsonb(value: Any) -> bytes:
+    return b"\x01" + orjson.dumps(value)
+
+
+def _decode_jsonb(data: bytes) -> Any:
+    return orjson.loads(data[1:])
+
+
+async def init_connection(conn: Connection) -> None:
+    """Per-connection set-up: orjson as the jsonb/json codec."""
+    await conn.set_type_codec(
+        "jsonb",
+        schema="pg_catalog",
+        encoder=_encode_jsonb,
+        decoder=_decode_jsonb,
+        format="binary",
+    )
+    await conn.set_type_codec(
+        "json",
+        schema="pg_catalog",
+        encoder=lambda v: orjson.dumps(v).decode(),
+        decoder=orjson.loads,
+        format="text",
+    )
+
+
+# Everything asyncpg and the OS raise while a connection is being established.
+_CONNECT_ERRORS = (OSError, TimeoutError, ValueError, asyncpg.PostgresError, asyncpg.InterfaceError)
+
+
+def _unavailable(dsn: str | None, exc: BaseException) -> DatabaseUnavailable:
+    target = redact_dsn(dsn) if dsn else "the database (libpq defaults)"
+    # The target stands before a space: a redacted `password=***` runs to whitespace.
+    return DatabaseUnavailable(
+        f"cannot connect to {target} ({type(exc).__name__}: {scrub(str(exc), dsn)})"
+    )
+
+
+def _remember_secrets(dsn: str | None) -> str | None:
+    """Teach the log formatter this DSN's password, so no log line can ever carry it."""
+    log.add_secrets(dsn_secrets(dsn))
+    return dsn
+
+
+async def connect(
+    dsn: str | None,
+    *,
+    server_settings: Mapping[str, str] | None = None,
+    timeout: float = 10.0,
+    codecs: bool = True,
+) -> asyncpg.Connection[asyncpg.Record]:
+    """One connection with the codecs set; failures become a redacted DatabaseUnavailable."""
+    dsn = _remember_secrets(dsn)
+    try:
+        conn: asyncpg.Connection[asyncpg.Record] = await asyncpg.connect(
+            dsn, timeout=timeout, server_settings=dict(server_settings or {})
+        )
+    except _CONNECT_ERRORS as exc:
+        raise _unavailable(dsn, exc) from None
+    if codecs:
+        await init_connection(conn)
+    return conn
+
+
+async def create_pool(
+    dsn: str | None,
+    *,
+    min_size: int = 1,
+    max_size: int = 10,
+    server_settings: Mapping[str, str] | None = None,
+    timeout: float = 10.0,
+) -> Pool:
+    """A pool whose connections carry the codecs; failures become DatabaseUnavailable."""
+    dsn = _remember_secrets(dsn)
+    try:
+        pool = await asyncpg.create_pool(
+            dsn,
+            min_size=min_size,
+            max_size=max_size,
+            timeout=timeout,
+            init=init_connection,
+            server_settings=dict(server_settings or {}),
+        )
+    except _CONNECT_ERRORS as exc:
+        raise _unavailable(dsn, exc) from None
+    return pool
+
+
+@asynccontextmanager
+async def acquire(executor: Executor) -> AsyncIterator[Connection]:
+    """Yield a connection: the executor itself, or one borrowed from the pool for the block."""
+    if isinstance(executor, asyncpg.Pool):
+        async with executor.acquire() as conn:
+            yield conn
+    else:
+        yield executor
+
+
+def session_settings(
+    *,
+    statement_timeout_ms: int,
+    lock_timeout_ms: int,
+    idle_in_transaction_timeout_ms: int,
+    application_name: str,
+    extra: Iterable[tuple[str, str]] = (),
+) -> dict[str, str]:
+    """Server settings for a worker session, so a frozen worker releases what it holds."""
+    settings = {
+        "statement_timeout": str(statement_timeout_ms),
+        "lock_timeout": str(lock_timeout_ms),
+        "idle_in_transaction_session_timeout": str(idle_in_transaction_timeout_ms),
+        "application_name": application_name,
+    }
+    settings.update(extra)
+    return settings

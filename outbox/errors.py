@@ -1,0 +1,100 @@
+"""The exception hierarchy: everything the library raises on purpose derives from OutboxError.
+
+    OutboxError
+    ├── ConfigError            bad settings or flag combination (one line, names the variable)
+    ├── ValidationError        bad append input, raised before any write (names the field)
+    ├── ConcurrencyError       expected_seq did not match the campaign head; nothing written
+    ├── DuplicateAppendError   idempotency key already used (only with raise_on_duplicate)
+    ├── MigrationError         migration refused (edited file, unknown version, old server)
+    ├── SchemaNotReady         the database lacks migrations this code needs
+    ├── DatabaseUnavailable    cannot connect; the message carries the redacted DSN only
+    ├── NotFound               an operator named a row that does not exist
+    ├── Conflict               an operator action does not fit the row's state
+    └── PermanentError         raised by a projector: the row goes dead at once
+
+Messages are single lines so the CLI can print them as they are.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from outbox.journal import AppendResult
+
+__all__ = [
+    "ConcurrencyError",
+    "ConfigError",
+    "Conflict",
+    "DatabaseUnavailable",
+    "DuplicateAppendError",
+    "MigrationError",
+    "NotFound",
+    "OutboxError",
+    "PermanentError",
+    "SchemaNotReady",
+    "ValidationError",
+]
+
+
+class OutboxError(Exception):
+    """Root of every error the library raises on purpose."""
+
+
+class ConfigError(OutboxError, ValueError):
+    """A setting or a combination of settings is invalid."""
+
+
+class ValidationError(OutboxError, ValueError):
+    """Append input is invalid; `field` names the offending part (e.g. `events[2].type`)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+class ConcurrencyError(OutboxError):
+    """The campaign head moved: `expected_seq` did not match `actual_seq`."""
+
+    def __init__(self, campaign_id: str, expected_seq: int, actual_seq: int) -> None:
+        super().__init__(
+            f"campaign {campaign_id!r}: expected seq {expected_seq}, head is {actual_seq}"
+        )
+        self.campaign_id = campaign_id
+        self.expected_seq = expected_seq
+        self.actual_seq = actual_seq
+
+
+class DuplicateAppendError(OutboxError):
+    """The idempotency key was used before; `result` is what the first append returned."""
+
+    def __init__(self, result: AppendResult) -> None:
+        super().__init__(
+            f"campaign {result.campaign_id!r}: idempotency key already appended "
+            f"seqs {result.first_seq}..{result.last_seq}"
+        )
+        self.result = result
+
+
+class MigrationError(OutboxError):
+    """A migration cannot be applied safely."""
+
+
+class SchemaNotReady(OutboxError):
+    """The database is not migrated to the version this code needs."""
+
+
+class DatabaseUnavailable(OutboxError):
+    """The database cannot be reached; the message never contains a password."""
+
+
+class NotFound(OutboxError):
+    """The row an operator named does not exist."""
+
+
+class Conflict(OutboxError):
+    """The row an operator named is not in a state the action accepts."""
+
+
+class PermanentError(OutboxError):
+    """Raised by a projector for an event that can never succeed: the row goes dead at once."""

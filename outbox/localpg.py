@@ -1,0 +1,171 @@
+"""A local PostgreSQL cluster from the binaries on this machine, for tests, the demo and benches.
+
+It owns finding `initdb`/`pg_ctl` (on PATH or under /usr/lib/postgresql/*/bin), creating a data
+directory, starting the server on a free loopback port and stopping it. As root, the server runs
+as the `postgres` user (PostgreSQL refuses to run as root). It never touches a cluster it did not
+create, and it is not used by the worker or the library in production.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pwd
+import re
+import shutil
+import socket
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from outbox.errors import OutboxError
+
+__all__ = ["LocalCluster", "LocalClusterError", "find_bindir"]
+
+_SERVICE_USER = "postgres"
+
+
+class LocalClusterError(OutboxError):
+    """The local cluster could not be created, started or stopped."""
+
+
+def _version_key(path: Path) -> tuple[int, ...]:
+    return tuple(int(x) for x in re.findall(r"\d+", path.parent.name)) or (0,)
+
+
+def find_bindir() -> Path:
+    """The directory holding initdb and pg_ctl; PATH first, then the newest Debian layout."""
+    on_path = shutil.which("pg_ctl")
+    if on_path and shutil.which("initdb"):
+        return Path(on_path).resolve().parent
+    candidates = sorted(Path("/usr/lib/postgresql").glob("*/bin"), key=_version_key, reverse=True)
+    for bindir in candidates:
+        if (bindir / "pg_ctl").exists() and (bindir / "initdb").exists():
+            return bindir
+    raise LocalClusterError(
+        "PostgreSQL binaries not found (initdb, pg_ctl): install PostgreSQL or set a DSN"
+    )
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _port_in_use(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+@dataclass
+class LocalCluster:
+    """A cluster in `directory` (data in `directory/data`), served on 127.0.0.1:`port`."""
+
+    directory: Path
+    port: int = 0
+    durable: bool = False
+
+    @classmethod
+    def temporary(cls) -> LocalCluster:
+        """A cluster in a fresh temporary directory, for one test session."""
+        return cls(Path(tempfile.mkdtemp(prefix="outbox-pg-")))
+
+    @property
+    def data(self) -> Path:
+        return self.directory / "data"
+
+    @property
+    def dsn(self) -> str:
+        return f"postgresql://{_SERVICE_USER}@127.0.0.1:{self.port}/postgres"
+
+    @property
+    def _as_service_user(self) -> list[str]:
+        if os.geteuid() != 0:
+            return []
+        try:
+            pwd.getpwnam(_SERVICE_USER)
+        except KeyError:
+            raise LocalClusterError(
+                f"running as root needs a {_SERVICE_USER!r} user to own the cluster"
+            ) from None
+        if shutil.which("runuser"):
+            return ["runuser", "-u", _SERVICE_USER, "--"]
+        raise LocalClusterError("running as root needs `runuser` to start PostgreSQL")
+
+    def _run(self, *args: str | Path, check: bool = True) -> subprocess.CompletedProcess[str]:
+        bindir = find_bindir()
+        command = [*self._as_service_user, str(bindir / str(args[0])), *map(str, args[1:])]
+        proc = subprocess.run(command, capture_output=True, text=True, check=False)
+        if check and proc.returncode != 0:
+            detail = " ".join((proc.stderr or proc.stdout).split())[-400:]
+            raise LocalClusterError(f"{args[0]} failed: {detail}")
+        return proc
+
+    def _own(self, path: Path) -> None:
+        if os.geteuid() == 0:
+            entry = pwd.getpwnam(_SERVICE_USER)
+            os.chown(path, entry.pw_uid, entry.pw_gid)
+
+    def initialised(self) -> bool:
+        return (self.data / "PG_VERSION").exists()
+
+    def running(self) -> bool:
+        if not self.initialised():
+            return False
+        return self._run("pg_ctl", "status", "-D", self.data, check=False).returncode == 0
+
+    def _running_port(self) -> int | None:
+        pid_file = self.data / "postmaster.pid"
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            return int(pid_file.read_text().splitlines()[3])
+        return None
+
+    def init(self) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._own(self.directory)
+        self._run(
+            "initdb", "-D", self.data, "-A", "trust", "-U", _SERVICE_USER,
+            "-E", "UTF8", "--locale=C", "--no-sync",
+        )
+        settings = [
+            "listen_addresses = '127.0.0.1'",
+            f"unix_socket_directories = '{self.directory}'",
+            "max_connections = 200",
+            "shared_buffers = 256MB",
+            "log_min_messages = warning",
+        ]
+        if not self.durable:
+            # A throwaway cluster: durability buys nothing and costs seconds per test run.
+            settings += ["fsync = off", "synchronous_commit = off", "full_page_writes = off"]
+        with (self.data / "postgresql.conf").open("a") as conf:
+            conf.write("\n# outbox.localpg\n" + "\n".join(settings) + "\n")
+
+    def start(self) -> str:
+        """Initialise if needed, start (or reuse a running server), return the DSN."""
+        if not self.initialised():
+            self.init()
+        if self.running():
+            self.port = self._running_port() or self.port
+            return self.dsn
+        if not self.port or _port_in_use(self.port):
+            self.port = _free_port()
+        self._run(
+            "pg_ctl", "start", "-D", self.data, "-w", "-t", "60",
+            "-l", self.directory / "postgres.log", "-o", f"-p {self.port}",
+        )
+        return self.dsn
+
+    def stop(self) -> None:
+        if self.running():
+            self._run("pg_ctl", "stop", "-D", self.data, "-m", "fast", "-w", "-t", "60")
+
+    def destroy(self) -> None:
+        """Stop the server (immediately if a fast stop fails) and remove the directory."""
+        try:
+            self.stop()
+        except LocalClusterError:
+            self._run("pg_ctl", "stop", "-D", self.data, "-m", "immediate", check=False)
+        shutil.rmtree(self.directory, ignore_errors=True)

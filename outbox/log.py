@@ -1,0 +1,95 @@
+"""Structured logging: one JSON object per line, `event` plus fields, secrets scrubbed.
+
+Library code logs with `logger.info("event.name", extra={...fields})`. `configure()` installs
+the JSON formatter on the `outbox` and `asyncpg` loggers (the worker and CLI call it; a library
+user keeps their own logging). Whatever formatter is in place, DSN passwords that any part of
+the package has seen are registered here and removed from every line this formatter writes.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+from collections.abc import Iterable
+from datetime import UTC, datetime
+from typing import IO, Any
+
+import orjson
+
+from outbox.redact import REDACTED, redact_dsn
+
+__all__ = ["JsonFormatter", "add_secrets", "configure", "get_logger", "scrub"]
+
+_secrets: set[str] = set()
+_secrets_lock = threading.Lock()
+
+# Attributes every LogRecord has; anything else on a record came from `extra=` and is a field.
+_RESERVED = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {
+    "message",
+    "asctime",
+    "taskName",
+}
+
+
+def add_secrets(secrets: Iterable[str]) -> None:
+    """Register strings (DSN passwords) that must never appear in a log line."""
+    with _secrets_lock:
+        _secrets.update(s for s in secrets if s)
+
+
+def scrub(line: str) -> str:
+    """Remove DSN shapes and every registered secret from `line`."""
+    line = redact_dsn(line)
+    for secret in sorted(_secrets, key=len, reverse=True):
+        # A secret can appear raw or JSON-escaped (a quote or backslash in a password).
+        for form in {secret, orjson.dumps(secret).decode()[1:-1]}:
+            line = line.replace(form, REDACTED)
+    return line
+
+
+class JsonFormatter(logging.Formatter):
+    """`{"ts", "level", "logger", "event", ...fields}` on one line."""
+
+    def __init__(self, *, tracebacks: bool = False) -> None:
+        super().__init__()
+        self.tracebacks = tracebacks
+
+    def format(self, record: logging.LogRecord) -> str:
+        data: dict[str, Any] = {
+            "ts": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "event": record.getMessage(),
+        }
+        for key, value in record.__dict__.items():
+            if key not in _RESERVED and not key.startswith("_"):
+                data[key] = value
+        if record.exc_info and record.exc_info[1] is not None:
+            exc = record.exc_info[1]
+            data["error"] = f"{type(exc).__name__}: {' '.join(str(exc).split())}"
+            if self.tracebacks:
+                data["traceback"] = self.formatException(record.exc_info)
+        line = orjson.dumps(data, default=str).decode()
+        return scrub(line)
+
+
+def configure(level: str = "info", stream: IO[str] | None = None) -> None:
+    """Send the package's and asyncpg's records to `stream` (stderr) as JSON lines."""
+    numeric = logging.getLevelNamesMapping().get(level.upper())
+    if numeric is None:
+        raise ValueError(f"unknown log level {level!r}")
+    handler = logging.StreamHandler(stream or sys.stderr)
+    handler.setFormatter(JsonFormatter(tracebacks=numeric <= logging.DEBUG))
+    for name in ("outbox", "asyncpg"):
+        logger = logging.getLogger(name)
+        for old in [h for h in logger.handlers if getattr(h, "_outbox", False)]:
+            logger.removeHandler(old)
+        handler._outbox = True  # type: ignore[attr-defined]
+        logger.addHandler(handler)
+        logger.setLevel(numeric)
+        logger.propagate = False
+
+
+def get_logger(name: str) -> logging.Logger:
+    return logging.getLogger(name)

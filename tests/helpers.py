@@ -1,0 +1,36 @@
+"""Small helpers shared by tests: DSN surgery and table counts read straight from the database."""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit, urlunsplit
+
+from outbox import db
+
+TABLES = (
+    "event_journal",
+    "campaign_heads",
+    "projection_apply_outbox",
+    "append_idempotency_keys",
+)
+
+
+def with_database(dsn: str, name: str) -> str:
+    """The same server and credentials, another database."""
+    if "://" in dsn:
+        parts = urlsplit(dsn)
+        return urlunsplit(parts._replace(path=f"/{name}"))
+    return f"{dsn} dbname={name}"
+
+
+async def counts(executor: db.Executor) -> dict[str, int]:
+    """Row counts of the append path's tables."""
+    async with db.acquire(executor) as conn:
+        return {t: await conn.fetchval(f"SELECT count(*) FROM {t}") for t in TABLES}
+
+
+async def journal_seqs(executor: db.Executor, campaign_id: str) -> list[int]:
+    async with db.acquire(executor) as conn:
+        rows = await conn.fetch(
+            "SELECT seq FROM event_journal WHERE campaign_id = $1 ORDER BY seq", campaign_id
+        )
+    return [r["seq"] for r in rows]
