@@ -23,6 +23,9 @@ __all__ = ["FIELDS", "FieldSpec", "Settings", "parse_bool"]
 Ordering = Literal["campaign", "none"]
 DeadPolicy = Literal["block", "park"]
 
+# asyncpg takes URIs only (libpq keyword DSNs are refused by the driver).
+_DSN_SCHEMES = ("postgresql://", "postgres://")
+
 _TRUE = {"true", "1", "yes", "on"}
 _FALSE = {"false", "0", "no", "off"}
 
@@ -99,11 +102,11 @@ def _fmt(number: float) -> str:
 
 
 FIELDS: dict[str, FieldSpec] = {
-    "dsn": FieldSpec("OUTBOX_DSN", _parse_text, "PostgreSQL DSN (libpq URI or keywords)"),
-    "enabled": FieldSpec("OUTBOX_ENABLED", parse_bool, "enqueue one work row per appended event"),
-    "worker_enabled": FieldSpec(
-        "OUTBOX_WORKER_ENABLED", parse_bool, "the apply worker may run"
+    "dsn": FieldSpec(
+        "OUTBOX_DSN", _parse_text, "PostgreSQL URI, `postgresql://user:pass@host:port/db`"
     ),
+    "enabled": FieldSpec("OUTBOX_ENABLED", parse_bool, "enqueue one work row per appended event"),
+    "worker_enabled": FieldSpec("OUTBOX_WORKER_ENABLED", parse_bool, "the apply worker may run"),
     "shadow_worker_enabled": FieldSpec(
         "OUTBOX_SHADOW_WORKER_ENABLED", parse_bool, "the shadow worker may run (apply wins)"
     ),
@@ -114,31 +117,47 @@ FIELDS: dict[str, FieldSpec] = {
         "OUTBOX_BATCH_SIZE", _parse_int, "rows claimed per batch", low=1, high=10_000
     ),
     "poll_interval": FieldSpec(
-        "OUTBOX_POLL_INTERVAL", _parse_float, "seconds between polls without NOTIFY",
-        low=0.01, high=3600,
+        "OUTBOX_POLL_INTERVAL",
+        _parse_float,
+        "seconds between polls without NOTIFY",
+        low=0.01,
+        high=3600,
     ),
     "backoff_base": FieldSpec(
-        "OUTBOX_BACKOFF_BASE", _parse_float, "seconds of delay after the first failure",
-        low=0.001, high=86_400,
+        "OUTBOX_BACKOFF_BASE",
+        _parse_float,
+        "seconds of delay after the first failure",
+        low=0.001,
+        high=86_400,
     ),
     "backoff_cap": FieldSpec(
-        "OUTBOX_BACKOFF_CAP", _parse_float, "upper bound of the retry delay, seconds",
-        low=0.001, high=7 * 86_400,
+        "OUTBOX_BACKOFF_CAP",
+        _parse_float,
+        "upper bound of the retry delay, seconds",
+        low=0.001,
+        high=7 * 86_400,
     ),
     "max_attempts": FieldSpec(
         "OUTBOX_MAX_ATTEMPTS", _parse_int, "failed attempts before a row is dead", low=1, high=1000
     ),
     "ordering": FieldSpec(
-        "OUTBOX_ORDERING", _parse_word, "`campaign`: strict seq order per campaign; `none`: any",
+        "OUTBOX_ORDERING",
+        _parse_word,
+        "`campaign`: strict seq order per campaign; `none`: any",
         choices=("campaign", "none"),
     ),
     "dead_policy": FieldSpec(
-        "OUTBOX_DEAD_POLICY", _parse_word, "`block`: a dead row blocks its campaign; `park`: not",
+        "OUTBOX_DEAD_POLICY",
+        _parse_word,
+        "`block`: a dead row blocks its campaign; `park`: not",
         choices=("block", "park"),
     ),
     "append_key_ttl": FieldSpec(
-        "OUTBOX_APPEND_KEY_TTL", _parse_int, "seconds an append idempotency key is honoured",
-        low=1, high=366 * 86_400,
+        "OUTBOX_APPEND_KEY_TTL",
+        _parse_int,
+        "seconds an append idempotency key is honoured",
+        low=1,
+        high=366 * 86_400,
     ),
 }
 
@@ -200,8 +219,13 @@ class Settings:
         for name, spec in FIELDS.items():
             value = getattr(self, name)
             if name == "dsn":
-                if value is not None and not isinstance(value, str):
-                    raise ConfigError(f"{spec.env} ({spec.option}): expected a string")
+                if value is not None and (
+                    not isinstance(value, str) or not value.startswith(_DSN_SCHEMES)
+                ):
+                    raise ConfigError(
+                        f"{spec.env} ({spec.option}): expected a postgresql:// URI, got "
+                        f"{redact_dsn(value) if isinstance(value, str) else type(value).__name__!r}"
+                    )
                 continue
             try:
                 spec.check(value)

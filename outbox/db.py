@@ -23,9 +23,7 @@ if TYPE_CHECKING:
     from asyncpg.pool import PoolConnectionProxy
 
     Pool: TypeAlias = asyncpg.Pool[asyncpg.Record]
-    Connection: TypeAlias = (
-        asyncpg.Connection[asyncpg.Record] | PoolConnectionProxy[asyncpg.Record]
-    )
+    Connection: TypeAlias = asyncpg.Connection[asyncpg.Record] | PoolConnectionProxy[asyncpg.Record]
     Executor: TypeAlias = Pool | Connection
 
 __all__ = [
@@ -41,6 +39,7 @@ __all__ = [
 ]
 
 _logger = log.get_logger("outbox.db")
+
 
 def _encode_jsonb(value: Any) -> bytes:
     return b"\x01" + orjson.dumps(value)
@@ -90,14 +89,14 @@ async def connect(
     dsn: str | None,
     *,
     server_settings: Mapping[str, str] | None = None,
-    timeout: float = 10.0,
+    connect_timeout: float = 10.0,
     codecs: bool = True,
 ) -> asyncpg.Connection[asyncpg.Record]:
     """One connection with the codecs set; failures become a redacted DatabaseUnavailable."""
     dsn = _remember_secrets(dsn)
     try:
         conn: asyncpg.Connection[asyncpg.Record] = await asyncpg.connect(
-            dsn, timeout=timeout, server_settings=dict(server_settings or {})
+            dsn, timeout=connect_timeout, server_settings=dict(server_settings or {})
         )
     except _CONNECT_ERRORS as exc:
         raise _unavailable(dsn, exc) from None
@@ -112,7 +111,7 @@ async def create_pool(
     min_size: int = 1,
     max_size: int = 10,
     server_settings: Mapping[str, str] | None = None,
-    timeout: float = 10.0,
+    connect_timeout: float = 10.0,
 ) -> Pool:
     """A pool whose connections carry the codecs; failures become DatabaseUnavailable."""
     dsn = _remember_secrets(dsn)
@@ -121,7 +120,7 @@ async def create_pool(
             dsn,
             min_size=min_size,
             max_size=max_size,
-            timeout=timeout,
+            timeout=connect_timeout,
             init=init_connection,
             server_settings=dict(server_settings or {}),
         )

@@ -139,9 +139,7 @@ def _prepare(
     expected: int | None = None
     if expected_seq is not None:
         if isinstance(expected_seq, bool) or not isinstance(expected_seq, int) or expected_seq < 0:
-            raise ValidationError(
-                "expected_seq", f"expected an integer >= 0, got {expected_seq!r}"
-            )
+            raise ValidationError("expected_seq", f"expected an integer >= 0, got {expected_seq!r}")
         expected = expected_seq
     key: str | None = None
     if idempotency_key is not None:
@@ -151,7 +149,9 @@ def _prepare(
     metadata: list[str] = []
     for i, event in enumerate(events):
         if not isinstance(event, Event):
-            raise ValidationError(f"events[{i}]", f"expected outbox.Event, got {type(event).__name__}")
+            raise ValidationError(
+                f"events[{i}]", f"expected outbox.Event, got {type(event).__name__}"
+            )
         types.append(_check_identifier(f"events[{i}].type", event.type, MAX_TYPE_LENGTH))
         payloads.append(_encode(f"events[{i}].payload", event.payload))
         if event.metadata is not None and not isinstance(event.metadata, Mapping):
@@ -196,7 +196,9 @@ async def append(
 async def _insert_once(
     conn: Connection, batch: _Batch, key: str, settings: Settings
 ) -> AppendResult:
-    claimed = await conn.fetchval(Q.claim_append_key, batch.campaign_id, key, settings.append_key_ttl)
+    claimed = await conn.fetchval(
+        Q.claim_append_key, batch.campaign_id, key, settings.append_key_ttl
+    )
     if not claimed:
         row = await conn.fetchrow(Q.get_append_key, batch.campaign_id, key)
         if row is None or row["first_seq"] is None:  # pragma: no cover - key rows commit filled

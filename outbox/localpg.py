@@ -127,8 +127,17 @@ class LocalCluster:
         self.directory.mkdir(parents=True, exist_ok=True)
         self._own(self.directory)
         self._run(
-            "initdb", "-D", self.data, "-A", "trust", "-U", _SERVICE_USER,
-            "-E", "UTF8", "--locale=C", "--no-sync",
+            "initdb",
+            "-D",
+            self.data,
+            "-A",
+            "trust",
+            "-U",
+            _SERVICE_USER,
+            "-E",
+            "UTF8",
+            "--locale=C",
+            "--no-sync",
         )
         settings = [
             "listen_addresses = '127.0.0.1'",
@@ -153,8 +162,17 @@ class LocalCluster:
         if not self.port or _port_in_use(self.port):
             self.port = _free_port()
         self._run(
-            "pg_ctl", "start", "-D", self.data, "-w", "-t", "60",
-            "-l", self.directory / "postgres.log", "-o", f"-p {self.port}",
+            "pg_ctl",
+            "start",
+            "-D",
+            self.data,
+            "-w",
+            "-t",
+            "60",
+            "-l",
+            self.directory / "postgres.log",
+            "-o",
+            f"-p {self.port}",
         )
         return self.dsn
 

@@ -85,7 +85,9 @@ def load_migrations(directory: Traversable | Path | None = None) -> list[Migrati
     for entry in root.iterdir():
         if entry.is_file() and _FILE_NAME.match(entry.name):
             data = entry.read_bytes()
-            found.append(Migration(entry.name, data.decode("utf-8"), hashlib.sha256(data).hexdigest()))
+            found.append(
+                Migration(entry.name, data.decode("utf-8"), hashlib.sha256(data).hexdigest())
+            )
     found.sort(key=lambda m: m.name)
     versions = [m.name[:4] for m in found]
     if len(set(versions)) != len(versions):
@@ -187,4 +189,6 @@ async def check_current(executor: Executor) -> None:
         )
     edited = [s.name for s in states if s.state == "edited"]
     if edited:
-        raise SchemaNotReady(f"applied migration(s) differ from the shipped files: {', '.join(edited)}")
+        raise SchemaNotReady(
+            f"applied migration(s) differ from the shipped files: {', '.join(edited)}"
+        )

@@ -18,13 +18,18 @@ REDACTED = "***"
 # scheme://user:password@host... ; the password runs to the last '@' so that a password
 # containing '@' is hidden whole (over-redacting a host is the safe direction).
 _URI_USERINFO = re.compile(r"(?P<head>[a-z][a-z0-9+.-]*://[^:/?#@\s]*:)(?P<secret>.*)@", re.I)
-# password=... in a URI query (?password= / &password=) or a keyword DSN (password=... host=...).
-_KEYWORD = re.compile(r"(?P<head>\bpassword\s*=\s*)(?P<secret>'(?:[^'\\]|\\.)*'|[^\s&]+)", re.I)
+# ?password=... / &password=... in a URI query: the value ends at the next '&' or '#'.
+_QUERY = re.compile(r"(?P<head>[?&]password=)(?P<secret>[^&#\s]*)", re.I)
+# password=... in a keyword DSN: quoted, or up to whitespace ('&' is an ordinary character).
+_KEYWORD = re.compile(
+    r"(?P<head>(?<![?&\w])password\s*=\s*)(?P<secret>'(?:[^'\\]|\\.)*'|\S+)", re.I
+)
 
 
 def redact_dsn(text: str) -> str:
     """Hide every password a DSN (URI or keyword form) can carry; safe on arbitrary text."""
     text = _URI_USERINFO.sub(lambda m: f"{m['head']}{REDACTED}@", text)
+    text = _QUERY.sub(lambda m: f"{m['head']}{REDACTED}", text)
     return _KEYWORD.sub(lambda m: f"{m['head']}{REDACTED}", text)
 
 
@@ -35,8 +40,13 @@ def dsn_secrets(dsn: str | None) -> set[str]:
     found: set[str] = set()
     for m in _URI_USERINFO.finditer(dsn):
         found.add(m["secret"])
+    for m in _QUERY.finditer(dsn):
+        found.add(m["secret"])
     for m in _KEYWORD.finditer(dsn):
-        found.add(m["secret"].strip("'"))
+        secret = m["secret"]
+        if secret.startswith("'"):
+            secret = re.sub(r"\\(.)", r"\1", secret[1:-1])
+        found.add(secret)
     try:
         parts = urlsplit(dsn)
         if parts.password:

@@ -7,8 +7,7 @@ import pytest
 
 import outbox
 from helpers import counts, journal_seqs
-from outbox import Event, Settings, append
-from outbox import db
+from outbox import Event, Settings, append, db
 from outbox.queue import WORK_CHANNEL
 
 
@@ -150,8 +149,9 @@ async def test_expired_key_appends_again(pool: db.Pool, settings: Settings) -> N
     )
     again = await append(pool, "c", [ev()], idempotency_key="req", settings=settings)
     assert (again.first_seq, again.duplicate) == (2, False)
-    row = await pool.fetchrow("SELECT first_seq, last_seq, expires_at > now() AS live "
-                              "FROM append_idempotency_keys")
+    row = await pool.fetchrow(
+        "SELECT first_seq, last_seq, expires_at > now() AS live FROM append_idempotency_keys"
+    )
     assert row is not None
     assert (row["first_seq"], row["last_seq"], row["live"]) == (2, 2, True)
 
@@ -170,8 +170,9 @@ async def test_failed_append_leaves_no_key(pool: db.Pool, settings: Settings) ->
     with pytest.raises(outbox.ConcurrencyError):
         await append(pool, "c", [ev()], expected_seq=5, idempotency_key="req", settings=settings)
     assert await pool.fetchval("SELECT count(*) FROM append_idempotency_keys") == 0
-    retried = await append(pool, "c", [ev()], expected_seq=1, idempotency_key="req",
-                           settings=settings)
+    retried = await append(
+        pool, "c", [ev()], expected_seq=1, idempotency_key="req", settings=settings
+    )
     assert (retried.first_seq, retried.duplicate) == (2, False)
 
 
@@ -182,7 +183,7 @@ async def test_append_inside_callers_transaction_rolls_back_with_it(
         pass
 
     async with pool.acquire() as conn:
-        with pytest.raises(Boom):
+        with pytest.raises(Boom):  # noqa: PT012 - the whole unit of work must raise
             async with conn.transaction():
                 await conn.execute("CREATE TEMP TABLE mine (x int)")
                 await append(conn, "c", [ev()], settings=settings)
@@ -209,8 +210,7 @@ async def test_conflict_inside_callers_transaction_keeps_the_transaction_usable(
     await append(pool, "c", [ev()], settings=settings)
     async with pool.acquire() as conn, conn.transaction():
         with pytest.raises(outbox.ConcurrencyError):
-            await append(conn, "c", [ev()], expected_seq=0, idempotency_key="k",
-                         settings=settings)
+            await append(conn, "c", [ev()], expected_seq=0, idempotency_key="k", settings=settings)
         # The savepoint took the key back; the caller's transaction goes on.
         assert await conn.fetchval("SELECT count(*) FROM append_idempotency_keys") == 0
         await append(conn, "c", [ev()], expected_seq=1, settings=settings)
@@ -220,10 +220,10 @@ async def test_conflict_inside_callers_transaction_keeps_the_transaction_usable(
 async def test_one_payload_free_notify_per_append_transaction(
     pool: db.Pool, dsn: str, settings: Settings
 ) -> None:
-    received: list[str] = []
+    received: list[object] = []
     sentinel = anyio.Event()
 
-    def on_notify(_conn: object, _pid: int, _channel: str, payload: str) -> None:
+    def on_notify(_conn: object, _pid: int, _channel: str, payload: object) -> None:
         if payload == "sentinel":
             sentinel.set()
         else:
@@ -246,10 +246,10 @@ async def test_one_payload_free_notify_per_append_transaction(
 
 
 async def test_enqueue_off_sends_no_notify(pool: db.Pool, dsn: str) -> None:
-    received: list[str] = []
+    received: list[object] = []
     sentinel = anyio.Event()
 
-    def on_notify(_conn: object, _pid: int, _channel: str, payload: str) -> None:
+    def on_notify(_conn: object, _pid: int, _channel: str, payload: object) -> None:
         if payload == "sentinel":
             sentinel.set()
         else:

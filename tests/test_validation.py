@@ -8,8 +8,7 @@ import pytest
 
 import outbox
 from helpers import counts
-from outbox import Event, Settings, append
-from outbox import db
+from outbox import Event, Settings, append, db
 
 CASES: list[tuple[dict[str, Any], str]] = [
     ({"campaign_id": ""}, "campaign_id"),
@@ -39,7 +38,9 @@ CASES: list[tuple[dict[str, Any], str]] = [
 ]
 
 
-@pytest.mark.parametrize(("override", "field"), CASES, ids=[c[1] + ":" + repr(c[0])[:40] for c in CASES])
+@pytest.mark.parametrize(
+    ("override", "field"), CASES, ids=[c[1] + ":" + repr(c[0])[:40] for c in CASES]
+)
 async def test_invalid_input_names_the_field_and_writes_nothing(
     pool: db.Pool, settings: Settings, override: dict[str, Any], field: str
 ) -> None:

@@ -53,7 +53,9 @@ DsnOption = Annotated[
         help="PostgreSQL DSN; the password never appears in output.",
     ),
 ]
-JsonOption = Annotated[bool, typer.Option("--json", help="Write JSON (schema_version 1) to stdout.")]
+JsonOption = Annotated[
+    bool, typer.Option("--json", help="Write JSON (schema_version 1) to stdout.")
+]
 
 
 class UsageError(Exception):

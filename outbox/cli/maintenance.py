@@ -1,4 +1,4 @@
-"""`maintenance`: operator commands (migrate now; report, requeue, replay, ... with their issues)."""
+"""`maintenance`: operator commands; each parses options, calls one operation, renders."""
 
 from __future__ import annotations
 
@@ -13,12 +13,14 @@ from outbox.cli.common import (
     DsnOption,
     JsonOption,
     emit_json,
-    main as run_main,
     require_dsn,
     run,
     settings_for,
     stderr,
     stdout,
+)
+from outbox.cli.common import (
+    main as run_main,
 )
 
 app = typer.Typer(

@@ -21,7 +21,9 @@ app = typer.Typer(
 def worker(
     app_path: Annotated[
         str | None,
-        typer.Option("--app", envvar="OUTBOX_APP", help="module:attribute of the outbox.Outbox app."),
+        typer.Option(
+            "--app", envvar="OUTBOX_APP", help="module:attribute of the outbox.Outbox app."
+        ),
     ] = None,
     dsn: DsnOption = None,
 ) -> None:

@@ -1,0 +1,63 @@
+"""A non-editable install ships the migrations: build the wheel, install it fresh, migrate."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def sh(*args: str | Path, cwd: Path) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(
+        [str(a) for a in args], cwd=cwd, capture_output=True, text=True, timeout=600, check=False
+    )
+    assert proc.returncode == 0, f"{args[:3]} failed: {proc.stderr[-2000:]}"
+    return proc
+
+
+@pytest.mark.slow
+async def test_wheel_installs_and_migrates_from_outside_the_source_tree(
+    tmp_path: Path, fresh_db: str
+) -> None:
+    dist = tmp_path / "dist"
+    sh(sys.executable, "-m", "build", "--wheel", "--outdir", dist, ROOT, cwd=tmp_path)
+    (wheel,) = dist.glob("outbox-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    assert "outbox/migrations/0001_schema.sql" in names
+    assert "outbox/sql/journal.sql" in names
+    assert not any(n.startswith(("tests/", "cmd/")) for n in names)
+
+    venv = tmp_path / "venv"
+    sh(sys.executable, "-m", "venv", venv, cwd=tmp_path)
+    sh(
+        venv / "bin" / "python",
+        "-m",
+        "pip",
+        "install",
+        "--quiet",
+        "--disable-pip-version-check",
+        wheel,
+        cwd=tmp_path,
+    )
+    # Run from an empty directory so nothing can be read from the checkout.
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    where = sh(
+        venv / "bin" / "python", "-c", "import outbox; print(outbox.__file__)", cwd=elsewhere
+    )
+    assert str(ROOT) not in where.stdout
+    proc = sh(venv / "bin" / "maintenance", "migrate", "--dsn", fresh_db, cwd=elsewhere)
+    assert "applied 0001_schema.sql" in proc.stdout
+    sh(venv / "bin" / "outbox-worker", "--help", cwd=elsewhere)
+
+    conn = await asyncpg.connect(fresh_db)
+    try:
+        assert await conn.fetchval("SELECT to_regclass('projection_apply_outbox') IS NOT NULL")
+    finally:
+        await conn.close()
