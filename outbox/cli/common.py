@@ -96,13 +96,17 @@ def emit_json(mode: str, payload: dict[str, Any]) -> None:
     sys.stdout.flush()
 
 
-def main(app: typer.Typer, prog: str, argv: list[str] | None = None) -> NoReturn:
+def main(
+    app: typer.Typer, prog: str, argv: list[str] | None = None, *, help_without_args: bool = False
+) -> NoReturn:
     """Run `app` and turn every outcome into an exit code with at most one line of error."""
     args = sys.argv[1:] if argv is None else argv
     try:
         # Non-standalone: typer returns an explicit exit code (e.g. 0 after --help) and
         # raises usage errors to us instead of printing a multi-line panel.
-        code = app(args=args or ["--help"], prog_name=prog, standalone_mode=False)
+        if help_without_args and not args:
+            args = ["--help"]
+        code = app(args=args, prog_name=prog, standalone_mode=False)
     except typer.Exit as exc:
         raise SystemExit(exc.exit_code) from None
     except (typer.Abort, KeyboardInterrupt):

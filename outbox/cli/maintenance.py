@@ -94,4 +94,4 @@ def migrate_command(
 
 
 def main() -> NoReturn:
-    run_main(app, "maintenance")
+    run_main(app, "maintenance", help_without_args=True)
