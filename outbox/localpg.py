@@ -69,9 +69,9 @@ class LocalCluster:
     durable: bool = False
 
     @classmethod
-    def temporary(cls) -> LocalCluster:
-        """A cluster in a fresh temporary directory, for one test session."""
-        return cls(Path(tempfile.mkdtemp(prefix="outbox-pg-")))
+    def temporary(cls, *, durable: bool = False) -> LocalCluster:
+        """A cluster in a fresh temporary directory (tests, benches)."""
+        return cls(Path(tempfile.mkdtemp(prefix="outbox-pg-")), durable=durable)
 
     @property
     def data(self) -> Path:

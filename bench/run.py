@@ -1,0 +1,21 @@
+#!/usr/bin/env python3
+"""`make bench`: run every benchmark script in bench/ and let each print its figures."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+if __name__ == "__main__":
+    failed = 0
+    for script in sorted(HERE.glob("*.py")):
+        if script.name == "run.py":
+            continue
+        print(f"== {script.name}", flush=True)
+        failed |= subprocess.run(
+            [sys.executable, str(script), *sys.argv[1:]], check=False
+        ).returncode
+    sys.exit(1 if failed else 0)
