@@ -1,0 +1,80 @@
+"""Retry schedule and error classes (S15, S16). Pure functions: no clock, no database.
+
+The delay after failed attempt n is drawn from [d/2, d] where d = min(cap, base * 2**(n-1))
+("equal jitter": spread out so a fleet does not retry in lockstep, yet never hammering sooner
+than half the nominal delay). The random source is injected; the worker turns the delay into an
+instant with the database clock (`clock_timestamp() + delay`), never its own.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+
+import asyncpg
+
+from outbox.errors import PermanentError
+
+__all__ = ["ErrorClass", "backoff_delay", "classify", "describe_error", "nominal_delay"]
+
+MAX_ERROR_LENGTH = 2000
+
+# SQLSTATEs that say "try again" about the session or the moment, not about the event.
+_TRANSIENT_SQLSTATES = {
+    "40001",  # serialization_failure
+    "40P01",  # deadlock_detected
+    "55P03",  # lock_not_available (lock_timeout)
+    "57014",  # query_canceled (statement_timeout)
+    "57P01",  # admin_shutdown
+    "57P02",  # crash_shutdown
+    "57P03",  # cannot_connect_now
+    "53300",  # too_many_connections
+    "25P03",  # idle_in_transaction_session_timeout
+}
+_TRANSIENT_CLASSES = ("08",)  # connection_exception and its kin
+
+
+class ErrorClass(enum.Enum):
+    TRANSIENT = "transient"  # retry, consume no attempt
+    PERMANENT = "permanent"  # dead at once
+    FAILURE = "failure"  # consume one attempt
+
+
+def nominal_delay(attempt: int, *, base: float, cap: float) -> float:
+    """min(cap, base * 2**(attempt-1)) for attempt >= 1, without overflow for large attempts."""
+    if attempt < 1:
+        raise ValueError("attempt starts at 1")
+    exponent = min(attempt - 1, 1024)
+    try:
+        return min(cap, base * 2.0**exponent)
+    except OverflowError:
+        return cap
+
+
+def backoff_delay(attempt: int, *, base: float, cap: float, rand: Callable[[], float]) -> float:
+    """Seconds to wait after failed attempt `attempt`; `rand()` returns a float in [0, 1)."""
+    nominal = nominal_delay(attempt, base=base, cap=cap)
+    return nominal / 2 + rand() * nominal / 2
+
+
+def classify(exc: BaseException) -> ErrorClass:
+    if isinstance(exc, PermanentError):
+        return ErrorClass.PERMANENT
+    if isinstance(exc, asyncpg.PostgresError):
+        state = getattr(exc, "sqlstate", None) or ""
+        if state in _TRANSIENT_SQLSTATES or state.startswith(_TRANSIENT_CLASSES):
+            return ErrorClass.TRANSIENT
+        return ErrorClass.FAILURE
+    if isinstance(exc, asyncpg.InterfaceError | ConnectionError | TimeoutError):
+        return ErrorClass.TRANSIENT
+    if isinstance(exc, OSError) and not isinstance(exc, FileNotFoundError | PermissionError):
+        return ErrorClass.TRANSIENT
+    return ErrorClass.FAILURE
+
+
+def describe_error(exc: BaseException) -> str:
+    """`Type: message` on one line, bounded in length, for `last_error`."""
+    text = f"{type(exc).__name__}: {' '.join(str(exc).split())}"
+    if len(text) > MAX_ERROR_LENGTH:
+        text = text[: MAX_ERROR_LENGTH - 1] + "…"
+    return text
