@@ -22,9 +22,10 @@ from outbox.redact import dsn_secrets, redact_dsn, scrub
 if TYPE_CHECKING:
     from asyncpg.pool import PoolConnectionProxy
 
-    Pool: TypeAlias = asyncpg.Pool[asyncpg.Record]
-    Connection: TypeAlias = asyncpg.Connection[asyncpg.Record] | PoolConnectionProxy[asyncpg.Record]
-    Executor: TypeAlias = Pool | Connection
+# Importable at run time (for users' annotations); generic only to the type checker.
+Pool: TypeAlias = "asyncpg.Pool[asyncpg.Record]"
+Connection: TypeAlias = "asyncpg.Connection[asyncpg.Record] | PoolConnectionProxy[asyncpg.Record]"
+Executor: TypeAlias = "Pool | Connection"
 
 __all__ = [
     "Connection",

@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -20,12 +21,14 @@ from outbox import db
 from outbox.config import Settings
 from outbox.errors import ConcurrencyError, DuplicateAppendError, ValidationError
 from outbox.queries import Queries
-from outbox.queue import WORK_CHANNEL
 
 if TYPE_CHECKING:
     from outbox.db import Connection, Executor
 
-__all__ = ["AppendResult", "Event", "append"]
+__all__ = ["WORK_CHANNEL", "AppendResult", "Event", "StoredEvent", "append"]
+
+# The LISTEN/NOTIFY channel appends signal: payload-free, one per append transaction.
+WORK_CHANNEL = "outbox_work"
 
 MAX_ID_LENGTH = 256
 MAX_TYPE_LENGTH = 256
@@ -51,6 +54,18 @@ class Event:
     type: str
     payload: Any
     metadata: Mapping[str, Any] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StoredEvent:
+    """A journaled event as projectors see it."""
+
+    campaign_id: str
+    seq: int
+    type: str
+    payload: Any
+    metadata: dict[str, Any]
+    recorded_at: datetime
 
 
 @dataclass(frozen=True, slots=True)

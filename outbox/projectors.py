@@ -12,12 +12,11 @@ from __future__ import annotations
 import enum
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from outbox.config import Settings
 from outbox.errors import ConfigError, OutboxError
-from outbox.journal import AppendResult, Event, append
+from outbox.journal import AppendResult, Event, StoredEvent, append
 from outbox.queries import Queries
 
 if TYPE_CHECKING:
@@ -43,18 +42,6 @@ class ProjectorQueries(Queries, file="projectors.sql"):
 
 
 Q = ProjectorQueries
-
-
-@dataclass(frozen=True, slots=True)
-class StoredEvent:
-    """A journaled event as projectors see it."""
-
-    campaign_id: str
-    seq: int
-    type: str
-    payload: Any
-    metadata: dict[str, Any]
-    recorded_at: datetime
 
 
 ProjectorFn = Callable[["Connection", StoredEvent], Awaitable[None]]

@@ -1,12 +1,132 @@
 """The work queue (`projection_apply_outbox`): every statement on the outbox table lives here.
 
-It must never run projectors or decide policy beyond what a statement needs; the worker and
-the maintenance operations call these functions inside their own transactions.
+Claiming, completing and failing rows, each one statement from arrays. It never runs projectors
+and decides no policy (which rows to walk, what delay, when dead): the worker does, and passes
+the results in. Every function runs on the caller's connection, inside the caller's transaction.
 """
 
 from __future__ import annotations
 
-__all__ = ["WORK_CHANNEL"]
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING
 
-# The LISTEN/NOTIFY channel appends signal; payload-free, one per append transaction.
-WORK_CHANNEL = "outbox_work"
+from outbox.journal import StoredEvent
+from outbox.queries import Queries
+
+if TYPE_CHECKING:
+    from outbox.db import Connection
+
+__all__ = [
+    "ClaimedRow",
+    "Failure",
+    "claim",
+    "delete_rows",
+    "next_due_at",
+    "record_failures",
+]
+
+
+class QueueQueries(Queries, file="queue.sql"):
+    claim_campaign_heads: str
+    claim_due_rows: str
+    delete_rows: str
+    record_failures: str
+    next_due_at: str
+
+
+Q = QueueQueries
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedRow:
+    """A locked work row; `event` is None when its journal row is missing."""
+
+    campaign_id: str
+    seq: int
+    head: bool
+    status: str
+    attempt_count: int
+    due: bool
+    event: StoredEvent | None
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.campaign_id, self.seq)
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    campaign_id: str
+    seq: int
+    attempts: int
+    delay: float
+    error: str
+    dead: bool
+
+
+async def claim(
+    conn: Connection,
+    *,
+    limit: int,
+    ordered: bool,
+    park: bool,
+    now: datetime | None = None,
+) -> list[ClaimedRow]:
+    """Lock up to `limit` due rows (heads and their followers under campaign ordering)."""
+    if ordered:
+        rows = await conn.fetch(Q.claim_campaign_heads, limit, now, park, limit - 1)
+    else:
+        rows = await conn.fetch(Q.claim_due_rows, limit, now)
+    claimed = []
+    for r in rows:
+        event = None
+        if r["event_type"] is not None:
+            event = StoredEvent(
+                r["campaign_id"],
+                r["seq"],
+                r["event_type"],
+                r["payload"],
+                r["metadata"],
+                r["recorded_at"],
+            )
+        claimed.append(
+            ClaimedRow(
+                r["campaign_id"],
+                r["seq"],
+                r["head"],
+                r["status"],
+                r["attempt_count"],
+                r["due"],
+                event,
+            )
+        )
+    return claimed
+
+
+async def delete_rows(conn: Connection, keys: Sequence[tuple[str, int]]) -> None:
+    if keys:
+        await conn.execute(Q.delete_rows, [k[0] for k in keys], [k[1] for k in keys])
+
+
+async def record_failures(
+    conn: Connection, failures: Sequence[Failure], now: datetime | None = None
+) -> None:
+    if not failures:
+        return
+    await conn.execute(
+        Q.record_failures,
+        [f.campaign_id for f in failures],
+        [f.seq for f in failures],
+        [f.attempts for f in failures],
+        [f.delay for f in failures],
+        [f.error for f in failures],
+        now,
+        [f.dead for f in failures],
+    )
+
+
+async def next_due_at(conn: Connection, *, ordered: bool, park: bool) -> datetime | None:
+    value: datetime | None = await conn.fetchval(Q.next_due_at, park, not ordered)
+    return value

@@ -8,7 +8,7 @@ import pytest
 import outbox
 from helpers import counts, journal_seqs
 from outbox import Event, Settings, append, db
-from outbox.queue import WORK_CHANNEL
+from outbox.journal import WORK_CHANNEL
 
 
 def ev(n: int = 0, type_: str = "note.added") -> Event:

@@ -1,0 +1,96 @@
+-- The work queue (projection_apply_outbox): claim, complete, fail.
+-- Instants come from the database: coalesce($now, clock_timestamp()); `now` is a parameter only
+-- so tests can move time forward without sleeping.
+
+-- name: claim_campaign_heads
+-- Ordering `campaign`: claim up to $1 due head rows (no earlier outstanding row in the campaign;
+-- with $3 = true (park) dead rows do not count as outstanding), oldest first across campaigns,
+-- skipping rows other workers hold. With each head, lock up to $4 following rows of its
+-- campaign in seq order (only the head's holder can reach them). Events come along (fused load).
+WITH heads AS (
+    SELECT o.campaign_id, o.seq
+    FROM projection_apply_outbox o
+    WHERE o.status IN ('pending', 'failed')
+      AND o.next_attempt_at <= coalesce($2::timestamptz, clock_timestamp())
+      AND NOT EXISTS (
+          SELECT 1 FROM projection_apply_outbox e
+          WHERE e.campaign_id = o.campaign_id AND e.seq < o.seq
+            AND NOT ($3::boolean AND e.status = 'dead')
+      )
+    ORDER BY o.next_attempt_at, o.seq
+    LIMIT $1::integer
+    FOR UPDATE OF o SKIP LOCKED
+), claimed AS (
+    SELECT h.campaign_id, h.seq, true AS head FROM heads h
+    UNION ALL
+    SELECT f.campaign_id, f.seq, false AS head
+    FROM heads h
+    CROSS JOIN LATERAL (
+        SELECT x.campaign_id, x.seq
+        FROM projection_apply_outbox x
+        WHERE x.campaign_id = h.campaign_id AND x.seq > h.seq
+        ORDER BY x.seq
+        LIMIT $4::integer
+        FOR UPDATE OF x
+    ) f
+)
+SELECT c.campaign_id, c.seq, c.head, o.status, o.attempt_count,
+       o.status IN ('pending', 'failed')
+           AND o.next_attempt_at <= coalesce($2::timestamptz, clock_timestamp()) AS due,
+       j.event_type, j.payload, j.metadata, j.recorded_at
+FROM claimed c
+JOIN projection_apply_outbox o ON o.campaign_id = c.campaign_id AND o.seq = c.seq
+LEFT JOIN event_journal j ON j.campaign_id = c.campaign_id AND j.seq = c.seq
+ORDER BY c.campaign_id, c.seq
+
+-- name: claim_due_rows
+-- Ordering `none`: claim up to $1 due rows, oldest first, skipping rows other workers hold.
+WITH claimed AS (
+    SELECT o.campaign_id, o.seq
+    FROM projection_apply_outbox o
+    WHERE o.status IN ('pending', 'failed')
+      AND o.next_attempt_at <= coalesce($2::timestamptz, clock_timestamp())
+    ORDER BY o.next_attempt_at, o.seq
+    LIMIT $1::integer
+    FOR UPDATE OF o SKIP LOCKED
+)
+SELECT c.campaign_id, c.seq, true AS head, o.status, o.attempt_count, true AS due,
+       j.event_type, j.payload, j.metadata, j.recorded_at
+FROM claimed c
+JOIN projection_apply_outbox o ON o.campaign_id = c.campaign_id AND o.seq = c.seq
+LEFT JOIN event_journal j ON j.campaign_id = c.campaign_id AND j.seq = c.seq
+ORDER BY c.campaign_id, c.seq
+
+-- name: delete_rows
+-- Completed rows leave the queue.
+DELETE FROM projection_apply_outbox o
+USING unnest($1::text[], $2::bigint[]) AS d(campaign_id, seq)
+WHERE o.campaign_id = d.campaign_id AND o.seq = d.seq
+
+-- name: record_failures
+-- Failure bookkeeping from arrays: attempts, status (failed or dead), the next attempt at
+-- now + delay, and the error.
+UPDATE projection_apply_outbox o
+SET status = CASE WHEN f.dead THEN 'dead' ELSE 'failed' END,
+    attempt_count = f.attempts,
+    next_attempt_at = coalesce($6::timestamptz, clock_timestamp())
+        + make_interval(secs => f.delay),
+    last_error = f.error,
+    updated_at = clock_timestamp()
+FROM unnest($1::text[], $2::bigint[], $3::integer[], $4::double precision[], $5::text[],
+            $7::boolean[]) AS f(campaign_id, seq, attempts, delay, error, dead)
+WHERE o.campaign_id = f.campaign_id AND o.seq = f.seq
+
+-- name: next_due_at
+-- When the earliest claimable row becomes due (no row: nothing waits). Heads only under
+-- ordering `campaign` ($2 false), so rows stuck behind a failed head do not look due; $1 = park.
+SELECT o.next_attempt_at
+FROM projection_apply_outbox o
+WHERE o.status IN ('pending', 'failed')
+  AND ($2::boolean OR NOT EXISTS (
+      SELECT 1 FROM projection_apply_outbox e
+      WHERE e.campaign_id = o.campaign_id AND e.seq < o.seq
+        AND NOT ($1::boolean AND e.status = 'dead')
+  ))
+ORDER BY o.next_attempt_at
+LIMIT 1
