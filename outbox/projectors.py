@@ -36,8 +36,7 @@ __all__ = [
 
 
 class ProjectorQueries(Queries, file="projectors.sql"):
-    advance_checkpoint: str
-    get_checkpoint: str
+    advance_checkpoints: str
     reserve_marker: str
 
 
@@ -108,9 +107,13 @@ class Registry:
             self._by_type = {t: tuple(ps) for t, ps in index.items()}
         return self._by_type.get(event_type, ())
 
+    def ordered_names(self) -> list[str]:
+        """Every ordered projector, sorted (a fixed lock order for their checkpoints)."""
+        return sorted(p.name for p in self.projectors.values() if p.ordered)
+
     def validate(self, settings: Settings) -> None:
         """Refuse settings that contradict the registered projectors (one-line ConfigError)."""
-        ordered = sorted(p.name for p in self.projectors.values() if p.ordered)
+        ordered = self.ordered_names()
         if ordered and settings.ordering == "none":
             raise ConfigError(
                 f"OUTBOX_ORDERING=none cannot serve ordered (checkpointed) projectors: "
@@ -168,26 +171,32 @@ class Outbox:
 
 
 async def apply_event(conn: Connection, registry: Registry, event: StoredEvent) -> ApplyOutcome:
-    """Run the event's projectors once each, guarded; call inside a transaction (savepoint)."""
+    """Run the event's projectors once each, guarded; call inside a transaction (savepoint).
+
+    Every ordered projector's checkpoint moves past the event (S17), subscribed or not; then the
+    subscribers run, each unless its guard says the event was already applied.
+    """
     subscribed = registry.subscribers(event.type)
-    if not subscribed:
-        if event.type in registry.ignored:
-            return ApplyOutcome.IGNORED
+    if not subscribed and event.type not in registry.ignored:
         raise UnknownEventType(f"no projector subscribes to event type {event.type!r}")
+    verdicts: dict[str, str] = {}
+    ordered = registry.ordered_names()
+    if ordered:
+        rows = await conn.fetch(Q.advance_checkpoints, event.campaign_id, event.seq, ordered)
+        for row in rows:
+            if row["verdict"] == "gap":
+                raise CheckpointGap(
+                    f"projector {row['projector']!r} is at seq {row['applied_seq']} of campaign "
+                    f"{event.campaign_id!r} and cannot apply seq {event.seq}"
+                )
+            verdicts[row["projector"]] = row["verdict"]
+    if not subscribed:
+        return ApplyOutcome.IGNORED
     ran = False
     for projector in subscribed:
         if projector.ordered:
-            verdict = await conn.fetchval(
-                Q.advance_checkpoint, event.campaign_id, projector.name, event.seq
-            )
-            if verdict == "duplicate":
+            if verdicts[projector.name] == "duplicate":
                 continue
-            if verdict == "gap":
-                at = await conn.fetchval(Q.get_checkpoint, event.campaign_id, projector.name)
-                raise CheckpointGap(
-                    f"projector {projector.name!r} is at seq {at or 0} of campaign "
-                    f"{event.campaign_id!r} and cannot apply seq {event.seq}"
-                )
         elif projector.idempotent:
             reserved = await conn.fetchval(
                 Q.reserve_marker, event.campaign_id, event.seq, projector.name

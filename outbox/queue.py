@@ -76,7 +76,7 @@ async def claim(
 ) -> list[ClaimedRow]:
     """Lock up to `limit` due rows (heads and their followers under campaign ordering)."""
     if ordered:
-        rows = await conn.fetch(Q.claim_campaign_heads, limit, now, park, limit - 1)
+        rows = await conn.fetch(Q.claim_campaign_heads, limit, now, park)
     else:
         rows = await conn.fetch(Q.claim_due_rows, limit, now)
     claimed = []

@@ -9,12 +9,20 @@ does; it only dispatches (`projectors.apply_event`) and does the bookkeeping (`q
 from __future__ import annotations
 
 import random
+import signal
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import partial
 from typing import TYPE_CHECKING
 
-from outbox import log, queue
+import anyio
+import asyncpg
+from anyio.abc import TaskStatus
+
+from outbox import db, log, queue
+from outbox.errors import DatabaseUnavailable
+from outbox.journal import WORK_CHANNEL
 from outbox.projectors import ApplyOutcome, Outbox, apply_event
 from outbox.queue import ClaimedRow, Failure
 from outbox.retry import ErrorClass, backoff_delay, classify, describe_error
@@ -22,7 +30,17 @@ from outbox.retry import ErrorClass, backoff_delay, classify, describe_error
 if TYPE_CHECKING:
     from outbox.db import Connection, Pool
 
-__all__ = ["BatchCounts", "TransientBatchError", "Worker", "walk"]
+__all__ = [
+    "SESSION_SETTINGS",
+    "BatchCounts",
+    "Doorbell",
+    "Service",
+    "TransientBatchError",
+    "Worker",
+    "drain",
+    "serve",
+    "walk",
+]
 
 _logger = log.get_logger("outbox.worker")
 
@@ -184,3 +202,159 @@ class Worker:
             total.add(counts)
             if counts.claimed == 0:
                 return total
+
+
+# --- the long-running service -------------------------------------------------------------
+
+# Worker sessions: a frozen worker releases its rows; the claim keeps a custom plan (a generic
+# plan for `LIMIT $1` can scan the whole backlog after a few executions).
+SESSION_SETTINGS = {
+    "statement_timeout": "30000",
+    "lock_timeout": "5000",
+    "idle_in_transaction_session_timeout": "60000",
+    "plan_cache_mode": "force_custom_plan",
+    "application_name": "outbox-worker",
+}
+RECONNECT_BASE = 0.5
+RECONNECT_CAP = 30.0
+
+
+class Doorbell:
+    """Wakes every waiting claim loop: NOTIFY rings it; `close()` wakes them for good."""
+
+    def __init__(self) -> None:
+        self._event = anyio.Event()
+        self.closed = False
+
+    def ring(self) -> None:
+        self._event.set()
+
+    def close(self) -> None:
+        self.closed = True
+        self._event.set()
+
+    async def wait(self) -> None:
+        await self._event.wait()
+        if not self.closed:
+            self._event = anyio.Event()
+
+
+@dataclass
+class Service:
+    """Claim loops, the LISTEN connection and shutdown for one worker process (S10-S12)."""
+
+    worker: Worker
+    dsn: str
+    concurrency: int = 1
+    doorbell: Doorbell = field(default_factory=Doorbell)
+    stopping: anyio.Event = field(default_factory=anyio.Event)
+    listener_connected: bool = False
+    totals: BatchCounts = field(default_factory=BatchCounts)
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.doorbell.close()
+
+    async def _pause(self, seconds: float) -> None:
+        with anyio.move_on_after(seconds):
+            await self.doorbell.wait()
+
+    def _backoff(self, attempt: int) -> float:
+        return backoff_delay(attempt, base=RECONNECT_BASE, cap=RECONNECT_CAP, rand=self.worker.rand)
+
+    async def claim_loop(self) -> None:
+        settings = self.worker.app.settings
+        failures = 0
+        while not self.stopping.is_set():
+            try:
+                counts = await self.worker.run_once()
+            except TransientBatchError as exc:
+                failures += 1
+                delay = self._backoff(failures)
+                _logger.warning("batch.transient", extra={"error": str(exc), "retry_in": delay})
+                await self._pause(delay)
+                continue
+            failures = 0
+            self.totals.add(counts)
+            if counts.claimed:
+                _logger.info("batch.done", extra=vars(counts))
+            if counts.claimed < settings.batch_size:  # a full batch: more is probably due
+                await self._pause(settings.poll_interval)
+
+    async def listen(self) -> None:
+        """Keep a LISTEN connection, reconnecting with backoff; never needed for correctness,
+        the poll interval bounds every wait (S10)."""
+        attempt = 0
+        while True:
+            try:
+                conn = await db.connect(self.dsn, server_settings=SESSION_SETTINGS, codecs=False)
+            except DatabaseUnavailable as exc:
+                attempt += 1
+                _logger.warning("listener.connect_failed", extra={"error": str(exc)})
+                await anyio.sleep(self._backoff(attempt))
+                continue
+            try:
+                lost = anyio.Event()
+                conn.add_termination_listener(lambda _conn, lost=lost: lost.set())
+                await conn.add_listener(WORK_CHANNEL, lambda *_: self.doorbell.ring())
+                self.listener_connected, attempt = True, 0
+                _logger.info("listener.connected")
+                self.doorbell.ring()  # whatever was appended while we were away
+                await self._watch(conn, lost)
+            finally:
+                self.listener_connected = False
+                conn.terminate()
+            _logger.warning("listener.lost")
+
+    async def _watch(self, conn: asyncpg.Connection[asyncpg.Record], lost: anyio.Event) -> None:
+        # A dead socket is not always reported at once; a cheap query now and then finds out.
+        while True:
+            with anyio.move_on_after(max(1.0, self.worker.app.settings.poll_interval)):
+                await lost.wait()
+                return
+            try:
+                with anyio.fail_after(10):
+                    await conn.fetchval("SELECT 1")
+            except Exception:  # any failure here means the connection is gone
+                return
+
+    async def run(self, *, shutdown_timeout: float, task_status: TaskStatus[None]) -> None:
+        async with anyio.create_task_group() as service:
+            service.start_soon(self.listen)
+            async with anyio.create_task_group() as loops:
+                for _ in range(self.concurrency):
+                    loops.start_soon(self.claim_loop)
+                task_status.started()
+                await self.stopping.wait()
+                # Loops finish their batch; past the deadline the batch is cancelled, and its
+                # transaction, never committed, leaves every row as it was (S12, S7).
+                loops.cancel_scope.deadline = anyio.current_time() + shutdown_timeout
+            service.cancel_scope.cancel()
+
+
+async def serve(
+    worker: Worker, dsn: str, *, concurrency: int, shutdown_timeout: float
+) -> BatchCounts:
+    """Run until SIGTERM/SIGINT, then shut down within `shutdown_timeout` seconds."""
+    service = Service(worker, dsn, concurrency)
+    async with anyio.create_task_group() as tg:
+        await tg.start(partial(service.run, shutdown_timeout=shutdown_timeout))
+        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async for signum in signals:
+                _logger.info("worker.stopping", extra={"signal": signal.Signals(signum).name})
+                service.stop()
+                break
+    return service.totals
+
+
+async def drain(worker: Worker, *, concurrency: int) -> BatchCounts:
+    """Run `concurrency` loops until no row is due; return the totals."""
+    total = BatchCounts()
+
+    async def one() -> None:
+        total.add(await worker.drain())
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(concurrency):
+            tg.start_soon(one)
+    return total

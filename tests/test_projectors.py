@@ -133,3 +133,31 @@ def test_contradictory_settings_are_refused_at_startup(
     unordered = Outbox(Settings(ordering="none", dead_policy="park"))
     unordered.projector("sum", events=["x"], ordered=False, idempotent=True)(noop)
     unordered.validate()
+
+
+async def test_ordered_projector_of_a_subset_of_types_sees_no_gap(pool: db.Pool) -> None:
+    """Every event passes every ordered projector's checkpoint, subscribed or not (S17)."""
+    app = Outbox(Settings())
+    seen: list[int] = []
+
+    @app.projector("only_u", events=["u.happened"])
+    async def only_u(tx: db.Connection, event: StoredEvent) -> None:
+        seen.append(event.seq)
+
+    @app.projector("only_t", events=["t.happened"])
+    async def only_t(tx: db.Connection, event: StoredEvent) -> None:
+        return None
+
+    app.ignore(["v.noise"])
+    stream = ["t.happened", "u.happened", "v.noise", "t.happened", "u.happened"]
+    async with pool.acquire() as conn:
+        for seq, type_ in enumerate(stream, start=1):
+            async with conn.transaction():
+                await apply_event(conn, app.registry, stored(seq, type_))
+        # A redelivery of seq 2 is a duplicate for everyone.
+        assert await apply_event(conn, app.registry, stored(2, "u.happened")) is (
+            ApplyOutcome.DUPLICATE
+        )
+    assert seen == [2, 5]
+    rows = await pool.fetch("SELECT projector, applied_seq FROM projection_checkpoints")
+    assert {r["projector"]: r["applied_seq"] for r in rows} == {"only_u": 5, "only_t": 5}

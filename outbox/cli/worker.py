@@ -1,13 +1,21 @@
-"""`outbox-worker`: run the apply (or shadow) worker for an app's projectors."""
+"""`outbox-worker`: run the apply worker for an app's projectors."""
 
 from __future__ import annotations
 
+import importlib
+import os
+import sys
 from typing import Annotated, NoReturn
 
 import typer
 
-from outbox.cli.common import DsnOption, UsageError
+from outbox import db, log
+from outbox.cli.common import DsnOption, UsageError, run
 from outbox.cli.common import main as run_main
+from outbox.errors import ConfigError
+from outbox.migrate import check_current
+from outbox.projectors import Outbox
+from outbox.worker import SESSION_SETTINGS, BatchCounts, Worker, drain, serve
 
 app = typer.Typer(
     name="outbox-worker",
@@ -15,6 +23,33 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+
+
+def load_app(path: str) -> Outbox:
+    """`module:attribute` → the Outbox app it names; any problem is a usage error."""
+    module_name, sep, attribute = path.partition(":")
+    if not sep or not module_name or not attribute:
+        raise UsageError(f"--app: expected module:attribute, got {path!r}")
+    sys.path.insert(0, os.getcwd())  # like `python -m`: the working directory's modules
+    try:
+        module = importlib.import_module(module_name)
+    except ConfigError:
+        raise
+    except Exception as exc:
+        raise UsageError(
+            f"--app: cannot import {module_name!r}: {type(exc).__name__}: {exc}"
+        ) from None
+    found = getattr(module, attribute, None)
+    if not isinstance(found, Outbox):
+        raise UsageError(f"--app: {path!r} is {type(found).__name__}, not an outbox.Outbox")
+    return found
+
+
+def _summary(counts: BatchCounts) -> str:
+    return (
+        f"applied={counts.applied} skipped={counts.skipped} "
+        f"failed={counts.failed} dead={counts.dead}"
+    )
 
 
 @app.command()
@@ -26,9 +61,58 @@ def worker(
         ),
     ] = None,
     dsn: DsnOption = None,
+    concurrency: Annotated[int, typer.Option(min=1, max=256, help="Claim loops.")] = 1,
+    batch_size: Annotated[
+        int | None, typer.Option("--batch-size", help="Rows per batch (OUTBOX_BATCH_SIZE).")
+    ] = None,
+    drain_only: Annotated[
+        bool, typer.Option("--drain", help="Exit 0 once no row is due, with a summary line.")
+    ] = False,
+    shutdown_timeout: Annotated[
+        float, typer.Option(min=0.0, max=3600.0, help="Seconds to finish the batch on SIGTERM.")
+    ] = 30.0,
+    log_level: Annotated[str, typer.Option(envvar="OUTBOX_LOG_LEVEL")] = "info",
 ) -> None:
-    """Run the worker until SIGTERM/SIGINT."""
-    raise UsageError("the apply worker is not available in this build yet")
+    """Run the worker until SIGTERM/SIGINT (or, with --drain, until nothing is due)."""
+    try:
+        log.configure(log_level)
+    except ValueError as exc:
+        raise UsageError(f"--log-level: {exc}") from None
+    if not app_path:
+        raise UsageError("no app given: pass --app module:attribute or set OUTBOX_APP")
+    try:
+        outbox_app = load_app(app_path)
+        outbox_app.settings = outbox_app.settings.replace(dsn=dsn, batch_size=batch_size)
+        outbox_app.validate()
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
+    target = outbox_app.settings.dsn
+    if not target:
+        raise UsageError("no database given: pass --dsn or set OUTBOX_DSN")
+
+    async def body() -> BatchCounts:
+        pool = await db.create_pool(
+            target, min_size=1, max_size=concurrency + 1, server_settings=SESSION_SETTINGS
+        )
+        try:
+            await check_current(pool)
+            w = Worker(outbox_app, pool)
+            if drain_only:
+                return await drain(w, concurrency=concurrency)
+            log.get_logger("outbox.worker").info(
+                "worker.started", extra={"concurrency": concurrency, "mode": "apply"}
+            )
+            return await serve(
+                w, target, concurrency=concurrency, shutdown_timeout=shutdown_timeout
+            )
+        finally:
+            await pool.close()
+
+    counts = run(body)
+    if drain_only:
+        typer.echo(f"drained: {_summary(counts)}")
+    else:
+        log.get_logger("outbox.worker").info("worker.stopped", extra=vars(counts))
 
 
 def main() -> NoReturn:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, NoReturn
 
@@ -19,10 +20,13 @@ from outbox import db, log
 from outbox.cli.common import main as run_main
 from outbox.cli.common import run, settings_for, stderr, stdout
 from outbox.config import Settings
-from outbox.examples.campaigns import DemoStream, campaign_ids
+from outbox.examples.app import build_app, install
+from outbox.examples.campaigns import DICE_ROLLED, DemoStream, campaign_ids
 from outbox.journal import append
 from outbox.localpg import LocalCluster
 from outbox.migrate import migrate
+from outbox.projectors import Outbox
+from outbox.worker import SESSION_SETTINGS, BatchCounts, Worker, drain
 
 LOCAL_DIR = Path(".outbox")
 
@@ -58,42 +62,108 @@ async def _queue_counts(pool: db.Pool) -> dict[str, int]:
     return counts
 
 
+async def _fresh_database(admin_dsn: str, name: str) -> str:
+    """Recreate `name` on the local demo cluster, so every run shows the same thing."""
+    admin = await db.connect(admin_dsn, codecs=False)
+    try:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        await admin.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await admin.close()
+    return admin_dsn.rsplit("/", 1)[0] + f"/{name}"
+
+
+@dataclass
+class DemoResult:
+    appended: int
+    append_seconds: float
+    drained: BatchCounts
+    drain_seconds: float
+    queue: dict[str, int]
+    rolls_projected: int
+    rolls_in_journal: int
+
+
+async def _run(settings: Settings, campaigns: int, events: int, concurrency: int) -> DemoResult:
+    assert settings.dsn is not None
+    pool = await db.create_pool(
+        settings.dsn, min_size=2, max_size=concurrency + 10, server_settings=SESSION_SETTINGS
+    )
+    try:
+        applied = await migrate(pool)
+        if applied:
+            stderr.print(f"migrated: {', '.join(applied)}")
+        await install(pool)
+        started = time.perf_counter()
+        appended = await _append_all(pool, settings, campaigns, events)
+        append_seconds = time.perf_counter() - started
+        worker = Worker(build_app(Outbox(settings)), pool)
+        started = time.perf_counter()
+        drained = await drain(worker, concurrency=concurrency)
+        drain_seconds = time.perf_counter() - started
+        projected = await pool.fetchval("SELECT coalesce(sum(rolls), 0) FROM demo_dice_totals")
+        # The oracle, from the journal: rolls whose work row is gone (applied).
+        journal = await pool.fetchval(
+            "SELECT count(*) FROM event_journal j WHERE j.event_type = $1 AND NOT EXISTS ("
+            "SELECT 1 FROM projection_apply_outbox o "
+            "WHERE o.campaign_id = j.campaign_id AND o.seq = j.seq)",
+            DICE_ROLLED,
+        )
+        return DemoResult(
+            appended,
+            append_seconds,
+            drained,
+            drain_seconds,
+            await _queue_counts(pool),
+            projected,
+            journal,
+        )
+    finally:
+        await pool.close()
+
+
 @app.command()
 def demo(
     campaigns: Annotated[int, typer.Option(min=1, max=10_000)] = 40,
     events: Annotated[int, typer.Option(help="Events per campaign.", min=1, max=100_000)] = 100,
+    concurrency: Annotated[int, typer.Option(help="Worker claim loops.", min=1, max=64)] = 4,
     stop: Annotated[bool, typer.Option("--stop", help="Stop the local cluster and exit.")] = False,
 ) -> None:
-    """Append demo campaign events through the outbox and show the queue."""
-    log.configure(os.environ.get("OUTBOX_LOG_LEVEL", "warning"))
+    """Append demo campaign events, drain them through the apply worker, show the outcome."""
+    log.configure(os.environ.get("OUTBOX_LOG_LEVEL", "error"))
     if stop:
         _local_cluster().stop()
         stderr.print("local PostgreSQL under .outbox/ stopped")
         return
     settings = settings_for()
     if not settings.dsn:
-        cluster = _local_cluster()
         stderr.print(f"OUTBOX_DSN unset: using the local PostgreSQL under {LOCAL_DIR}/")
-        settings = settings.replace(dsn=cluster.start())
+        admin_dsn = _local_cluster().start()
+        settings = settings.replace(dsn=run(lambda: _fresh_database(admin_dsn, "outbox_demo")))
 
-    async def body() -> tuple[int, float, dict[str, int]]:
-        pool = await db.create_pool(settings.dsn, min_size=2, max_size=20)
-        try:
-            applied = await migrate(pool)
-            if applied:
-                stderr.print(f"migrated: {', '.join(applied)}")
-            started = time.perf_counter()
-            appended = await _append_all(pool, settings, campaigns, events)
-            return appended, time.perf_counter() - started, await _queue_counts(pool)
-        finally:
-            await pool.close()
-
-    appended, seconds, queue = run(body)
-    stderr.print(f"appended {appended} events in {seconds:.2f}s ({appended / seconds:,.0f}/s)")
+    r = run(lambda: _run(settings, campaigns, events, concurrency))
+    stderr.print(
+        f"appended {r.appended} events in {r.append_seconds:.2f}s "
+        f"({r.appended / r.append_seconds:,.0f}/s)"
+    )
+    d = r.drained
+    stderr.print(
+        f"worker drained in {r.drain_seconds:.2f}s: applied={d.applied} skipped={d.skipped} "
+        f"failed={d.failed} dead={d.dead} ({d.applied / max(r.drain_seconds, 1e-9):,.0f}/s)"
+    )
     table = Table("status", "rows", title="outbox queue")
-    for status, n in queue.items():
+    for status, n in r.queue.items():
         table.add_row(status, str(n))
     stdout.print(table)
+    verdict = "exactly once" if r.rolls_projected == r.rolls_in_journal else "MISMATCH"
+    stdout.print(
+        f"dice rolls projected {r.rolls_projected}, applied rolls in the journal "
+        f"{r.rolls_in_journal}: {verdict}"
+    )
+    stdout.print(
+        "rows left are cursed dice (a projector that always fails) and the events behind them "
+        "in their campaigns: see them with `maintenance outbox-report`"
+    )
 
 
 def main() -> NoReturn:

@@ -5,8 +5,10 @@
 -- name: claim_campaign_heads
 -- Ordering `campaign`: claim up to $1 due head rows (no earlier outstanding row in the campaign;
 -- with $3 = true (park) dead rows do not count as outstanding), oldest first across campaigns,
--- skipping rows other workers hold. With each head, lock up to $4 following rows of its
--- campaign in seq order (only the head's holder can reach them). Events come along (fused load).
+-- skipping rows other workers hold. With each head, lock following rows of its campaign in seq
+-- order (only the head's holder can reach them), the rest of the batch shared among the heads
+-- so a claim never takes more than $1 rows: one hot campaign gets the whole budget. Events come
+-- along (fused load).
 WITH heads AS (
     SELECT o.campaign_id, o.seq
     FROM projection_apply_outbox o
@@ -30,7 +32,7 @@ WITH heads AS (
         FROM projection_apply_outbox x
         WHERE x.campaign_id = h.campaign_id AND x.seq > h.seq
         ORDER BY x.seq
-        LIMIT $4::integer
+        LIMIT (SELECT ($1::integer - count(*)) / greatest(count(*), 1) FROM heads)
         FOR UPDATE OF x
     ) f
 )
