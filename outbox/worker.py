@@ -215,6 +215,7 @@ SESSION_SETTINGS = {
     "plan_cache_mode": "force_custom_plan",
     "application_name": "outbox-worker",
 }
+LISTENER_SETTINGS = {**SESSION_SETTINGS, "application_name": "outbox-listener"}
 RECONNECT_BASE = 0.5
 RECONNECT_CAP = 30.0
 
@@ -287,7 +288,7 @@ class Service:
         attempt = 0
         while True:
             try:
-                conn = await db.connect(self.dsn, server_settings=SESSION_SETTINGS, codecs=False)
+                conn = await db.connect(self.dsn, server_settings=LISTENER_SETTINGS, codecs=False)
             except DatabaseUnavailable as exc:
                 attempt += 1
                 _logger.warning("listener.connect_failed", extra={"error": str(exc)})

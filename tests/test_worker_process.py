@@ -1,0 +1,263 @@
+"""The worker as a process: --drain, bad input, SIGTERM, SIGKILL, NOTIFY wake-ups, LISTEN loss.
+
+Waits are bounded waits on database state (a row gone, a lock waited on), never sleeps that
+hope something happened.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import anyio
+import pytest
+from anyio.abc import Process
+
+from outbox import Event, Settings, append, db
+from outbox.examples.app import install
+
+TESTS = Path(__file__).resolve().parent
+WORKER = [sys.executable, str(TESTS.parent / "cmd" / "outbox-worker.py")]
+
+
+def worker_env(dsn: str, **extra: str) -> dict[str, str]:
+    return {**os.environ, "OUTBOX_DSN": dsn, "OUTBOX_LOG_LEVEL": "info", **extra}
+
+
+async def wait_for(check: Callable[[], Awaitable[bool]], *, within: float = 30) -> None:
+    """Poll database state until `check()` holds; fail after `within` seconds."""
+    with anyio.fail_after(within):
+        while not await check():  # noqa: ASYNC110 - database state offers no event to await
+            await anyio.sleep(0.05)
+
+
+@asynccontextmanager
+async def frozen(pool: db.Pool) -> AsyncIterator[db.Connection]:
+    """Hold the advisory lock the blocking projector waits on."""
+    async with pool.acquire() as conn:
+        await conn.execute("SELECT pg_advisory_lock(4242)")
+        try:
+            yield conn
+        finally:
+            await conn.execute("SELECT pg_advisory_unlock_all()")
+
+
+async def projector_is_waiting(pool: db.Pool) -> bool:
+    n = await pool.fetchval(
+        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+    )
+    return bool(n)
+
+
+async def rows(pool: db.Pool) -> list[tuple[str, int, str, int]]:
+    return [
+        (r["campaign_id"], r["seq"], r["status"], r["attempt_count"])
+        for r in await pool.fetch(
+            "SELECT campaign_id, seq, status, attempt_count "
+            "FROM projection_apply_outbox ORDER BY 1, 2"
+        )
+    ]
+
+
+async def test_drain_applies_and_prints_a_summary(
+    pool: db.Pool, dsn: str, settings: Settings
+) -> None:
+    await install(pool)
+    await append(pool, "c", [Event("dice.rolled", {"value": 3})] * 5, settings=settings)
+    await append(pool, "x", [Event("dice.cursed", {})], settings=settings)
+    proc = await anyio.run_process(
+        [*WORKER, "--app", "outbox.examples.app:app", "--drain", "--concurrency", "3"],
+        env=worker_env(dsn),
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.decode().strip() == "drained: applied=5 skipped=0 failed=1 dead=0"
+    assert await rows(pool) == [("x", 1, "failed", 1)]
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "message"),
+    [
+        (["--app", "no_such_module:app"], 2, "cannot import 'no_such_module'"),
+        (["--app", "worker_apps:not_an_app"], 2, "not an outbox.Outbox"),
+        (["--app", "worker_apps"], 2, "expected module:attribute"),
+        ([], 2, "no app given"),
+        (["--app", "worker_apps:blocking", "--batch-size", "0"], 2, "OUTBOX_BATCH_SIZE"),
+    ],
+)
+def test_bad_input_is_one_line_and_nonzero(
+    dsn: str, args: list[str], code: int, message: str
+) -> None:
+    env = worker_env(dsn)
+    env.pop("OUTBOX_APP", None)
+    proc = subprocess.run(
+        [*WORKER, *args, "--drain"],
+        cwd=TESTS,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == code
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert message in lines[0]
+
+
+def test_missing_database_and_unmigrated_database_are_refused(fresh_db: str) -> None:
+    for target, message in [
+        ("postgresql://nobody@127.0.0.1:1/none", "cannot connect"),
+        (fresh_db, "not migrated"),
+    ]:
+        proc = subprocess.run(
+            [*WORKER, "--app", "worker_apps:blocking", "--drain"],
+            cwd=TESTS,
+            env=worker_env(target),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert proc.returncode == 1
+        assert message in proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1
+
+
+async def _start_blocked_worker(pool: db.Pool, dsn: str, settings: Settings) -> Process:
+    await pool.execute("CREATE TABLE applied (campaign_id text, seq bigint)")
+    await append(pool, "c", [Event("tick", {}), Event("tick", {})], settings=settings)
+    return await anyio.open_process(
+        [*WORKER, "--app", "worker_apps:blocking", "--shutdown-timeout", "1"],
+        cwd=TESTS,
+        env=worker_env(dsn),
+        stdin=None,
+        stdout=None,
+        stderr=None,
+    )
+
+
+async def _drain_again(dsn: str) -> None:
+    proc = await anyio.run_process(
+        [*WORKER, "--app", "worker_apps:blocking", "--drain"], cwd=TESTS, env=worker_env(dsn)
+    )
+    assert proc.returncode == 0
+
+
+async def test_sigterm_mid_batch_exits_0_and_loses_nothing(
+    pool: db.Pool, dsn: str, settings: Settings
+) -> None:
+    async with frozen(pool):
+        proc = await _start_blocked_worker(pool, dsn, settings)
+        try:
+            await wait_for(lambda: projector_is_waiting(pool))
+            proc.send_signal(signal.SIGTERM)
+            with anyio.fail_after(60):
+                code = await proc.wait()
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+        assert code == 0
+        assert await rows(pool) == [("c", 1, "pending", 0), ("c", 2, "pending", 0)]
+    await _drain_again(dsn)
+    assert await pool.fetchval("SELECT array_agg(seq ORDER BY seq) FROM applied") == [1, 2]
+    assert await rows(pool) == []
+
+
+async def test_sigkill_mid_batch_applies_exactly_once_after_restart(
+    pool: db.Pool, dsn: str, settings: Settings
+) -> None:
+    async with frozen(pool):
+        proc = await _start_blocked_worker(pool, dsn, settings)
+        await wait_for(lambda: projector_is_waiting(pool))
+        proc.kill()
+        with anyio.fail_after(60):
+            await proc.wait()
+        assert await rows(pool) == [("c", 1, "pending", 0), ("c", 2, "pending", 0)]
+    # The orphaned backend finds its client gone and rolls back; wait until it has left.
+    await wait_for(lambda: _no_worker_sessions(pool))
+    assert await rows(pool) == [("c", 1, "pending", 0), ("c", 2, "pending", 0)]
+    await _drain_again(dsn)
+    assert await pool.fetchval("SELECT array_agg(seq ORDER BY seq) FROM applied") == [1, 2]
+
+
+async def _no_worker_sessions(pool: db.Pool) -> bool:
+    n = await pool.fetchval(
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'outbox-%' "
+        "AND datname = current_database()"
+    )
+    return bool(n == 0)
+
+
+async def test_notify_wakes_a_worker_with_a_30s_poll_and_listen_comes_back(
+    pool: db.Pool, dsn: str, settings: Settings
+) -> None:
+    await install(pool)
+    proc = await anyio.open_process(
+        [*WORKER, "--app", "outbox.examples.app:app"],
+        env=worker_env(dsn, OUTBOX_POLL_INTERVAL="30"),
+        stdin=None,
+        stdout=None,
+        stderr=None,
+    )
+    try:
+        listener_pid = "SELECT pid FROM pg_stat_activity WHERE application_name = 'outbox-listener'"
+        await wait_for(lambda: _has(pool, listener_pid))
+        # Applied well before the 30 s poll: the NOTIFY woke the worker.
+        await append(pool, "c", [Event("dice.rolled", {"value": 1})], settings=settings)
+        await wait_for(lambda: _queue_empty(pool), within=15)
+        # Kill the LISTEN connection: it comes back as a new backend.
+        old = await pool.fetchval(listener_pid)
+        await pool.execute("SELECT pg_terminate_backend($1)", old)
+        await wait_for(lambda: _has(pool, listener_pid + f" AND pid <> {int(old)}"), within=20)
+        await append(pool, "c", [Event("dice.rolled", {"value": 2})], settings=settings)
+        await wait_for(lambda: _queue_empty(pool), within=15)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        with anyio.fail_after(60):
+            code = await proc.wait()
+    assert code == 0
+    assert await pool.fetchval("SELECT total FROM demo_dice_totals") == 3
+
+
+async def test_poll_applies_while_listen_is_down(
+    pool: db.Pool, dsn: str, settings: Settings
+) -> None:
+    await install(pool)
+    proc = await anyio.open_process(
+        [*WORKER, "--app", "outbox.examples.app:app"],
+        env=worker_env(dsn, OUTBOX_POLL_INTERVAL="0.2"),
+        stdin=None,
+        stdout=None,
+        stderr=None,
+    )
+    try:
+        q = "SELECT pid FROM pg_stat_activity WHERE application_name = 'outbox-listener'"
+        await wait_for(lambda: _has(pool, q))
+        # Without NOTIFY (enqueue by SQL, no pg_notify), only the poll can find the row.
+        await pool.execute(
+            "INSERT INTO event_journal (campaign_id, seq, event_type, payload) "
+            "VALUES ('p', 1, 'dice.rolled', '{\"value\": 4}');"
+            "INSERT INTO projection_apply_outbox (campaign_id, seq, event_type) "
+            "VALUES ('p', 1, 'dice.rolled')"
+        )
+        await wait_for(lambda: _queue_empty(pool), within=15)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        with anyio.fail_after(60):
+            await proc.wait()
+    assert await pool.fetchval("SELECT total FROM demo_dice_totals") == 4
+
+
+async def _has(pool: db.Pool, query: str) -> bool:
+    return await pool.fetchval(query) is not None
+
+
+async def _queue_empty(pool: db.Pool) -> bool:
+    n = await pool.fetchval("SELECT count(*) FROM projection_apply_outbox")
+    return bool(n == 0)

@@ -1,0 +1,23 @@
+"""Apps the worker subprocess tests load with `--app worker_apps:<name>` (cwd = tests/)."""
+
+from __future__ import annotations
+
+from outbox import db
+from outbox.journal import StoredEvent
+from outbox.projectors import Outbox
+
+# The test holds this advisory lock to freeze a projector mid-batch.
+FREEZE_LOCK = 4242
+
+blocking = Outbox()
+
+
+@blocking.projector("counted", events=["tick"])
+async def counted(tx: db.Connection, event: StoredEvent) -> None:
+    await tx.execute("SELECT pg_advisory_xact_lock($1)", FREEZE_LOCK)
+    await tx.execute(
+        "INSERT INTO applied (campaign_id, seq) VALUES ($1, $2)", event.campaign_id, event.seq
+    )
+
+
+not_an_app = object()
