@@ -19,7 +19,9 @@ from outbox.errors import (
     SchemaNotReady,
     ValidationError,
 )
-from outbox.journal import AppendResult, Event, append
+from outbox.journal import AppendResult, Event, StoredEvent, append
+from outbox.projectors import Outbox
+from outbox.queue import wait_applied
 
 __all__ = [
     "AppendResult",
@@ -31,13 +33,16 @@ __all__ = [
     "Event",
     "MigrationError",
     "NotFound",
+    "Outbox",
     "OutboxError",
     "PermanentError",
     "SchemaNotReady",
     "Settings",
+    "StoredEvent",
     "ValidationError",
     "append",
     "create_pool",
+    "wait_applied",
 ]
 
 __version__ = "0.1.0"

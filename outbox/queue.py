@@ -12,11 +12,14 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING
 
+import anyio
+
+from outbox import db
 from outbox.journal import StoredEvent
 from outbox.queries import Queries
 
 if TYPE_CHECKING:
-    from outbox.db import Connection
+    from outbox.db import Connection, Executor
 
 __all__ = [
     "ClaimedRow",
@@ -25,6 +28,7 @@ __all__ = [
     "delete_rows",
     "next_due_at",
     "record_failures",
+    "wait_applied",
 ]
 
 
@@ -34,6 +38,7 @@ class QueueQueries(Queries, file="queue.sql"):
     delete_rows: str
     record_failures: str
     next_due_at: str
+    outstanding_upto: str
 
 
 Q = QueueQueries
@@ -130,3 +135,20 @@ async def record_failures(
 async def next_due_at(conn: Connection, *, ordered: bool, park: bool) -> datetime | None:
     value: datetime | None = await conn.fetchval(Q.next_due_at, park, not ordered)
     return value
+
+
+async def wait_applied(  # noqa: ASYNC109 - the public signature takes a timeout (S20)
+    executor: Executor, campaign_id: str, seq: int, timeout: float
+) -> bool:
+    """Read-your-writes (S20): wait until `campaign_id`'s events up to `seq` are applied (no work
+    row at or below `seq` is left). True when applied, False when `timeout` seconds ran out
+    (a dead row never gets applied: its campaign waits for an operator)."""
+    delay = 0.005
+    with anyio.move_on_after(timeout):
+        while True:
+            async with db.acquire(executor) as conn:
+                if not await conn.fetchval(Q.outstanding_upto, campaign_id, seq):
+                    return True
+            await anyio.sleep(delay)  # deletions send no notification: poll, gently
+            delay = min(delay * 2, 0.25)
+    return False

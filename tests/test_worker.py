@@ -12,7 +12,7 @@ from datetime import UTC, datetime, timedelta
 import anyio
 import pytest
 
-from outbox import Event, PermanentError, Settings, append, db
+from outbox import Event, PermanentError, Settings, append, db, wait_applied
 from outbox.examples import campaigns as c
 from outbox.examples.app import build_app, install
 from outbox.journal import StoredEvent
@@ -280,7 +280,7 @@ async def test_unknown_type_fails_and_ignored_type_completes(
 async def test_concurrent_loops_keep_campaign_order_and_apply_exactly_once(
     pool: db.Pool, settings: Settings
 ) -> None:
-    """16 claim loops on 5 hot campaigns while bursts are appended; oracle from the journal."""
+    """4 workers x 4 loops on 5 hot campaigns while bursts are appended; oracle from the journal."""
     app = Outbox(settings.replace(batch_size=7))
     await pool.execute(
         "CREATE TABLE applied_log (id bigserial PRIMARY KEY, campaign_id text, seq bigint);"
@@ -312,15 +312,16 @@ async def test_concurrent_loops_keep_campaign_order_and_apply_exactly_once(
             burst = rng.randint(1, 12)
             await append(pool, campaign, [Event("tick", {})] * burst, settings=app.settings)
 
-    async def loop() -> None:
-        worker = Worker(app, pool)
+    async def loop(worker: Worker) -> None:
         while appending:
             totals.add(await worker.run_once())
         totals.add(await worker.drain())
 
     async with anyio.create_task_group() as workers:
-        for _ in range(16):
-            workers.start_soon(loop)
+        for _ in range(4):
+            worker = Worker(app, pool)
+            for _ in range(4):
+                workers.start_soon(loop, worker)
         async with anyio.create_task_group() as appenders:
             for i in range(5):
                 appenders.start_soon(appender, f"hot-{i}", i)
@@ -339,3 +340,18 @@ async def test_concurrent_loops_keep_campaign_order_and_apply_exactly_once(
     rows = await pool.fetch("SELECT campaign_id, seq FROM applied_log ORDER BY id")
     for campaign, n in journal.items():
         assert [r["seq"] for r in rows if r["campaign_id"] == campaign] == list(range(1, n + 1))
+
+
+async def test_wait_applied_reads_your_writes(pool: db.Pool, settings: Settings) -> None:
+    await install(pool)
+    app = demo(settings)
+    result = await append(pool, "c", [Event(c.DICE_ROLLED, {"value": 2})] * 3, settings=settings)
+    assert not await wait_applied(pool, "c", result.last_seq, timeout=0)
+
+    async def apply_soon() -> None:
+        await Worker(app, pool).drain()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(apply_soon)
+        assert await wait_applied(pool, "c", result.last_seq, timeout=30)
+    assert await pool.fetchval("SELECT rolls FROM demo_dice_totals") == 3

@@ -88,12 +88,15 @@ async def test_drain_applies_and_prints_a_summary(
         (["--app", "worker_apps"], 2, "expected module:attribute"),
         ([], 2, "no app given"),
         (["--app", "worker_apps:blocking", "--batch-size", "0"], 2, "OUTBOX_BATCH_SIZE"),
+        (["--app", "worker_apps:blocking"], 2, "OUTBOX_ORDERING=none cannot serve ordered"),
     ],
 )
 def test_bad_input_is_one_line_and_nonzero(
     dsn: str, args: list[str], code: int, message: str
 ) -> None:
-    env = worker_env(dsn)
+    env = worker_env(
+        dsn, **({"OUTBOX_ORDERING": "none"} if "OUTBOX_ORDERING=none" in message else {})
+    )
     env.pop("OUTBOX_APP", None)
     proc = subprocess.run(
         [*WORKER, *args, "--drain"],

@@ -96,3 +96,9 @@ WHERE o.status IN ('pending', 'failed')
   ))
 ORDER BY o.next_attempt_at
 LIMIT 1
+
+-- name: outstanding_upto
+-- Whether any work row of campaign $1 at or below seq $2 is still outstanding.
+SELECT EXISTS (
+    SELECT 1 FROM projection_apply_outbox WHERE campaign_id = $1::text AND seq <= $2::bigint
+)
