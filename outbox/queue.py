@@ -137,8 +137,11 @@ async def next_due_at(conn: Connection, *, ordered: bool, park: bool) -> datetim
     return value
 
 
-async def wait_applied(  # noqa: ASYNC109 - the public signature takes a timeout (S20)
-    executor: Executor, campaign_id: str, seq: int, timeout: float
+async def wait_applied(
+    executor: Executor,
+    campaign_id: str,
+    seq: int,
+    timeout: float,  # noqa: ASYNC109 - the public signature takes a timeout (S20)
 ) -> bool:
     """Read-your-writes (S20): wait until `campaign_id`'s events up to `seq` are applied (no work
     row at or below `seq` is left). True when applied, False when `timeout` seconds ran out
