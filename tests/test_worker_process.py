@@ -197,52 +197,51 @@ async def _no_worker_sessions(pool: db.Pool) -> bool:
     return bool(n == 0)
 
 
-async def test_notify_wakes_a_worker_with_a_30s_poll_and_listen_comes_back(
-    pool: db.Pool, dsn: str, settings: Settings
-) -> None:
-    await install(pool)
+LISTENER = "SELECT pid FROM pg_stat_activity WHERE application_name = 'outbox-listener'"
+
+
+@asynccontextmanager
+async def running_worker(dsn: str, **env: str) -> AsyncIterator[None]:
+    """The demo app's worker until SIGTERM, which must end it with exit 0."""
     proc = await anyio.open_process(
         [*WORKER, "--app", "outbox.examples.app:app"],
-        env=worker_env(dsn, OUTBOX_POLL_INTERVAL="30"),
+        env=worker_env(dsn, **env),
         stdin=None,
         stdout=None,
         stderr=None,
     )
     try:
-        listener_pid = "SELECT pid FROM pg_stat_activity WHERE application_name = 'outbox-listener'"
-        await wait_for(lambda: _has(pool, listener_pid))
-        # Applied well before the 30 s poll: the NOTIFY woke the worker.
-        await append(pool, "c", [Event("dice.rolled", {"value": 1})], settings=settings)
-        await wait_for(lambda: _queue_empty(pool), within=15)
-        # Kill the LISTEN connection: it comes back as a new backend.
-        old = await pool.fetchval(listener_pid)
-        await pool.execute("SELECT pg_terminate_backend($1)", old)
-        await wait_for(lambda: _has(pool, listener_pid + f" AND pid <> {int(old)}"), within=20)
-        await append(pool, "c", [Event("dice.rolled", {"value": 2})], settings=settings)
-        await wait_for(lambda: _queue_empty(pool), within=15)
+        yield
     finally:
         proc.send_signal(signal.SIGTERM)
         with anyio.fail_after(60):
             code = await proc.wait()
     assert code == 0
-    assert await pool.fetchval("SELECT total FROM demo_dice_totals") == 3
 
 
-async def test_poll_applies_while_listen_is_down(
+async def test_notify_wakes_a_worker_with_a_30s_poll_and_listen_comes_back(
     pool: db.Pool, dsn: str, settings: Settings
 ) -> None:
     await install(pool)
-    proc = await anyio.open_process(
-        [*WORKER, "--app", "outbox.examples.app:app"],
-        env=worker_env(dsn, OUTBOX_POLL_INTERVAL="0.2"),
-        stdin=None,
-        stdout=None,
-        stderr=None,
-    )
-    try:
-        q = "SELECT pid FROM pg_stat_activity WHERE application_name = 'outbox-listener'"
-        await wait_for(lambda: _has(pool, q))
-        # Without NOTIFY (enqueue by SQL, no pg_notify), only the poll can find the row.
+    async with running_worker(dsn, OUTBOX_POLL_INTERVAL="30"):
+        await wait_for(lambda: _has(pool, LISTENER))
+        # Applied well before the 30 s poll: the NOTIFY woke the worker.
+        await append(pool, "c", [Event("dice.rolled", {"value": 1})], settings=settings)
+        await wait_for(lambda: _queue_empty(pool), within=15)
+        # Kill the LISTEN connection: it comes back as a new backend.
+        old = await pool.fetchval(LISTENER)
+        await pool.execute("SELECT pg_terminate_backend($1)", old)
+        await wait_for(lambda: _has(pool, LISTENER + f" AND pid <> {int(old)}"), within=20)
+        await append(pool, "c", [Event("dice.rolled", {"value": 2})], settings=settings)
+        await wait_for(lambda: _queue_empty(pool), within=15)
+    assert await pool.fetchval("SELECT total FROM demo_dice_totals") == 3
+
+
+async def test_poll_applies_rows_that_came_without_a_notify(pool: db.Pool, dsn: str) -> None:
+    await install(pool)
+    async with running_worker(dsn, OUTBOX_POLL_INTERVAL="0.2"):
+        await wait_for(lambda: _has(pool, LISTENER))
+        # Without NOTIFY (enqueued by SQL, no pg_notify), only the poll can find the row.
         await pool.execute(
             "INSERT INTO event_journal (campaign_id, seq, event_type, payload) "
             "VALUES ('p', 1, 'dice.rolled', '{\"value\": 4}');"
@@ -250,10 +249,6 @@ async def test_poll_applies_while_listen_is_down(
             "VALUES ('p', 1, 'dice.rolled')"
         )
         await wait_for(lambda: _queue_empty(pool), within=15)
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        with anyio.fail_after(60):
-            await proc.wait()
     assert await pool.fetchval("SELECT total FROM demo_dice_totals") == 4
 
 
