@@ -1,0 +1,82 @@
+#!/usr/bin/env python3
+"""Apply-worker throughput: drain a backlog of demo events by batch size and claim loops.
+
+Usage: python bench/worker_drain.py [--campaigns N] [--events N]
+Uses OUTBOX_BENCH_DSN when set, else a throwaway local cluster (durable: fsync on). Each case
+appends the same backlog (no failing events), drains it with the demo app's projectors and
+prints events applied per second.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import time
+import uuid
+
+import asyncpg
+
+from outbox import Outbox, Settings, append, db
+from outbox.examples.app import build_app, install
+from outbox.examples.campaigns import DemoStream, campaign_ids
+from outbox.localpg import LocalCluster
+from outbox.migrate import migrate
+from outbox.worker import SESSION_SETTINGS, Worker, drain
+
+CLEAR = (
+    "TRUNCATE event_journal, campaign_heads, projection_apply_outbox, projection_checkpoints, "
+    "processed_markers, demo_roster, demo_event_counts, demo_dice_totals"
+)
+
+
+async def _case(
+    pool: db.Pool, dsn: str, campaigns: int, events: int, batch: int, loops: int
+) -> float:
+    await pool.execute(CLEAR)
+    settings = Settings(dsn=dsn, batch_size=batch)
+    stream = DemoStream()
+    for campaign in campaign_ids(campaigns):
+        for chunk in stream.batches(campaign, events, batch=50):
+            await append(pool, campaign, chunk, settings=settings)
+    worker = Worker(build_app(Outbox(settings)), pool)
+    started = time.perf_counter()
+    counts = await drain(worker, concurrency=loops)
+    seconds = time.perf_counter() - started
+    assert counts.failed == counts.dead == 0
+    left = await pool.fetchval("SELECT count(*) FROM projection_apply_outbox")
+    assert left == 0, f"{left} rows left"
+    return campaigns * events / seconds
+
+
+async def main(campaigns: int, events: int) -> None:
+    given = os.environ.get("OUTBOX_BENCH_DSN")
+    cluster = None if given else LocalCluster.temporary(durable=True)
+    server = given or cluster.start()  # type: ignore[union-attr]
+    try:
+        name = f"bench_{uuid.uuid4().hex[:8]}"
+        admin = await asyncpg.connect(server)
+        await admin.execute(f'CREATE DATABASE "{name}"')
+        dsn = server.rsplit("/", 1)[0] + f"/{name}"
+        pool = await db.create_pool(dsn, min_size=2, max_size=12, server_settings=SESSION_SETTINGS)
+        await migrate(pool)
+        await install(pool)
+        print(f"worker drain: {campaigns} campaigns x {events} events, demo projectors")
+        for loops in (1, 4):
+            for batch in (1, 10, 100):
+                rate = await _case(pool, dsn, campaigns, events, batch, loops)
+                print(f"  loops={loops} batch={batch:<4} {rate:>8,.0f} events/s")
+        await pool.close()
+        await admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+        await admin.close()
+    finally:
+        if cluster is not None:
+            cluster.destroy()
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--campaigns", type=int, default=20)
+    parser.add_argument("--events", type=int, default=200)
+    args = parser.parse_args()
+    asyncio.run(main(args.campaigns, args.events))
