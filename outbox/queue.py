@@ -26,7 +26,7 @@ __all__ = [
     "Failure",
     "claim",
     "delete_rows",
-    "next_due_at",
+    "next_due_in",
     "record_failures",
     "wait_applied",
 ]
@@ -37,7 +37,7 @@ class QueueQueries(Queries, file="queue.sql"):
     claim_due_rows: str
     delete_rows: str
     record_failures: str
-    next_due_at: str
+    next_due_in: str
     outstanding_upto: str
 
 
@@ -132,8 +132,10 @@ async def record_failures(
     )
 
 
-async def next_due_at(conn: Connection, *, ordered: bool, park: bool) -> datetime | None:
-    value: datetime | None = await conn.fetchval(Q.next_due_at, park, not ordered)
+async def next_due_in(executor: Executor, *, ordered: bool, park: bool) -> float | None:
+    """Seconds until the next claimable row is due (negative: already due); None: none waits."""
+    async with db.acquire(executor) as conn:
+        value: float | None = await conn.fetchval(Q.next_due_in, park, not ordered)
     return value
 
 

@@ -105,11 +105,11 @@ class Worker:
     now: Callable[[], datetime | None] = lambda: None
 
     @property
-    def _ordered(self) -> bool:
+    def ordered(self) -> bool:
         return self.app.settings.ordering == "campaign"
 
     @property
-    def _park(self) -> bool:
+    def park(self) -> bool:
         return self.app.settings.dead_policy == "park"
 
     def _failure(self, row: ClaimedRow, exc: BaseException, *, permanent: bool) -> Failure:
@@ -152,9 +152,9 @@ class Worker:
         now = self.now()
         async with self.pool.acquire() as conn, conn.transaction():
             rows = await queue.claim(
-                conn, limit=settings.batch_size, ordered=self._ordered, park=self._park, now=now
+                conn, limit=settings.batch_size, ordered=self.ordered, park=self.park, now=now
             )
-            work = walk(rows, limit=settings.batch_size, park=self._park)
+            work = walk(rows, limit=settings.batch_size, park=self.park)
             counts.claimed = len(work)
             done: list[tuple[str, int]] = []
             failures: list[Failure] = []
@@ -172,7 +172,7 @@ class Worker:
                     failures.append(failure)
                     counts.dead += failure.dead
                     counts.failed += not failure.dead
-                    if self._ordered:
+                    if self.ordered:
                         blocked.add(row.campaign_id)
                     _logger.warning(
                         "apply.failed",
@@ -280,7 +280,22 @@ class Service:
             if counts.claimed:
                 _logger.info("batch.done", extra=vars(counts))
             if counts.claimed < settings.batch_size:  # a full batch: more is probably due
-                await self._pause(settings.poll_interval)
+                await self._pause(await self._idle_time())
+
+    async def _idle_time(self) -> float:
+        """Until the next row is due (a retry in backoff), at most the poll interval (S10)."""
+        poll = self.worker.app.settings.poll_interval
+        try:
+            due_in = await queue.next_due_in(
+                self.worker.pool, ordered=self.worker.ordered, park=self.worker.park
+            )
+        except Exception as exc:
+            if _transient_in(exc) is None:
+                raise
+            return poll
+        if due_in is None:
+            return poll
+        return min(poll, max(due_in, 0.0) + 0.01)
 
     async def listen(self) -> None:
         """Keep a LISTEN connection, reconnecting with backoff; never needed for correctness,

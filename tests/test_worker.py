@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import random
 from datetime import UTC, datetime, timedelta
+from functools import partial
 
 import anyio
 import pytest
@@ -17,7 +18,7 @@ from outbox.examples import campaigns as c
 from outbox.examples.app import build_app, install
 from outbox.journal import StoredEvent
 from outbox.projectors import Outbox, apply_event
-from outbox.worker import BatchCounts, TransientBatchError, Worker
+from outbox.worker import BatchCounts, Service, TransientBatchError, Worker
 
 
 class Clock:
@@ -355,3 +356,28 @@ async def test_wait_applied_reads_your_writes(pool: db.Pool, settings: Settings)
         tg.start_soon(apply_soon)
         assert await wait_applied(pool, "c", result.last_seq, timeout=30)
     assert await pool.fetchval("SELECT rolls FROM demo_dice_totals") == 3
+
+
+async def test_idle_loop_wakes_when_a_retry_falls_due_not_at_the_poll(
+    pool: db.Pool, dsn: str
+) -> None:
+    """S10: with a 30 s poll and a ~0.2 s backoff, the retry runs long before the poll would."""
+    settings = Settings(dsn=dsn, poll_interval=30, backoff_base=0.2, backoff_cap=0.2)
+    app = Outbox(settings)
+    attempts: list[int] = []
+
+    @app.projector("flaky", events=["x"])
+    async def flaky(tx: db.Connection, event: StoredEvent) -> None:
+        attempts.append(event.seq)
+        if len(attempts) == 1:
+            raise RuntimeError("first time unlucky")
+
+    await append(pool, "c", [Event("x", {})], settings=settings)
+    service = Service(Worker(app, pool), dsn)
+    async with anyio.create_task_group() as tg:
+        await tg.start(partial(service.run, shutdown_timeout=5))
+        with anyio.fail_after(15):
+            while await pool.fetchval("SELECT count(*) FROM projection_apply_outbox"):  # noqa: ASYNC110
+                await anyio.sleep(0.05)  # polls database state; nothing else signals it
+        service.stop()
+    assert attempts == [1, 1]

@@ -83,10 +83,11 @@ FROM unnest($1::text[], $2::bigint[], $3::integer[], $4::double precision[], $5:
             $7::boolean[]) AS f(campaign_id, seq, attempts, delay, error, dead)
 WHERE o.campaign_id = f.campaign_id AND o.seq = f.seq
 
--- name: next_due_at
--- When the earliest claimable row becomes due (no row: nothing waits). Heads only under
--- ordering `campaign` ($2 false), so rows stuck behind a failed head do not look due; $1 = park.
-SELECT o.next_attempt_at
+-- name: next_due_in
+-- Seconds until the earliest claimable row is due, by the database clock (no row: nothing
+-- waits). Heads only under ordering `campaign` ($2 false), so rows stuck behind a failed head
+-- do not look due; $1 = park.
+SELECT extract(epoch FROM o.next_attempt_at - clock_timestamp())::double precision
 FROM projection_apply_outbox o
 WHERE o.status IN ('pending', 'failed')
   AND ($2::boolean OR NOT EXISTS (
