@@ -26,6 +26,7 @@ from outbox.journal import WORK_CHANNEL
 from outbox.projectors import ApplyOutcome, Outbox, apply_event
 from outbox.queue import ClaimedRow, Failure
 from outbox.retry import ErrorClass, backoff_delay, classify, describe_error
+from outbox.workers import HEARTBEAT_INTERVAL, Registration, new_worker_id
 
 if TYPE_CHECKING:
     from outbox.db import Connection, Pool
@@ -251,6 +252,8 @@ class Service:
     stopping: anyio.Event = field(default_factory=anyio.Event)
     listener_connected: bool = False
     totals: BatchCounts = field(default_factory=BatchCounts)
+    worker_id: str = field(default_factory=new_worker_id)
+    mode: str = "apply"
 
     def stop(self) -> None:
         self.stopping.set()
@@ -334,9 +337,33 @@ class Service:
             except Exception:  # any failure here means the connection is gone
                 return
 
+    async def heartbeat(self, registration: Registration) -> None:
+        while True:
+            await anyio.sleep(HEARTBEAT_INTERVAL)
+            try:
+                await registration.heartbeat(vars(self.totals))
+            except Exception as exc:  # the registry is for the report, never for the work
+                _logger.warning("registry.heartbeat_failed", extra={"error": describe_error(exc)})
+
     async def run(self, *, shutdown_timeout: float, task_status: TaskStatus[None]) -> None:
+        registration = Registration(self.worker.pool, self.worker_id, self.mode, self.concurrency)
+        await registration.register()
+        _logger.info(
+            "worker.registered",
+            extra={"worker_id": self.worker_id, "mode": self.mode, "concurrency": self.concurrency},
+        )
+        try:
+            await self._run(shutdown_timeout, task_status, registration)
+        finally:
+            with anyio.CancelScope(shield=True), anyio.move_on_after(5):
+                await registration.stop(vars(self.totals))
+
+    async def _run(
+        self, shutdown_timeout: float, task_status: TaskStatus[None], registration: Registration
+    ) -> None:
         async with anyio.create_task_group() as service:
             service.start_soon(self.listen)
+            service.start_soon(self.heartbeat, registration)
             async with anyio.create_task_group() as loops:
                 for _ in range(self.concurrency):
                     loops.start_soon(self.claim_loop)

@@ -6,6 +6,7 @@ place of the database clock); the random source is seeded. Nothing sleeps.
 
 from __future__ import annotations
 
+import os
 import random
 from datetime import UTC, datetime, timedelta
 from functools import partial
@@ -19,6 +20,7 @@ from outbox.examples.app import build_app, install
 from outbox.journal import StoredEvent
 from outbox.projectors import Outbox, apply_event
 from outbox.worker import BatchCounts, Service, TransientBatchError, Worker
+from outbox.workers import live_workers
 
 
 class Clock:
@@ -381,3 +383,23 @@ async def test_idle_loop_wakes_when_a_retry_falls_due_not_at_the_poll(
                 await anyio.sleep(0.05)  # polls database state; nothing else signals it
         service.stop()
     assert attempts == [1, 1]
+
+
+async def test_a_running_worker_is_registered_and_signs_off(pool: db.Pool, dsn: str) -> None:
+    app = Outbox(Settings(dsn=dsn))
+    service = Service(Worker(app, pool), dsn, concurrency=3)
+    async with anyio.create_task_group() as tg:
+        await tg.start(partial(service.run, shutdown_timeout=5))
+        (live,) = await live_workers(pool)
+        assert (live["worker_id"], live["mode"], live["concurrency"]) == (
+            service.worker_id,
+            "apply",
+            3,
+        )
+        assert live["pid"] == os.getpid()
+        service.stop()
+    assert await live_workers(pool) == []
+    stopped = await pool.fetchval(
+        "SELECT stopped_at IS NOT NULL FROM outbox_workers WHERE worker_id = $1", service.worker_id
+    )
+    assert stopped
