@@ -10,15 +10,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import time
-import uuid
 
-import asyncpg
+from _support import bench_database
 
 from outbox import Event, Settings, append, db
-from outbox.localpg import LocalCluster
-from outbox.migrate import migrate
 
 
 async def _case(
@@ -46,32 +42,28 @@ async def _case(
 
 
 async def main(events: int, writers: int) -> None:
-    given = os.environ.get("OUTBOX_BENCH_DSN")
-    cluster = None if given else LocalCluster.temporary(durable=True)
-    cluster_dsn = given or cluster.start()  # type: ignore[union-attr]
-    try:
-        name = f"bench_{uuid.uuid4().hex[:8]}"
-        admin = await asyncpg.connect(cluster_dsn)
-        await admin.execute(f'CREATE DATABASE "{name}"')
-        dsn = cluster_dsn.rsplit("/", 1)[0] + f"/{name}"
+    async with bench_database() as dsn:
         pool = await db.create_pool(dsn, min_size=writers, max_size=writers)
-        await migrate(pool)
-        print(f"append path: {events} events, {writers} writers (one campaign each)")
-        for enabled in (True, False):
-            for keyed in (False, True):
-                for batch in (1, 10, 100):
-                    settings = Settings(dsn=dsn, enabled=enabled)
-                    rate = await _case(
-                        pool, settings, events=events, batch=batch, writers=writers, keyed=keyed
-                    )
-                    label = "enqueue+notify" if enabled else "journal only  "
-                    print(f"  {label} keyed={keyed!s:5} batch={batch:<4} {rate:>10,.0f} events/s")
-        await pool.close()
-        await admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
-        await admin.close()
-    finally:
-        if cluster is not None:
-            cluster.destroy()
+        try:
+            print(f"append path: {events} events, {writers} writers (one campaign each)")
+            for enabled in (True, False):
+                for keyed in (False, True):
+                    for batch in (1, 10, 100):
+                        settings = Settings(dsn=dsn, enabled=enabled)
+                        rate = await _case(
+                            pool,
+                            settings,
+                            events=events,
+                            batch=batch,
+                            writers=writers,
+                            keyed=keyed,
+                        )
+                        label = "enqueue+notify" if enabled else "journal only  "
+                        print(
+                            f"  {label} keyed={keyed!s:5} batch={batch:<4} {rate:>10,.0f} events/s"
+                        )
+        finally:
+            await pool.close()
 
 
 if __name__ == "__main__":

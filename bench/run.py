@@ -12,7 +12,7 @@ HERE = Path(__file__).resolve().parent
 if __name__ == "__main__":
     failed = 0
     for script in sorted(HERE.glob("*.py")):
-        if script.name == "run.py":
+        if script.name == "run.py" or script.name.startswith("_"):
             continue
         print(f"== {script.name}", flush=True)
         failed |= subprocess.run(

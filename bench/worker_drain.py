@@ -11,17 +11,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import time
-import uuid
 
-import asyncpg
+from _support import bench_database
 
 from outbox import Outbox, Settings, append, db
 from outbox.examples.app import build_app, install
 from outbox.examples.campaigns import DemoStream, campaign_ids
-from outbox.localpg import LocalCluster
-from outbox.migrate import migrate
 from outbox.worker import SESSION_SETTINGS, Worker, drain
 
 CLEAR = (
@@ -50,28 +46,17 @@ async def _case(
 
 
 async def main(campaigns: int, events: int) -> None:
-    given = os.environ.get("OUTBOX_BENCH_DSN")
-    cluster = None if given else LocalCluster.temporary(durable=True)
-    server = given or cluster.start()  # type: ignore[union-attr]
-    try:
-        name = f"bench_{uuid.uuid4().hex[:8]}"
-        admin = await asyncpg.connect(server)
-        await admin.execute(f'CREATE DATABASE "{name}"')
-        dsn = server.rsplit("/", 1)[0] + f"/{name}"
+    async with bench_database() as dsn:
         pool = await db.create_pool(dsn, min_size=2, max_size=12, server_settings=SESSION_SETTINGS)
-        await migrate(pool)
-        await install(pool)
-        print(f"worker drain: {campaigns} campaigns x {events} events, demo projectors")
-        for loops in (1, 4):
-            for batch in (1, 10, 100):
-                rate = await _case(pool, dsn, campaigns, events, batch, loops)
-                print(f"  loops={loops} batch={batch:<4} {rate:>8,.0f} events/s")
-        await pool.close()
-        await admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
-        await admin.close()
-    finally:
-        if cluster is not None:
-            cluster.destroy()
+        try:
+            await install(pool)
+            print(f"worker drain: {campaigns} campaigns x {events} events, demo projectors")
+            for loops in (1, 4):
+                for batch in (1, 10, 100):
+                    rate = await _case(pool, dsn, campaigns, events, batch, loops)
+                    print(f"  loops={loops} batch={batch:<4} {rate:>8,.0f} events/s")
+        finally:
+            await pool.close()
 
 
 if __name__ == "__main__":

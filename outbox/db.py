@@ -8,7 +8,7 @@ It must never let a DSN password reach a message: every error raised here is bui
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, TypeAlias
 
@@ -138,22 +138,3 @@ async def acquire(executor: Executor) -> AsyncIterator[Connection]:
             yield conn
     else:
         yield executor
-
-
-def session_settings(
-    *,
-    statement_timeout_ms: int,
-    lock_timeout_ms: int,
-    idle_in_transaction_timeout_ms: int,
-    application_name: str,
-    extra: Iterable[tuple[str, str]] = (),
-) -> dict[str, str]:
-    """Server settings for a worker session, so a frozen worker releases what it holds."""
-    settings = {
-        "statement_timeout": str(statement_timeout_ms),
-        "lock_timeout": str(lock_timeout_ms),
-        "idle_in_transaction_session_timeout": str(idle_in_transaction_timeout_ms),
-        "application_name": application_name,
-    }
-    settings.update(extra)
-    return settings
