@@ -41,7 +41,8 @@ SCHEMA_VERSION = 1
 T = TypeVar("T")
 
 stderr = Console(stderr=True, highlight=False, soft_wrap=True)
-stdout = Console(highlight=False)
+# Piped output (a file, a pager, a test) gets room for the wide tables.
+stdout = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
 
 DsnOption = Annotated[
     str | None,

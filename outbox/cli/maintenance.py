@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, NoReturn
+import enum
+from collections.abc import Awaitable, Callable
+from datetime import datetime
+from typing import Annotated, Any, NoReturn, TypeVar
 
 import typer
+from rich.progress import Progress
 from rich.table import Table
 
-from outbox import db, log
+from outbox import db, log, maintenance
 from outbox import migrate as migrations
 from outbox.cli.common import (
     DsnOption,
@@ -22,6 +26,9 @@ from outbox.cli.common import (
 from outbox.cli.common import (
     main as run_main,
 )
+from outbox.maintenance import MAX_LIMIT
+
+T = TypeVar("T")
 
 app = typer.Typer(
     name="maintenance",
@@ -91,6 +98,226 @@ def migrate_command(
     for name in result:
         typer.echo(f"applied {name}")
     stderr.print(f"schema current ({len(result)} migration(s) applied now)")
+
+
+class Status(enum.StrEnum):
+    pending = "pending"
+    processing = "processing"
+    failed = "failed"
+    dead = "dead"
+
+
+LimitOption = Annotated[
+    int,
+    typer.Option("--limit", "--outbox-limit", min=1, max=MAX_LIMIT, help="Rows to list."),
+]
+CampaignOption = Annotated[
+    str | None, typer.Option("--campaign-id", help="Only this campaign.", show_default=False)
+]
+ReasonOption = Annotated[
+    str | None, typer.Option("--reason", help="Why, for the audit.", show_default=False)
+]
+
+
+def _pool_run(dsn: str | None, body: Callable[[db.Pool], Awaitable[T]]) -> T:
+    """Open a small pool (after all options are validated), run `body`, close the pool."""
+    target = require_dsn(settings_for(dsn=dsn))
+
+    async def runner() -> T:
+        pool = await db.create_pool(target, min_size=1, max_size=2)
+        try:
+            return await body(pool)
+        finally:
+            await pool.close()
+
+    return run(runner)
+
+
+def _age(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds:,.1f}s"
+
+
+def _when(value: datetime | None) -> str:
+    return value.isoformat(timespec="seconds") if value else "-"
+
+
+def _render_report(report: dict[str, Any]) -> None:
+    summary = report["summary"]
+    counts = Table("status", "rows", title="outbox queue")
+    for status, n in summary["counts"].items():
+        counts.add_row(status, str(n))
+    counts.add_row("total", str(summary["total"]))
+    stdout.print(counts)
+    oldest = summary["oldest_claimable"]
+    if oldest:
+        stdout.print(
+            f"oldest claimable: {oldest['campaign_id']} seq {oldest['seq']}, "
+            f"enqueued {_when(oldest['enqueued_at'])}, age {_age(oldest['age_seconds'])}"
+        )
+    stdout.print(f"earliest next attempt: {_when(summary['earliest_next_attempt_at'])}")
+    if summary["blocked_campaigns"]:
+        blocked = Table(
+            "campaign", "blocking seq", "status", "waiting", "age", title="blocked campaigns"
+        )
+        for b in summary["blocked_campaigns"]:
+            blocked.add_row(
+                b["campaign_id"],
+                str(b["blocking_seq"]),
+                b["status"],
+                str(b["waiting"]),
+                _age(b["age_seconds"]),
+            )
+        stdout.print(blocked)
+    if summary["parked_rows"]:
+        parked = Table("campaign", "seq", "event type", "last error", title="parked rows")
+        for r in summary["parked_rows"]:
+            parked.add_row(r["campaign_id"], str(r["seq"]), r["event_type"], r["last_error"] or "")
+        stdout.print(parked)
+    workers = Table("worker", "mode", "loops", "heartbeat age", title="live workers")
+    for w in summary["workers"]:
+        workers.add_row(
+            w["worker_id"], w["mode"], str(w["concurrency"]), _age(w["heartbeat_age_seconds"])
+        )
+    stdout.print(workers)
+    rows = Table(
+        "campaign",
+        "seq",
+        "event type",
+        "status",
+        "attempts",
+        "next attempt",
+        "enqueued",
+        "last error",
+        title=f"rows (limit {report['limit']})",
+    )
+    for r in report["rows"]:
+        rows.add_row(
+            r["campaign_id"],
+            str(r["seq"]),
+            r["event_type"],
+            r["status"],
+            str(r["attempt_count"]),
+            _when(r["next_attempt_at"]),
+            _when(r["enqueued_at"]),
+            (r["last_error"] or "")[:80],
+        )
+    stdout.print(rows)
+
+
+@app.command("outbox-report")
+def outbox_report_command(
+    dsn: DsnOption = None,
+    status: Annotated[
+        Status | None,
+        typer.Option("--status", "--outbox-status", help="Only rows in this status."),
+    ] = None,
+    limit: LimitOption = 50,
+    campaign_id: CampaignOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Counts per status, the oldest claimable row, blocked campaigns, workers, then rows."""
+    park = settings_for(dsn=dsn).dead_policy == "park"
+    report = _pool_run(
+        dsn,
+        lambda pool: maintenance.outbox_report(
+            pool,
+            status=status.value if status else None,
+            limit=limit,
+            campaign_id=campaign_id,
+            park=park,
+        ),
+    )
+    if as_json:
+        emit_json("outbox", report)
+    else:
+        _render_report(report)
+
+
+@app.command("outbox-requeue")
+def outbox_requeue_command(
+    campaign_id: Annotated[
+        str,
+        typer.Option("--campaign-id", "--outbox-requeue-campaign-id", help="The row's campaign."),
+    ],
+    seq: Annotated[
+        int, typer.Option("--seq", "--outbox-requeue-seq", min=1, help="The row's seq.")
+    ],
+    dsn: DsnOption = None,
+    reason: ReasonOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """One dead row back to pending, due now, with a fresh attempt budget (audited)."""
+    result = _pool_run(
+        dsn, lambda pool: maintenance.requeue_one(pool, campaign_id, seq, reason=reason)
+    )
+    if as_json:
+        emit_json("outbox-requeue", result)
+    else:
+        stdout.print(f"requeued {campaign_id} seq {seq}")
+
+
+@app.command("outbox-requeue-dead")
+def outbox_requeue_dead_command(
+    limit: Annotated[
+        int,
+        typer.Option(
+            "--limit",
+            "--outbox-requeue-dead-limit",
+            min=1,
+            max=MAX_LIMIT,
+            help="At most this many rows, oldest first.",
+        ),
+    ],
+    dsn: DsnOption = None,
+    campaign_id: CampaignOption = None,
+    event_type: Annotated[
+        str | None, typer.Option("--event-type", help="Only this event type.", show_default=False)
+    ] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Show, change nothing.")] = False,
+    reason: ReasonOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Dead rows back to pending in a bounded batch, oldest first by next_attempt_at, seq."""
+
+    async def body(pool: db.Pool) -> list[dict[str, Any]]:
+        with Progress(console=stderr, transient=True, disable=limit <= 1000) as bar:
+            task = bar.add_task("requeueing", total=limit)
+            return await maintenance.requeue_dead(
+                pool,
+                limit=limit,
+                campaign_id=campaign_id,
+                event_type=event_type,
+                dry_run=dry_run,
+                reason=reason,
+                progress=lambda n: bar.advance(task, n),
+            )
+
+    rows = _pool_run(dsn, body)
+    requeued = 0 if dry_run else len(rows)
+    if as_json:
+        emit_json(
+            "outbox-requeue-dead",
+            {"limit": limit, "dry_run": dry_run, "requeued": requeued, "rows": rows},
+        )
+        return
+    table = Table(
+        "campaign",
+        "seq",
+        "event type",
+        "attempts",
+        "last error",
+        title="would requeue" if dry_run else "requeued",
+    )
+    for r in rows:
+        table.add_row(
+            r["campaign_id"],
+            str(r["seq"]),
+            r["event_type"],
+            str(r["attempt_count"]),
+            (r["last_error"] or "")[:80],
+        )
+    stdout.print(table)
+    stderr.print(f"{'would requeue' if dry_run else 'requeued'} {len(rows)} row(s)")
 
 
 def main() -> NoReturn:

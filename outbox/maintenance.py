@@ -1,0 +1,224 @@
+"""Operator operations returning plain data: the outbox report and requeues of dead rows.
+
+Each function takes an executor first and returns dicts and lists ready for JSON or a table;
+nothing here renders, parses options or prints. Every filter travels as a bound parameter.
+Requeues keep history: the row gets a fresh attempt budget, and an insert-only audit row keeps
+what it was (status, attempts, last error, when), who did it and why.
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import asyncpg
+
+from outbox import db
+from outbox.errors import Conflict, NotFound, ValidationError
+from outbox.journal import WORK_CHANNEL
+from outbox.queries import Queries
+from outbox.workers import live_workers
+
+if TYPE_CHECKING:
+    from outbox.db import Connection, Executor
+
+__all__ = [
+    "MAX_LIMIT",
+    "STATUSES",
+    "current_actor",
+    "outbox_report",
+    "requeue_dead",
+    "requeue_one",
+]
+
+STATUSES = ("pending", "processing", "failed", "dead")
+MAX_LIMIT = 10_000
+REQUEUE_CHUNK = 500
+SUMMARY_LIST_LIMIT = 100
+
+
+class MaintenanceQueries(Queries, file="maintenance.sql"):
+    count_by_status: str
+    oldest_claimable: str
+    earliest_next_attempt: str
+    blocked_campaigns: str
+    list_rows: str
+    requeue_dead_rows: str
+    notify_work: str
+    lock_row_nowait: str
+
+
+Q = MaintenanceQueries
+
+
+def current_actor() -> str:
+    """The operating-system user, for the audit."""
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return f"uid:{os.getuid()}"
+
+
+def _check_limit(limit: int) -> None:
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT:
+        raise ValidationError("limit", f"expected an integer from 1 to {MAX_LIMIT}, got {limit!r}")
+
+
+async def outbox_report(
+    executor: Executor,
+    *,
+    status: str | None = None,
+    limit: int = 50,
+    campaign_id: str | None = None,
+    park: bool = False,
+) -> dict[str, Any]:
+    """Counts, the oldest claimable row, blocked campaigns, parked rows, live workers, rows."""
+    if status is not None and status not in STATUSES:
+        raise ValidationError("status", f"expected one of {'/'.join(STATUSES)}, got {status!r}")
+    _check_limit(limit)
+    async with db.acquire(executor) as conn:
+        counts = dict.fromkeys(STATUSES, 0)
+        counts.update(
+            {r["status"]: r["n"] for r in await conn.fetch(Q.count_by_status, campaign_id)}
+        )
+        oldest = await conn.fetchrow(Q.oldest_claimable, campaign_id)
+        earliest = await conn.fetchval(Q.earliest_next_attempt, campaign_id)
+        blocked = await conn.fetch(Q.blocked_campaigns, campaign_id, park, SUMMARY_LIST_LIMIT)
+        parked = (
+            await conn.fetch(Q.list_rows, "dead", campaign_id, SUMMARY_LIST_LIMIT) if park else []
+        )
+        rows = await conn.fetch(Q.list_rows, status, campaign_id, limit)
+        workers = await live_workers(conn)
+    return {
+        "status": status,
+        "limit": limit,
+        "campaign_id": campaign_id,
+        "summary": {
+            "counts": counts,
+            "total": sum(counts.values()),
+            "oldest_claimable": dict(oldest) if oldest else None,
+            "earliest_next_attempt_at": earliest,
+            "blocked_campaigns": [dict(r) for r in blocked],
+            "parked_rows": [
+                {k: r[k] for k in ("campaign_id", "seq", "event_type", "last_error")}
+                for r in parked
+            ],
+            "workers": [
+                {
+                    "worker_id": w["worker_id"],
+                    "host": w["host"],
+                    "pid": w["pid"],
+                    "mode": w["mode"],
+                    "concurrency": w["concurrency"],
+                    "heartbeat_age_seconds": w["heartbeat_age"],
+                    "counters": w["counters"],
+                }
+                for w in workers
+            ],
+        },
+        "rows": [dict(r) for r in rows],
+    }
+
+
+async def _requeue(
+    conn: Connection,
+    *,
+    limit: int,
+    campaign_id: str | None = None,
+    event_type: str | None = None,
+    one: tuple[str, int] | None = None,
+    dry_run: bool = False,
+    actor: str,
+    reason: str | None,
+) -> list[dict[str, Any]]:
+    rows = await conn.fetch(
+        Q.requeue_dead_rows,
+        limit,
+        campaign_id,
+        event_type,
+        one[0] if one else None,
+        one[1] if one else None,
+        dry_run,
+        actor,
+        reason,
+    )
+    return [dict(r) for r in rows]
+
+
+async def requeue_one(
+    executor: Executor,
+    campaign_id: str,
+    seq: int,
+    *,
+    actor: str | None = None,
+    reason: str | None = None,
+) -> dict[str, Any]:
+    """One dead row back to pending; NotFound, or Conflict when not dead or held by a batch."""
+    async with db.acquire(executor) as conn:
+        async with conn.transaction():
+            try:
+                status = await conn.fetchval(Q.lock_row_nowait, campaign_id, seq)
+            except asyncpg.LockNotAvailableError:
+                raise Conflict(
+                    f"row {campaign_id!r} seq {seq} is held by a running batch; try again"
+                ) from None
+            if status is None:
+                raise NotFound(f"no queued row {campaign_id!r} seq {seq}")
+            if status != "dead":
+                raise Conflict(f"row {campaign_id!r} seq {seq} is {status}, not dead")
+            await _requeue(
+                conn, limit=1, one=(campaign_id, seq), actor=actor or current_actor(), reason=reason
+            )
+        await conn.execute(Q.notify_work, WORK_CHANNEL)
+    return {"campaign_id": campaign_id, "seq": seq, "requeued": True}
+
+
+async def requeue_dead(
+    executor: Executor,
+    *,
+    limit: int,
+    campaign_id: str | None = None,
+    event_type: str | None = None,
+    dry_run: bool = False,
+    actor: str | None = None,
+    reason: str | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Up to `limit` dead rows back to pending, oldest first, in chunks of their own
+    transactions (a long requeue never holds many locks); `progress(n)` after each chunk.
+    With `dry_run` nothing changes and the rows that would move come back."""
+    _check_limit(limit)
+    actor = actor or current_actor()
+    done: list[dict[str, Any]] = []
+    async with db.acquire(executor) as conn:
+        if dry_run:
+            return await _requeue(
+                conn,
+                limit=limit,
+                campaign_id=campaign_id,
+                event_type=event_type,
+                dry_run=True,
+                actor=actor,
+                reason=reason,
+            )
+        while len(done) < limit:
+            ask = min(REQUEUE_CHUNK, limit - len(done))
+            async with conn.transaction():
+                chunk = await _requeue(
+                    conn,
+                    limit=ask,
+                    campaign_id=campaign_id,
+                    event_type=event_type,
+                    actor=actor,
+                    reason=reason,
+                )
+            done += chunk
+            if progress is not None:
+                progress(len(chunk))
+            if len(chunk) < ask:
+                break
+        if done:
+            await conn.execute(Q.notify_work, WORK_CHANNEL)
+    return done

@@ -1,0 +1,284 @@
+"""`maintenance` report and requeue commands as subprocesses against a real PostgreSQL."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from outbox import Event, Settings, append, db
+
+BIN = Path(sys.executable).parent
+
+
+def cli(*args: str, dsn: str | None = None) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OUTBOX_")}
+    if dsn:
+        env["OUTBOX_DSN"] = dsn
+    return subprocess.run(
+        [str(BIN / "maintenance"), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env=env,
+    )
+
+
+def as_json(proc: subprocess.CompletedProcess[str]) -> Any:
+    assert proc.returncode == 0, proc.stderr
+    return orjson.loads(proc.stdout)
+
+
+async def seed(pool: db.Pool, settings: Settings) -> None:
+    """c-a: 3 rows (head dead); c-b: 2 rows (head failed); c-c: 1 pending; c-d: 1 dead."""
+    for campaign, n in [("c-a", 3), ("c-b", 2), ("c-c", 1), ("c-d", 1)]:
+        await append(pool, campaign, [Event("t", {})] * n, settings=settings)
+    await pool.execute(
+        "UPDATE projection_apply_outbox SET status = 'dead', attempt_count = 8, "
+        "last_error = 'Boom: ' || campaign_id, "
+        "next_attempt_at = clock_timestamp() - (CASE campaign_id WHEN 'c-d' THEN 2 ELSE 1 END) "
+        "* interval '1 hour' WHERE (campaign_id, seq) IN (('c-a', 1), ('c-d', 1))"
+    )
+    await pool.execute(
+        "UPDATE projection_apply_outbox SET status = 'failed', attempt_count = 2, "
+        "last_error = 'Flaky', next_attempt_at = clock_timestamp() + interval '1 minute' "
+        "WHERE campaign_id = 'c-b' AND seq = 1"
+    )
+
+
+async def test_report_json_contract(pool: db.Pool, dsn: str, settings: Settings) -> None:
+    await seed(pool, settings)
+    body = as_json(cli("outbox-report", "--json", "--limit", "4", dsn=dsn))
+    assert set(body) == {
+        "schema_version",
+        "mode",
+        "status",
+        "limit",
+        "campaign_id",
+        "summary",
+        "rows",
+    }
+    assert (body["schema_version"], body["mode"], body["status"], body["limit"]) == (
+        1,
+        "outbox",
+        None,
+        4,
+    )
+    summary = body["summary"]
+    assert summary["counts"] == {"pending": 4, "processing": 0, "failed": 1, "dead": 2}
+    assert summary["total"] == 7
+    oldest = summary["oldest_claimable"]
+    assert set(oldest) == {"campaign_id", "seq", "enqueued_at", "age_seconds"}
+    assert (oldest["campaign_id"], oldest["seq"]) == ("c-a", 2)
+    assert isinstance(oldest["age_seconds"], float)
+    assert isinstance(summary["earliest_next_attempt_at"], str)
+    blocked = {b["campaign_id"]: b for b in summary["blocked_campaigns"]}
+    assert set(blocked) == {"c-a", "c-b", "c-d"}
+    assert (
+        blocked["c-a"]["blocking_seq"],
+        blocked["c-a"]["status"],
+        blocked["c-a"]["waiting"],
+    ) == (1, "dead", 2)
+    assert (blocked["c-b"]["status"], blocked["c-b"]["waiting"]) == ("failed", 1)
+    assert summary["parked_rows"] == []
+    assert summary["workers"] == []
+    assert len(body["rows"]) == 4
+    row = body["rows"][0]
+    assert set(row) == {
+        "campaign_id",
+        "seq",
+        "event_type",
+        "status",
+        "attempt_count",
+        "next_attempt_at",
+        "enqueued_at",
+        "updated_at",
+        "last_error",
+    }
+    # Claim order: next_attempt_at, seq: the dead rows (backdated) first, c-d before c-a.
+    assert [(r["campaign_id"], r["seq"]) for r in body["rows"][:2]] == [("c-d", 1), ("c-a", 1)]
+
+
+async def test_report_filters_and_aliases(pool: db.Pool, dsn: str, settings: Settings) -> None:
+    await seed(pool, settings)
+    dead = as_json(
+        cli("outbox-report", "--outbox-status", "dead", "--outbox-limit", "100", "--json", dsn=dsn)
+    )
+    assert {(r["campaign_id"], r["status"]) for r in dead["rows"]} == {
+        ("c-a", "dead"),
+        ("c-d", "dead"),
+    }
+    one = as_json(cli("outbox-report", "--campaign-id", "c-b", "--json", dsn=dsn))
+    assert one["summary"]["counts"] == {"pending": 1, "processing": 0, "failed": 1, "dead": 0}
+    assert {r["campaign_id"] for r in one["rows"]} == {"c-b"}
+
+
+async def test_report_table_shows_the_counts(pool: db.Pool, dsn: str, settings: Settings) -> None:
+    await seed(pool, settings)
+    proc = cli("outbox-report", dsn=dsn)
+    assert proc.returncode == 0, proc.stderr
+    lines = {ln.strip("│┃ ").split("│")[0].strip(): ln for ln in proc.stdout.splitlines()}
+    for status, n in [("pending", 4), ("failed", 1), ("dead", 2), ("total", 7)]:
+        assert f" {n} " in lines[status], lines.get(status)
+    assert "blocked campaigns" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    "value", ["x' OR '1'='1", "%", "_", "c-%", "'; DROP TABLE projection_apply_outbox; --"]
+)
+async def test_filters_are_bound_parameters(
+    pool: db.Pool, dsn: str, settings: Settings, value: str
+) -> None:
+    await seed(pool, settings)
+    body = as_json(cli("outbox-report", "--campaign-id", value, "--json", dsn=dsn))
+    assert body["rows"] == []
+    assert body["summary"]["total"] == 0
+    dry = as_json(
+        cli(
+            "outbox-requeue-dead",
+            "--limit",
+            "10",
+            "--campaign-id",
+            value,
+            "--event-type",
+            value,
+            "--dry-run",
+            "--json",
+            dsn=dsn,
+        )
+    )
+    assert dry["rows"] == []
+    assert await pool.fetchval("SELECT count(*) FROM projection_apply_outbox") == 7
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("outbox-report", "--status", "done"),
+        ("outbox-report", "--limit", "0"),
+        ("outbox-report", "--limit", "10001"),
+        ("outbox-requeue", "--campaign-id", "c"),
+        ("outbox-requeue", "--campaign-id", "c", "--seq", "0"),
+        ("outbox-requeue-dead",),
+        ("outbox-requeue-dead", "--limit", "0"),
+    ],
+)
+def test_bad_usage_exits_2_with_one_line_without_connecting(args: tuple[str, ...]) -> None:
+    # The DSN points nowhere: a connection attempt would end in exit 1, not 2.
+    proc = cli(*args, dsn="postgresql://op:CANARY@127.0.0.1:1/none")
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1
+    assert "CANARY" not in proc.stderr
+
+
+def test_unreachable_database_exits_1_with_one_redacted_line() -> None:
+    proc = cli("outbox-report", "--json", dsn="postgresql://op:CANARY@127.0.0.1:1/none")
+    assert proc.returncode == 1
+    assert len(proc.stderr.strip().splitlines()) == 1
+    assert "CANARY" not in proc.stderr
+    assert proc.stdout == ""
+
+
+async def test_requeue_one_keeps_history_and_writes_the_audit(
+    pool: db.Pool, dsn: str, settings: Settings
+) -> None:
+    await seed(pool, settings)
+    body = as_json(
+        cli(
+            "outbox-requeue",
+            "--campaign-id",
+            "c-a",
+            "--seq",
+            "1",
+            "--reason",
+            "fixed projector",
+            "--json",
+            dsn=dsn,
+        )
+    )
+    assert body == {
+        "schema_version": 1,
+        "mode": "outbox-requeue",
+        "campaign_id": "c-a",
+        "seq": 1,
+        "requeued": True,
+    }
+    row = await pool.fetchrow(
+        "SELECT status, attempt_count, next_attempt_at <= clock_timestamp() "
+        "AS due FROM projection_apply_outbox WHERE campaign_id = 'c-a' AND seq = 1"
+    )
+    assert row is not None
+    assert (row["status"], row["attempt_count"], row["due"]) == ("pending", 0, True)
+    audit = await pool.fetchrow("SELECT * FROM outbox_requeue_audit")
+    assert audit is not None
+    assert (
+        audit["campaign_id"],
+        audit["seq"],
+        audit["previous_status"],
+        audit["previous_attempt_count"],
+        audit["previous_last_error"],
+        audit["reason"],
+    ) == ("c-a", 1, "dead", 8, "Boom: c-a", "fixed projector")
+    assert audit["actor"]
+    # Not dead any more, or not there: exit 1 with a clear line.
+    again = cli("outbox-requeue", "--campaign-id", "c-a", "--seq", "1", dsn=dsn)
+    assert again.returncode == 1
+    assert "is pending, not dead" in again.stderr
+    missing = cli(
+        "outbox-requeue",
+        "--outbox-requeue-campaign-id",
+        "nope",
+        "--outbox-requeue-seq",
+        "9",
+        dsn=dsn,
+    )
+    assert missing.returncode == 1
+    assert "no queued row 'nope' seq 9" in missing.stderr
+
+
+async def test_requeue_refuses_a_row_held_by_a_running_batch(
+    pool: db.Pool, dsn: str, settings: Settings
+) -> None:
+    await seed(pool, settings)
+    async with pool.acquire() as conn, conn.transaction():
+        await conn.execute(
+            "SELECT 1 FROM projection_apply_outbox WHERE campaign_id = 'c-d' FOR UPDATE"
+        )
+        proc = await asyncio.to_thread(
+            cli, "outbox-requeue", "--campaign-id", "c-d", "--seq", "1", dsn=dsn
+        )
+    assert proc.returncode == 1
+    assert "held by a running batch" in proc.stderr
+    assert await pool.fetchval("SELECT count(*) FROM outbox_requeue_audit") == 0
+
+
+async def test_requeue_dead_oldest_first_with_limit_and_audit(
+    pool: db.Pool, dsn: str, settings: Settings
+) -> None:
+    await seed(pool, settings)
+    dry = as_json(cli("outbox-requeue-dead", "--limit", "5", "--dry-run", "--json", dsn=dsn))
+    assert (dry["requeued"], [(r["campaign_id"], r["seq"]) for r in dry["rows"]]) == (
+        0,
+        [("c-d", 1), ("c-a", 1)],
+    )
+    assert await pool.fetchval("SELECT count(*) FROM outbox_requeue_audit") == 0
+    first = as_json(
+        cli("outbox-requeue-dead", "--outbox-requeue-dead-limit", "1", "--json", dsn=dsn)
+    )
+    assert (first["mode"], first["limit"], first["requeued"]) == ("outbox-requeue-dead", 1, 1)
+    assert [(r["campaign_id"], r["seq"]) for r in first["rows"]] == [("c-d", 1)]
+    rest = as_json(cli("outbox-requeue-dead", "--limit", "10", "--json", dsn=dsn))
+    assert [(r["campaign_id"], r["seq"]) for r in rest["rows"]] == [("c-a", 1)]
+    assert (
+        await pool.fetchval("SELECT count(*) FROM projection_apply_outbox WHERE status = 'dead'")
+        == 0
+    )
+    assert await pool.fetchval("SELECT count(*) FROM outbox_requeue_audit") == 2
