@@ -16,8 +16,9 @@ from typing import TYPE_CHECKING, Any
 import asyncpg
 
 from outbox import db
-from outbox.errors import Conflict, NotFound, ValidationError
+from outbox.errors import Conflict, NotFound, SchemaNotReady, ValidationError
 from outbox.journal import WORK_CHANNEL
+from outbox.migrate import check_current
 from outbox.queries import Queries
 from outbox.workers import live_workers
 
@@ -27,7 +28,9 @@ if TYPE_CHECKING:
 __all__ = [
     "MAX_LIMIT",
     "STATUSES",
+    "cleanup",
     "current_actor",
+    "health",
     "outbox_report",
     "requeue_dead",
     "requeue_one",
@@ -48,6 +51,10 @@ class MaintenanceQueries(Queries, file="maintenance.sql"):
     requeue_dead_rows: str
     notify_work: str
     lock_row_nowait: str
+    prune_markers: str
+    prune_append_keys: str
+    prune_consumer_claims: str
+    prune_workers: str
 
 
 Q = MaintenanceQueries
@@ -222,3 +229,63 @@ async def requeue_dead(
         if done:
             await conn.execute(Q.notify_work, WORK_CHANNEL)
     return done
+
+
+async def _prune(conn: Connection, query: str, *args: int) -> int:
+    """Run a bounded DELETE until it removes fewer rows than its batch (the last argument)."""
+    total = 0
+    while True:
+        status = await conn.execute(query, *args)
+        removed = int(status.split()[-1])
+        total += removed
+        if removed < args[-1]:
+            return total
+
+
+async def cleanup(
+    executor: Executor, *, markers_retention_hours: int = 168, batch_size: int = 5000
+) -> dict[str, int]:
+    """Prune markers past retention, expired append keys, consumer claims past their window and
+    stale worker-registry rows, each in bounded batches (short transactions, short locks)."""
+    if not 1 <= markers_retention_hours <= 24 * 3660:
+        raise ValidationError("markers_retention_hours", "expected 1 to 87840 hours")
+    if not 1 <= batch_size <= 1_000_000:
+        raise ValidationError("batch_size", "expected 1 to 1000000")
+    hours = markers_retention_hours
+    async with db.acquire(executor) as conn:
+        return {
+            "processed_markers": await _prune(conn, Q.prune_markers, hours, batch_size),
+            "append_idempotency_keys": await _prune(conn, Q.prune_append_keys, batch_size),
+            "consumer_claims": await _prune(conn, Q.prune_consumer_claims, hours, batch_size),
+            "outbox_workers": await _prune(conn, Q.prune_workers, hours, batch_size),
+        }
+
+
+async def health(executor: Executor, *, max_oldest_age: float | None = None) -> dict[str, Any]:
+    """Healthy when migrations are current and the oldest claimable row is younger than the
+    bound; the reasons say what is not. (The database answering is the caller's first check.)"""
+    reasons: list[str] = []
+    try:
+        await check_current(executor)
+        migrations = "current"
+    except SchemaNotReady as exc:
+        migrations = "not current"
+        reasons.append(str(exc))
+    age: float | None = None
+    if migrations == "current":
+        async with db.acquire(executor) as conn:
+            oldest = await conn.fetchrow(Q.oldest_claimable, None)
+        if oldest is not None:
+            age = oldest["age_seconds"]
+            if max_oldest_age is not None and age > max_oldest_age:
+                reasons.append(
+                    f"oldest claimable row {oldest['campaign_id']!r} seq {oldest['seq']} "
+                    f"is {age:.0f}s old, over {max_oldest_age:g}s"
+                )
+    return {
+        "healthy": not reasons,
+        "migrations": migrations,
+        "oldest_claimable_age_seconds": age,
+        "max_oldest_age_seconds": max_oldest_age,
+        "reasons": reasons,
+    }

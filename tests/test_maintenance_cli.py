@@ -282,3 +282,62 @@ async def test_requeue_dead_oldest_first_with_limit_and_audit(
         == 0
     )
     assert await pool.fetchval("SELECT count(*) FROM outbox_requeue_audit") == 2
+
+
+async def test_cleanup_honours_retention_and_batch_size(pool: db.Pool, dsn: str) -> None:
+    await pool.execute(
+        "INSERT INTO event_journal (campaign_id, seq, event_type, payload) "
+        "SELECT 'c', g, 't', '{}' FROM generate_series(1, 30) g;"
+        # 25 markers 10 days old, 5 fresh.
+        "INSERT INTO processed_markers (campaign_id, seq, handler, applied_at) "
+        "SELECT 'c', g, 'h', clock_timestamp() - CASE WHEN g <= 25 THEN interval '10 days' "
+        "ELSE interval '10 minutes' END FROM generate_series(1, 30) g;"
+        "INSERT INTO append_idempotency_keys (campaign_id, idem_key, expires_at) VALUES "
+        "('c', 'old', clock_timestamp() - interval '1 s'),"
+        "('c', 'live', clock_timestamp() + interval '1 day');"
+        "INSERT INTO consumer_claims (scope, event_id, bucket, event_time) VALUES "
+        "('s', 'old', current_date - 30, now() - interval '30 days'),"
+        "('s', 'new', current_date, now());"
+        "INSERT INTO outbox_workers (worker_id, host, pid, mode, heartbeat_at, stopped_at) VALUES "
+        "('gone', 'h', 1, 'apply', now() - interval '30 days', now() - interval '30 days'),"
+        "('live', 'h', 2, 'apply', now(), NULL)"
+    )
+    body = as_json(cli("cleanup", "--batch-size", "7", "--json", dsn=dsn))
+    assert body == {
+        "schema_version": 1,
+        "mode": "cleanup",
+        "removed": {
+            "processed_markers": 25,
+            "append_idempotency_keys": 1,
+            "consumer_claims": 1,
+            "outbox_workers": 1,
+        },
+    }
+    assert await pool.fetchval("SELECT count(*) FROM processed_markers") == 5
+    # Ten-minute-old markers outlive a one-hour retention; the keys, claims, workers left are live.
+    body = as_json(cli("cleanup", "--markers-retention-hours", "1", "--json", dsn=dsn))
+    assert body["removed"]["processed_markers"] == 0
+    assert await pool.fetchval("SELECT idem_key FROM append_idempotency_keys") == "live"
+    assert await pool.fetchval("SELECT event_id FROM consumer_claims") == "new"
+    assert await pool.fetchval("SELECT worker_id FROM outbox_workers") == "live"
+
+
+async def test_health_exit_codes(
+    pool: db.Pool, dsn: str, fresh_db: str, settings: Settings
+) -> None:
+    ok = cli("health", "--json", dsn=dsn)
+    body = as_json(ok)
+    assert (body["mode"], body["healthy"], body["migrations"]) == ("health", True, "current")
+    await append(pool, "c", [Event("t", {})], settings=settings)
+    await pool.execute("UPDATE projection_apply_outbox SET enqueued_at = now() - interval '1 hour'")
+    assert cli("health", "--max-oldest-age", "7200", dsn=dsn).returncode == 0
+    old = cli("health", "--max-oldest-age", "60", dsn=dsn)
+    assert old.returncode == 1
+    assert "oldest claimable row 'c' seq 1 is" in old.stderr
+    assert "s old, over 60s" in old.stderr
+    unmigrated = cli("health", dsn=fresh_db)
+    assert unmigrated.returncode == 1
+    assert "maintenance migrate" in unmigrated.stderr
+    down = cli("health", dsn="postgresql://op@127.0.0.1:1/none")
+    assert down.returncode == 1
+    assert "cannot connect" in down.stderr

@@ -26,6 +26,7 @@ from outbox.cli.common import (
 from outbox.cli.common import (
     main as run_main,
 )
+from outbox.errors import OutboxError
 from outbox.maintenance import MAX_LIMIT
 
 T = TypeVar("T")
@@ -318,6 +319,50 @@ def outbox_requeue_dead_command(
         )
     stdout.print(table)
     stderr.print(f"{'would requeue' if dry_run else 'requeued'} {len(rows)} row(s)")
+
+
+@app.command("cleanup")
+def cleanup_command(
+    dsn: DsnOption = None,
+    markers_retention_hours: Annotated[
+        int, typer.Option(min=1, max=24 * 3660, help="Keep processed markers this long.")
+    ] = 168,
+    batch_size: Annotated[int, typer.Option(min=1, max=1_000_000, help="Rows per DELETE.")] = 5000,
+    as_json: JsonOption = False,
+) -> None:
+    """Prune old markers, expired append keys, old consumer claims, stale worker rows."""
+    removed = _pool_run(
+        dsn,
+        lambda pool: maintenance.cleanup(
+            pool, markers_retention_hours=markers_retention_hours, batch_size=batch_size
+        ),
+    )
+    if as_json:
+        emit_json("cleanup", {"removed": removed})
+        return
+    table = Table("table", "rows removed", title="cleanup")
+    for name, n in removed.items():
+        table.add_row(name, str(n))
+    stdout.print(table)
+
+
+@app.command("health")
+def health_command(
+    dsn: DsnOption = None,
+    max_oldest_age: Annotated[
+        float | None,
+        typer.Option(min=0, help="Unhealthy when the oldest claimable row is older (seconds)."),
+    ] = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Exit 0 when the database answers, migrations are current and the backlog is young."""
+    result = _pool_run(dsn, lambda pool: maintenance.health(pool, max_oldest_age=max_oldest_age))
+    if as_json:
+        emit_json("health", result)
+    elif result["healthy"]:
+        stdout.print("healthy")
+    if not result["healthy"]:
+        raise OutboxError("unhealthy: " + "; ".join(result["reasons"]))
 
 
 def main() -> NoReturn:

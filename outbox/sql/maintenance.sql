@@ -93,3 +93,37 @@ SELECT pg_notify($1::text, '')
 SELECT status FROM projection_apply_outbox
 WHERE campaign_id = $1::text AND seq = $2::bigint
 FOR UPDATE NOWAIT
+
+-- name: prune_markers
+-- Processed markers older than $1 hours, at most $2 per call.
+DELETE FROM processed_markers
+WHERE ctid IN (
+    SELECT ctid FROM processed_markers
+    WHERE applied_at < clock_timestamp() - make_interval(hours => $1::integer)
+    LIMIT $2::integer
+)
+
+-- name: prune_append_keys
+-- Expired append idempotency keys, at most $1 per call.
+DELETE FROM append_idempotency_keys
+WHERE ctid IN (
+    SELECT ctid FROM append_idempotency_keys WHERE expires_at <= clock_timestamp() LIMIT $1::integer
+)
+
+-- name: prune_consumer_claims
+-- Consumer claims whose time bucket ended more than $1 hours ago, at most $2 per call.
+DELETE FROM consumer_claims
+WHERE ctid IN (
+    SELECT ctid FROM consumer_claims
+    WHERE bucket < (clock_timestamp() - make_interval(hours => $1::integer))::date
+    LIMIT $2::integer
+)
+
+-- name: prune_workers
+-- Worker registry rows stopped, or silent, for more than $1 hours, at most $2 per call.
+DELETE FROM outbox_workers
+WHERE ctid IN (
+    SELECT ctid FROM outbox_workers
+    WHERE coalesce(stopped_at, heartbeat_at) < clock_timestamp() - make_interval(hours => $1::integer)
+    LIMIT $2::integer
+)
