@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from outbox import db, queue
 from outbox.config import Settings
 from outbox.errors import ConfigError, OutboxError
 from outbox.journal import AppendResult, Event, StoredEvent, append
@@ -38,12 +39,19 @@ __all__ = [
 class ProjectorQueries(Queries, file="projectors.sql"):
     advance_checkpoints: str
     reserve_marker: str
+    list_campaigns: str
+    reset_checkpoint: str
+    set_checkpoint: str
+    delete_markers: str
+    journal_for_rebuild: str
 
 
 Q = ProjectorQueries
 
 
 ProjectorFn = Callable[["Connection", StoredEvent], Awaitable[None]]
+# Clears one campaign's projection rows before a rebuild re-applies its journal (S19).
+ResetFn = Callable[["Connection", str], Awaitable[None]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +61,7 @@ class Projector:
     fn: ProjectorFn
     ordered: bool = True
     idempotent: bool = False
+    reset: ResetFn | None = None
 
 
 class UnknownEventType(OutboxError):
@@ -146,12 +155,13 @@ class Outbox:
         events: Sequence[str],
         ordered: bool = True,
         idempotent: bool = False,
+        reset: ResetFn | None = None,
     ) -> Callable[[ProjectorFn], ProjectorFn]:
         if isinstance(events, str):
             raise ConfigError(f"projector {name!r}: events must be a list of types, not a string")
 
         def register(fn: ProjectorFn) -> ProjectorFn:
-            self.registry.add(Projector(name, frozenset(events), fn, ordered, idempotent))
+            self.registry.add(Projector(name, frozenset(events), fn, ordered, idempotent, reset))
             return fn
 
         return register
@@ -206,3 +216,65 @@ async def apply_event(conn: Connection, registry: Registry, event: StoredEvent) 
         await projector.fn(conn, event)
         ran = True
     return ApplyOutcome.APPLIED if ran else ApplyOutcome.DUPLICATE
+
+
+def rebuildable(registry: Registry, name: str) -> Projector:
+    """The projector to rebuild, or a ConfigError saying why it cannot be."""
+    projector = registry.projectors.get(name)
+    if projector is None:
+        known = ", ".join(sorted(registry.projectors)) or "none"
+        raise ConfigError(f"no projector named {name!r} (registered: {known})")
+    if projector.reset is None:
+        raise ConfigError(
+            f"projector {name!r} has no reset hook: register it with reset= to rebuild it"
+        )
+    if not projector.ordered and not projector.idempotent:
+        raise ConfigError(
+            f"projector {name!r} has no guard (neither ordered nor idempotent): a rebuild "
+            "beside running workers could apply an event twice"
+        )
+    return projector
+
+
+async def campaigns_to_rebuild(executor: Executor, campaign_id: str | None) -> list[str]:
+    async with db.acquire(executor) as conn:
+        rows = await conn.fetch(Q.list_campaigns, campaign_id)
+    return [r["campaign_id"] for r in rows]
+
+
+async def rebuild_campaign(executor: Executor, projector: Projector, campaign_id: str) -> int:
+    """Reset one campaign's projection and re-apply its journal in seq order, in one
+    transaction that holds the campaign's queued rows and the projector's checkpoint, so a
+    running worker neither interleaves nor applies twice (S19). Returns events applied."""
+    reset = projector.reset
+    if reset is None:
+        raise ConfigError(f"projector {projector.name!r} has no reset hook")
+    applied = 0
+    async with db.acquire(executor) as conn, conn.transaction():
+        await queue.lock_campaign_rows(conn, campaign_id)
+        if projector.ordered:
+            await conn.execute(Q.reset_checkpoint, campaign_id, projector.name)
+        if projector.idempotent and not projector.ordered:
+            await conn.execute(Q.delete_markers, campaign_id, projector.name)
+        await reset(conn, campaign_id)
+        head = 0
+        types = sorted(projector.events)
+        async for r in conn.cursor(Q.journal_for_rebuild, campaign_id, types, prefetch=500):
+            head = r["last_seq"]
+            if r["seq"] is None:
+                continue
+            event = StoredEvent(
+                campaign_id,
+                r["seq"],
+                r["event_type"],
+                r["payload"],
+                r["metadata"],
+                r["recorded_at"],
+            )
+            if projector.idempotent and not projector.ordered:
+                await conn.fetchval(Q.reserve_marker, campaign_id, event.seq, projector.name)
+            await projector.fn(conn, event)
+            applied += 1
+        if projector.ordered:
+            await conn.execute(Q.set_checkpoint, campaign_id, projector.name, head)
+    return applied

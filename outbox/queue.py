@@ -13,6 +13,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 import anyio
+import asyncpg
 
 from outbox import db
 from outbox.journal import StoredEvent
@@ -25,7 +26,9 @@ __all__ = [
     "ClaimedRow",
     "Failure",
     "claim",
+    "claim_one",
     "delete_rows",
+    "lock_campaign_rows",
     "next_due_in",
     "record_failures",
     "wait_applied",
@@ -39,6 +42,8 @@ class QueueQueries(Queries, file="queue.sql"):
     record_failures: str
     next_due_in: str
     outstanding_upto: str
+    claim_one: str
+    lock_campaign_rows: str
 
 
 Q = QueueQueries
@@ -84,30 +89,40 @@ async def claim(
         rows = await conn.fetch(Q.claim_campaign_heads, limit, now, park)
     else:
         rows = await conn.fetch(Q.claim_due_rows, limit, now)
-    claimed = []
-    for r in rows:
-        event = None
-        if r["event_type"] is not None:
-            event = StoredEvent(
-                r["campaign_id"],
-                r["seq"],
-                r["event_type"],
-                r["payload"],
-                r["metadata"],
-                r["recorded_at"],
-            )
-        claimed.append(
-            ClaimedRow(
-                r["campaign_id"],
-                r["seq"],
-                r["head"],
-                r["status"],
-                r["attempt_count"],
-                r["due"],
-                event,
-            )
+    return [_claimed(r) for r in rows]
+
+
+def _claimed(r: asyncpg.Record) -> ClaimedRow:
+    event = None
+    if r["event_type"] is not None:
+        event = StoredEvent(
+            r["campaign_id"],
+            r["seq"],
+            r["event_type"],
+            r["payload"],
+            r["metadata"],
+            r["recorded_at"],
         )
-    return claimed
+    return ClaimedRow(
+        r["campaign_id"], r["seq"], r["head"], r["status"], r["attempt_count"], r["due"], event
+    )
+
+
+async def claim_one(
+    conn: Connection, campaign_id: str, seq: int, *, park: bool
+) -> tuple[ClaimedRow, int | None] | None:
+    """Lock one row without waiting (asyncpg.LockNotAvailableError when a batch holds it);
+    with the seq of the earliest earlier outstanding row of its campaign, if any."""
+    r = await conn.fetchrow(Q.claim_one, campaign_id, seq, park)
+    if r is None:
+        return None
+    return _claimed(r), r["blocked_by"]
+
+
+async def lock_campaign_rows(conn: Connection, campaign_id: str) -> int:
+    """Hold every queued row of the campaign until the transaction ends; returns how many."""
+    locked: int = await conn.fetchval(Q.lock_campaign_rows, campaign_id)
+    return locked
 
 
 async def delete_rows(conn: Connection, keys: Sequence[tuple[str, int]]) -> None:

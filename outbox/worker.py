@@ -14,14 +14,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import asyncpg
 from anyio.abc import TaskStatus
 
 from outbox import db, log, queue
-from outbox.errors import DatabaseUnavailable
+from outbox.errors import Conflict, DatabaseUnavailable, NotFound
 from outbox.journal import WORK_CHANNEL
 from outbox.projectors import ApplyOutcome, Outbox, apply_event
 from outbox.queue import ClaimedRow, Failure
@@ -194,6 +194,46 @@ class Worker:
             await queue.delete_rows(conn, done)
             await queue.record_failures(conn, failures, now)
         return counts
+
+    async def replay(self, campaign_id: str, seq: int) -> dict[str, Any]:
+        """Apply one queued row now, in the foreground (`maintenance outbox-replay`): the outcome
+        is applied, skipped (a duplicate or an ignored type) or failed with its error (recorded
+        like any attempt). A row a batch holds, or one waiting behind an earlier row of its
+        campaign, is refused."""
+        async with self.pool.acquire() as conn, conn.transaction():
+            try:
+                found = await queue.claim_one(conn, campaign_id, seq, park=self.park)
+            except asyncpg.LockNotAvailableError:
+                raise Conflict(
+                    f"row {campaign_id!r} seq {seq} is held by a running batch; try again"
+                ) from None
+            if found is None:
+                raise NotFound(f"no queued row {campaign_id!r} seq {seq}")
+            row, blocked_by = found
+            if self.ordered and blocked_by is not None:
+                raise Conflict(
+                    f"row {campaign_id!r} seq {seq} waits behind seq {blocked_by} of its "
+                    "campaign; replay that one first"
+                )
+            result: dict[str, Any] = {"campaign_id": campaign_id, "seq": seq}
+            try:
+                outcome = await self._apply_one(conn, row)
+            except Exception as exc:
+                kind = classify(exc)
+                if kind is ErrorClass.TRANSIENT:
+                    raise
+                failure = self._failure(row, exc, permanent=kind is ErrorClass.PERMANENT)
+                await queue.record_failures(conn, [failure], self.now())
+                return {
+                    **result,
+                    "outcome": "failed",
+                    "error": failure.error,
+                    "status": "dead" if failure.dead else "failed",
+                    "attempt_count": failure.attempts,
+                }
+            await queue.delete_rows(conn, [row.key])
+            applied = outcome is ApplyOutcome.APPLIED
+            return {**result, "outcome": "applied" if applied else "skipped", "error": None}
 
     async def drain(self) -> BatchCounts:
         """Run batches until one claims nothing (no row is due); return the totals."""

@@ -8,6 +8,7 @@ with `schema_version` to stdout; notes go to stderr, never mixed into data.
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 from collections.abc import Awaitable, Callable
@@ -22,13 +23,16 @@ from rich.console import Console
 from outbox import log
 from outbox.config import Settings
 from outbox.errors import ConfigError, OutboxError, ValidationError
+from outbox.projectors import Outbox
 
 __all__ = [
     "SCHEMA_VERSION",
+    "AppOption",
     "DsnOption",
     "JsonOption",
     "UsageError",
     "emit_json",
+    "load_app",
     "main",
     "require_dsn",
     "run",
@@ -59,6 +63,12 @@ JsonOption = Annotated[
 ]
 
 
+AppOption = Annotated[
+    str | None,
+    typer.Option("--app", envvar="OUTBOX_APP", help="module:attribute of the outbox.Outbox app."),
+]
+
+
 class UsageError(Exception):
     """Bad usage found after parsing (exit 2, nothing connected)."""
 
@@ -78,6 +88,26 @@ def settings_for(**overrides: Any) -> Settings:
         return Settings.from_env(**overrides)
     except ConfigError as exc:
         raise UsageError(str(exc)) from None
+
+
+def load_app(path: str) -> Outbox:
+    """`module:attribute` → the Outbox app it names; any problem is a usage error."""
+    module_name, sep, attribute = path.partition(":")
+    if not sep or not module_name or not attribute:
+        raise UsageError(f"--app: expected module:attribute, got {path!r}")
+    sys.path.insert(0, os.getcwd())  # like `python -m`: the working directory's modules
+    try:
+        module = importlib.import_module(module_name)
+    except ConfigError:
+        raise
+    except Exception as exc:
+        raise UsageError(
+            f"--app: cannot import {module_name!r}: {type(exc).__name__}: {exc}"
+        ) from None
+    found = getattr(module, attribute, None)
+    if not isinstance(found, Outbox):
+        raise UsageError(f"--app: {path!r} is {type(found).__name__}, not an outbox.Outbox")
+    return found
 
 
 def require_dsn(settings: Settings) -> str:

@@ -14,9 +14,12 @@ from rich.table import Table
 from outbox import db, log, maintenance
 from outbox import migrate as migrations
 from outbox.cli.common import (
+    AppOption,
     DsnOption,
     JsonOption,
+    UsageError,
     emit_json,
+    load_app,
     require_dsn,
     run,
     settings_for,
@@ -26,8 +29,11 @@ from outbox.cli.common import (
 from outbox.cli.common import (
     main as run_main,
 )
-from outbox.errors import OutboxError
+from outbox.errors import ConfigError, OutboxError
 from outbox.maintenance import MAX_LIMIT
+from outbox.migrate import check_current
+from outbox.projectors import Outbox, campaigns_to_rebuild, rebuild_campaign, rebuildable
+from outbox.worker import SESSION_SETTINGS, Worker
 
 T = TypeVar("T")
 
@@ -319,6 +325,108 @@ def outbox_requeue_dead_command(
         )
     stdout.print(table)
     stderr.print(f"{'would requeue' if dry_run else 'requeued'} {len(rows)} row(s)")
+
+
+def _app_run(
+    app_path: str | None, dsn: str | None, body: Callable[[Outbox, db.Pool], Awaitable[T]]
+) -> T:
+    """Load and validate the app (usage errors before any connection), then run `body`."""
+    if not app_path:
+        raise UsageError("no app given: pass --app module:attribute or set OUTBOX_APP")
+    outbox_app = load_app(app_path)
+    try:
+        outbox_app.settings = outbox_app.settings.replace(dsn=dsn)
+        outbox_app.validate()
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
+    target = require_dsn(outbox_app.settings)
+
+    async def runner() -> T:
+        pool = await db.create_pool(
+            target, min_size=1, max_size=2, server_settings=SESSION_SETTINGS
+        )
+        try:
+            await check_current(pool)
+            return await body(outbox_app, pool)
+        finally:
+            await pool.close()
+
+    return run(runner)
+
+
+@app.command("outbox-replay")
+def outbox_replay_command(
+    campaign_id: Annotated[str, typer.Option("--campaign-id", help="The row's campaign.")],
+    seq: Annotated[int, typer.Option("--seq", min=1, help="The row's seq.")],
+    app_path: AppOption = None,
+    dsn: DsnOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Apply one queued row now, in the foreground, and report the outcome."""
+    result = _app_run(app_path, dsn, lambda a, pool: Worker(a, pool).replay(campaign_id, seq))
+    if as_json:
+        emit_json("outbox-replay", result)
+    else:
+        stdout.print(f"{campaign_id} seq {seq}: {result['outcome']}")
+    if result["outcome"] == "failed":
+        raise OutboxError(f"replay failed ({result['status']}): {result['error']}")
+
+
+@app.command("projections-rebuild")
+def projections_rebuild_command(
+    app_path: AppOption = None,
+    dsn: DsnOption = None,
+    projector: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--projector", help="Rebuild this projector (repeatable; default: all with reset=)."
+        ),
+    ] = None,
+    campaign_id: CampaignOption = None,
+    yes: Annotated[
+        bool, typer.Option("--yes", help="Do it (without: say what would happen).")
+    ] = False,
+    as_json: JsonOption = False,
+) -> None:
+    """Reset projections and re-apply them from the journal in seq order (the final repair)."""
+
+    async def body(outbox_app: Outbox, pool: db.Pool) -> dict[str, Any]:
+        registry = outbox_app.registry
+        # By default every projector that has a projection to rebuild (a reset hook).
+        names = projector or sorted(n for n, p in registry.projectors.items() if p.reset)
+        if not names:
+            raise UsageError("no projector has a reset hook: nothing can be rebuilt")
+        try:
+            chosen = [rebuildable(registry, n) for n in names]
+        except ConfigError as exc:
+            raise UsageError(str(exc)) from None
+        campaigns = await campaigns_to_rebuild(pool, campaign_id)
+        applied = dict.fromkeys(names, 0)
+        if yes:
+            with Progress(console=stderr, transient=True) as bar:
+                task = bar.add_task("rebuilding", total=len(campaigns) * len(chosen))
+                for p in chosen:
+                    for c in campaigns:
+                        applied[p.name] += await rebuild_campaign(pool, p, c)
+                        bar.advance(task)
+        return {
+            "projectors": names,
+            "campaigns": len(campaigns),
+            "rebuilt": yes,
+            "applied": applied,
+        }
+
+    result = _app_run(app_path, dsn, body)
+    if as_json:
+        emit_json("projections-rebuild", result)
+    elif result["rebuilt"]:
+        for name, n in result["applied"].items():
+            stdout.print(f"{name}: {n} event(s) re-applied over {result['campaigns']} campaign(s)")
+    else:
+        stderr.print(
+            f"would rebuild {', '.join(result['projectors'])} over {result['campaigns']} "
+            "campaign(s); pass --yes to do it"
+        )
 
 
 @app.command("cleanup")

@@ -2,19 +2,15 @@
 
 from __future__ import annotations
 
-import importlib
-import os
-import sys
 from typing import Annotated, NoReturn
 
 import typer
 
 from outbox import db, log
-from outbox.cli.common import DsnOption, UsageError, run
+from outbox.cli.common import DsnOption, UsageError, load_app, run
 from outbox.cli.common import main as run_main
 from outbox.errors import ConfigError
 from outbox.migrate import check_current
-from outbox.projectors import Outbox
 from outbox.worker import SESSION_SETTINGS, BatchCounts, Worker, drain, serve
 
 app = typer.Typer(
@@ -23,26 +19,6 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-
-
-def load_app(path: str) -> Outbox:
-    """`module:attribute` → the Outbox app it names; any problem is a usage error."""
-    module_name, sep, attribute = path.partition(":")
-    if not sep or not module_name or not attribute:
-        raise UsageError(f"--app: expected module:attribute, got {path!r}")
-    sys.path.insert(0, os.getcwd())  # like `python -m`: the working directory's modules
-    try:
-        module = importlib.import_module(module_name)
-    except ConfigError:
-        raise
-    except Exception as exc:
-        raise UsageError(
-            f"--app: cannot import {module_name!r}: {type(exc).__name__}: {exc}"
-        ) from None
-    found = getattr(module, attribute, None)
-    if not isinstance(found, Outbox):
-        raise UsageError(f"--app: {path!r} is {type(found).__name__}, not an outbox.Outbox")
-    return found
 
 
 def _summary(counts: BatchCounts) -> str:

@@ -11,6 +11,8 @@ The read-model tables are created by `install()` (the demo's own schema, not the
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 from outbox.db import Connection, Executor, acquire
 from outbox.examples import campaigns as c
 from outbox.journal import StoredEvent
@@ -42,10 +44,22 @@ async def install(executor: Executor) -> None:
         await conn.execute(SCHEMA)
 
 
+def _resetter(table: str) -> Callable[[Connection, str], Awaitable[None]]:
+    # The table name is one of this module's constants, never input.
+    sql = f"DELETE FROM {table} WHERE campaign_id = $1"
+
+    async def reset(tx: Connection, campaign_id: str) -> None:
+        await tx.execute(sql, campaign_id)
+
+    return reset
+
+
 def build_app(app: Outbox | None = None) -> Outbox:
     app = app if app is not None else Outbox()
 
-    @app.projector("roster", events=[c.CHARACTER_JOINED, c.CHARACTER_LEFT])
+    @app.projector(
+        "roster", events=[c.CHARACTER_JOINED, c.CHARACTER_LEFT], reset=_resetter("demo_roster")
+    )
     async def roster(tx: Connection, event: StoredEvent) -> None:
         if event.type == c.CHARACTER_JOINED:
             await tx.execute(
@@ -65,6 +79,7 @@ def build_app(app: Outbox | None = None) -> Outbox:
     @app.projector(
         "event_counts",
         events=[t for t in c.EVENT_TYPES if t != c.DICE_CURSED],
+        reset=_resetter("demo_event_counts"),
     )
     async def event_counts(tx: Connection, event: StoredEvent) -> None:
         await tx.execute(
@@ -75,7 +90,13 @@ def build_app(app: Outbox | None = None) -> Outbox:
             event.type,
         )
 
-    @app.projector("dice_totals", events=[c.DICE_ROLLED], ordered=False, idempotent=True)
+    @app.projector(
+        "dice_totals",
+        events=[c.DICE_ROLLED],
+        ordered=False,
+        idempotent=True,
+        reset=_resetter("demo_dice_totals"),
+    )
     async def dice_totals(tx: Connection, event: StoredEvent) -> None:
         await tx.execute(
             "INSERT INTO demo_dice_totals (campaign_id, rolls, total) VALUES ($1, 1, $2) "

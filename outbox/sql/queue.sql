@@ -103,3 +103,24 @@ LIMIT 1
 SELECT EXISTS (
     SELECT 1 FROM projection_apply_outbox WHERE campaign_id = $1::text AND seq <= $2::bigint
 )
+
+-- name: claim_one
+-- Lock one queue row without waiting (a row a running batch holds raises 55P03) and load its
+-- event; blocked_by is the earliest earlier outstanding row of its campaign (dead rows do not
+-- count under park, $3).
+SELECT o.campaign_id, o.seq, true AS head, o.status, o.attempt_count, true AS due,
+       j.event_type, j.payload, j.metadata, j.recorded_at,
+       (SELECT min(e.seq) FROM projection_apply_outbox e
+        WHERE e.campaign_id = o.campaign_id AND e.seq < o.seq
+          AND NOT ($3::boolean AND e.status = 'dead')) AS blocked_by
+FROM projection_apply_outbox o
+LEFT JOIN event_journal j ON j.campaign_id = o.campaign_id AND j.seq = o.seq
+WHERE o.campaign_id = $1::text AND o.seq = $2::bigint
+FOR UPDATE OF o NOWAIT
+
+-- name: lock_campaign_rows
+-- Hold every queued row of a campaign (waiting for a batch that has them), so no worker
+-- applies the campaign while a rebuild runs.
+SELECT count(*) FROM (
+    SELECT 1 FROM projection_apply_outbox WHERE campaign_id = $1::text FOR UPDATE
+) locked
