@@ -209,6 +209,15 @@ class Settings:
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values).validate()
 
+    def resolved_mode(self) -> Literal["apply", "shadow", "off"]:
+        """What a worker started with these settings runs: the apply worker wins over the
+        shadow worker; no worker runs without enqueueing."""
+        if not self.enabled:
+            return "off"
+        if self.worker_enabled:
+            return "apply"
+        return "shadow" if self.shadow_worker_enabled else "off"
+
     def replace(self, **changes: Any) -> Settings:
         """A copy with `changes` (None means unchanged), validated."""
         return dataclasses.replace(

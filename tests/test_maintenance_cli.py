@@ -89,6 +89,7 @@ async def test_report_json_contract(pool: db.Pool, dsn: str, settings: Settings)
     assert (blocked["c-b"]["status"], blocked["c-b"]["waiting"]) == ("failed", 1)
     assert summary["parked_rows"] == []
     assert summary["workers"] == []
+    assert summary["resolved_mode"] == "apply"
     assert len(body["rows"]) == 4
     row = body["rows"][0]
     assert set(row) == {
@@ -140,6 +141,9 @@ async def test_filters_are_bound_parameters(
     body = as_json(cli("outbox-report", "--campaign-id", value, "--json", dsn=dsn))
     assert body["rows"] == []
     assert body["summary"]["total"] == 0
+    missing = cli("outbox-requeue", "--campaign-id", value, "--seq", "1", dsn=dsn)
+    assert missing.returncode == 1
+    assert "no queued row" in missing.stderr
     dry = as_json(
         cli(
             "outbox-requeue-dead",
@@ -341,3 +345,12 @@ async def test_health_exit_codes(
     down = cli("health", dsn="postgresql://op@127.0.0.1:1/none")
     assert down.returncode == 1
     assert "cannot connect" in down.stderr
+
+
+async def test_global_dsn_option_reaches_the_command(dsn: str) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OUTBOX_")}
+    command = [str(BIN / "maintenance"), "--dsn", dsn, "outbox-report", "--json"]
+    proc = await asyncio.to_thread(
+        subprocess.run, command, capture_output=True, text=True, timeout=120, check=False, env=env
+    )
+    assert as_json(proc)["summary"]["total"] == 0

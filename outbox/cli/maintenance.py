@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import os
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Annotated, Any, NoReturn, TypeVar
@@ -48,11 +49,16 @@ app = typer.Typer(
 
 @app.callback()
 def _root(
+    dsn: DsnOption = None,
     log_level: Annotated[
         str, typer.Option("--log-level", envvar="OUTBOX_LOG_LEVEL", help="debug/info/warning/error")
     ] = "warning",
 ) -> None:
     """Operator commands. Exit 0 on success, 1 on operational failure, 2 on bad usage."""
+    if dsn:
+        # `maintenance --dsn X <command>`: the command parses after this callback, and its own
+        # --dsn option falls back to OUTBOX_DSN, so the global value reaches every command.
+        os.environ["OUTBOX_DSN"] = dsn
     try:
         log.configure(log_level)
     except ValueError as exc:
@@ -223,7 +229,7 @@ def outbox_report_command(
     as_json: JsonOption = False,
 ) -> None:
     """Counts per status, the oldest claimable row, blocked campaigns, workers, then rows."""
-    park = settings_for(dsn=dsn).dead_policy == "park"
+    settings = settings_for(dsn=dsn)
     report = _pool_run(
         dsn,
         lambda pool: maintenance.outbox_report(
@@ -231,9 +237,10 @@ def outbox_report_command(
             status=status.value if status else None,
             limit=limit,
             campaign_id=campaign_id,
-            park=park,
+            park=settings.dead_policy == "park",
         ),
     )
+    report["summary"]["resolved_mode"] = settings.resolved_mode()
     if as_json:
         emit_json("outbox", report)
     else:
