@@ -101,8 +101,8 @@ async def outbox_report(
     return {
         "status": status,
         "limit": limit,
-        "campaign_id": campaign_id,
         "summary": {
+            "campaign_id": campaign_id,
             "counts": counts,
             "total": sum(counts.values()),
             "oldest_claimable": dict(oldest) if oldest else None,

@@ -56,15 +56,7 @@ async def seed(pool: db.Pool, settings: Settings) -> None:
 async def test_report_json_contract(pool: db.Pool, dsn: str, settings: Settings) -> None:
     await seed(pool, settings)
     body = as_json(cli("outbox-report", "--json", "--limit", "4", dsn=dsn))
-    assert set(body) == {
-        "schema_version",
-        "mode",
-        "status",
-        "limit",
-        "campaign_id",
-        "summary",
-        "rows",
-    }
+    assert set(body) == {"schema_version", "mode", "status", "limit", "summary", "rows"}
     assert (body["schema_version"], body["mode"], body["status"], body["limit"]) == (
         1,
         "outbox",
@@ -278,6 +270,15 @@ async def test_requeue_dead_oldest_first_with_limit_and_audit(
         cli("outbox-requeue-dead", "--outbox-requeue-dead-limit", "1", "--json", dsn=dsn)
     )
     assert (first["mode"], first["limit"], first["requeued"]) == ("outbox-requeue-dead", 1, 1)
+    assert set(first) == {"schema_version", "mode", "limit", "requeued", "rows"}
+    assert set(first["rows"][0]) == {
+        "campaign_id",
+        "seq",
+        "event_type",
+        "attempt_count",
+        "last_error",
+        "next_attempt_at",
+    }
     assert [(r["campaign_id"], r["seq"]) for r in first["rows"]] == [("c-d", 1)]
     rest = as_json(cli("outbox-requeue-dead", "--limit", "10", "--json", dsn=dsn))
     assert [(r["campaign_id"], r["seq"]) for r in rest["rows"]] == [("c-a", 1)]

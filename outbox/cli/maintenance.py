@@ -308,10 +308,12 @@ def outbox_requeue_dead_command(
 
     rows = _pool_run(dsn, body)
     requeued = 0 if dry_run else len(rows)
+    if dry_run:
+        stderr.print(f"dry run: {len(rows)} row(s) would be requeued, none was")
     if as_json:
         emit_json(
             "outbox-requeue-dead",
-            {"limit": limit, "dry_run": dry_run, "requeued": requeued, "rows": rows},
+            {"limit": limit, "requeued": requeued, "rows": rows},
         )
         return
     table = Table(
@@ -331,7 +333,8 @@ def outbox_requeue_dead_command(
             (r["last_error"] or "")[:80],
         )
     stdout.print(table)
-    stderr.print(f"{'would requeue' if dry_run else 'requeued'} {len(rows)} row(s)")
+    if not dry_run:
+        stderr.print(f"requeued {len(rows)} row(s)")
 
 
 def _app_run(
