@@ -13,10 +13,8 @@ import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-import asyncpg
-
-from outbox import db
-from outbox.errors import Conflict, NotFound, SchemaNotReady, ValidationError
+from outbox import db, queue
+from outbox.errors import Conflict, SchemaNotReady, ValidationError
 from outbox.journal import WORK_CHANNEL
 from outbox.migrate import check_current
 from outbox.queries import Queries
@@ -50,7 +48,6 @@ class MaintenanceQueries(Queries, file="maintenance.sql"):
     list_rows: str
     requeue_dead_rows: str
     notify_work: str
-    lock_row_nowait: str
     prune_markers: str
     prune_append_keys: str
     prune_consumer_claims: str
@@ -165,14 +162,8 @@ async def requeue_one(
     """One dead row back to pending; NotFound, or Conflict when not dead or held by a batch."""
     async with db.acquire(executor) as conn:
         async with conn.transaction():
-            try:
-                status = await conn.fetchval(Q.lock_row_nowait, campaign_id, seq)
-            except asyncpg.LockNotAvailableError:
-                raise Conflict(
-                    f"row {campaign_id!r} seq {seq} is held by a running batch; try again"
-                ) from None
-            if status is None:
-                raise NotFound(f"no queued row {campaign_id!r} seq {seq}")
+            row, _ = await queue.claim_one(conn, campaign_id, seq, park=True)
+            status = row.status
             if status != "dead":
                 raise Conflict(f"row {campaign_id!r} seq {seq} is {status}, not dead")
             await _requeue(

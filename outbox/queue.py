@@ -16,6 +16,7 @@ import anyio
 import asyncpg
 
 from outbox import db
+from outbox.errors import Conflict, NotFound
 from outbox.journal import StoredEvent
 from outbox.queries import Queries
 
@@ -110,12 +111,18 @@ def _claimed(r: asyncpg.Record) -> ClaimedRow:
 
 async def claim_one(
     conn: Connection, campaign_id: str, seq: int, *, park: bool
-) -> tuple[ClaimedRow, int | None] | None:
-    """Lock one row without waiting (asyncpg.LockNotAvailableError when a batch holds it);
-    with the seq of the earliest earlier outstanding row of its campaign, if any."""
-    r = await conn.fetchrow(Q.claim_one, campaign_id, seq, park)
+) -> tuple[ClaimedRow, int | None]:
+    """Lock one row for an operator without waiting, with the seq of the earliest earlier
+    outstanding row of its campaign (None: it is the head). NotFound when there is no such row,
+    Conflict when a running batch holds it."""
+    try:
+        r = await conn.fetchrow(Q.claim_one, campaign_id, seq, park)
+    except asyncpg.LockNotAvailableError:
+        raise Conflict(
+            f"row {campaign_id!r} seq {seq} is held by a running batch; try again"
+        ) from None
     if r is None:
-        return None
+        raise NotFound(f"no queued row {campaign_id!r} seq {seq}")
     return _claimed(r), r["blocked_by"]
 
 

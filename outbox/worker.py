@@ -21,7 +21,7 @@ import asyncpg
 from anyio.abc import TaskStatus
 
 from outbox import db, log, queue
-from outbox.errors import Conflict, DatabaseUnavailable, NotFound
+from outbox.errors import Conflict, DatabaseUnavailable
 from outbox.journal import WORK_CHANNEL
 from outbox.projectors import ApplyOutcome, Outbox, apply_event
 from outbox.queue import ClaimedRow, Failure
@@ -201,15 +201,7 @@ class Worker:
         like any attempt). A row a batch holds, or one waiting behind an earlier row of its
         campaign, is refused."""
         async with self.pool.acquire() as conn, conn.transaction():
-            try:
-                found = await queue.claim_one(conn, campaign_id, seq, park=self.park)
-            except asyncpg.LockNotAvailableError:
-                raise Conflict(
-                    f"row {campaign_id!r} seq {seq} is held by a running batch; try again"
-                ) from None
-            if found is None:
-                raise NotFound(f"no queued row {campaign_id!r} seq {seq}")
-            row, blocked_by = found
+            row, blocked_by = await queue.claim_one(conn, campaign_id, seq, park=self.park)
             if self.ordered and blocked_by is not None:
                 raise Conflict(
                     f"row {campaign_id!r} seq {seq} waits behind seq {blocked_by} of its "

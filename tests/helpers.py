@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 from outbox import db
@@ -34,3 +38,17 @@ async def journal_seqs(executor: db.Executor, campaign_id: str) -> list[int]:
             "SELECT seq FROM event_journal WHERE campaign_id = $1 ORDER BY seq", campaign_id
         )
     return [r["seq"] for r in rows]
+
+
+BIN = Path(sys.executable).parent
+
+
+def run_cli(prog: str, *args: str, dsn: str | None = None) -> subprocess.CompletedProcess[str]:
+    """An installed console script as a subprocess, with no OUTBOX_* from the test's own
+    environment (only OUTBOX_DSN when `dsn` is given)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OUTBOX_")}
+    if dsn:
+        env["OUTBOX_DSN"] = dsn
+    return subprocess.run(
+        [str(BIN / prog), *args], capture_output=True, text=True, timeout=120, check=False, env=env
+    )

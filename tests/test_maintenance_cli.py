@@ -12,23 +12,14 @@ from typing import Any
 import orjson
 import pytest
 
+from helpers import run_cli
 from outbox import Event, Settings, append, db
 
 BIN = Path(sys.executable).parent
 
 
 def cli(*args: str, dsn: str | None = None) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OUTBOX_")}
-    if dsn:
-        env["OUTBOX_DSN"] = dsn
-    return subprocess.run(
-        [str(BIN / "maintenance"), *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-        env=env,
-    )
+    return run_cli("maintenance", *args, dsn=dsn)
 
 
 def as_json(proc: subprocess.CompletedProcess[str]) -> Any:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +10,7 @@ from typing import Any
 import anyio
 import orjson
 
+from helpers import run_cli
 from outbox import Event, Outbox, Settings, append, db
 from outbox.examples import campaigns as c
 from outbox.examples.app import build_app, install
@@ -28,16 +28,7 @@ SNAPSHOT = {
 
 
 def cli(*args: str, dsn: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OUTBOX_")}
-    env["OUTBOX_DSN"] = dsn
-    return subprocess.run(
-        [str(BIN / "maintenance"), *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-        env=env,
-    )
+    return run_cli("maintenance", *args, dsn=dsn)
 
 
 async def snapshot(pool: db.Pool) -> dict[str, list[Any]]:

@@ -3,9 +3,7 @@ and nothing it should not."""
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
 import sys
 import uuid
 from collections.abc import AsyncIterator
@@ -15,6 +13,7 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 import pytest
 
+from helpers import run_cli
 from outbox import Event, Settings, append, db
 from outbox.examples.app import install
 
@@ -34,14 +33,6 @@ def as_user(dsn: str, user: str) -> str:
     parts = urlsplit(dsn)
     host = parts.netloc.rpartition("@")[2]
     return urlunsplit(parts._replace(netloc=f"{user}@{host}"))
-
-
-def cli(prog: str, *args: str, dsn: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OUTBOX_")}
-    env["OUTBOX_DSN"] = dsn
-    return subprocess.run(
-        [str(BIN / prog), *args], capture_output=True, text=True, timeout=120, check=False, env=env
-    )
 
 
 @pytest.fixture
@@ -85,16 +76,16 @@ async def test_each_role_does_its_job_and_no_more(
     finally:
         await appender.close()
     # The worker applies (and records the cursed failure).
-    drained = cli(
+    drained = run_cli(
         "outbox-worker", "--app", "outbox.examples.app:app", "--drain", dsn=roles["outbox_worker"]
     )
     assert drained.returncode == 0, drained.stderr
     assert "applied=1" in drained.stdout
     await pool.execute("UPDATE projection_apply_outbox SET status = 'dead'")
     # The report role reads but cannot requeue.
-    report = cli("maintenance", "outbox-report", "--json", dsn=roles["outbox_report"])
+    report = run_cli("maintenance", "outbox-report", "--json", dsn=roles["outbox_report"])
     assert report.returncode == 0, report.stderr
-    denied = cli(
+    denied = run_cli(
         "maintenance",
         "outbox-requeue",
         "--campaign-id",
@@ -106,7 +97,7 @@ async def test_each_role_does_its_job_and_no_more(
     assert denied.returncode == 1
     assert "permission denied" in denied.stderr
     # The operator requeues, with an audit it cannot rewrite.
-    requeued = cli(
+    requeued = run_cli(
         "maintenance",
         "outbox-requeue",
         "--campaign-id",
@@ -118,7 +109,7 @@ async def test_each_role_does_its_job_and_no_more(
         dsn=roles["outbox_operator"],
     )
     assert requeued.returncode == 0, requeued.stderr
-    assert cli("maintenance", "cleanup", dsn=roles["outbox_operator"]).returncode == 0
+    assert run_cli("maintenance", "cleanup", dsn=roles["outbox_operator"]).returncode == 0
     operator = await asyncpg.connect(roles["outbox_operator"])
     try:
         with pytest.raises(asyncpg.InsufficientPrivilegeError):

@@ -88,12 +88,6 @@ ORDER BY t.next_attempt_at, t.seq
 -- Wake the workers after a requeue.
 SELECT pg_notify($1::text, '')
 
--- name: lock_row_nowait
--- One queue row's state, locked without waiting: a row a running batch holds raises 55P03.
-SELECT status FROM projection_apply_outbox
-WHERE campaign_id = $1::text AND seq = $2::bigint
-FOR UPDATE NOWAIT
-
 -- name: prune_markers
 -- Processed markers older than $1 hours, at most $2 per call.
 DELETE FROM processed_markers
