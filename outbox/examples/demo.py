@@ -26,6 +26,7 @@ from outbox.journal import append
 from outbox.localpg import LocalCluster
 from outbox.migrate import migrate
 from outbox.projectors import Outbox
+from outbox.redact import redact_dsn
 from outbox.worker import SESSION_SETTINGS, BatchCounts, Worker, drain
 
 LOCAL_DIR = Path(".outbox")
@@ -162,8 +163,9 @@ def demo(
     )
     stdout.print(
         "rows left are cursed dice (a projector that always fails) and the events behind them "
-        "in their campaigns: see them with `maintenance outbox-report`"
+        "in their campaigns; see them with:"
     )
+    stdout.print(f"  .venv/bin/maintenance outbox-report --dsn '{redact_dsn(settings.dsn or '')}'")
 
 
 def main() -> NoReturn:
