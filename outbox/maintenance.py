@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any
 
 from outbox import db, queue
 from outbox.errors import Conflict, SchemaNotReady, ValidationError
-from outbox.journal import WORK_CHANNEL
 from outbox.migrate import check_current
 from outbox.queries import Queries
 from outbox.workers import live_workers
@@ -47,7 +46,6 @@ class MaintenanceQueries(Queries, file="maintenance.sql"):
     blocked_campaigns: str
     list_rows: str
     requeue_dead_rows: str
-    notify_work: str
     prune_markers: str
     prune_append_keys: str
     prune_consumer_claims: str
@@ -169,7 +167,7 @@ async def requeue_one(
             await _requeue(
                 conn, limit=1, one=(campaign_id, seq), actor=actor or current_actor(), reason=reason
             )
-        await conn.execute(Q.notify_work, WORK_CHANNEL)
+        await queue.notify_work(conn)
     return {"campaign_id": campaign_id, "seq": seq, "requeued": True}
 
 
@@ -218,7 +216,7 @@ async def requeue_dead(
             if len(chunk) < ask:
                 break
         if done:
-            await conn.execute(Q.notify_work, WORK_CHANNEL)
+            await queue.notify_work(conn)
     return done
 
 

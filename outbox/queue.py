@@ -17,7 +17,7 @@ import asyncpg
 
 from outbox import db
 from outbox.errors import Conflict, NotFound
-from outbox.journal import StoredEvent
+from outbox.journal import WORK_CHANNEL, StoredEvent
 from outbox.queries import Queries
 
 if TYPE_CHECKING:
@@ -31,6 +31,7 @@ __all__ = [
     "delete_rows",
     "lock_campaign_rows",
     "next_due_in",
+    "notify_work",
     "record_failures",
     "wait_applied",
 ]
@@ -45,6 +46,7 @@ class QueueQueries(Queries, file="queue.sql"):
     outstanding_upto: str
     claim_one: str
     lock_campaign_rows: str
+    notify_work: str
 
 
 Q = QueueQueries
@@ -124,6 +126,11 @@ async def claim_one(
     if r is None:
         raise NotFound(f"no queued row {campaign_id!r} seq {seq}")
     return _claimed(r), r["blocked_by"]
+
+
+async def notify_work(conn: Connection) -> None:
+    """Wake the workers now (payload-free, like an append's NOTIFY)."""
+    await conn.execute(Q.notify_work, WORK_CHANNEL)
 
 
 async def lock_campaign_rows(conn: Connection, campaign_id: str) -> int:

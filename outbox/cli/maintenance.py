@@ -34,6 +34,7 @@ from outbox.errors import ConfigError, OutboxError
 from outbox.maintenance import MAX_LIMIT
 from outbox.migrate import check_current
 from outbox.projectors import Outbox, campaigns_to_rebuild, rebuild_campaign, rebuildable
+from outbox.reconcile import reconcile
 from outbox.worker import SESSION_SETTINGS, Worker
 
 T = TypeVar("T")
@@ -437,6 +438,38 @@ def projections_rebuild_command(
             f"would rebuild {', '.join(result['projectors'])} over {result['campaigns']} "
             "campaign(s); pass --yes to do it"
         )
+
+
+@app.command("reconcile")
+def reconcile_command(
+    app_path: AppOption = None,
+    dsn: DsnOption = None,
+    campaign_id: CampaignOption = None,
+    limit: Annotated[
+        int, typer.Option("--limit", min=1, max=1_000_000, help="At most this many rows.")
+    ] = 1000,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Show, enqueue nothing.")] = False,
+    as_json: JsonOption = False,
+) -> None:
+    """Enqueue journal events that have no work row and are not applied yet."""
+    rows = _app_run(
+        app_path,
+        dsn,
+        lambda a, pool: reconcile(
+            pool, a.registry, campaign_id=campaign_id, limit=limit, dry_run=dry_run
+        ),
+    )
+    enqueued = 0 if dry_run else len(rows)
+    if as_json:
+        emit_json(
+            "reconcile", {"limit": limit, "dry_run": dry_run, "enqueued": enqueued, "rows": rows}
+        )
+        return
+    table = Table("campaign", "seq", "event type", title="would enqueue" if dry_run else "enqueued")
+    for r in rows:
+        table.add_row(r["campaign_id"], str(r["seq"]), r["event_type"])
+    stdout.print(table)
+    stderr.print(f"{'would enqueue' if dry_run else 'enqueued'} {len(rows)} row(s)")
 
 
 @app.command("cleanup")

@@ -84,10 +84,6 @@ SELECT t.campaign_id, t.seq, t.event_type, t.attempt_count, t.last_error, t.next
 FROM target t
 ORDER BY t.next_attempt_at, t.seq
 
--- name: notify_work
--- Wake the workers after a requeue.
-SELECT pg_notify($1::text, '')
-
 -- name: prune_markers
 -- Processed markers older than $1 hours, at most $2 per call.
 DELETE FROM processed_markers

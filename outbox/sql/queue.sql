@@ -124,3 +124,7 @@ FOR UPDATE OF o NOWAIT
 SELECT count(*) FROM (
     SELECT 1 FROM projection_apply_outbox WHERE campaign_id = $1::text FOR UPDATE
 ) locked
+
+-- name: notify_work
+-- Wake the workers (after a requeue or a reconcile; appends notify in their own statement).
+SELECT pg_notify($1::text, '')

@@ -1,0 +1,33 @@
+-- Enqueue-gap repair: journal events with no work row.
+
+-- name: unqueued_events
+-- Journal events with no work row, after the keyset cursor ($2, $3), one campaign ($1) or all,
+-- in (campaign_id, seq) order, at most $4.
+SELECT j.campaign_id, j.seq, j.event_type
+FROM event_journal j
+WHERE ($1::text IS NULL OR j.campaign_id = $1::text)
+  AND (j.campaign_id, j.seq) > ($2::text, $3::bigint)
+  AND NOT EXISTS (
+      SELECT 1 FROM projection_apply_outbox o
+      WHERE o.campaign_id = j.campaign_id AND o.seq = j.seq
+  )
+ORDER BY j.campaign_id, j.seq
+LIMIT $4::integer
+
+-- name: checkpoints_of
+-- Checkpoints of the given campaigns.
+SELECT campaign_id, projector, applied_seq FROM projection_checkpoints
+WHERE campaign_id = ANY ($1::text[])
+
+-- name: markers_of
+-- Processed markers of the given events.
+SELECT m.campaign_id, m.seq, m.handler
+FROM processed_markers m
+JOIN unnest($1::text[], $2::bigint[]) AS e(campaign_id, seq)
+  ON m.campaign_id = e.campaign_id AND m.seq = e.seq
+
+-- name: enqueue_rows
+-- Work rows for the given events (an existing row wins: enqueueing twice is a no-op).
+INSERT INTO projection_apply_outbox (campaign_id, seq, event_type)
+SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[])
+ON CONFLICT (campaign_id, seq) DO NOTHING
