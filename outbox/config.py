@@ -18,7 +18,15 @@ from typing import Any, Literal
 from outbox.errors import ConfigError
 from outbox.redact import redact_dsn
 
-__all__ = ["FIELDS", "FieldSpec", "Settings", "parse_bool"]
+__all__ = [
+    "FIELDS",
+    "FieldSpec",
+    "ModeResolution",
+    "Settings",
+    "WorkerMode",
+    "parse_bool",
+    "resolve_worker_mode",
+]
 
 Ordering = Literal["campaign", "none"]
 DeadPolicy = Literal["block", "park"]
@@ -210,13 +218,11 @@ class Settings:
         return cls(**values).validate()
 
     def resolved_mode(self) -> Literal["apply", "shadow", "off"]:
-        """What a worker started with these settings runs: the apply worker wins over the
-        shadow worker; no worker runs without enqueueing."""
-        if not self.enabled:
+        """What a worker started with these settings (and no --mode) runs; "off": it refuses."""
+        try:
+            return resolve_worker_mode(self).mode
+        except ConfigError:
             return "off"
-        if self.worker_enabled:
-            return "apply"
-        return "shadow" if self.shadow_worker_enabled else "off"
 
     def replace(self, **changes: Any) -> Settings:
         """A copy with `changes` (None means unchanged), validated."""
@@ -246,3 +252,41 @@ class Settings:
                 f"OUTBOX_BACKOFF_BASE ({self.backoff_base})"
             )
         return self
+
+
+WorkerMode = Literal["apply", "shadow"]
+
+
+@dataclass(frozen=True, slots=True)
+class ModeResolution:
+    mode: WorkerMode
+    warning: str | None = None
+
+
+def resolve_worker_mode(settings: Settings, requested: WorkerMode | None = None) -> ModeResolution:
+    """The worker mode from the flags (S14, section 5), `requested` (--mode) overriding them.
+
+    Both workers enabled: the apply worker runs, the shadow worker is disabled, with a warning.
+    Enqueueing off, or no worker enabled: a ConfigError, the worker refuses to start.
+    """
+    if not settings.enabled:
+        raise ConfigError(
+            "OUTBOX_ENABLED is off: appends enqueue no work, so no worker may start "
+            "(enable it, then run `maintenance reconcile` for what was appended meanwhile)"
+        )
+    if requested is not None:
+        return ModeResolution(requested)
+    if settings.worker_enabled and settings.shadow_worker_enabled:
+        return ModeResolution(
+            "apply",
+            "OUTBOX_WORKER_ENABLED and OUTBOX_SHADOW_WORKER_ENABLED are both on: the apply "
+            "worker runs and the shadow worker is disabled",
+        )
+    if settings.worker_enabled:
+        return ModeResolution("apply")
+    if settings.shadow_worker_enabled:
+        return ModeResolution("shadow")
+    raise ConfigError(
+        "no worker is enabled: set OUTBOX_WORKER_ENABLED or OUTBOX_SHADOW_WORKER_ENABLED, "
+        "or pass --mode apply|shadow"
+    )

@@ -50,6 +50,7 @@ class MaintenanceQueries(Queries, file="maintenance.sql"):
     prune_append_keys: str
     prune_consumer_claims: str
     prune_workers: str
+    shadow_observations: str
 
 
 Q = MaintenanceQueries
@@ -93,6 +94,7 @@ async def outbox_report(
         )
         rows = await conn.fetch(Q.list_rows, status, campaign_id, limit)
         workers = await live_workers(conn)
+        shadow = await conn.fetchrow(Q.shadow_observations, campaign_id)
     return {
         "status": status,
         "limit": limit,
@@ -103,6 +105,7 @@ async def outbox_report(
             "oldest_claimable": dict(oldest) if oldest else None,
             "earliest_next_attempt_at": earliest,
             "blocked_campaigns": [dict(r) for r in blocked],
+            "shadow": dict(shadow) if shadow else None,
             "parked_rows": [
                 {k: r[k] for k in ("campaign_id", "seq", "event_type", "last_error")}
                 for r in parked

@@ -44,6 +44,8 @@ class ProjectorQueries(Queries, file="projectors.sql"):
     set_checkpoint: str
     delete_markers: str
     journal_for_rebuild: str
+    checkpoints_of: str
+    markers_of: str
 
 
 Q = ProjectorQueries
@@ -277,4 +279,38 @@ async def rebuild_campaign(executor: Executor, projector: Projector, campaign_id
             applied += 1
         if projector.ordered:
             await conn.execute(Q.set_checkpoint, campaign_id, projector.name, head)
+    return applied
+
+
+async def applied_events(
+    conn: Connection, registry: Registry, events: Sequence[tuple[str, int, str]]
+) -> set[tuple[str, int]]:
+    """Which of `(campaign_id, seq, type)` count as applied: the type is declared ignored, or
+    every projector subscribed to it applied the event (checkpoint at or past its seq, or its
+    processed marker). Unguarded projectors cannot tell, so their events never count as applied;
+    nor do types the app does not know (S8)."""
+    if not events:
+        return set()
+    checkpoints = {
+        (r["campaign_id"], r["projector"]): r["applied_seq"]
+        for r in await conn.fetch(Q.checkpoints_of, sorted({e[0] for e in events}))
+    }
+    markers = {
+        (r["campaign_id"], r["seq"], r["handler"])
+        for r in await conn.fetch(Q.markers_of, [e[0] for e in events], [e[1] for e in events])
+    }
+    applied = set()
+    for campaign_id, seq, event_type in events:
+        subscribed = registry.subscribers(event_type)
+        if not subscribed:
+            if event_type in registry.ignored:
+                applied.add((campaign_id, seq))
+            continue
+        if all(
+            checkpoints.get((campaign_id, p.name), 0) >= seq
+            if p.ordered
+            else p.idempotent and (campaign_id, seq, p.name) in markers
+            for p in subscribed
+        ):
+            applied.add((campaign_id, seq))
     return applied

@@ -33,6 +33,7 @@ __all__ = [
     "next_due_in",
     "notify_work",
     "record_failures",
+    "record_observations",
     "wait_applied",
 ]
 
@@ -47,6 +48,7 @@ class QueueQueries(Queries, file="queue.sql"):
     claim_one: str
     lock_campaign_rows: str
     notify_work: str
+    record_observations: str
 
 
 Q = QueueQueries
@@ -126,6 +128,20 @@ async def claim_one(
     if r is None:
         raise NotFound(f"no queued row {campaign_id!r} seq {seq}")
     return _claimed(r), r["blocked_by"]
+
+
+async def record_observations(
+    conn: Connection,
+    keys: Sequence[tuple[str, int]],
+    *,
+    look_again_in: float,
+    now: datetime | None = None,
+) -> None:
+    """A shadow sighting of each row: counts and timestamps, next look in `look_again_in` s."""
+    if keys:
+        await conn.execute(
+            Q.record_observations, [k[0] for k in keys], [k[1] for k in keys], look_again_in, now
+        )
 
 
 async def notify_work(conn: Connection) -> None:

@@ -1,23 +1,22 @@
 """Enqueue-gap repair: journal events that have no work row and are not applied yet.
 
 Events appended while enqueueing was off, or whose rows were deleted by hand, get a work row,
-unless every projector that subscribes to them already applied them (checkpoint at or past the
-seq, or a processed marker). Projectors without a guard cannot tell, so for them an event
-counts as not applied. Types nobody subscribes to are left alone. Keys are `(campaign_id, seq)`
+unless they count as applied (`projectors.applied_events`: every subscribed projector applied
+them, or their type is declared ignored). A type this app does not know is enqueued: the worker
+fails it visibly rather than anyone dropping it (S8). Keys are `(campaign_id, seq)`
 throughout, never a global position, and running it twice enqueues nothing the second time.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from outbox import db, queue
-from outbox.projectors import Registry
+from outbox.projectors import Registry, applied_events
 from outbox.queries import Queries
 
 if TYPE_CHECKING:
-    from outbox.db import Connection, Executor
+    from outbox.db import Executor
 
 __all__ = ["reconcile"]
 
@@ -26,40 +25,10 @@ PAGE = 1000
 
 class ReconcileQueries(Queries, file="reconcile.sql"):
     unqueued_events: str
-    checkpoints_of: str
-    markers_of: str
     enqueue_rows: str
 
 
 Q = ReconcileQueries
-
-
-async def _unapplied(
-    conn: Connection, registry: Registry, events: Sequence[Any]
-) -> list[tuple[str, int, str]]:
-    campaigns = sorted({e["campaign_id"] for e in events})
-    checkpoints = {
-        (r["campaign_id"], r["projector"]): r["applied_seq"]
-        for r in await conn.fetch(Q.checkpoints_of, campaigns)
-    }
-    markers = {
-        (r["campaign_id"], r["seq"], r["handler"])
-        for r in await conn.fetch(
-            Q.markers_of, [e["campaign_id"] for e in events], [e["seq"] for e in events]
-        )
-    }
-    missing = []
-    for e in events:
-        key = (e["campaign_id"], e["seq"])
-        for p in registry.subscribers(e["event_type"]):
-            if p.ordered:
-                applied = checkpoints.get((key[0], p.name), 0) >= key[1]
-            else:
-                applied = p.idempotent and (*key, p.name) in markers
-            if not applied:
-                missing.append((key[0], key[1], e["event_type"]))
-                break
-    return missing
 
 
 async def reconcile(
@@ -79,7 +48,9 @@ async def reconcile(
             if not page:
                 break
             cursor = (page[-1]["campaign_id"], page[-1]["seq"])
-            found += await _unapplied(conn, registry, page)
+            keys = [(r["campaign_id"], r["seq"], r["event_type"]) for r in page]
+            done = await applied_events(conn, registry, keys)
+            found += [k for k in keys if k[:2] not in done]
         found = found[:limit]
         if found and not dry_run:
             async with conn.transaction():

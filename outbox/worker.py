@@ -23,7 +23,7 @@ from anyio.abc import TaskStatus
 from outbox import db, log, queue
 from outbox.errors import Conflict, DatabaseUnavailable
 from outbox.journal import WORK_CHANNEL
-from outbox.projectors import ApplyOutcome, Outbox, apply_event
+from outbox.projectors import ApplyOutcome, Outbox, applied_events, apply_event
 from outbox.queue import ClaimedRow, Failure
 from outbox.retry import ErrorClass, backoff_delay, classify, describe_error
 from outbox.workers import HEARTBEAT_INTERVAL, Registration, new_worker_id
@@ -36,6 +36,7 @@ __all__ = [
     "BatchCounts",
     "Doorbell",
     "Service",
+    "ShadowWorker",
     "TransientBatchError",
     "Worker",
     "drain",
@@ -53,13 +54,11 @@ class BatchCounts:
     skipped: int = 0
     failed: int = 0
     dead: int = 0
+    observed: int = 0  # shadow mode: rows seen and left for the apply worker
 
     def add(self, other: BatchCounts) -> None:
-        self.claimed += other.claimed
-        self.applied += other.applied
-        self.skipped += other.skipped
-        self.failed += other.failed
-        self.dead += other.dead
+        for name, value in vars(other).items():
+            setattr(self, name, getattr(self, name) + value)
 
 
 class TransientBatchError(Exception):
@@ -237,6 +236,33 @@ class Worker:
                 return total
 
 
+class ShadowWorker(Worker):
+    """The shadow worker (S14): claims due rows like the apply worker and loads their events,
+    but runs no projector. It records a sighting (count, first and last seen) and looks again a
+    poll interval later; it never consumes an attempt and never makes a row dead. Rows whose
+    event already counts as applied (inline, checkpoint, marker, or an ignored type) are
+    completed, so the queue stays bounded."""
+
+    async def _batch(self) -> BatchCounts:
+        settings = self.app.settings
+        counts = BatchCounts()
+        now = self.now()
+        async with self.pool.acquire() as conn, conn.transaction():
+            rows = await queue.claim(
+                conn, limit=settings.batch_size, ordered=False, park=True, now=now
+            )
+            counts.claimed = len(rows)
+            events = [(r.campaign_id, r.seq, r.event.type) for r in rows if r.event is not None]
+            done = await applied_events(conn, self.app.registry, events)
+            seen = [r.key for r in rows if r.key not in done]
+            await queue.delete_rows(conn, sorted(done))
+            await queue.record_observations(
+                conn, seen, look_again_in=settings.poll_interval, now=now
+            )
+            counts.skipped, counts.observed = len(done), len(seen)
+        return counts
+
+
 # --- the long-running service -------------------------------------------------------------
 
 # Worker sessions: a frozen worker releases its rows; the claim keeps a custom plan (a generic
@@ -408,10 +434,10 @@ class Service:
 
 
 async def serve(
-    worker: Worker, dsn: str, *, concurrency: int, shutdown_timeout: float
+    worker: Worker, dsn: str, *, concurrency: int, shutdown_timeout: float, mode: str = "apply"
 ) -> BatchCounts:
     """Run until SIGTERM/SIGINT, then shut down within `shutdown_timeout` seconds."""
-    service = Service(worker, dsn, concurrency)
+    service = Service(worker, dsn, concurrency, mode=mode)
     async with anyio.create_task_group() as tg:
         await tg.start(partial(service.run, shutdown_timeout=shutdown_timeout))
         with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:

@@ -43,12 +43,20 @@ async def journal_seqs(executor: db.Executor, campaign_id: str) -> list[int]:
 BIN = Path(sys.executable).parent
 
 
-def run_cli(prog: str, *args: str, dsn: str | None = None) -> subprocess.CompletedProcess[str]:
+def run_cli(
+    prog: str, *args: str, dsn: str | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     """An installed console script as a subprocess, with no OUTBOX_* from the test's own
-    environment (only OUTBOX_DSN when `dsn` is given)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OUTBOX_")}
+    environment (only OUTBOX_DSN when `dsn` is given, and `env`)."""
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("OUTBOX_")}
     if dsn:
-        env["OUTBOX_DSN"] = dsn
+        environ["OUTBOX_DSN"] = dsn
+    environ.update(env or {})
     return subprocess.run(
-        [str(BIN / prog), *args], capture_output=True, text=True, timeout=120, check=False, env=env
+        [str(BIN / prog), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env=environ,
     )

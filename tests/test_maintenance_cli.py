@@ -73,6 +73,7 @@ async def test_report_json_contract(pool: db.Pool, dsn: str, settings: Settings)
     assert summary["parked_rows"] == []
     assert summary["workers"] == []
     assert summary["resolved_mode"] == "apply"
+    assert summary["shadow"] == {"rows_seen": 0, "sightings": 0, "max_lag_seconds": None}
     assert len(body["rows"]) == 4
     row = body["rows"][0]
     assert set(row) == {

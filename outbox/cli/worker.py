@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import enum
 from typing import Annotated, NoReturn
 
 import typer
 
 from outbox import db, log
-from outbox.cli.common import DsnOption, UsageError, load_app, run
+from outbox.cli.common import AppOption, DsnOption, UsageError, load_app, run
 from outbox.cli.common import main as run_main
+from outbox.config import resolve_worker_mode
 from outbox.errors import ConfigError
 from outbox.migrate import check_current
-from outbox.worker import SESSION_SETTINGS, BatchCounts, Worker, drain, serve
+from outbox.worker import SESSION_SETTINGS, BatchCounts, ShadowWorker, Worker, drain, serve
 
 app = typer.Typer(
     name="outbox-worker",
@@ -22,21 +24,26 @@ app = typer.Typer(
 
 
 def _summary(counts: BatchCounts) -> str:
-    return (
+    text = (
         f"applied={counts.applied} skipped={counts.skipped} "
         f"failed={counts.failed} dead={counts.dead}"
     )
+    return f"{text} observed={counts.observed}" if counts.observed else text
+
+
+class Mode(enum.StrEnum):
+    apply = "apply"
+    shadow = "shadow"
 
 
 @app.command()
 def worker(
-    app_path: Annotated[
-        str | None,
-        typer.Option(
-            "--app", envvar="OUTBOX_APP", help="module:attribute of the outbox.Outbox app."
-        ),
-    ] = None,
+    app_path: AppOption = None,
     dsn: DsnOption = None,
+    mode: Annotated[
+        Mode | None,
+        typer.Option("--mode", help="apply or shadow; overrides the OUTBOX_*_ENABLED flags."),
+    ] = None,
     concurrency: Annotated[int, typer.Option(min=1, max=256, help="Claim loops.")] = 1,
     batch_size: Annotated[
         int | None, typer.Option("--batch-size", help="Rows per batch (OUTBOX_BATCH_SIZE).")
@@ -60,8 +67,12 @@ def worker(
         outbox_app = load_app(app_path)
         outbox_app.settings = outbox_app.settings.replace(dsn=dsn, batch_size=batch_size)
         outbox_app.validate()
+        resolution = resolve_worker_mode(outbox_app.settings, mode.value if mode else None)
     except ConfigError as exc:
         raise UsageError(str(exc)) from None
+    logger = log.get_logger("outbox.worker")
+    if resolution.warning:
+        logger.warning("worker.mode_conflict", extra={"warning": resolution.warning})
     target = outbox_app.settings.dsn
     if not target:
         raise UsageError("no database given: pass --dsn or set OUTBOX_DSN")
@@ -72,14 +83,19 @@ def worker(
         )
         try:
             await check_current(pool)
-            w = Worker(outbox_app, pool)
+            kind = ShadowWorker if resolution.mode == "shadow" else Worker
+            w = kind(outbox_app, pool)
+            logger.info(
+                "worker.started", extra={"concurrency": concurrency, "mode": resolution.mode}
+            )
             if drain_only:
                 return await drain(w, concurrency=concurrency)
-            log.get_logger("outbox.worker").info(
-                "worker.started", extra={"concurrency": concurrency, "mode": "apply"}
-            )
             return await serve(
-                w, target, concurrency=concurrency, shutdown_timeout=shutdown_timeout
+                w,
+                target,
+                concurrency=concurrency,
+                shutdown_timeout=shutdown_timeout,
+                mode=resolution.mode,
             )
         finally:
             await pool.close()

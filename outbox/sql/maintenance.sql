@@ -117,3 +117,11 @@ WHERE ctid IN (
     WHERE coalesce(stopped_at, heartbeat_at) < clock_timestamp() - make_interval(hours => $1::integer)
     LIMIT $2::integer
 )
+
+-- name: shadow_observations
+-- What shadow workers saw: rows seen, sightings, and the longest enqueue-to-first-seen lag.
+SELECT count(*) FILTER (WHERE seen_count > 0) AS rows_seen,
+       coalesce(sum(seen_count), 0)::bigint AS sightings,
+       max(extract(epoch FROM first_seen_at - enqueued_at))::double precision AS max_lag_seconds
+FROM projection_apply_outbox
+WHERE $1::text IS NULL OR campaign_id = $1::text

@@ -69,3 +69,15 @@ FROM head h
 LEFT JOIN event_journal e
     ON e.campaign_id = $1::text AND e.event_type = ANY ($2::text[]) AND e.seq <= h.last_seq
 ORDER BY e.seq
+
+-- name: checkpoints_of
+-- Checkpoints of the given campaigns.
+SELECT campaign_id, projector, applied_seq FROM projection_checkpoints
+WHERE campaign_id = ANY ($1::text[])
+
+-- name: markers_of
+-- Processed markers of the given events.
+SELECT m.campaign_id, m.seq, m.handler
+FROM processed_markers m
+JOIN unnest($1::text[], $2::bigint[]) AS e(campaign_id, seq)
+  ON m.campaign_id = e.campaign_id AND m.seq = e.seq

@@ -128,3 +128,15 @@ SELECT count(*) FROM (
 -- name: notify_work
 -- Wake the workers (after a requeue or a reconcile; appends notify in their own statement).
 SELECT pg_notify($1::text, '')
+
+-- name: record_observations
+-- A shadow pass over claimed rows: count the sighting, stamp first and last seen, and look
+-- again after $3 seconds (attempts, status and errors stay as they are).
+UPDATE projection_apply_outbox o
+SET seen_count = o.seen_count + 1,
+    first_seen_at = coalesce(o.first_seen_at, coalesce($4::timestamptz, clock_timestamp())),
+    last_seen_at = coalesce($4::timestamptz, clock_timestamp()),
+    next_attempt_at = coalesce($4::timestamptz, clock_timestamp())
+        + make_interval(secs => $3::double precision)
+FROM unnest($1::text[], $2::bigint[]) AS s(campaign_id, seq)
+WHERE o.campaign_id = s.campaign_id AND o.seq = s.seq

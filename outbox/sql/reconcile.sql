@@ -14,18 +14,6 @@ WHERE ($1::text IS NULL OR j.campaign_id = $1::text)
 ORDER BY j.campaign_id, j.seq
 LIMIT $4::integer
 
--- name: checkpoints_of
--- Checkpoints of the given campaigns.
-SELECT campaign_id, projector, applied_seq FROM projection_checkpoints
-WHERE campaign_id = ANY ($1::text[])
-
--- name: markers_of
--- Processed markers of the given events.
-SELECT m.campaign_id, m.seq, m.handler
-FROM processed_markers m
-JOIN unnest($1::text[], $2::bigint[]) AS e(campaign_id, seq)
-  ON m.campaign_id = e.campaign_id AND m.seq = e.seq
-
 -- name: enqueue_rows
 -- Work rows for the given events (an existing row wins: enqueueing twice is a no-op).
 INSERT INTO projection_apply_outbox (campaign_id, seq, event_type)
