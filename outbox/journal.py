@@ -25,7 +25,14 @@ from outbox.queries import Queries
 if TYPE_CHECKING:
     from outbox.db import Connection, Executor
 
-__all__ = ["WORK_CHANNEL", "AppendResult", "Event", "StoredEvent", "append"]
+__all__ = [
+    "WORK_CHANNEL",
+    "AppendResult",
+    "Event",
+    "StoredEvent",
+    "append",
+    "load_events",
+]
 
 # The LISTEN/NOTIFY channel appends signal: payload-free, one per append transaction.
 WORK_CHANNEL = "outbox_work"
@@ -42,6 +49,7 @@ class JournalQueries(Queries, file="journal.sql"):
     claim_append_key: str
     get_append_key: str
     get_campaign_head: str
+    load_events: str
 
 
 Q = JournalQueries
@@ -184,6 +192,7 @@ async def append(
     idempotency_key: str | None = None,
     raise_on_duplicate: bool = False,
     settings: Settings | None = None,
+    apply_inline: bool | None = None,
 ) -> AppendResult:
     """Append `events` to `campaign_id`'s journal and enqueue their work rows (S1-S4).
 
@@ -191,8 +200,12 @@ async def append(
     `ConcurrencyError` and writes nothing. A retried `idempotency_key` returns the first result
     with `duplicate=True` and writes nothing, or raises `DuplicateAppendError` when
     `raise_on_duplicate`. `settings` default to the environment (`OUTBOX_ENABLED`,
-    `OUTBOX_APPEND_KEY_TTL`).
+    `OUTBOX_APPEND_KEY_TTL`). Inline apply needs the projectors: use `Outbox.append`.
     """
+    if apply_inline:
+        raise ValidationError(
+            "apply_inline", "inline apply needs the app's projectors: call app.append(...)"
+        )
     batch = _prepare(campaign_id, events, expected_seq, idempotency_key)
     settings = settings if settings is not None else Settings.from_env()
     async with db.acquire(executor) as conn:
@@ -239,3 +252,16 @@ async def _insert(conn: Connection, batch: _Batch, settings: Settings) -> Append
         raise ConcurrencyError(batch.campaign_id, batch.expected_seq or 0, actual or 0)
     last_seq: int = row["last_seq"]
     return AppendResult(batch.campaign_id, last_seq - len(batch.types) + 1, last_seq)
+
+
+async def load_events(
+    conn: Connection, campaign_id: str, first: int, last: int
+) -> list[StoredEvent]:
+    """A campaign's events `first..last` as projectors see them (decoded from the journal)."""
+    rows = await conn.fetch(Q.load_events, campaign_id, first, last)
+    return [
+        StoredEvent(
+            campaign_id, r["seq"], r["event_type"], r["payload"], r["metadata"], r["recorded_at"]
+        )
+        for r in rows
+    ]

@@ -10,6 +10,7 @@ redelivery into a skip. This module never claims, deletes or retries work rows.
 from __future__ import annotations
 
 import enum
+import random
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -17,8 +18,10 @@ from typing import TYPE_CHECKING, Any
 from outbox import db, queue
 from outbox.config import Settings
 from outbox.errors import ConfigError, OutboxError
-from outbox.journal import AppendResult, Event, StoredEvent, append
+from outbox.journal import AppendResult, Event, StoredEvent, append, load_events
 from outbox.queries import Queries
+from outbox.queue import Failure
+from outbox.retry import ErrorClass, backoff_delay, classify, describe_error
 
 if TYPE_CHECKING:
     from outbox.db import Connection, Executor
@@ -176,10 +179,59 @@ class Outbox:
         self.registry.validate(self.settings)
 
     async def append(
-        self, executor: Executor, campaign_id: str, events: Sequence[Event], **options: Any
+        self,
+        executor: Executor,
+        campaign_id: str,
+        events: Sequence[Event],
+        *,
+        apply_inline: bool | None = None,
+        **options: Any,
     ) -> AppendResult:
-        """`outbox.append` with this app's settings."""
-        return await append(executor, campaign_id, events, settings=self.settings, **options)
+        """`outbox.append` with this app's settings, and the inline fast path (S5) when
+        `apply_inline` (default: OUTBOX_INLINE_APPLY) and enqueueing are on.
+
+        After the inserts, in one savepoint of the append's transaction, the new events are
+        applied and their work rows deleted (zero lag). On failure the savepoint rolls back,
+        the failing row records attempt 1 and its error, and the append commits all the same.
+        Skipped when an earlier row of the campaign is still outstanding (ordering, S9).
+        """
+        inline = self.settings.inline_apply if apply_inline is None else apply_inline
+        if not (inline and self.settings.enabled):
+            return await append(executor, campaign_id, events, settings=self.settings, **options)
+        async with db.acquire(executor) as conn, conn.transaction():
+            result = await append(conn, campaign_id, events, settings=self.settings, **options)
+            if not result.duplicate:
+                await self._apply_inline(conn, result)
+        return result
+
+    async def _apply_inline(self, conn: Connection, result: AppendResult) -> None:
+        cid = result.campaign_id
+        if await queue.outstanding_upto(conn, cid, result.first_seq - 1):
+            return  # earlier work of this campaign comes first: the worker takes these too
+        stored = await load_events(conn, cid, result.first_seq, result.last_seq)
+        current = stored[0]
+        try:
+            async with conn.transaction():
+                for current in stored:
+                    await apply_event(conn, self.registry, current)
+                await queue.delete_rows(conn, [(cid, seq) for seq in result.seqs])
+        except Exception as exc:
+            kind = classify(exc)
+            if kind is ErrorClass.TRANSIENT:
+                raise
+            permanent = kind is ErrorClass.PERMANENT or self.settings.max_attempts <= 1
+            delay = (
+                0.0
+                if permanent
+                else backoff_delay(
+                    1,
+                    base=self.settings.backoff_base,
+                    cap=self.settings.backoff_cap,
+                    rand=random.random,
+                )
+            )
+            failure = Failure(cid, current.seq, 1, delay, describe_error(exc), permanent)
+            await queue.record_failures(conn, [failure])
 
 
 async def apply_event(conn: Connection, registry: Registry, event: StoredEvent) -> ApplyOutcome:

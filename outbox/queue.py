@@ -32,6 +32,7 @@ __all__ = [
     "lock_campaign_rows",
     "next_due_in",
     "notify_work",
+    "outstanding_upto",
     "record_failures",
     "record_observations",
     "wait_applied",
@@ -184,6 +185,12 @@ async def next_due_in(executor: Executor, *, ordered: bool, park: bool) -> float
     return value
 
 
+async def outstanding_upto(conn: Connection, campaign_id: str, seq: int) -> bool:
+    """Whether a work row of the campaign at or below `seq` is still outstanding."""
+    found: bool = await conn.fetchval(Q.outstanding_upto, campaign_id, seq)
+    return found
+
+
 async def wait_applied(
     executor: Executor,
     campaign_id: str,
@@ -197,7 +204,7 @@ async def wait_applied(
     with anyio.move_on_after(timeout):
         while True:
             async with db.acquire(executor) as conn:
-                if not await conn.fetchval(Q.outstanding_upto, campaign_id, seq):
+                if not await outstanding_upto(conn, campaign_id, seq):
                     return True
             await anyio.sleep(delay)  # deletions send no notification: poll, gently
             delay = min(delay * 2, 0.25)

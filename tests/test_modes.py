@@ -133,18 +133,10 @@ async def test_shadow_then_apply_applies_each_event_exactly_once(
 ) -> None:
     """Half the events applied inline first, a shadow phase, then the apply worker."""
     await install(pool)
-    app = build_app(Outbox(settings))
-    await append(
-        pool, "c", [Event(c.DICE_ROLLED, {"value": v}) for v in range(1, 21)], settings=settings
-    )
-    async with pool.acquire() as conn:
-        for seq in range(1, 11):
-            async with conn.transaction():
-                await apply_event(
-                    conn,
-                    app.registry,
-                    StoredEvent("c", seq, c.DICE_ROLLED, {"value": seq}, {}, datetime.now(UTC)),
-                )
+    app = build_app(Outbox(settings.replace(inline_apply=True)))
+    for v in range(1, 21):  # inline for the first half, queued for the rest
+        await app.append(pool, "c", [Event(c.DICE_ROLLED, {"value": v})], apply_inline=v <= 10)
+    assert await pool.fetchval("SELECT min(seq) FROM projection_apply_outbox") == 11
     far = datetime.now(UTC) + timedelta(days=1)
     shadow = ShadowWorker(app, pool, now=lambda: far)
     for _ in range(3):

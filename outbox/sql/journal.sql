@@ -63,3 +63,10 @@ WHERE campaign_id = $1::text AND idem_key = $2::text
 -- name: get_campaign_head
 -- The last allocated seq of a campaign (no row: the campaign has no events).
 SELECT last_seq FROM campaign_heads WHERE campaign_id = $1::text
+
+-- name: load_events
+-- A campaign's events from seq $2 to $3, as projectors see them.
+SELECT seq, event_type, payload, metadata, recorded_at
+FROM event_journal
+WHERE campaign_id = $1::text AND seq BETWEEN $2::bigint AND $3::bigint
+ORDER BY seq
