@@ -23,6 +23,7 @@ from anyio.abc import TaskStatus
 from outbox import db, log, queue
 from outbox.errors import Conflict, DatabaseUnavailable
 from outbox.journal import WORK_CHANNEL
+from outbox.metrics import Metrics
 from outbox.projectors import ApplyOutcome, Outbox, applied_events, apply_event
 from outbox.queue import ClaimedRow, Failure
 from outbox.retry import ErrorClass, backoff_delay, classify, describe_error
@@ -312,6 +313,7 @@ class Service:
     totals: BatchCounts = field(default_factory=BatchCounts)
     worker_id: str = field(default_factory=new_worker_id)
     mode: str = "apply"
+    metrics: Metrics = field(default_factory=Metrics)
 
     def stop(self) -> None:
         self.stopping.set()
@@ -338,6 +340,7 @@ class Service:
                 continue
             failures = 0
             self.totals.add(counts)
+            self.metrics.record_batch(counts)
             if counts.claimed:
                 _logger.info("batch.done", extra=vars(counts))
             if counts.claimed < settings.batch_size:  # a full batch: more is probably due
@@ -375,11 +378,13 @@ class Service:
                 conn.add_termination_listener(lambda _conn, lost=lost: lost.set())
                 await conn.add_listener(WORK_CHANNEL, lambda *_: self.doorbell.ring())
                 self.listener_connected, attempt = True, 0
+                self.metrics.listener_connected.set(1)
                 _logger.info("listener.connected")
                 self.doorbell.ring()  # whatever was appended while we were away
                 await self._watch(conn, lost)
             finally:
                 self.listener_connected = False
+                self.metrics.listener_connected.set(0)
                 conn.terminate()
             _logger.warning("listener.lost")
 
@@ -397,11 +402,12 @@ class Service:
 
     async def heartbeat(self, registration: Registration) -> None:
         while True:
-            await anyio.sleep(HEARTBEAT_INTERVAL)
             try:
+                await self.metrics.refresh(self.worker.pool, park=self.worker.park)
                 await registration.heartbeat(vars(self.totals))
-            except Exception as exc:  # the registry is for the report, never for the work
+            except Exception as exc:  # the registry and metrics serve reports, never the work
                 _logger.warning("registry.heartbeat_failed", extra={"error": describe_error(exc)})
+            await anyio.sleep(HEARTBEAT_INTERVAL)
 
     async def run(self, *, shutdown_timeout: float, task_status: TaskStatus[None]) -> None:
         registration = Registration(self.worker.pool, self.worker_id, self.mode, self.concurrency)
@@ -434,10 +440,19 @@ class Service:
 
 
 async def serve(
-    worker: Worker, dsn: str, *, concurrency: int, shutdown_timeout: float, mode: str = "apply"
+    worker: Worker,
+    dsn: str,
+    *,
+    concurrency: int,
+    shutdown_timeout: float,
+    mode: str = "apply",
+    metrics_port: int | None = None,
 ) -> BatchCounts:
     """Run until SIGTERM/SIGINT, then shut down within `shutdown_timeout` seconds."""
     service = Service(worker, dsn, concurrency, mode=mode)
+    if metrics_port is not None:
+        bound = service.metrics.serve(metrics_port)
+        _logger.info("metrics.serving", extra={"port": bound})
     async with anyio.create_task_group() as tg:
         await tg.start(partial(service.run, shutdown_timeout=shutdown_timeout))
         with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:

@@ -54,6 +54,12 @@ def worker(
     shutdown_timeout: Annotated[
         float, typer.Option(min=0.0, max=3600.0, help="Seconds to finish the batch on SIGTERM.")
     ] = 30.0,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(
+            envvar="OUTBOX_METRICS_PORT", min=0, max=65535, help="Serve Prometheus /metrics here."
+        ),
+    ] = None,
     log_level: Annotated[str, typer.Option(envvar="OUTBOX_LOG_LEVEL")] = "info",
 ) -> None:
     """Run the worker until SIGTERM/SIGINT (or, with --drain, until nothing is due)."""
@@ -96,6 +102,7 @@ def worker(
                 concurrency=concurrency,
                 shutdown_timeout=shutdown_timeout,
                 mode=resolution.mode,
+                metrics_port=metrics_port,
             )
         finally:
             await pool.close()
