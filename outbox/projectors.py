@@ -21,7 +21,7 @@ from outbox.errors import ConfigError, OutboxError
 from outbox.journal import AppendResult, Event, StoredEvent, append, load_events
 from outbox.queries import Queries
 from outbox.queue import Failure
-from outbox.retry import ErrorClass, backoff_delay, classify, describe_error
+from outbox.retry import ErrorClass, after_failure, classify, describe_error
 
 if TYPE_CHECKING:
     from outbox.db import Connection, Executor
@@ -219,18 +219,16 @@ class Outbox:
             kind = classify(exc)
             if kind is ErrorClass.TRANSIENT:
                 raise
-            permanent = kind is ErrorClass.PERMANENT or self.settings.max_attempts <= 1
-            delay = (
-                0.0
-                if permanent
-                else backoff_delay(
-                    1,
-                    base=self.settings.backoff_base,
-                    cap=self.settings.backoff_cap,
-                    rand=random.random,
-                )
+            s = self.settings
+            dead, delay = after_failure(
+                1,
+                permanent=kind is ErrorClass.PERMANENT,
+                max_attempts=s.max_attempts,
+                base=s.backoff_base,
+                cap=s.backoff_cap,
+                rand=random.random,
             )
-            failure = Failure(cid, current.seq, 1, delay, describe_error(exc), permanent)
+            failure = Failure(cid, current.seq, 1, delay, describe_error(exc), dead)
             await queue.record_failures(conn, [failure])
 
 

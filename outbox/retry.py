@@ -15,7 +15,14 @@ import asyncpg
 
 from outbox.errors import PermanentError
 
-__all__ = ["ErrorClass", "backoff_delay", "classify", "describe_error", "nominal_delay"]
+__all__ = [
+    "ErrorClass",
+    "after_failure",
+    "backoff_delay",
+    "classify",
+    "describe_error",
+    "nominal_delay",
+]
 
 MAX_ERROR_LENGTH = 2000
 
@@ -55,6 +62,23 @@ def backoff_delay(attempt: int, *, base: float, cap: float, rand: Callable[[], f
     """Seconds to wait after failed attempt `attempt`; `rand()` returns a float in [0, 1)."""
     nominal = nominal_delay(attempt, base=base, cap=cap)
     return nominal / 2 + rand() * nominal / 2
+
+
+def after_failure(
+    attempt: int,
+    *,
+    permanent: bool,
+    max_attempts: int,
+    base: float,
+    cap: float,
+    rand: Callable[[], float],
+) -> tuple[bool, float]:
+    """(dead, delay) after failed attempt `attempt`: dead at `max_attempts` or on a permanent
+    error, otherwise the jittered backoff delay. The one place that policy lives (the worker
+    and inline apply both call it)."""
+    if permanent or attempt >= max_attempts:
+        return True, 0.0
+    return False, backoff_delay(attempt, base=base, cap=cap, rand=rand)
 
 
 def classify(exc: BaseException) -> ErrorClass:

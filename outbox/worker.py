@@ -26,7 +26,7 @@ from outbox.journal import WORK_CHANNEL
 from outbox.metrics import Metrics
 from outbox.projectors import ApplyOutcome, Outbox, applied_events, apply_event
 from outbox.queue import ClaimedRow, Failure
-from outbox.retry import ErrorClass, backoff_delay, classify, describe_error
+from outbox.retry import ErrorClass, after_failure, backoff_delay, classify, describe_error
 from outbox.workers import HEARTBEAT_INTERVAL, Registration, new_worker_id
 
 if TYPE_CHECKING:
@@ -114,15 +114,15 @@ class Worker:
         return self.app.settings.dead_policy == "park"
 
     def _failure(self, row: ClaimedRow, exc: BaseException, *, permanent: bool) -> Failure:
-        settings = self.app.settings
+        s = self.app.settings
         attempts = row.attempt_count + 1
-        dead = permanent or attempts >= settings.max_attempts
-        delay = (
-            0.0
-            if dead
-            else backoff_delay(
-                attempts, base=settings.backoff_base, cap=settings.backoff_cap, rand=self.rand
-            )
+        dead, delay = after_failure(
+            attempts,
+            permanent=permanent,
+            max_attempts=s.max_attempts,
+            base=s.backoff_base,
+            cap=s.backoff_cap,
+            rand=self.rand,
         )
         return Failure(row.campaign_id, row.seq, attempts, delay, describe_error(exc), dead)
 
