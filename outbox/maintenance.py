@@ -29,6 +29,7 @@ __all__ = [
     "current_actor",
     "health",
     "outbox_report",
+    "queue_counts",
     "requeue_dead",
     "requeue_one",
 ]
@@ -69,6 +70,13 @@ def _check_limit(limit: int) -> None:
         raise ValidationError("limit", f"expected an integer from 1 to {MAX_LIMIT}, got {limit!r}")
 
 
+async def queue_counts(executor: Executor, campaign_id: str | None = None) -> dict[str, int]:
+    """Work rows per status (every status present, zero when empty)."""
+    async with db.acquire(executor) as conn:
+        rows = await conn.fetch(Q.count_by_status, campaign_id)
+    return dict.fromkeys(STATUSES, 0) | {r["status"]: r["n"] for r in rows}
+
+
 async def outbox_report(
     executor: Executor,
     *,
@@ -82,10 +90,7 @@ async def outbox_report(
         raise ValidationError("status", f"expected one of {'/'.join(STATUSES)}, got {status!r}")
     _check_limit(limit)
     async with db.acquire(executor) as conn:
-        counts = dict.fromkeys(STATUSES, 0)
-        counts.update(
-            {r["status"]: r["n"] for r in await conn.fetch(Q.count_by_status, campaign_id)}
-        )
+        counts = await queue_counts(conn, campaign_id)
         oldest = await conn.fetchrow(Q.oldest_claimable, campaign_id)
         earliest = await conn.fetchval(Q.earliest_next_attempt, campaign_id)
         blocked = await conn.fetch(Q.blocked_campaigns, campaign_id, park, SUMMARY_LIST_LIMIT)
@@ -104,7 +109,7 @@ async def outbox_report(
             "total": sum(counts.values()),
             "oldest_claimable": dict(oldest) if oldest else None,
             "earliest_next_attempt_at": earliest,
-            "blocked_campaigns": [dict(r) for r in blocked],
+            "blocked_campaigns": [{k: v for k, v in r.items() if k != "total"} for r in blocked],
             "shadow": dict(shadow) if shadow else None,
             "parked_rows": [
                 {k: r[k] for k in ("campaign_id", "seq", "event_type", "last_error")}

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from outbox import db
-from outbox.maintenance import STATUSES, Q
+from outbox.maintenance import Q, queue_counts
 
 if TYPE_CHECKING:
     from outbox.db import Executor
@@ -69,14 +69,14 @@ class Metrics:
     async def refresh(self, executor: Executor, *, park: bool) -> None:
         """Queue gauges from the database (the report's own queries)."""
         async with db.acquire(executor) as conn:
-            counts = {r["status"]: r["n"] for r in await conn.fetch(Q.count_by_status, None)}
+            counts = await queue_counts(conn)
             oldest = await conn.fetchrow(Q.oldest_claimable, None)
-            blocked = await conn.fetch(Q.blocked_campaigns, None, park, 10_000)
+            blocked = await conn.fetchrow(Q.blocked_campaigns, None, park, 1)
             shadow = await conn.fetchrow(Q.shadow_observations, None)
-        for status in STATUSES:
-            self.queue_rows.labels(status).set(counts.get(status, 0))
+        for status, n in counts.items():
+            self.queue_rows.labels(status).set(n)
         self.oldest_age.set(oldest["age_seconds"] if oldest else 0)
-        self.blocked.set(len(blocked))
+        self.blocked.set(blocked["total"] if blocked else 0)
         lag = shadow["max_lag_seconds"] if shadow else None
         self.shadow_max_lag.set(lag or 0)
 

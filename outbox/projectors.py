@@ -88,6 +88,7 @@ class Registry:
     projectors: dict[str, Projector] = field(default_factory=dict)
     ignored: set[str] = field(default_factory=set)
     _by_type: dict[str, tuple[Projector, ...]] = field(default_factory=dict)
+    _ordered: list[str] = field(default_factory=list)
 
     def add(self, projector: Projector) -> None:
         if not projector.name.strip():
@@ -101,7 +102,7 @@ class Registry:
                 f"projector {projector.name!r} subscribes to ignored {sorted(overlap)}"
             )
         self.projectors[projector.name] = projector
-        self._by_type.clear()
+        self._by_type.clear()  # the indexes are rebuilt on next use
 
     def ignore(self, types: Iterable[str]) -> None:
         types = set(types)
@@ -112,18 +113,25 @@ class Registry:
                 )
         self.ignored |= types
 
+    def _index(self) -> None:
+        # Built once after registration, read on every event (the apply hot path).
+        if self._by_type or not self.projectors:
+            return
+        index: dict[str, list[Projector]] = {}
+        for p in sorted(self.projectors.values(), key=lambda p: p.name):
+            for t in p.events:
+                index.setdefault(t, []).append(p)
+        self._by_type = {t: tuple(ps) for t, ps in index.items()}
+        self._ordered = sorted(p.name for p in self.projectors.values() if p.ordered)
+
     def subscribers(self, event_type: str) -> tuple[Projector, ...]:
-        if not self._by_type:
-            index: dict[str, list[Projector]] = {}
-            for p in sorted(self.projectors.values(), key=lambda p: p.name):
-                for t in p.events:
-                    index.setdefault(t, []).append(p)
-            self._by_type = {t: tuple(ps) for t, ps in index.items()}
+        self._index()
         return self._by_type.get(event_type, ())
 
     def ordered_names(self) -> list[str]:
         """Every ordered projector, sorted (a fixed lock order for their checkpoints)."""
-        return sorted(p.name for p in self.projectors.values() if p.ordered)
+        self._index()
+        return self._ordered
 
     def validate(self, settings: Settings) -> None:
         """Refuse settings that contradict the registered projectors (one-line ConfigError)."""

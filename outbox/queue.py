@@ -61,7 +61,6 @@ class ClaimedRow:
 
     campaign_id: str
     seq: int
-    head: bool
     status: str
     attempt_count: int
     due: bool
@@ -109,9 +108,7 @@ def _claimed(r: asyncpg.Record) -> ClaimedRow:
             r["metadata"],
             r["recorded_at"],
         )
-    return ClaimedRow(
-        r["campaign_id"], r["seq"], r["head"], r["status"], r["attempt_count"], r["due"], event
-    )
+    return ClaimedRow(r["campaign_id"], r["seq"], r["status"], r["attempt_count"], r["due"], event)
 
 
 async def claim_one(

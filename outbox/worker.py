@@ -23,7 +23,7 @@ from anyio.abc import TaskStatus
 from outbox import db, log, queue
 from outbox.errors import Conflict, DatabaseUnavailable
 from outbox.journal import WORK_CHANNEL
-from outbox.metrics import Metrics
+from outbox.metrics import REFRESH_INTERVAL, Metrics
 from outbox.projectors import ApplyOutcome, Outbox, applied_events, apply_event
 from outbox.queue import ClaimedRow, Failure
 from outbox.retry import ErrorClass, after_failure, backoff_delay, classify, describe_error
@@ -148,51 +148,63 @@ class Worker:
             raise transient from exc
 
     async def _batch(self) -> BatchCounts:
-        settings = self.app.settings
-        counts = BatchCounts()
+        """One transaction: claim, hand the rows to `_handle`, commit."""
         now = self.now()
         async with self.pool.acquire() as conn, conn.transaction():
+            ordered, park = self._claim_mode()
             rows = await queue.claim(
-                conn, limit=settings.batch_size, ordered=self.ordered, park=self.park, now=now
+                conn, limit=self.app.settings.batch_size, ordered=ordered, park=park, now=now
             )
-            work = walk(rows, limit=settings.batch_size, park=self.park)
-            counts.claimed = len(work)
-            done: list[tuple[str, int]] = []
-            failures: list[Failure] = []
-            blocked: set[str] = set()
-            for row in work:
-                if row.campaign_id in blocked:
-                    continue  # an earlier row of this campaign failed in this batch
-                try:
-                    outcome = await self._apply_one(conn, row)
-                except Exception as exc:
-                    kind = classify(exc)
-                    if kind is ErrorClass.TRANSIENT:
-                        raise TransientBatchError(describe_error(exc)) from exc
-                    failure = self._failure(row, exc, permanent=kind is ErrorClass.PERMANENT)
-                    failures.append(failure)
-                    counts.dead += failure.dead
-                    counts.failed += not failure.dead
-                    if self.ordered:
-                        blocked.add(row.campaign_id)
-                    _logger.warning(
-                        "apply.failed",
-                        extra={
-                            "campaign_id": row.campaign_id,
-                            "seq": row.seq,
-                            "attempt": failure.attempts,
-                            "dead": failure.dead,
-                            "error": failure.error,
-                        },
-                    )
-                    continue
-                done.append(row.key)
-                if outcome is ApplyOutcome.APPLIED:
-                    counts.applied += 1
-                else:
-                    counts.skipped += 1
-            await queue.delete_rows(conn, done)
-            await queue.record_failures(conn, failures, now)
+            return await self._handle(conn, rows, now)
+
+    def _claim_mode(self) -> tuple[bool, bool]:
+        """(ordered, park) for the claim: the apply worker follows the settings."""
+        return self.ordered, self.park
+
+    async def _handle(
+        self, conn: Connection, rows: list[ClaimedRow], now: datetime | None
+    ) -> BatchCounts:
+        """Apply the claimed rows each in its savepoint; delete successes, record failures."""
+        settings = self.app.settings
+        counts = BatchCounts()
+        work = walk(rows, limit=settings.batch_size, park=self.park)
+        counts.claimed = len(work)
+        done: list[tuple[str, int]] = []
+        failures: list[Failure] = []
+        blocked: set[str] = set()
+        for row in work:
+            if row.campaign_id in blocked:
+                continue  # an earlier row of this campaign failed in this batch
+            try:
+                outcome = await self._apply_one(conn, row)
+            except Exception as exc:
+                kind = classify(exc)
+                if kind is ErrorClass.TRANSIENT:
+                    raise TransientBatchError(describe_error(exc)) from exc
+                failure = self._failure(row, exc, permanent=kind is ErrorClass.PERMANENT)
+                failures.append(failure)
+                counts.dead += failure.dead
+                counts.failed += not failure.dead
+                if self.ordered:
+                    blocked.add(row.campaign_id)
+                _logger.warning(
+                    "apply.failed",
+                    extra={
+                        "campaign_id": row.campaign_id,
+                        "seq": row.seq,
+                        "attempt": failure.attempts,
+                        "dead": failure.dead,
+                        "error": failure.error,
+                    },
+                )
+                continue
+            done.append(row.key)
+            if outcome is ApplyOutcome.APPLIED:
+                counts.applied += 1
+            else:
+                counts.skipped += 1
+        await queue.delete_rows(conn, done)
+        await queue.record_failures(conn, failures, now)
         return counts
 
     async def replay(self, campaign_id: str, seq: int) -> dict[str, Any]:
@@ -244,24 +256,20 @@ class ShadowWorker(Worker):
     event already counts as applied (inline, checkpoint, marker, or an ignored type) are
     completed, so the queue stays bounded."""
 
-    async def _batch(self) -> BatchCounts:
-        settings = self.app.settings
-        counts = BatchCounts()
-        now = self.now()
-        async with self.pool.acquire() as conn, conn.transaction():
-            rows = await queue.claim(
-                conn, limit=settings.batch_size, ordered=False, park=True, now=now
-            )
-            counts.claimed = len(rows)
-            events = [(r.campaign_id, r.seq, r.event.type) for r in rows if r.event is not None]
-            done = await applied_events(conn, self.app.registry, events)
-            seen = [r.key for r in rows if r.key not in done]
-            await queue.delete_rows(conn, sorted(done))
-            await queue.record_observations(
-                conn, seen, look_again_in=settings.poll_interval, now=now
-            )
-            counts.skipped, counts.observed = len(done), len(seen)
-        return counts
+    def _claim_mode(self) -> tuple[bool, bool]:
+        return False, True  # every due row, in any order: nothing is applied
+
+    async def _handle(
+        self, conn: Connection, rows: list[ClaimedRow], now: datetime | None
+    ) -> BatchCounts:
+        events = [(r.campaign_id, r.seq, r.event.type) for r in rows if r.event is not None]
+        done = await applied_events(conn, self.app.registry, events)
+        seen = [r.key for r in rows if r.key not in done]
+        await queue.delete_rows(conn, sorted(done))
+        await queue.record_observations(
+            conn, seen, look_again_in=self.app.settings.poll_interval, now=now
+        )
+        return BatchCounts(claimed=len(rows), skipped=len(done), observed=len(seen))
 
 
 # --- the long-running service -------------------------------------------------------------
@@ -314,6 +322,7 @@ class Service:
     worker_id: str = field(default_factory=new_worker_id)
     mode: str = "apply"
     metrics: Metrics = field(default_factory=Metrics)
+    metrics_port: int | None = None  # serve /metrics (and refresh the queue gauges) when set
 
     def stop(self) -> None:
         self.stopping.set()
@@ -402,12 +411,20 @@ class Service:
 
     async def heartbeat(self, registration: Registration) -> None:
         while True:
+            await anyio.sleep(HEARTBEAT_INTERVAL)
+            try:
+                await registration.heartbeat(vars(self.totals))
+            except Exception as exc:  # the registry serves the report, never the work
+                _logger.warning("registry.heartbeat_failed", extra={"error": describe_error(exc)})
+
+    async def refresh_metrics(self) -> None:
+        """Queue gauges from the database; only while /metrics is served (they scan the queue)."""
+        while True:
             try:
                 await self.metrics.refresh(self.worker.pool, park=self.worker.park)
-                await registration.heartbeat(vars(self.totals))
-            except Exception as exc:  # the registry and metrics serve reports, never the work
-                _logger.warning("registry.heartbeat_failed", extra={"error": describe_error(exc)})
-            await anyio.sleep(HEARTBEAT_INTERVAL)
+            except Exception as exc:  # metrics never stop the work
+                _logger.warning("metrics.refresh_failed", extra={"error": describe_error(exc)})
+            await anyio.sleep(REFRESH_INTERVAL)
 
     async def run(self, *, shutdown_timeout: float, task_status: TaskStatus[None]) -> None:
         registration = Registration(self.worker.pool, self.worker_id, self.mode, self.concurrency)
@@ -428,6 +445,10 @@ class Service:
         async with anyio.create_task_group() as service:
             service.start_soon(self.listen)
             service.start_soon(self.heartbeat, registration)
+            if self.metrics_port is not None:
+                bound = self.metrics.serve(self.metrics_port)
+                _logger.info("metrics.serving", extra={"port": bound})
+                service.start_soon(self.refresh_metrics)
             async with anyio.create_task_group() as loops:
                 for _ in range(self.concurrency):
                     loops.start_soon(self.claim_loop)
@@ -449,10 +470,7 @@ async def serve(
     metrics_port: int | None = None,
 ) -> BatchCounts:
     """Run until SIGTERM/SIGINT, then shut down within `shutdown_timeout` seconds."""
-    service = Service(worker, dsn, concurrency, mode=mode)
-    if metrics_port is not None:
-        bound = service.metrics.serve(metrics_port)
-        _logger.info("metrics.serving", extra={"port": bound})
+    service = Service(worker, dsn, concurrency, mode=mode, metrics_port=metrics_port)
     async with anyio.create_task_group() as tg:
         await tg.start(partial(service.run, shutdown_timeout=shutdown_timeout))
         with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:

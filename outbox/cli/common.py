@@ -34,6 +34,7 @@ __all__ = [
     "emit_json",
     "load_app",
     "main",
+    "prepare_app",
     "require_dsn",
     "run",
     "settings_for",
@@ -108,6 +109,21 @@ def load_app(path: str) -> Outbox:
     if not isinstance(found, Outbox):
         raise UsageError(f"--app: {path!r} is {type(found).__name__}, not an outbox.Outbox")
     return found
+
+
+def prepare_app(app_path: str | None, **overrides: Any) -> Outbox:
+    """The --app, with option overrides applied and validated, and a database named: every
+    problem a usage error, raised before any connection opens."""
+    if not app_path:
+        raise UsageError("no app given: pass --app module:attribute or set OUTBOX_APP")
+    outbox_app = load_app(app_path)
+    try:
+        outbox_app.settings = outbox_app.settings.replace(**overrides)
+        outbox_app.validate()
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
+    require_dsn(outbox_app.settings)
+    return outbox_app
 
 
 def require_dsn(settings: Settings) -> str:

@@ -20,7 +20,7 @@ from outbox.cli.common import (
     JsonOption,
     UsageError,
     emit_json,
-    load_app,
+    prepare_app,
     require_dsn,
     run,
     settings_for,
@@ -342,14 +342,7 @@ def _app_run(
     app_path: str | None, dsn: str | None, body: Callable[[Outbox, db.Pool], Awaitable[T]]
 ) -> T:
     """Load and validate the app (usage errors before any connection), then run `body`."""
-    if not app_path:
-        raise UsageError("no app given: pass --app module:attribute or set OUTBOX_APP")
-    outbox_app = load_app(app_path)
-    try:
-        outbox_app.settings = outbox_app.settings.replace(dsn=dsn)
-        outbox_app.validate()
-    except ConfigError as exc:
-        raise UsageError(str(exc)) from None
+    outbox_app = prepare_app(app_path, dsn=dsn)
     target = require_dsn(outbox_app.settings)
 
     async def runner() -> T:

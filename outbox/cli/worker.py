@@ -8,7 +8,7 @@ from typing import Annotated, NoReturn
 import typer
 
 from outbox import db, log
-from outbox.cli.common import AppOption, DsnOption, UsageError, load_app, run
+from outbox.cli.common import AppOption, DsnOption, UsageError, prepare_app, require_dsn, run
 from outbox.cli.common import main as run_main
 from outbox.config import resolve_worker_mode
 from outbox.errors import ConfigError
@@ -67,21 +67,15 @@ def worker(
         log.configure(log_level)
     except ValueError as exc:
         raise UsageError(f"--log-level: {exc}") from None
-    if not app_path:
-        raise UsageError("no app given: pass --app module:attribute or set OUTBOX_APP")
+    outbox_app = prepare_app(app_path, dsn=dsn, batch_size=batch_size)
     try:
-        outbox_app = load_app(app_path)
-        outbox_app.settings = outbox_app.settings.replace(dsn=dsn, batch_size=batch_size)
-        outbox_app.validate()
         resolution = resolve_worker_mode(outbox_app.settings, mode.value if mode else None)
     except ConfigError as exc:
         raise UsageError(str(exc)) from None
     logger = log.get_logger("outbox.worker")
     if resolution.warning:
         logger.warning("worker.mode_conflict", extra={"warning": resolution.warning})
-    target = outbox_app.settings.dsn
-    if not target:
-        raise UsageError("no database given: pass --dsn or set OUTBOX_DSN")
+    target = require_dsn(outbox_app.settings)
 
     async def body() -> BatchCounts:
         pool = await db.create_pool(

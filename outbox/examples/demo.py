@@ -24,6 +24,7 @@ from outbox.examples.app import build_app, install
 from outbox.examples.campaigns import DICE_ROLLED, DemoStream, campaign_ids
 from outbox.journal import append
 from outbox.localpg import LocalCluster
+from outbox.maintenance import queue_counts
 from outbox.migrate import migrate
 from outbox.projectors import Outbox
 from outbox.redact import redact_dsn
@@ -52,15 +53,6 @@ async def _append_all(pool: db.Pool, settings: Settings, campaigns: int, events:
         for campaign_id in campaign_ids(campaigns):
             tg.start_soon(one, campaign_id)
     return appended
-
-
-async def _queue_counts(pool: db.Pool) -> dict[str, int]:
-    rows = await pool.fetch(
-        "SELECT status, count(*) AS n FROM projection_apply_outbox GROUP BY status"
-    )
-    counts = {"pending": 0, "processing": 0, "failed": 0, "dead": 0}
-    counts.update({r["status"]: r["n"] for r in rows})
-    return counts
 
 
 async def _fresh_database(admin_dsn: str, name: str) -> str:
@@ -115,7 +107,7 @@ async def _run(settings: Settings, campaigns: int, events: int, concurrency: int
             append_seconds,
             drained,
             drain_seconds,
-            await _queue_counts(pool),
+            await queue_counts(pool),
             projected,
             journal,
         )

@@ -26,7 +26,8 @@ WHERE status IN ('pending', 'failed') AND ($1::text IS NULL OR campaign_id = $1:
 
 -- name: blocked_campaigns
 -- Campaigns whose first outstanding row is failed or dead (under park, $2, dead rows step
--- aside and do not block), with the rows waiting behind it; oldest first, at most $3.
+-- aside and do not block), with the rows waiting behind it; oldest first, at most $3;
+-- `total` counts them all, whatever the limit.
 WITH heads AS (
     SELECT DISTINCT ON (campaign_id) campaign_id, seq, status, enqueued_at
     FROM projection_apply_outbox
@@ -36,7 +37,8 @@ WITH heads AS (
 SELECT h.campaign_id, h.seq AS blocking_seq, h.status,
        (SELECT count(*) FROM projection_apply_outbox o
         WHERE o.campaign_id = h.campaign_id AND o.seq > h.seq) AS waiting,
-       extract(epoch FROM clock_timestamp() - h.enqueued_at)::double precision AS age_seconds
+       extract(epoch FROM clock_timestamp() - h.enqueued_at)::double precision AS age_seconds,
+       count(*) OVER () AS total
 FROM heads h
 WHERE h.status IN ('failed', 'dead')
 ORDER BY h.enqueued_at, h.campaign_id

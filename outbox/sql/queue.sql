@@ -23,9 +23,9 @@ WITH heads AS (
     LIMIT $1::integer
     FOR UPDATE OF o SKIP LOCKED
 ), claimed AS (
-    SELECT h.campaign_id, h.seq, true AS head FROM heads h
+    SELECT h.campaign_id, h.seq FROM heads h
     UNION ALL
-    SELECT f.campaign_id, f.seq, false AS head
+    SELECT f.campaign_id, f.seq
     FROM heads h
     CROSS JOIN LATERAL (
         SELECT x.campaign_id, x.seq
@@ -36,7 +36,7 @@ WITH heads AS (
         FOR UPDATE OF x
     ) f
 )
-SELECT c.campaign_id, c.seq, c.head, o.status, o.attempt_count,
+SELECT c.campaign_id, c.seq, o.status, o.attempt_count,
        o.status IN ('pending', 'failed')
            AND o.next_attempt_at <= coalesce($2::timestamptz, clock_timestamp()) AS due,
        j.event_type, j.payload, j.metadata, j.recorded_at
@@ -56,7 +56,7 @@ WITH claimed AS (
     LIMIT $1::integer
     FOR UPDATE OF o SKIP LOCKED
 )
-SELECT c.campaign_id, c.seq, true AS head, o.status, o.attempt_count, true AS due,
+SELECT c.campaign_id, c.seq, o.status, o.attempt_count, true AS due,
        j.event_type, j.payload, j.metadata, j.recorded_at
 FROM claimed c
 JOIN projection_apply_outbox o ON o.campaign_id = c.campaign_id AND o.seq = c.seq
@@ -108,7 +108,7 @@ SELECT EXISTS (
 -- Lock one queue row without waiting (a row a running batch holds raises 55P03) and load its
 -- event; blocked_by is the earliest earlier outstanding row of its campaign (dead rows do not
 -- count under park, $3).
-SELECT o.campaign_id, o.seq, true AS head, o.status, o.attempt_count, true AS due,
+SELECT o.campaign_id, o.seq, o.status, o.attempt_count, true AS due,
        j.event_type, j.payload, j.metadata, j.recorded_at,
        (SELECT min(e.seq) FROM projection_apply_outbox e
         WHERE e.campaign_id = o.campaign_id AND e.seq < o.seq
