@@ -18,7 +18,8 @@ from _support import bench_database
 from outbox import Outbox, Settings, append, db
 from outbox.examples.app import build_app, install
 from outbox.examples.campaigns import DemoStream, campaign_ids
-from outbox.worker import SESSION_SETTINGS, Worker, drain
+from outbox.service import drain, open_pool
+from outbox.worker import Worker
 
 CLEAR = (
     "TRUNCATE event_journal, campaign_heads, projection_apply_outbox, projection_checkpoints, "
@@ -47,7 +48,7 @@ async def _case(
 
 async def main(campaigns: int, events: int) -> None:
     async with bench_database() as dsn:
-        pool = await db.create_pool(dsn, min_size=2, max_size=12, server_settings=SESSION_SETTINGS)
+        pool = await open_pool(Settings(dsn=dsn), max_size=12)
         try:
             await install(pool)
             print(f"worker drain: {campaigns} campaigns x {events} events, demo projectors")

@@ -20,6 +20,7 @@ from outbox.redact import redact_dsn
 
 __all__ = [
     "FIELDS",
+    "SESSION_TIMEOUTS",
     "FieldSpec",
     "ModeResolution",
     "Settings",
@@ -82,6 +83,7 @@ class FieldSpec:
     low: float | None = None
     high: float | None = None
     choices: tuple[str, ...] = ()
+    optional: bool = False  # None is a valid value ("not set")
 
     @property
     def option(self) -> str:
@@ -167,6 +169,41 @@ FIELDS: dict[str, FieldSpec] = {
         low=1,
         high=366 * 86_400,
     ),
+    "statement_timeout": FieldSpec(
+        "OUTBOX_STATEMENT_TIMEOUT",
+        _parse_float,
+        "worker sessions' `statement_timeout`, seconds (0: none); unset: 30 unless the server "
+        "sets one",
+        low=0,
+        high=86_400,
+        optional=True,
+    ),
+    "lock_timeout": FieldSpec(
+        "OUTBOX_LOCK_TIMEOUT",
+        _parse_float,
+        "worker sessions' `lock_timeout`, seconds (0: none); unset: 5 unless the server sets one",
+        low=0,
+        high=86_400,
+        optional=True,
+    ),
+    "idle_in_transaction_timeout": FieldSpec(
+        "OUTBOX_IDLE_IN_TRANSACTION_TIMEOUT",
+        _parse_float,
+        "worker sessions' `idle_in_transaction_session_timeout`, seconds (0: none); unset: 60 "
+        "unless the server sets one",
+        low=0,
+        high=86_400,
+        optional=True,
+    ),
+}
+
+# Worker session timeouts: setting -> (PostgreSQL parameter, default seconds). A frozen worker
+# must release its rows, so these apply where neither OUTBOX_* nor the server (DSN options,
+# ALTER ROLE/DATABASE ... SET, postgresql.conf) gives a value; see `Settings.session_timeouts`.
+SESSION_TIMEOUTS: dict[str, tuple[str, float]] = {
+    "statement_timeout": ("statement_timeout", 30.0),
+    "lock_timeout": ("lock_timeout", 5.0),
+    "idle_in_transaction_timeout": ("idle_in_transaction_session_timeout", 60.0),
 }
 
 
@@ -185,6 +222,9 @@ class Settings:
     ordering: Ordering = "campaign"
     dead_policy: DeadPolicy = "block"
     append_key_ttl: int = 86_400
+    statement_timeout: float | None = None
+    lock_timeout: float | None = None
+    idle_in_transaction_timeout: float | None = None
 
     def __repr__(self) -> str:
         parts = []
@@ -230,6 +270,22 @@ class Settings:
             self, **{k: v for k, v in changes.items() if v is not None}
         ).validate()
 
+    def session_timeouts(self) -> tuple[dict[str, str], dict[str, str]]:
+        """Worker session timeouts as (explicit, fallback) PostgreSQL settings in milliseconds.
+
+        Which wins: an OUTBOX_* value (environment or CLI) is explicit and overrides everything,
+        the DSN's options and ALTER ROLE/DATABASE ... SET included. Without one, the fallback
+        (the documented default) applies only where the server gives the session no value of
+        its own (`pg_settings.source = 'default'`), so an operator's settings are kept.
+        """
+        explicit: dict[str, str] = {}
+        fallback: dict[str, str] = {}
+        for name, (parameter, default) in SESSION_TIMEOUTS.items():
+            value = getattr(self, name)
+            target = fallback if value is None else explicit
+            target[parameter] = str(round((default if value is None else value) * 1000))
+        return explicit, fallback
+
     def validate(self) -> Settings:
         for name, spec in FIELDS.items():
             value = getattr(self, name)
@@ -241,6 +297,8 @@ class Settings:
                         f"{spec.env} ({spec.option}): expected a postgresql:// URI, got "
                         f"{redact_dsn(value) if isinstance(value, str) else type(value).__name__!r}"
                     )
+                continue
+            if value is None and spec.optional:
                 continue
             try:
                 spec.check(value)

@@ -17,7 +17,9 @@ import orjson
 
 from outbox import log
 from outbox.errors import DatabaseUnavailable
+from outbox.queries import Queries
 from outbox.redact import dsn_secrets, redact_dsn, scrub
+from outbox.retry import connection_lost
 
 if TYPE_CHECKING:
     from asyncpg.pool import PoolConnectionProxy
@@ -48,6 +50,18 @@ def _encode_jsonb(value: Any) -> bytes:
 
 def _decode_jsonb(data: bytes) -> Any:
     return orjson.loads(data[1:])
+
+
+class SessionQueries(Queries, file="session.sql"):
+    apply_session_defaults: str
+
+
+async def apply_session_defaults(conn: Connection, defaults: Mapping[str, str]) -> None:
+    """Set `defaults` (PostgreSQL parameter -> value) where the server gives no value."""
+    if defaults:
+        await conn.fetch(
+            SessionQueries.apply_session_defaults, list(defaults), list(defaults.values())
+        )
 
 
 async def init_connection(conn: Connection) -> None:
@@ -112,17 +126,28 @@ async def create_pool(
     min_size: int = 1,
     max_size: int = 10,
     server_settings: Mapping[str, str] | None = None,
+    session_defaults: Mapping[str, str] | None = None,
     connect_timeout: float = 10.0,
 ) -> Pool:
-    """A pool whose connections carry the codecs; failures become DatabaseUnavailable."""
+    """A pool whose connections carry the codecs; failures become DatabaseUnavailable.
+
+    `server_settings` are sent at connect and override the server's own values;
+    `session_defaults` apply only where the server gives none (`apply_session_defaults`).
+    """
     dsn = _remember_secrets(dsn)
+    defaults = dict(session_defaults or {})
+
+    async def init(conn: Connection) -> None:
+        await init_connection(conn)
+        await apply_session_defaults(conn, defaults)
+
     try:
         pool = await asyncpg.create_pool(
             dsn,
             min_size=min_size,
             max_size=max_size,
             timeout=connect_timeout,
-            init=init_connection,
+            init=init,
             server_settings=dict(server_settings or {}),
         )
     except _CONNECT_ERRORS as exc:
@@ -132,9 +157,35 @@ async def create_pool(
 
 @asynccontextmanager
 async def acquire(executor: Executor) -> AsyncIterator[Connection]:
-    """Yield a connection: the executor itself, or one borrowed from the pool for the block."""
-    if isinstance(executor, asyncpg.Pool):
-        async with executor.acquire() as conn:
-            yield conn
-    else:
+    """Yield a connection: the executor itself, or one borrowed from the pool for the block.
+
+    A borrowed connection that a lost-connection error came out of is terminated before it goes
+    back, so the pool never hands out (or tries to reset) a broken one; a failure while handing
+    it back (asyncpg#784's InternalClientError among them) discards it and is logged, never
+    raised over the block's own outcome. The pool opens a fresh connection on the next acquire.
+    """
+    if not isinstance(executor, asyncpg.Pool):
         yield executor
+        return
+    conn = await executor.acquire()
+    try:
+        yield conn
+    except BaseException as exc:
+        if connection_lost(exc) or conn.is_closed():
+            conn.terminate()
+        await _release(executor, conn, exc)
+        raise
+    await _release(executor, conn, None)
+
+
+async def _release(pool: Pool, conn: Connection, raised: BaseException | None) -> None:
+    try:
+        await pool.release(conn)  # type: ignore[arg-type]
+    except Exception as exc:  # asyncpg terminated the connection before raising
+        _logger.warning(
+            "connection.discarded",
+            extra={
+                "error": scrub(f"{type(exc).__name__}: {exc}", None),
+                "after": type(raised).__name__ if raised is not None else None,
+            },
+        )

@@ -8,6 +8,8 @@
     ├── MigrationError         migration refused (edited file, unknown version, old server)
     ├── SchemaNotReady         the database lacks migrations this code needs
     ├── DatabaseUnavailable    cannot connect; the message carries the redacted DSN only
+    ├── AppendOutcomeUnknown   the connection failed during an append; retry with the same key
+    ├── EventUnavailable       a work row's journal event is missing or cannot be decoded
     ├── NotFound               an operator named a row that does not exist
     ├── Conflict               an operator action does not fit the row's state
     └── PermanentError         raised by a projector: the row goes dead at once
@@ -23,11 +25,13 @@ if TYPE_CHECKING:
     from outbox.journal import AppendResult
 
 __all__ = [
+    "AppendOutcomeUnknown",
     "ConcurrencyError",
     "ConfigError",
     "Conflict",
     "DatabaseUnavailable",
     "DuplicateAppendError",
+    "EventUnavailable",
     "MigrationError",
     "NotFound",
     "OutboxError",
@@ -86,6 +90,21 @@ class SchemaNotReady(OutboxError):
 
 class DatabaseUnavailable(OutboxError):
     """The database cannot be reached; the message never contains a password."""
+
+
+class AppendOutcomeUnknown(OutboxError):
+    """The connection failed while an append was in flight: whether it committed is unknown.
+
+    Retry the same append with the same `idempotency_key`: if the first attempt committed, the
+    retry returns its result (`duplicate=True`) and writes nothing; if not, the retry appends.
+    Without a key, a retry may append the events twice. When the append ran on your own
+    connection inside your transaction, that transaction is lost: start your unit of work over.
+    """
+
+
+class EventUnavailable(OutboxError):
+    """A work row's journal event is missing or cannot be decoded: a failure of that row alone
+    (S8), recorded on it like a projector's failure; every other row goes on."""
 
 
 class NotFound(OutboxError):

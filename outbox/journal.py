@@ -10,7 +10,8 @@ Nothing here runs projectors; the worker does (and inline apply, when enabled).
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -19,8 +20,15 @@ import orjson
 
 from outbox import db
 from outbox.config import Settings
-from outbox.errors import ConcurrencyError, DuplicateAppendError, ValidationError
+from outbox.errors import (
+    AppendOutcomeUnknown,
+    ConcurrencyError,
+    DuplicateAppendError,
+    EventUnavailable,
+    ValidationError,
+)
 from outbox.queries import Queries
+from outbox.retry import connection_lost, describe_error
 
 if TYPE_CHECKING:
     from outbox.db import Connection, Executor
@@ -31,7 +39,9 @@ __all__ = [
     "Event",
     "StoredEvent",
     "append",
+    "decode_event",
     "load_events",
+    "outcome_unknown_on_connection_loss",
 ]
 
 # The LISTEN/NOTIFY channel appends signal: payload-free, one per append transaction.
@@ -199,8 +209,10 @@ async def append(
     `expected_seq` is the head the caller saw (0 for a new campaign); a mismatch raises
     `ConcurrencyError` and writes nothing. A retried `idempotency_key` returns the first result
     with `duplicate=True` and writes nothing, or raises `DuplicateAppendError` when
-    `raise_on_duplicate`. `settings` default to the environment (`OUTBOX_ENABLED`,
-    `OUTBOX_APPEND_KEY_TTL`). Inline apply needs the projectors: use `Outbox.append`.
+    `raise_on_duplicate`. A connection that fails mid-append raises `AppendOutcomeUnknown`:
+    retry with the same key (docs/append.md). `settings` default to the environment
+    (`OUTBOX_ENABLED`, `OUTBOX_APPEND_KEY_TTL`). Inline apply needs the projectors: use
+    `Outbox.append`.
     """
     if apply_inline:
         raise ValidationError(
@@ -208,17 +220,34 @@ async def append(
         )
     batch = _prepare(campaign_id, events, expected_seq, idempotency_key)
     settings = settings if settings is not None else Settings.from_env()
-    async with db.acquire(executor) as conn:
-        if batch.idempotency_key is None:
-            result = await _insert(conn, batch, settings)
-        else:
-            # A transaction of its own, or a savepoint inside the caller's: a failed append
-            # must take its key with it.
-            async with conn.transaction():
-                result = await _insert_once(conn, batch, batch.idempotency_key, settings)
+    with outcome_unknown_on_connection_loss(batch.campaign_id):
+        async with db.acquire(executor) as conn:
+            if batch.idempotency_key is None:
+                result = await _insert(conn, batch, settings)
+            else:
+                # A transaction of its own, or a savepoint inside the caller's: a failed append
+                # must take its key with it.
+                async with conn.transaction():
+                    result = await _insert_once(conn, batch, batch.idempotency_key, settings)
     if result.duplicate and raise_on_duplicate:
         raise DuplicateAppendError(result)
     return result
+
+
+@contextmanager
+def outcome_unknown_on_connection_loss(campaign_id: str) -> Iterator[None]:
+    """Turn a lost connection during an append into AppendOutcomeUnknown (one documented error
+    for "retry with the same idempotency key"); every other error passes unchanged."""
+    try:
+        yield
+    except Exception as exc:
+        if not connection_lost(exc):
+            raise
+        raise AppendOutcomeUnknown(
+            f"campaign {campaign_id!r}: the connection failed during the append "
+            f"({describe_error(exc)}); whether it committed is unknown: retry with the same "
+            "idempotency key"
+        ) from exc
 
 
 async def _insert_once(
@@ -254,13 +283,40 @@ async def _insert(conn: Connection, batch: _Batch, settings: Settings) -> Append
     return AppendResult(batch.campaign_id, last_seq - len(batch.types) + 1, last_seq)
 
 
+def decode_event(
+    campaign_id: str,
+    seq: int,
+    event_type: str,
+    payload: str,
+    metadata: str,
+    recorded_at: datetime,
+) -> StoredEvent:
+    """A journal row (payload and metadata as jsonb text) as projectors see it.
+
+    Valid jsonb is not always decodable here (another client or a manual fix can store
+    `{"v": 1e400}`, out of range for a float): that is EventUnavailable for this event alone.
+    """
+    try:
+        decoded_payload = orjson.loads(payload)
+        decoded_metadata = orjson.loads(metadata)
+    except orjson.JSONDecodeError as exc:
+        raise EventUnavailable(
+            f"journal event {campaign_id!r} seq {seq} cannot be decoded: {exc}"
+        ) from None
+    if not isinstance(decoded_metadata, dict):
+        raise EventUnavailable(
+            f"journal event {campaign_id!r} seq {seq}: metadata is not a JSON object"
+        )
+    return StoredEvent(campaign_id, seq, event_type, decoded_payload, decoded_metadata, recorded_at)
+
+
 async def load_events(
     conn: Connection, campaign_id: str, first: int, last: int
 ) -> list[StoredEvent]:
     """A campaign's events `first..last` as projectors see them (decoded from the journal)."""
     rows = await conn.fetch(Q.load_events, campaign_id, first, last)
     return [
-        StoredEvent(
+        decode_event(
             campaign_id, r["seq"], r["event_type"], r["payload"], r["metadata"], r["recorded_at"]
         )
         for r in rows

@@ -18,7 +18,15 @@ from typing import TYPE_CHECKING, Any
 from outbox import db, queue
 from outbox.config import Settings
 from outbox.errors import ConfigError, OutboxError
-from outbox.journal import AppendResult, Event, StoredEvent, append, load_events
+from outbox.journal import (
+    AppendResult,
+    Event,
+    StoredEvent,
+    append,
+    decode_event,
+    load_events,
+    outcome_unknown_on_connection_loss,
+)
 from outbox.queries import Queries
 from outbox.queue import Failure
 from outbox.retry import ErrorClass, after_failure, classify, describe_error
@@ -206,10 +214,11 @@ class Outbox:
         inline = self.settings.inline_apply if apply_inline is None else apply_inline
         if not (inline and self.settings.enabled):
             return await append(executor, campaign_id, events, settings=self.settings, **options)
-        async with db.acquire(executor) as conn, conn.transaction():
-            result = await append(conn, campaign_id, events, settings=self.settings, **options)
-            if not result.duplicate:
-                await self._apply_inline(conn, result)
+        with outcome_unknown_on_connection_loss(campaign_id):
+            async with db.acquire(executor) as conn, conn.transaction():
+                result = await append(conn, campaign_id, events, settings=self.settings, **options)
+                if not result.duplicate:
+                    await self._apply_inline(conn, result)
         return result
 
     async def _apply_inline(self, conn: Connection, result: AppendResult) -> None:
@@ -323,7 +332,7 @@ async def rebuild_campaign(executor: Executor, projector: Projector, campaign_id
             head = r["last_seq"]
             if r["seq"] is None:
                 continue
-            event = StoredEvent(
+            event = decode_event(
                 campaign_id,
                 r["seq"],
                 r["event_type"],

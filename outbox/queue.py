@@ -16,8 +16,8 @@ import anyio
 import asyncpg
 
 from outbox import db
-from outbox.errors import Conflict, NotFound
-from outbox.journal import WORK_CHANNEL, StoredEvent
+from outbox.errors import Conflict, EventUnavailable, NotFound
+from outbox.journal import WORK_CHANNEL, StoredEvent, decode_event
 from outbox.queries import Queries
 
 if TYPE_CHECKING:
@@ -57,7 +57,8 @@ Q = QueueQueries
 
 @dataclass(frozen=True, slots=True)
 class ClaimedRow:
-    """A locked work row; `event` is None when its journal row is missing."""
+    """A locked work row; `event` is None when its journal row is missing or undecodable, and
+    `unavailable` then says why (raised as that row's failure, S8)."""
 
     campaign_id: str
     seq: int
@@ -65,10 +66,19 @@ class ClaimedRow:
     attempt_count: int
     due: bool
     event: StoredEvent | None
+    unavailable: EventUnavailable | None = None
 
     @property
     def key(self) -> tuple[str, int]:
         return (self.campaign_id, self.seq)
+
+    def stored_event(self) -> StoredEvent:
+        """The event, or the row's EventUnavailable."""
+        if self.event is None:
+            raise self.unavailable or EventUnavailable(
+                f"journal event {self.campaign_id!r} seq {self.seq} is missing"
+            )
+        return self.event
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,17 +108,27 @@ async def claim(
 
 
 def _claimed(r: asyncpg.Record) -> ClaimedRow:
-    event = None
-    if r["event_type"] is not None:
-        event = StoredEvent(
-            r["campaign_id"],
-            r["seq"],
-            r["event_type"],
-            r["payload"],
-            r["metadata"],
-            r["recorded_at"],
+    event: StoredEvent | None = None
+    unavailable: EventUnavailable | None = None
+    if r["event_type"] is None:
+        unavailable = EventUnavailable(
+            f"journal event {r['campaign_id']!r} seq {r['seq']} is missing"
         )
-    return ClaimedRow(r["campaign_id"], r["seq"], r["status"], r["attempt_count"], r["due"], event)
+    else:
+        try:
+            event = decode_event(
+                r["campaign_id"],
+                r["seq"],
+                r["event_type"],
+                r["payload"],
+                r["metadata"],
+                r["recorded_at"],
+            )
+        except EventUnavailable as exc:
+            unavailable = exc
+    return ClaimedRow(
+        r["campaign_id"], r["seq"], r["status"], r["attempt_count"], r["due"], event, unavailable
+    )
 
 
 async def claim_one(

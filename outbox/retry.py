@@ -20,8 +20,10 @@ __all__ = [
     "after_failure",
     "backoff_delay",
     "classify",
+    "connection_lost",
     "describe_error",
     "nominal_delay",
+    "sqlstate_of",
 ]
 
 MAX_ERROR_LENGTH = 2000
@@ -39,6 +41,20 @@ _TRANSIENT_SQLSTATES = {
     "25P03",  # idle_in_transaction_session_timeout
 }
 _TRANSIENT_CLASSES = ("08",)  # connection_exception and its kin
+
+
+# SQLSTATEs after which the session itself is gone (the server ends it, or never had it).
+_SESSION_ENDING_SQLSTATES = {"57P01", "57P02", "57P03", "25P03"}
+
+
+# InterfaceErrors that describe a query's arguments or the client, not the connection: a
+# projector passing a string for an integer is a failure of its event, not a transient error.
+_NOT_CONNECTION_ERRORS = (
+    asyncpg.exceptions.DataError,
+    asyncpg.exceptions.ClientConfigurationError,
+    asyncpg.exceptions.UnsupportedClientFeatureError,
+    asyncpg.exceptions.UnsupportedServerFeatureError,
+)
 
 
 class ErrorClass(enum.Enum):
@@ -81,17 +97,38 @@ def after_failure(
     return False, backoff_delay(attempt, base=base, cap=cap, rand=rand)
 
 
+def sqlstate_of(exc: BaseException) -> str | None:
+    """The SQLSTATE a server error carries (None for client-side errors)."""
+    if isinstance(exc, asyncpg.PostgresError):
+        return getattr(exc, "sqlstate", None) or None
+    return None
+
+
+def connection_lost(exc: BaseException) -> bool:
+    """Whether `exc` says the connection it came from is unusable: the socket is gone, the
+    server ended the session, or the driver's protocol state is broken. asyncpg raises
+    `InternalClientError` ("cannot switch to state ...; another operation is in progress")
+    when a connection whose backend was terminated mid-statement is reset or released
+    (MagicStack/asyncpg#784): that is a lost connection too, never a projector's failure."""
+    if isinstance(exc, _NOT_CONNECTION_ERRORS):
+        return False  # bad arguments or features: the caller's mistake, not the connection
+    if isinstance(exc, asyncpg.InternalClientError | asyncpg.InterfaceError):
+        return True
+    state = sqlstate_of(exc)
+    if state is not None:
+        return state.startswith(_TRANSIENT_CLASSES) or state in _SESSION_ENDING_SQLSTATES
+    if isinstance(exc, ConnectionError | TimeoutError):
+        return True
+    return isinstance(exc, OSError) and not isinstance(exc, FileNotFoundError | PermissionError)
+
+
 def classify(exc: BaseException) -> ErrorClass:
     if isinstance(exc, PermanentError):
         return ErrorClass.PERMANENT
-    if isinstance(exc, asyncpg.PostgresError):
-        state = getattr(exc, "sqlstate", None) or ""
-        if state in _TRANSIENT_SQLSTATES or state.startswith(_TRANSIENT_CLASSES):
-            return ErrorClass.TRANSIENT
-        return ErrorClass.FAILURE
-    if isinstance(exc, asyncpg.InterfaceError | ConnectionError | TimeoutError):
+    if connection_lost(exc):
         return ErrorClass.TRANSIENT
-    if isinstance(exc, OSError) and not isinstance(exc, FileNotFoundError | PermissionError):
+    state = sqlstate_of(exc)
+    if state is not None and state in _TRANSIENT_SQLSTATES:
         return ErrorClass.TRANSIENT
     return ErrorClass.FAILURE
 

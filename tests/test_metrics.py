@@ -11,7 +11,8 @@ from outbox import Event, Outbox, Settings, append, db
 from outbox.examples import campaigns as c
 from outbox.examples.app import build_app, install
 from outbox.metrics import Metrics
-from outbox.worker import BatchCounts, Service, ShadowWorker, Worker
+from outbox.service import Service
+from outbox.worker import BatchCounts, ShadowWorker, Worker
 
 
 async def wait_for_empty_queue(pool: db.Pool) -> None:

@@ -19,7 +19,8 @@ from outbox.examples import campaigns as c
 from outbox.examples.app import build_app, install
 from outbox.journal import StoredEvent
 from outbox.projectors import apply_event
-from outbox.worker import Service, ShadowWorker, Worker
+from outbox.service import Service
+from outbox.worker import ShadowWorker, Worker
 from outbox.workers import live_workers
 
 DOC = (Path(__file__).resolve().parents[1] / "docs" / "configuration.md").read_text()

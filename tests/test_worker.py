@@ -19,7 +19,8 @@ from outbox.examples import campaigns as c
 from outbox.examples.app import build_app, install
 from outbox.journal import StoredEvent
 from outbox.projectors import Outbox, apply_event
-from outbox.worker import BatchCounts, Service, TransientBatchError, Worker
+from outbox.service import Service
+from outbox.worker import BatchCounts, TransientBatchError, Worker
 from outbox.workers import live_workers
 
 

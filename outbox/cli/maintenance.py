@@ -35,7 +35,8 @@ from outbox.maintenance import MAX_LIMIT
 from outbox.migrate import check_current
 from outbox.projectors import Outbox, campaigns_to_rebuild, rebuild_campaign, rebuildable
 from outbox.reconcile import reconcile
-from outbox.worker import SESSION_SETTINGS, Worker
+from outbox.service import open_pool
+from outbox.worker import Worker
 
 T = TypeVar("T")
 
@@ -343,12 +344,9 @@ def _app_run(
 ) -> T:
     """Load and validate the app (usage errors before any connection), then run `body`."""
     outbox_app = prepare_app(app_path, dsn=dsn)
-    target = require_dsn(outbox_app.settings)
 
     async def runner() -> T:
-        pool = await db.create_pool(
-            target, min_size=1, max_size=2, server_settings=SESSION_SETTINGS
-        )
+        pool = await open_pool(outbox_app.settings, max_size=2)
         try:
             await check_current(pool)
             return await body(outbox_app, pool)

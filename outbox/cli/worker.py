@@ -7,13 +7,14 @@ from typing import Annotated, NoReturn
 
 import typer
 
-from outbox import db, log
+from outbox import log
 from outbox.cli.common import AppOption, DsnOption, UsageError, prepare_app, require_dsn, run
 from outbox.cli.common import main as run_main
 from outbox.config import resolve_worker_mode
 from outbox.errors import ConfigError
 from outbox.migrate import check_current
-from outbox.worker import SESSION_SETTINGS, BatchCounts, ShadowWorker, Worker, drain, serve
+from outbox.service import Service, open_pool, serve
+from outbox.worker import BatchCounts, ShadowWorker, Worker
 
 app = typer.Typer(
     name="outbox-worker",
@@ -78,26 +79,22 @@ def worker(
     target = require_dsn(outbox_app.settings)
 
     async def body() -> BatchCounts:
-        pool = await db.create_pool(
-            target, min_size=1, max_size=concurrency + 1, server_settings=SESSION_SETTINGS
-        )
+        pool = await open_pool(outbox_app.settings, max_size=concurrency + 1)
         try:
             await check_current(pool)
             kind = ShadowWorker if resolution.mode == "shadow" else Worker
-            w = kind(outbox_app, pool)
+            service = Service(
+                kind(outbox_app, pool),
+                target,
+                concurrency,
+                mode=resolution.mode,
+                metrics_port=metrics_port,
+                until_idle=drain_only,
+            )
             logger.info(
                 "worker.started", extra={"concurrency": concurrency, "mode": resolution.mode}
             )
-            if drain_only:
-                return await drain(w, concurrency=concurrency)
-            return await serve(
-                w,
-                target,
-                concurrency=concurrency,
-                shutdown_timeout=shutdown_timeout,
-                mode=resolution.mode,
-                metrics_port=metrics_port,
-            )
+            return await serve(service, shutdown_timeout=shutdown_timeout)
         finally:
             await pool.close()
 

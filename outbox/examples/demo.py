@@ -28,7 +28,8 @@ from outbox.maintenance import queue_counts
 from outbox.migrate import migrate
 from outbox.projectors import Outbox
 from outbox.redact import redact_dsn
-from outbox.worker import SESSION_SETTINGS, BatchCounts, Worker, drain
+from outbox.service import drain, open_pool
+from outbox.worker import BatchCounts, Worker
 
 LOCAL_DIR = Path(".outbox")
 
@@ -79,9 +80,7 @@ class DemoResult:
 
 async def _run(settings: Settings, campaigns: int, events: int, concurrency: int) -> DemoResult:
     assert settings.dsn is not None
-    pool = await db.create_pool(
-        settings.dsn, min_size=2, max_size=concurrency + 10, server_settings=SESSION_SETTINGS
-    )
+    pool = await open_pool(settings, max_size=concurrency + 10)
     try:
         applied = await migrate(pool)
         if applied:

@@ -65,8 +65,9 @@ WHERE campaign_id = $1::text AND idem_key = $2::text
 SELECT last_seq FROM campaign_heads WHERE campaign_id = $1::text
 
 -- name: load_events
--- A campaign's events from seq $2 to $3, as projectors see them.
-SELECT seq, event_type, payload, metadata, recorded_at
+-- A campaign's events from seq $2 to $3, as projectors see them (payload and metadata as
+-- text: `decode_event` decodes each one, so one undecodable event is that event's failure).
+SELECT seq, event_type, payload::text AS payload, metadata::text AS metadata, recorded_at
 FROM event_journal
 WHERE campaign_id = $1::text AND seq BETWEEN $2::bigint AND $3::bigint
 ORDER BY seq

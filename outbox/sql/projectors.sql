@@ -64,7 +64,8 @@ DELETE FROM processed_markers WHERE campaign_id = $1::text AND handler = $2::tex
 WITH head AS (
     SELECT coalesce(max(seq), 0) AS last_seq FROM event_journal WHERE campaign_id = $1::text
 )
-SELECT h.last_seq, e.seq, e.event_type, e.payload, e.metadata, e.recorded_at
+SELECT h.last_seq, e.seq, e.event_type, e.payload::text AS payload,
+       e.metadata::text AS metadata, e.recorded_at
 FROM head h
 LEFT JOIN event_journal e
     ON e.campaign_id = $1::text AND e.event_type = ANY ($2::text[]) AND e.seq <= h.last_seq

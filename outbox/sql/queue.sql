@@ -8,7 +8,8 @@
 -- skipping rows other workers hold. With each head, lock following rows of its campaign in seq
 -- order (only the head's holder can reach them), the rest of the batch shared among the heads
 -- so a claim never takes more than $1 rows: one hot campaign gets the whole budget. Events come
--- along (fused load).
+-- along (fused load), payload and metadata as text: the worker decodes each row on its own, so
+-- an undecodable event fails its row, never the claim (S8).
 WITH heads AS (
     SELECT o.campaign_id, o.seq
     FROM projection_apply_outbox o
@@ -39,7 +40,7 @@ WITH heads AS (
 SELECT c.campaign_id, c.seq, o.status, o.attempt_count,
        o.status IN ('pending', 'failed')
            AND o.next_attempt_at <= coalesce($2::timestamptz, clock_timestamp()) AS due,
-       j.event_type, j.payload, j.metadata, j.recorded_at
+       j.event_type, j.payload::text AS payload, j.metadata::text AS metadata, j.recorded_at
 FROM claimed c
 JOIN projection_apply_outbox o ON o.campaign_id = c.campaign_id AND o.seq = c.seq
 LEFT JOIN event_journal j ON j.campaign_id = c.campaign_id AND j.seq = c.seq
@@ -57,7 +58,7 @@ WITH claimed AS (
     FOR UPDATE OF o SKIP LOCKED
 )
 SELECT c.campaign_id, c.seq, o.status, o.attempt_count, true AS due,
-       j.event_type, j.payload, j.metadata, j.recorded_at
+       j.event_type, j.payload::text AS payload, j.metadata::text AS metadata, j.recorded_at
 FROM claimed c
 JOIN projection_apply_outbox o ON o.campaign_id = c.campaign_id AND o.seq = c.seq
 LEFT JOIN event_journal j ON j.campaign_id = c.campaign_id AND j.seq = c.seq
@@ -109,7 +110,7 @@ SELECT EXISTS (
 -- event; blocked_by is the earliest earlier outstanding row of its campaign (dead rows do not
 -- count under park, $3).
 SELECT o.campaign_id, o.seq, o.status, o.attempt_count, true AS due,
-       j.event_type, j.payload, j.metadata, j.recorded_at,
+       j.event_type, j.payload::text AS payload, j.metadata::text AS metadata, j.recorded_at,
        (SELECT min(e.seq) FROM projection_apply_outbox e
         WHERE e.campaign_id = o.campaign_id AND e.seq < o.seq
           AND NOT ($3::boolean AND e.status = 'dead')) AS blocked_by

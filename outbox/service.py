@@ -1,0 +1,331 @@
+"""The long-running worker service (S10-S12): claim loops, LISTEN, heartbeat, metrics, signals.
+
+`Service.run()` owns one task group: N claim loops around `Worker.run_once()`, the LISTEN
+connection that rings them, the registry heartbeat and the metrics refresh. Nothing the
+database does ends it: a lost connection (anywhere: claim, apply, commit, release, LISTEN,
+heartbeat, metrics) or any other failure of a batch is logged, backed off and retried; the
+broken connection is discarded, never reused. Only a signal (`serve`), the end of a drain or a
+failure at start-up (pool, registry) ends the service. One log line marks each transition of
+the database link (`database.lost`, `database.restored`).
+"""
+
+from __future__ import annotations
+
+import signal
+from dataclasses import dataclass, field
+
+import anyio
+from anyio.abc import TaskStatus
+
+from outbox import db, log, queue
+from outbox.config import Settings
+from outbox.journal import WORK_CHANNEL
+from outbox.metrics import REFRESH_INTERVAL, Metrics
+from outbox.retry import backoff_delay, describe_error
+from outbox.worker import BatchCounts, TransientBatchError, Worker
+from outbox.workers import HEARTBEAT_INTERVAL, Registration, new_worker_id
+
+__all__ = [
+    "Doorbell",
+    "Link",
+    "Service",
+    "drain",
+    "open_pool",
+    "serve",
+    "session_settings",
+]
+
+_logger = log.get_logger("outbox.worker")
+
+# Sent at connect by every worker session. The claim keeps a custom plan: a generic plan for
+# `LIMIT $1` can scan the whole backlog after a few executions.
+_BASE_SETTINGS = {"plan_cache_mode": "force_custom_plan"}
+RECONNECT_BASE = 0.5
+RECONNECT_CAP = 30.0
+
+
+def session_settings(
+    settings: Settings, application_name: str
+) -> tuple[dict[str, str], dict[str, str]]:
+    """(sent at connect, applied where the server has no value) for a worker session: a
+    frozen worker must release its rows, so the timeouts always hold some value."""
+    explicit, fallback = settings.session_timeouts()
+    return {**_BASE_SETTINGS, "application_name": application_name, **explicit}, fallback
+
+
+async def open_pool(
+    settings: Settings, *, max_size: int, application_name: str = "outbox-worker"
+) -> db.Pool:
+    """A pool of worker sessions for `settings.dsn` (timeouts per `Settings.session_timeouts`)."""
+    sent, fallback = session_settings(settings, application_name)
+    return await db.create_pool(
+        settings.dsn,
+        min_size=1,
+        max_size=max_size,
+        server_settings=sent,
+        session_defaults=fallback,
+    )
+
+
+class Doorbell:
+    """Wakes every waiting claim loop: NOTIFY rings it; `close()` wakes them for good."""
+
+    def __init__(self) -> None:
+        self._event = anyio.Event()
+        self.closed = False
+
+    def ring(self) -> None:
+        self._event.set()
+
+    def close(self) -> None:
+        self.closed = True
+        self._event.set()
+
+    async def wait(self) -> None:
+        await self._event.wait()
+        if not self.closed:
+            self._event = anyio.Event()
+
+
+@dataclass
+class Link:
+    """The state of the database link as the claim loops see it: one log line per transition,
+    however many loops (and batches) meet the same outage."""
+
+    up: bool = True
+
+    def lost(self, error: str) -> None:
+        if self.up:
+            self.up = False
+            _logger.warning("database.lost", extra={"error": error})
+
+    def restored(self) -> None:
+        if not self.up:
+            self.up = True
+            _logger.info("database.restored")
+
+
+@dataclass
+class Service:
+    """Claim loops, the LISTEN connection and shutdown for one worker process (S10-S12).
+    With `until_idle` (a drain) the loops end once a batch finds nothing due, and no LISTEN
+    connection, heartbeat or registry row is kept."""
+
+    worker: Worker
+    dsn: str
+    concurrency: int = 1
+    doorbell: Doorbell = field(default_factory=Doorbell)
+    stopping: anyio.Event = field(default_factory=anyio.Event)
+    listener_connected: bool = False
+    totals: BatchCounts = field(default_factory=BatchCounts)
+    worker_id: str = field(default_factory=new_worker_id)
+    mode: str = "apply"
+    metrics: Metrics = field(default_factory=Metrics)
+    metrics_port: int | None = None  # serve /metrics (and refresh the queue gauges) when set
+    until_idle: bool = False
+    link: Link = field(default_factory=Link)
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.doorbell.close()
+
+    async def _pause(self, seconds: float) -> None:
+        with anyio.move_on_after(seconds):
+            await self.doorbell.wait()
+
+    def _backoff(self, attempt: int) -> float:
+        return backoff_delay(attempt, base=RECONNECT_BASE, cap=RECONNECT_CAP, rand=self.worker.rand)
+
+    async def claim_loop(self) -> None:
+        settings = self.worker.app.settings
+        failures = 0
+        while not self.stopping.is_set():
+            try:
+                counts = await self.worker.run_once()
+            except TransientBatchError as exc:
+                failures += 1
+                delay = self._backoff(failures)
+                if exc.connection_lost:
+                    self.link.lost(str(exc))
+                    _logger.debug("batch.transient", extra={"error": str(exc), "retry_in": delay})
+                else:  # a deadlock, a lock or statement timeout: the database is up
+                    _logger.warning("batch.transient", extra={"error": str(exc), "retry_in": delay})
+                await self._pause(delay)
+                continue
+            except Exception as exc:
+                # Not a projector's failure (those are recorded on their rows): the batch's own
+                # bookkeeping failed. Its transaction rolled back; back off, never exit.
+                failures += 1
+                delay = self._backoff(failures)
+                _logger.exception(
+                    "batch.error", extra={"error": describe_error(exc), "retry_in": delay}
+                )
+                await self._pause(delay)
+                continue
+            failures = 0
+            self.link.restored()
+            self.totals.add(counts)
+            self.metrics.record_batch(counts)
+            if counts.claimed:
+                _logger.info("batch.done", extra=vars(counts))
+            elif self.until_idle:
+                return
+            if counts.claimed < settings.batch_size:  # a full batch: more is probably due
+                await self._pause(await self._idle_time())
+
+    async def _idle_time(self) -> float:
+        """Until the next row is due (a retry in backoff), at most the poll interval (S10)."""
+        poll = self.worker.app.settings.poll_interval
+        if self.until_idle:
+            return 0.0
+        try:
+            due_in = await queue.next_due_in(
+                self.worker.pool, ordered=self.worker.ordered, park=self.worker.park
+            )
+        except Exception as exc:  # the next batch meets the same problem and reports it
+            _logger.debug("idle.lookup_failed", extra={"error": describe_error(exc)})
+            return poll
+        if due_in is None:
+            return poll
+        return min(poll, max(due_in, 0.0) + 0.01)
+
+    async def listen(self) -> None:
+        """Keep a LISTEN connection, reconnecting with backoff; never needed for correctness,
+        the poll interval bounds every wait (S10). Any failure of it is logged and retried."""
+        attempt = 0
+        settings, _ = session_settings(self.worker.app.settings, "outbox-listener")
+        while True:
+            try:
+                conn = await db.connect(self.dsn, server_settings=settings, codecs=False)
+            except Exception as exc:
+                attempt += 1
+                _logger.warning("listener.connect_failed", extra={"error": describe_error(exc)})
+                await anyio.sleep(self._backoff(attempt))
+                continue
+            error = "connection closed"
+            try:
+                lost = anyio.Event()
+                conn.add_termination_listener(lambda _conn, lost=lost: lost.set())
+                await conn.add_listener(WORK_CHANNEL, lambda *_: self.doorbell.ring())
+                self.listener_connected, attempt = True, 0
+                self.metrics.listener_connected.set(1)
+                _logger.info("listener.connected")
+                self.doorbell.ring()  # whatever was appended while we were away
+                await self._watch(conn, lost)
+            except Exception as exc:  # lost between connect and LISTEN, or while watching
+                error = describe_error(exc)
+            finally:
+                self.listener_connected = False
+                self.metrics.listener_connected.set(0)
+                conn.terminate()
+            attempt += 1
+            _logger.warning("listener.lost", extra={"error": error})
+            await anyio.sleep(self._backoff(attempt))
+
+    async def _watch(self, conn: db.Connection, lost: anyio.Event) -> None:
+        # A dead socket is not always reported at once; a cheap query now and then finds out.
+        while True:
+            with anyio.move_on_after(max(1.0, self.worker.app.settings.poll_interval)):
+                await lost.wait()
+                return
+            try:
+                with anyio.fail_after(10):
+                    await conn.fetchval("SELECT 1")
+            except Exception:  # any failure here means the connection is gone
+                return
+
+    async def heartbeat(self, registration: Registration) -> None:
+        while True:
+            await anyio.sleep(HEARTBEAT_INTERVAL)
+            try:
+                await registration.heartbeat(vars(self.totals))
+            except Exception as exc:  # the registry serves the report, never the work
+                _logger.warning("registry.heartbeat_failed", extra={"error": describe_error(exc)})
+
+    async def refresh_metrics(self) -> None:
+        """Queue gauges from the database; only while /metrics is served (they scan the queue)."""
+        while True:
+            try:
+                await self.metrics.refresh(self.worker.pool, park=self.worker.park)
+            except Exception as exc:  # metrics never stop the work
+                _logger.warning("metrics.refresh_failed", extra={"error": describe_error(exc)})
+            await anyio.sleep(REFRESH_INTERVAL)
+
+    async def run(
+        self,
+        *,
+        shutdown_timeout: float,
+        task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Run until `stop()` (or, with `until_idle`, until every loop found nothing due)."""
+        if self.until_idle:
+            await self._loops(shutdown_timeout, task_status)
+            return
+        registration = Registration(self.worker.pool, self.worker_id, self.mode, self.concurrency)
+        await registration.register()
+        _logger.info(
+            "worker.registered",
+            extra={"worker_id": self.worker_id, "mode": self.mode, "concurrency": self.concurrency},
+        )
+        try:
+            async with anyio.create_task_group() as service:
+                service.start_soon(self.listen)
+                service.start_soon(self.heartbeat, registration)
+                if self.metrics_port is not None:
+                    bound = self.metrics.serve(self.metrics_port)
+                    _logger.info("metrics.serving", extra={"port": bound})
+                    service.start_soon(self.refresh_metrics)
+                await self._loops(shutdown_timeout, task_status)
+                service.cancel_scope.cancel()
+        finally:
+            with anyio.CancelScope(shield=True), anyio.move_on_after(5):
+                try:
+                    await registration.stop(vars(self.totals))
+                except Exception as exc:  # the row goes stale and drops out of the report
+                    _logger.warning("registry.stop_failed", extra={"error": describe_error(exc)})
+
+    async def _loops(self, shutdown_timeout: float, task_status: TaskStatus[None]) -> None:
+        running = self.concurrency
+
+        async def loop() -> None:
+            nonlocal running
+            try:
+                await self.claim_loop()
+            finally:
+                running -= 1
+                if running == 0:  # a drain's loops all found nothing due
+                    self.stop()
+
+        async with anyio.create_task_group() as loops:
+            for _ in range(self.concurrency):
+                loops.start_soon(loop)
+            task_status.started()
+            await self.stopping.wait()
+            # Loops finish their batch; past the deadline the batch is cancelled, and its
+            # transaction, never committed, leaves every row as it was (S12, S7).
+            loops.cancel_scope.deadline = anyio.current_time() + shutdown_timeout
+
+
+async def serve(service: Service, *, shutdown_timeout: float) -> BatchCounts:
+    """Run `service` until SIGTERM/SIGINT (or, with `until_idle`, until nothing is due), then
+    shut down within `shutdown_timeout` seconds; return its totals."""
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(_stop_on_signal, service)
+        await service.run(shutdown_timeout=shutdown_timeout)
+        tg.cancel_scope.cancel()
+    return service.totals
+
+
+async def _stop_on_signal(service: Service) -> None:
+    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async for signum in signals:
+            _logger.info("worker.stopping", extra={"signal": signal.Signals(signum).name})
+            service.stop()
+            return
+
+
+async def drain(worker: Worker, *, concurrency: int) -> BatchCounts:
+    """Run `concurrency` loops until no row is due, riding out transient errors; the totals."""
+    service = Service(worker, "", concurrency, until_idle=True)
+    await service.run(shutdown_timeout=0)
+    return service.totals

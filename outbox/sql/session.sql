@@ -1,0 +1,10 @@
+-- Session set-up of worker connections.
+
+-- name: apply_session_defaults
+-- Set each parameter ($1) to its fallback value ($2) for this session, but only where nothing
+-- else gave it a value (source 'default'): an operator's DSN options, ALTER ROLE/DATABASE ...
+-- SET or postgresql.conf win over the library's defaults.
+SELECT s.name, set_config(s.name, d.value, false) AS value
+FROM unnest($1::text[], $2::text[]) AS d(name, value)
+JOIN pg_settings s ON s.name = d.name
+WHERE s.source = 'default'
