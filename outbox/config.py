@@ -27,6 +27,7 @@ __all__ = [
     "WorkerMode",
     "parse_bool",
     "resolve_worker_mode",
+    "shorten",
 ]
 
 Ordering = Literal["campaign", "none"]
@@ -63,6 +64,16 @@ def _parse_float(raw: str) -> float:
     if not math.isfinite(value):
         raise ValueError("expected a finite number")
     return value
+
+
+SHOWN_LIMIT = 80
+
+
+def shorten(value: object, limit: int = SHOWN_LIMIT) -> str:
+    """`repr(value)` for an error message, cut to `limit` characters: a bad value is echoed
+    so the operator can spot it, never at full length."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[: limit - 1]}…"
 
 
 def _parse_text(raw: str) -> str:
@@ -249,7 +260,7 @@ class Settings:
             try:
                 values[name] = spec.parse(raw)
             except ValueError as exc:
-                shown = "<redacted>" if name == "dsn" else repr(raw)
+                shown = "<redacted>" if name == "dsn" else shorten(raw)
                 raise ConfigError(f"{spec.env}: {exc}, got {shown}") from None
         unknown = set(overrides) - FIELDS.keys()
         if unknown:
@@ -293,9 +304,13 @@ class Settings:
                 if value is not None and (
                     not isinstance(value, str) or not value.startswith(_DSN_SCHEMES)
                 ):
+                    shown = (
+                        shorten(redact_dsn(value))
+                        if isinstance(value, str)
+                        else type(value).__name__
+                    )
                     raise ConfigError(
-                        f"{spec.env} ({spec.option}): expected a postgresql:// URI, got "
-                        f"{redact_dsn(value) if isinstance(value, str) else type(value).__name__!r}"
+                        f"{spec.env} ({spec.option}): expected a postgresql:// URI, got {shown}"
                     )
                 continue
             if value is None and spec.optional:
@@ -303,7 +318,9 @@ class Settings:
             try:
                 spec.check(value)
             except ValueError as exc:
-                raise ConfigError(f"{spec.env} ({spec.option}): {exc}, got {value!r}") from None
+                raise ConfigError(
+                    f"{spec.env} ({spec.option}): {exc}, got {shorten(value)}"
+                ) from None
         if self.backoff_cap < self.backoff_base:
             raise ConfigError(
                 f"OUTBOX_BACKOFF_CAP ({self.backoff_cap}) must not be below "

@@ -1,9 +1,12 @@
 """Structured logging: one JSON object per line, `event` plus fields, secrets scrubbed.
 
 Library code logs with `logger.info("event.name", extra={...fields})`. `configure()` installs
-the JSON formatter on the `outbox` and `asyncpg` loggers (the worker and CLI call it; a library
-user keeps their own logging). Whatever formatter is in place, DSN passwords that any part of
-the package has seen are registered here and removed from every line this formatter writes.
+the JSON formatter on the root logger and routes `warnings` through it, so every line a
+command writes to stderr is one JSON object: the package's, asyncpg's, asyncio's (its
+exception handler's "Resetting connection with an active transaction ..." included), and an
+application's own loggers. The worker and CLI call it; a library user keeps their own logging.
+DSN passwords that any part of the package has seen are registered here and removed from every
+line this formatter writes.
 """
 
 from __future__ import annotations
@@ -17,9 +20,9 @@ from typing import IO, Any
 
 import orjson
 
-from outbox.redact import REDACTED, redact_dsn
+from outbox.redact import REDACTED, redact_text
 
-__all__ = ["JsonFormatter", "add_secrets", "configure", "get_logger", "scrub"]
+__all__ = ["JsonFormatter", "add_secrets", "configure", "get_logger", "scrub", "unconfigure"]
 
 _secrets: set[str] = set()
 _secrets_lock = threading.Lock()
@@ -40,7 +43,7 @@ def add_secrets(secrets: Iterable[str]) -> None:
 
 def scrub(line: str) -> str:
     """Remove DSN shapes and every registered secret from `line`."""
-    line = redact_dsn(line)
+    line = redact_text(line)
     for secret in sorted(_secrets, key=len, reverse=True):
         # A secret can appear raw or JSON-escaped (a quote or backslash in a password).
         for form in {secret, orjson.dumps(secret).decode()[1:-1]}:
@@ -75,20 +78,25 @@ class JsonFormatter(logging.Formatter):
 
 
 def configure(level: str = "info", stream: IO[str] | None = None) -> None:
-    """Send the package's and asyncpg's records to `stream` (stderr) as JSON lines."""
+    """Send every record (and every warning) to `stream` (stderr) as JSON lines."""
     numeric = logging.getLevelNamesMapping().get(level.upper())
     if numeric is None:
         raise ValueError(f"unknown log level {level!r}")
     handler = logging.StreamHandler(stream or sys.stderr)
     handler.setFormatter(JsonFormatter(tracebacks=numeric <= logging.DEBUG))
-    for name in ("outbox", "asyncpg"):
-        logger = logging.getLogger(name)
-        for old in [h for h in logger.handlers if getattr(h, "_outbox", False)]:
-            logger.removeHandler(old)
-        handler._outbox = True  # type: ignore[attr-defined]
-        logger.addHandler(handler)
-        logger.setLevel(numeric)
-        logger.propagate = False
+    handler._outbox = True  # type: ignore[attr-defined]
+    unconfigure()
+    root = logging.getLogger()
+    root.addHandler(handler)
+    root.setLevel(numeric)
+    logging.captureWarnings(True)
+
+
+def unconfigure() -> None:
+    """Remove what `configure()` installed (tests that configure in-process)."""
+    root = logging.getLogger()
+    for old in [h for h in root.handlers if getattr(h, "_outbox", False)]:
+        root.removeHandler(old)
 
 
 def get_logger(name: str) -> logging.Logger:

@@ -21,9 +21,10 @@ import typer
 from rich.console import Console
 
 from outbox import log
-from outbox.config import Settings
+from outbox.config import Settings, shorten
 from outbox.errors import ConfigError, OutboxError, ValidationError
 from outbox.projectors import Outbox
+from outbox.redact import REDACTED, dsn_secrets
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -78,8 +79,29 @@ def _debug() -> bool:
     return os.environ.get("OUTBOX_LOG_LEVEL", "").strip().lower() == "debug"
 
 
-def _fail(prog: str, message: str, code: int) -> NoReturn:
-    print(f"{prog}: error: {log.scrub(' '.join(message.split()))}", file=sys.stderr)
+# The longest error line the CLIs write: an echoed argument never makes it longer.
+MAX_ERROR_LINE = 400
+
+
+def _secrets_in_use(args: list[str]) -> set[str]:
+    """Passwords of every DSN this invocation was given (--dsn, OUTBOX_DSN), malformed ones
+    included, so no error line can echo one whatever produced it."""
+    dsns = [os.environ.get("OUTBOX_DSN", "")]
+    for i, arg in enumerate(args):
+        if arg == "--dsn" and i + 1 < len(args):
+            dsns.append(args[i + 1])
+        elif arg.startswith("--dsn="):
+            dsns.append(arg.removeprefix("--dsn="))
+    return {s for dsn in dsns for s in dsn_secrets(dsn)}
+
+
+def _fail(prog: str, message: str, code: int, args: list[str] | None = None) -> NoReturn:
+    line = log.scrub(" ".join(message.split()))
+    for secret in sorted(_secrets_in_use(args or []), key=len, reverse=True):
+        line = line.replace(secret, REDACTED)
+    if len(line) > MAX_ERROR_LINE:
+        line = line[: MAX_ERROR_LINE - 1] + "…"
+    print(f"{prog}: error: {line}", file=sys.stderr)
     raise SystemExit(code)
 
 
@@ -95,19 +117,19 @@ def load_app(path: str) -> Outbox:
     """`module:attribute` → the Outbox app it names; any problem is a usage error."""
     module_name, sep, attribute = path.partition(":")
     if not sep or not module_name or not attribute:
-        raise UsageError(f"--app: expected module:attribute, got {path!r}")
+        raise UsageError(f"--app: expected module:attribute, got {shorten(path)}")
     sys.path.insert(0, os.getcwd())  # like `python -m`: the working directory's modules
     try:
         module = importlib.import_module(module_name)
     except ConfigError:
-        raise
+        raise  # a bad OUTBOX_* value met while the app builds its settings: exit 2 as it is
     except Exception as exc:
         raise UsageError(
-            f"--app: cannot import {module_name!r}: {type(exc).__name__}: {exc}"
+            f"--app: cannot import {shorten(module_name)}: {type(exc).__name__}: {exc}"
         ) from None
     found = getattr(module, attribute, None)
     if not isinstance(found, Outbox):
-        raise UsageError(f"--app: {path!r} is {type(found).__name__}, not an outbox.Outbox")
+        raise UsageError(f"--app: {shorten(path)} is {type(found).__name__}, not an outbox.Outbox")
     return found
 
 
@@ -157,23 +179,23 @@ def main(
     except typer.Exit as exc:
         raise SystemExit(exc.exit_code) from None
     except (typer.Abort, KeyboardInterrupt):
-        _fail(prog, "interrupted", 130)
+        _fail(prog, "interrupted", 130, args)
     except typer.TyperException as exc:  # usage errors carry exit_code 2
-        _fail(prog, exc.format_message(), exc.exit_code)
-    except (UsageError, ValidationError) as exc:
-        _fail(prog, str(exc), 2)
+        _fail(prog, exc.format_message(), exc.exit_code, args)
+    except (UsageError, ValidationError, ConfigError) as exc:
+        _fail(prog, str(exc), 2, args)
     except SystemExit:
         raise
     except OutboxError as exc:
         if _debug():
             raise
-        _fail(prog, str(exc), 1)
+        _fail(prog, str(exc), 1, args)
     except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as exc:
         if _debug():
             raise
-        _fail(prog, f"{type(exc).__name__}: {exc}", 1)
+        _fail(prog, f"{type(exc).__name__}: {exc}", 1, args)
     except Exception as exc:
         if _debug():
             raise
-        _fail(prog, f"unexpected {type(exc).__name__}: {exc} (set OUTBOX_LOG_LEVEL=debug)", 1)
+        _fail(prog, f"unexpected {type(exc).__name__}: {exc} (set OUTBOX_LOG_LEVEL=debug)", 1, args)
     raise SystemExit(code if isinstance(code, int) else 0)
