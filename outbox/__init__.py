@@ -7,11 +7,13 @@ rows, run the registered projectors exactly once, and dead-letter what keeps fai
 from outbox.config import Settings
 from outbox.db import create_pool
 from outbox.errors import (
+    AppendOutcomeUnknown,
     ConcurrencyError,
     ConfigError,
     Conflict,
     DatabaseUnavailable,
     DuplicateAppendError,
+    EventUnavailable,
     MigrationError,
     NotFound,
     OutboxError,
@@ -24,6 +26,7 @@ from outbox.projectors import Outbox
 from outbox.queue import wait_applied
 
 __all__ = [
+    "AppendOutcomeUnknown",
     "AppendResult",
     "ConcurrencyError",
     "ConfigError",
@@ -31,6 +34,7 @@ __all__ = [
     "DatabaseUnavailable",
     "DuplicateAppendError",
     "Event",
+    "EventUnavailable",
     "MigrationError",
     "NotFound",
     "Outbox",
