@@ -132,11 +132,13 @@ def test_missing_database_and_unmigrated_database_are_refused(fresh_db: str) -> 
         assert len(proc.stderr.strip().splitlines()) == 1
 
 
-async def _start_blocked_worker(pool: db.Pool, dsn: str, settings: Settings) -> Process:
+async def _start_blocked_worker(
+    pool: db.Pool, dsn: str, settings: Settings, *, shutdown_timeout: float = 1
+) -> Process:
     await pool.execute("CREATE TABLE applied (campaign_id text, seq bigint)")
     await append(pool, "c", [Event("tick", {}), Event("tick", {})], settings=settings)
     return await anyio.open_process(
-        [*WORKER, "--app", "worker_apps:blocking", "--shutdown-timeout", "1"],
+        [*WORKER, "--app", "worker_apps:blocking", "--shutdown-timeout", str(shutdown_timeout)],
         cwd=TESTS,
         env=worker_env(dsn),
         stdin=None,
@@ -152,22 +154,50 @@ async def _drain_again(dsn: str) -> None:
     assert proc.returncode == 0
 
 
-async def test_sigterm_mid_batch_exits_0_and_loses_nothing(
-    pool: db.Pool, dsn: str, settings: Settings
+# What --shutdown-timeout promises, plus room for a loaded 2-core machine to tear down.
+EXIT_MARGIN = 10.0
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+async def test_a_signal_mid_batch_exits_0_within_the_timeout_and_loses_nothing(
+    pool: db.Pool, dsn: str, settings: Settings, signum: signal.Signals
 ) -> None:
-    async with frozen(pool):
-        proc = await _start_blocked_worker(pool, dsn, settings)
+    async with frozen(pool):  # the batch never finishes: the deadline must cut it short
+        proc = await _start_blocked_worker(pool, dsn, settings, shutdown_timeout=1)
         try:
             await wait_for(lambda: projector_is_waiting(pool))
-            proc.send_signal(signal.SIGTERM)
+            signalled = anyio.current_time()
+            proc.send_signal(signum)
             with anyio.fail_after(60):
                 code = await proc.wait()
+            took = anyio.current_time() - signalled
         finally:
             if proc.returncode is None:
                 proc.kill()
         assert code == 0
+        assert took < 1 + EXIT_MARGIN, f"exit {took:.1f}s after the signal, timeout 1s"
         assert await rows(pool) == [("c", 1, "pending", 0), ("c", 2, "pending", 0)]
     await _drain_again(dsn)
+    assert await pool.fetchval("SELECT array_agg(seq ORDER BY seq) FROM applied") == [1, 2]
+    assert await rows(pool) == []
+
+
+async def test_a_batch_that_finishes_before_the_deadline_commits(
+    pool: db.Pool, dsn: str, settings: Settings
+) -> None:
+    async with frozen(pool):
+        proc = await _start_blocked_worker(pool, dsn, settings, shutdown_timeout=60)
+        await wait_for(lambda: projector_is_waiting(pool))
+        # The worker is stopping with its batch in flight; it waits for the projector.
+        proc.send_signal(signal.SIGTERM)
+    # The lock is released: the batch completes and commits before the worker exits.
+    try:
+        with anyio.fail_after(60):
+            code = await proc.wait()
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+    assert code == 0
     assert await pool.fetchval("SELECT array_agg(seq ORDER BY seq) FROM applied") == [1, 2]
     assert await rows(pool) == []
 
