@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.install-stamp
 LINT_PATHS := outbox tests bench cmd
 
 .DEFAULT_GOAL := help
-.PHONY: help install test lint demo bench clean
+.PHONY: help install test test-faults lint demo bench clean
 
 help: ## List the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  make %-8s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -21,6 +21,9 @@ install: $(STAMP) ## Create .venv with the package, test and lint dependencies
 
 test: $(STAMP) ## Run the tests (OUTBOX_TEST_DSN, or a throwaway local PostgreSQL)
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-faults: $(STAMP) ## Run the fault tier: real faults against worker processes (~5 min)
+	$(PY) -m pytest tests/faults -m faults $(PYTEST_ARGS)
 
 lint: $(STAMP) ## ruff check, ruff format --check, mypy --strict
 	$(VENV)/bin/ruff check $(LINT_PATHS)

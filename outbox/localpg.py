@@ -176,6 +176,24 @@ class LocalCluster:
         )
         return self.dsn
 
+    def restart(self) -> None:
+        """A fast restart on the same port (every session is disconnected), for fault tests."""
+        self._run(
+            "pg_ctl",
+            "restart",
+            "-D",
+            self.data,
+            "-m",
+            "fast",
+            "-w",
+            "-t",
+            "60",
+            "-l",
+            self.directory / "postgres.log",
+            "-o",
+            f"-p {self.port}",
+        )
+
     def stop(self) -> None:
         if self.running():
             self._run("pg_ctl", "stop", "-D", self.data, "-m", "fast", "-w", "-t", "60")

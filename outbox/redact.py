@@ -9,8 +9,9 @@ A DSN with a typo is not a URI (`postgresql:/app:pw@db`, `postgresql//app:pw@db`
 `postgresql://app:pw/db`), and no parser can say where its password is. For a value known to
 be a DSN (`redact_dsn`), every token that is not a valid URI or a keyword is redacted
 loosely: from its first `:` that is not a scheme's `:/` to its last `@` (or, without an `@`,
-to the next `/`, `?` or `#`; a token with no such `:` is redacted whole). `dsn_secrets` returns the same spans, so `scrub` removes them
-from any text that echoes them (a libpq error, a log line). Free text (`redact_text`) only
+to the next `/`, `?` or `#`; a token with no such `:` is redacted whole). `dsn_secrets`
+returns the same spans, so `scrub` removes them from any text that echoes them (a libpq
+error, a log line). Free text (`redact_text`) only
 gets the exact forms: a loose rule there would mangle ordinary lines.
 """
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import enum
+import signal
+from types import FrameType
 from typing import Annotated, NoReturn
 
 import typer
@@ -105,5 +107,11 @@ def worker(
         log.get_logger("outbox.worker").info("worker.stopped", extra=vars(counts))
 
 
+def _stopped_before_serving(signum: int, _frame: FrameType | None) -> None:
+    # Until the service installs its own handler nothing is claimed: stop at once, cleanly.
+    raise SystemExit(0)
+
+
 def main() -> NoReturn:
+    signal.signal(signal.SIGTERM, _stopped_before_serving)
     run_main(app, "outbox-worker")

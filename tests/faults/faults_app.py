@@ -1,0 +1,35 @@
+"""The app the fault tier's worker processes run (`--app faults_app:app`, cwd = tests/faults).
+
+One projector, `witness`, unguarded (no checkpoint, no marker): exactly-once rests on the
+queue's transaction alone. It writes one row per application with the generator's own
+`uid` and per-campaign index `i`, in apply order (`id`); the oracle compares that with what
+the generator recorded, never with the journal or the queue. `mystery` events have no
+projector: the unknown-type poison.
+"""
+
+from __future__ import annotations
+
+from outbox import db
+from outbox.journal import StoredEvent
+from outbox.projectors import Outbox
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS fault_applied (
+    id          bigserial PRIMARY KEY,
+    campaign_id text   NOT NULL,
+    uid         text   NOT NULL,
+    i           bigint NOT NULL
+);
+"""
+
+app = Outbox()
+
+
+@app.projector("witness", events=["step"], ordered=False)
+async def witness(tx: db.Connection, event: StoredEvent) -> None:
+    await tx.execute(
+        "INSERT INTO fault_applied (campaign_id, uid, i) VALUES ($1, $2, $3)",
+        event.campaign_id,
+        event.payload["uid"],
+        event.payload["i"],
+    )

@@ -1,0 +1,296 @@
+"""Fault scenarios against real `outbox-worker` processes and a real, restartable PostgreSQL.
+
+Each scenario runs a fleet of workers while the generator appends, injects its faults, lets the
+fleet drain, stops it with SIGTERM (exit 0 expected), and records one line: events, faults
+injected, lost, applied twice, order violations, unplanned worker exits, stray (non-JSON) log
+lines. Every count but events and faults must be zero. `FAULTS_SCALE` (default 1) scales the
+number of faults.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+from collections.abc import Awaitable, Callable
+
+import anyio
+import asyncpg
+import orjson
+from harness import Fleet, Generator, record, tally, wait_drained
+
+from helpers import run_cli
+from outbox import Event, Settings, append, db
+from outbox.localpg import LocalCluster
+
+SCALE = float(os.environ.get("FAULTS_SCALE", "1"))
+FAST = {"OUTBOX_POLL_INTERVAL": "0.2", "OUTBOX_BATCH_SIZE": "10"}
+
+
+def scaled(n: int) -> int:
+    return max(1, round(n * SCALE))
+
+
+def campaigns(prefix: str, n: int) -> list[str]:
+    return [f"{prefix}-{i:02d}" for i in range(n)]
+
+
+async def wait_until(check: Callable[[], Awaitable[bool]], *, within: float) -> bool:
+    """Poll `check` for up to `within` seconds; whether it held."""
+    with anyio.move_on_after(within):
+        while not await check():  # noqa: ASYNC110 - database state, polled
+            await anyio.sleep(0.005)
+        return True
+    return False
+
+
+async def finish(
+    name: str,
+    pool: db.Pool,
+    fleet: Fleet,
+    generator: Generator,
+    *,
+    faults: int,
+    notes: str = "",
+    waiting: str = "",
+) -> None:
+    fleet.check()
+    await wait_drained(pool, waiting=waiting)
+    await fleet.stop()
+    result = await tally(name, pool, generator.expected, fleet, faults=faults, notes=notes)
+    record(result)
+    assert result.clean, result.line() + f" unplanned={fleet.unplanned[:3]}"
+
+
+# Where in a batch a worker's backend is, by what pg_stat_activity shows of it.
+PHASES = {
+    "claim": "state = 'active' AND query LIKE 'WITH heads%'",
+    "apply": "state = 'active' AND query LIKE 'INSERT INTO fault_applied%'",
+    "in_transaction": "state = 'idle in transaction' AND query NOT LIKE 'DELETE%'",
+    "delete": "state = 'active' AND query LIKE 'DELETE FROM projection_apply_outbox%'",
+    "before_commit": "(state = 'idle in transaction' AND query LIKE 'DELETE%') "
+    "OR (state = 'active' AND query = 'COMMIT')",
+    "idle_in_pool": "state = 'idle'",
+}
+
+
+async def test_backends_terminated_in_every_phase_of_a_batch(
+    scenario_pool: db.Pool, scenario_dsn: str, fleet: Fleet
+) -> None:
+    settings = Settings(dsn=scenario_dsn)
+    fleet.env |= FAST
+    for name in ("w1", "w2"):
+        fleet.start(name, "--concurrency", "2")
+    generator = Generator(scenario_pool, settings, campaigns("phase", 12), pause=0.1)
+    target = scaled(650)
+    per_phase = dict.fromkeys(PHASES, 0)
+    admin = await asyncpg.connect(scenario_dsn)
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(generator.run)
+            kills = 0
+            phase_order = list(PHASES)
+            while kills < target:
+                phase = phase_order[kills % len(phase_order)]
+                query = (
+                    "SELECT count(pg_terminate_backend(pid)) FROM (SELECT pid FROM "
+                    "pg_stat_activity WHERE application_name = 'outbox-worker' AND datname = "
+                    f"current_database() AND ({PHASES[phase]}) LIMIT 1) t"
+                )
+                hit = False
+
+                async def kill(query: str = query) -> bool:
+                    nonlocal hit
+                    hit = bool(await admin.fetchval(query))
+                    return hit
+
+                await wait_until(kill, within=2)
+                if hit:
+                    per_phase[phase] += 1
+                kills += 1  # a phase not met within 2 s still takes its turn
+                fleet.check()
+            generator.stop()
+    finally:
+        await admin.close()
+    faults = sum(per_phase.values())
+    assert faults >= target // 2, per_phase
+    notes = " ".join(f"{k}={v}" for k, v in per_phase.items())
+    await finish("terminate_in_phase", scenario_pool, fleet, generator, faults=faults, notes=notes)
+
+
+async def test_postgres_restarts_while_appends_go_on_with_keys(
+    scenario_pool: db.Pool, scenario_dsn: str, fleet: Fleet, cluster: LocalCluster
+) -> None:
+    settings = Settings(dsn=scenario_dsn)
+    fleet.env |= FAST
+    for name in ("w1", "w2"):
+        fleet.start(name, "--concurrency", "2")
+    generator = Generator(scenario_pool, settings, campaigns("restart", 8), pause=0.05)
+    restarts = scaled(5)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(generator.run)
+        for _ in range(restarts):
+            await anyio.sleep(1.5)  # fault pacing: appends and batches run in between
+            await anyio.to_thread.run_sync(cluster.restart)
+            fleet.check()
+        await anyio.sleep(1.5)
+        generator.stop()
+    notes = f"appends with unknown outcome, retried with their key: {generator.unknown_outcomes}"
+    await finish("postgres_restart", scenario_pool, fleet, generator, faults=restarts, notes=notes)
+
+
+async def test_workers_frozen_past_the_idle_timeout(
+    scenario_pool: db.Pool, scenario_dsn: str, fleet: Fleet
+) -> None:
+    settings = Settings(dsn=scenario_dsn)
+    fleet.env |= FAST | {"OUTBOX_IDLE_IN_TRANSACTION_TIMEOUT": "0.5"}
+    names = ["w1", "w2", "w3"]
+    for name in names:
+        fleet.start(name)
+    generator = Generator(scenario_pool, settings, campaigns("frozen", 10), pause=0.05)
+    stops = scaled(20)
+    rng = random.Random(9)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(generator.run)
+        for _ in range(stops):
+            name = rng.choice(names)
+            fleet.signal(name, signal.SIGSTOP)
+            await anyio.sleep(1.0)  # the fault: frozen for twice the server's idle timeout
+            fleet.signal(name, signal.SIGCONT)
+            await anyio.sleep(0.3)
+            fleet.check()
+        generator.stop()
+    failed = fleet.events("apply.failed")
+    assert failed == 0, "a session the server ended was logged as a projector failure"
+    await finish("sigstop_frozen_worker", scenario_pool, fleet, generator, faults=stops)
+
+
+async def test_listen_connections_killed_again_and_again(
+    scenario_pool: db.Pool, scenario_dsn: str, fleet: Fleet
+) -> None:
+    settings = Settings(dsn=scenario_dsn)
+    fleet.env |= {"OUTBOX_POLL_INTERVAL": "0.5"}
+    for name in ("w1", "w2"):
+        fleet.start(name)
+    generator = Generator(scenario_pool, settings, campaigns("listen", 6), pause=0.1)
+    target = scaled(300)
+    kills = 0
+    admin = await asyncpg.connect(scenario_dsn)
+    kill = (
+        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+        "WHERE application_name = 'outbox-listener' AND datname = current_database()"
+    )
+
+    async def killed() -> bool:
+        nonlocal kills
+        kills += int(await admin.fetchval(kill))
+        return bool(kills >= target)
+
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(generator.run)
+            # Kill every listener as soon as it shows: often while it is still connecting.
+            assert await wait_until(killed, within=300), f"only {kills} listener kills"
+            generator.stop()
+    finally:
+        await admin.close()
+    await finish("listen_killed", scenario_pool, fleet, generator, faults=kills)
+
+
+# Written the way another client or a manual fix would: valid jsonb no float can hold, and a
+# work row whose journal row is gone (the foreign key has to be switched off for that).
+POISON = """
+INSERT INTO campaign_heads (campaign_id, last_seq) VALUES ('poison-json', 1), ('poison-missing', 1);
+INSERT INTO event_journal (campaign_id, seq, event_type, payload)
+VALUES ('poison-json', 1, 'step', '{"uid": "p", "i": 0, "v": 1e400}'::jsonb);
+INSERT INTO projection_apply_outbox (campaign_id, seq, event_type)
+VALUES ('poison-json', 1, 'step');
+SET session_replication_role = replica;
+INSERT INTO projection_apply_outbox (campaign_id, seq, event_type)
+VALUES ('poison-missing', 1, 'step');
+SET session_replication_role = origin;
+"""
+
+
+async def _poison(policy: str, pool: db.Pool, dsn: str, fleet: Fleet) -> None:
+    settings = Settings(dsn=dsn)
+    await pool.execute(POISON)
+    await append(pool, "poison-unknown", [Event("mystery", {})], settings=settings)
+    followers: dict[str, list[str]] = {}
+    for campaign in ("poison-json", "poison-missing", "poison-unknown"):
+        uids = [f"{campaign}-{i}" for i in (1, 2)]
+        followers[campaign] = uids
+        await append(
+            pool,
+            campaign,
+            [Event("step", {"uid": uid, "i": i}) for i, uid in enumerate(uids, start=1)],
+            settings=settings,
+        )
+    fleet.env |= FAST | {
+        "OUTBOX_DEAD_POLICY": policy,
+        "OUTBOX_MAX_ATTEMPTS": "2",
+        "OUTBOX_BACKOFF_BASE": "0.05",
+        "OUTBOX_BACKOFF_CAP": "0.1",
+    }
+    fleet.start("w1", "--concurrency", "2")
+    generator = Generator(pool, settings, campaigns(f"good-{policy}", 8), pause=0.02)
+    await generator.run(appends=10)
+
+    async def poison_dead() -> bool:
+        n = await pool.fetchval("SELECT count(*) FROM projection_apply_outbox WHERE status='dead'")
+        return bool(n == 3)
+
+    assert await wait_until(poison_dead, within=60)
+    if policy == "park":  # the dead heads step aside: their followers are applied
+        generator.expected |= followers
+    # Under block, the poison campaigns' followers stay behind their dead heads.
+    waiting = "poison-%" if policy == "block" else ""
+    await finish(f"poison_rows_{policy}", pool, fleet, generator, faults=3, waiting=waiting)
+    left = await pool.fetch(
+        "SELECT campaign_id, seq, status FROM projection_apply_outbox ORDER BY 1, 2"
+    )
+    dead = [(r["campaign_id"], r["seq"]) for r in left if r["status"] == "dead"]
+    assert dead == [("poison-json", 1), ("poison-missing", 1), ("poison-unknown", 1)]
+    if policy == "block":  # the followers wait behind their dead heads, untouched
+        assert len(left) == 9
+    report = run_cli("maintenance", "outbox-report", "--status", "dead", "--json", dsn=dsn)
+    assert report.returncode == 0, report.stderr
+    errors = {r["campaign_id"]: r["last_error"] for r in orjson.loads(report.stdout)["rows"]}
+    assert "cannot be decoded" in errors["poison-json"]
+    assert "is missing" in errors["poison-missing"]
+    assert "no projector subscribes to event type 'mystery'" in errors["poison-unknown"]
+
+
+async def test_poison_rows_under_block(
+    scenario_pool: db.Pool, scenario_dsn: str, fleet: Fleet
+) -> None:
+    await _poison("block", scenario_pool, scenario_dsn, fleet)
+
+
+async def test_poison_rows_under_park(
+    scenario_pool: db.Pool, scenario_dsn: str, fleet: Fleet
+) -> None:
+    await _poison("park", scenario_pool, scenario_dsn, fleet)
+
+
+async def test_sigkill_soak_with_several_processes(
+    scenario_pool: db.Pool, scenario_dsn: str, fleet: Fleet
+) -> None:
+    settings = Settings(dsn=scenario_dsn)
+    fleet.env |= FAST
+    names = ["w1", "w2", "w3"]
+    for name in names:
+        fleet.start(name, "--concurrency", "2")
+    generator = Generator(scenario_pool, settings, campaigns("soak", 12), pause=0.05)
+    kills = scaled(60)
+    rng = random.Random(11)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(generator.run)
+        for _ in range(kills):
+            await anyio.sleep(0.2 + rng.random() * 0.4)  # fault pacing
+            name = rng.choice(names)
+            fleet.kill(name)
+            fleet.start(name, "--concurrency", "2")
+            fleet.check()
+        generator.stop()
+    await finish("sigkill_soak", scenario_pool, fleet, generator, faults=kills)
