@@ -161,37 +161,18 @@ class LocalCluster:
             return self.dsn
         if not self.port or _port_in_use(self.port):
             self.port = _free_port()
-        self._run(
-            "pg_ctl",
-            "start",
-            "-D",
-            self.data,
-            "-w",
-            "-t",
-            "60",
-            "-l",
-            self.directory / "postgres.log",
-            "-o",
-            f"-p {self.port}",
-        )
+        self._serve("start")
         return self.dsn
 
     def restart(self) -> None:
         """A fast restart on the same port (every session is disconnected), for fault tests."""
+        self._serve("restart", "-m", "fast")
+
+    def _serve(self, action: str, *options: str) -> None:
+        log = self.directory / "postgres.log"
+        port = f"-p {self.port}"
         self._run(
-            "pg_ctl",
-            "restart",
-            "-D",
-            self.data,
-            "-m",
-            "fast",
-            "-w",
-            "-t",
-            "60",
-            "-l",
-            self.directory / "postgres.log",
-            "-o",
-            f"-p {self.port}",
+            "pg_ctl", action, "-D", self.data, *options, "-w", "-t", "60", "-l", log, "-o", port
         )
 
     def stop(self) -> None:

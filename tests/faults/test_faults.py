@@ -75,16 +75,16 @@ PHASES = {
 
 
 async def test_backends_terminated_in_every_phase_of_a_batch(
-    scenario_pool: db.Pool, scenario_dsn: str, fleet: Fleet
+    pool: db.Pool, dsn: str, fleet: Fleet
 ) -> None:
-    settings = Settings(dsn=scenario_dsn)
+    settings = Settings(dsn=dsn)
     fleet.env |= FAST
     for name in ("w1", "w2"):
         fleet.start(name, "--concurrency", "2")
-    generator = Generator(scenario_pool, settings, campaigns("phase", 12), pause=0.1)
+    generator = Generator(pool, settings, campaigns("phase", 12), pause=0.1)
     target = scaled(650)
     per_phase = dict.fromkeys(PHASES, 0)
-    admin = await asyncpg.connect(scenario_dsn)
+    admin = await asyncpg.connect(dsn)
     try:
         async with anyio.create_task_group() as tg:
             tg.start_soon(generator.run)
@@ -115,17 +115,17 @@ async def test_backends_terminated_in_every_phase_of_a_batch(
     faults = sum(per_phase.values())
     assert faults >= target // 2, per_phase
     notes = " ".join(f"{k}={v}" for k, v in per_phase.items())
-    await finish("terminate_in_phase", scenario_pool, fleet, generator, faults=faults, notes=notes)
+    await finish("terminate_in_phase", pool, fleet, generator, faults=faults, notes=notes)
 
 
 async def test_postgres_restarts_while_appends_go_on_with_keys(
-    scenario_pool: db.Pool, scenario_dsn: str, fleet: Fleet, cluster: LocalCluster
+    pool: db.Pool, dsn: str, fleet: Fleet, cluster: LocalCluster
 ) -> None:
-    settings = Settings(dsn=scenario_dsn)
+    settings = Settings(dsn=dsn)
     fleet.env |= FAST
     for name in ("w1", "w2"):
         fleet.start(name, "--concurrency", "2")
-    generator = Generator(scenario_pool, settings, campaigns("restart", 8), pause=0.05)
+    generator = Generator(pool, settings, campaigns("restart", 8), pause=0.05)
     restarts = scaled(5)
     async with anyio.create_task_group() as tg:
         tg.start_soon(generator.run)
@@ -136,18 +136,16 @@ async def test_postgres_restarts_while_appends_go_on_with_keys(
         await anyio.sleep(1.5)
         generator.stop()
     notes = f"appends with unknown outcome, retried with their key: {generator.unknown_outcomes}"
-    await finish("postgres_restart", scenario_pool, fleet, generator, faults=restarts, notes=notes)
+    await finish("postgres_restart", pool, fleet, generator, faults=restarts, notes=notes)
 
 
-async def test_workers_frozen_past_the_idle_timeout(
-    scenario_pool: db.Pool, scenario_dsn: str, fleet: Fleet
-) -> None:
-    settings = Settings(dsn=scenario_dsn)
+async def test_workers_frozen_past_the_idle_timeout(pool: db.Pool, dsn: str, fleet: Fleet) -> None:
+    settings = Settings(dsn=dsn)
     fleet.env |= FAST | {"OUTBOX_IDLE_IN_TRANSACTION_TIMEOUT": "0.5"}
     names = ["w1", "w2", "w3"]
     for name in names:
         fleet.start(name)
-    generator = Generator(scenario_pool, settings, campaigns("frozen", 10), pause=0.05)
+    generator = Generator(pool, settings, campaigns("frozen", 10), pause=0.05)
     stops = scaled(20)
     rng = random.Random(9)
     async with anyio.create_task_group() as tg:
@@ -162,20 +160,20 @@ async def test_workers_frozen_past_the_idle_timeout(
         generator.stop()
     failed = fleet.events("apply.failed")
     assert failed == 0, "a session the server ended was logged as a projector failure"
-    await finish("sigstop_frozen_worker", scenario_pool, fleet, generator, faults=stops)
+    await finish("sigstop_frozen_worker", pool, fleet, generator, faults=stops)
 
 
 async def test_listen_connections_killed_again_and_again(
-    scenario_pool: db.Pool, scenario_dsn: str, fleet: Fleet
+    pool: db.Pool, dsn: str, fleet: Fleet
 ) -> None:
-    settings = Settings(dsn=scenario_dsn)
+    settings = Settings(dsn=dsn)
     fleet.env |= {"OUTBOX_POLL_INTERVAL": "0.5"}
     for name in ("w1", "w2"):
         fleet.start(name)
-    generator = Generator(scenario_pool, settings, campaigns("listen", 6), pause=0.1)
+    generator = Generator(pool, settings, campaigns("listen", 6), pause=0.1)
     target = scaled(300)
     kills = 0
-    admin = await asyncpg.connect(scenario_dsn)
+    admin = await asyncpg.connect(dsn)
     kill = (
         "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
         "WHERE application_name = 'outbox-listener' AND datname = current_database()"
@@ -194,7 +192,7 @@ async def test_listen_connections_killed_again_and_again(
             generator.stop()
     finally:
         await admin.close()
-    await finish("listen_killed", scenario_pool, fleet, generator, faults=kills)
+    await finish("listen_killed", pool, fleet, generator, faults=kills)
 
 
 # Written the way another client or a manual fix would: valid jsonb no float can hold, and a
@@ -261,27 +259,21 @@ async def _poison(policy: str, pool: db.Pool, dsn: str, fleet: Fleet) -> None:
     assert "no projector subscribes to event type 'mystery'" in errors["poison-unknown"]
 
 
-async def test_poison_rows_under_block(
-    scenario_pool: db.Pool, scenario_dsn: str, fleet: Fleet
-) -> None:
-    await _poison("block", scenario_pool, scenario_dsn, fleet)
+async def test_poison_rows_under_block(pool: db.Pool, dsn: str, fleet: Fleet) -> None:
+    await _poison("block", pool, dsn, fleet)
 
 
-async def test_poison_rows_under_park(
-    scenario_pool: db.Pool, scenario_dsn: str, fleet: Fleet
-) -> None:
-    await _poison("park", scenario_pool, scenario_dsn, fleet)
+async def test_poison_rows_under_park(pool: db.Pool, dsn: str, fleet: Fleet) -> None:
+    await _poison("park", pool, dsn, fleet)
 
 
-async def test_sigkill_soak_with_several_processes(
-    scenario_pool: db.Pool, scenario_dsn: str, fleet: Fleet
-) -> None:
-    settings = Settings(dsn=scenario_dsn)
+async def test_sigkill_soak_with_several_processes(pool: db.Pool, dsn: str, fleet: Fleet) -> None:
+    settings = Settings(dsn=dsn)
     fleet.env |= FAST
     names = ["w1", "w2", "w3"]
     for name in names:
         fleet.start(name, "--concurrency", "2")
-    generator = Generator(scenario_pool, settings, campaigns("soak", 12), pause=0.05)
+    generator = Generator(pool, settings, campaigns("soak", 12), pause=0.05)
     kills = scaled(60)
     rng = random.Random(11)
     async with anyio.create_task_group() as tg:
@@ -293,4 +285,4 @@ async def test_sigkill_soak_with_several_processes(
             fleet.start(name, "--concurrency", "2")
             fleet.check()
         generator.stop()
-    await finish("sigkill_soak", scenario_pool, fleet, generator, faults=kills)
+    await finish("sigkill_soak", pool, fleet, generator, faults=kills)
