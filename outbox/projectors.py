@@ -1,159 +1,37 @@
-"""Projectors: the `Outbox` app, its registry, exactly-once dispatch of one event (S8, S17, S18).
+"""The `Outbox` app: settings, the projector registry, and the append with inline apply (S5).
 
-`apply_event()` runs every projector subscribed to an event on the caller's connection, inside
-the caller's transaction (the worker wraps each event in one savepoint, so all projectors of an
-event apply atomically). Ordered projectors advance a checkpoint per campaign before running;
-unordered `idempotent=True` projectors reserve a processed marker first; either guard turns a
-redelivery into a skip. This module never claims, deletes or retries work rows.
+Applications build one `Outbox`, register projectors with `@app.projector(...)`, and append
+with `app.append(...)`. The worker (`outbox.worker`) and the operators' tools take the app;
+dispatch lives in `outbox.apply`, rebuilds in `outbox.rebuild`.
 """
 
 from __future__ import annotations
 
-import enum
 import random
-from collections.abc import Awaitable, Callable, Iterable, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from outbox import db, queue
+from outbox.apply import Dispatch, GroupFailed
 from outbox.config import Settings
-from outbox.errors import ConfigError, OutboxError
+from outbox.errors import ConfigError
 from outbox.journal import (
     AppendResult,
     Event,
-    StoredEvent,
     append,
-    decode_event,
     load_events,
     outcome_unknown_on_connection_loss,
 )
-from outbox.queries import Queries
 from outbox.queue import Failure
+from outbox.registry import Projector, Registry, ResetFn
 from outbox.retry import ErrorClass, after_failure, classify, describe_error
 
 if TYPE_CHECKING:
     from outbox.db import Connection, Executor
 
-__all__ = [
-    "ApplyOutcome",
-    "CheckpointGap",
-    "Outbox",
-    "Projector",
-    "ProjectorFn",
-    "Registry",
-    "StoredEvent",
-    "UnknownEventType",
-    "apply_event",
-]
+__all__ = ["Outbox"]
 
-
-class ProjectorQueries(Queries, file="projectors.sql"):
-    advance_checkpoints: str
-    reserve_marker: str
-    list_campaigns: str
-    reset_checkpoint: str
-    set_checkpoint: str
-    delete_markers: str
-    journal_for_rebuild: str
-    checkpoints_of: str
-    markers_of: str
-
-
-Q = ProjectorQueries
-
-
-ProjectorFn = Callable[["Connection", StoredEvent], Awaitable[None]]
-# Clears one campaign's projection rows before a rebuild re-applies its journal (S19).
-ResetFn = Callable[["Connection", str], Awaitable[None]]
-
-
-@dataclass(frozen=True, slots=True)
-class Projector:
-    name: str
-    events: frozenset[str]
-    fn: ProjectorFn
-    ordered: bool = True
-    idempotent: bool = False
-    reset: ResetFn | None = None
-
-
-class UnknownEventType(OutboxError):
-    """No projector subscribes to the type and the app did not declare it ignorable (S8)."""
-
-
-class CheckpointGap(OutboxError):
-    """An ordered projector was handed seq n while its checkpoint is below n-1 (S17)."""
-
-
-class ApplyOutcome(enum.Enum):
-    APPLIED = "applied"  # at least one projector ran
-    DUPLICATE = "duplicate"  # every subscribed projector had already applied it
-    IGNORED = "ignored"  # the app declared the type as needing no projection
-
-
-@dataclass
-class Registry:
-    projectors: dict[str, Projector] = field(default_factory=dict)
-    ignored: set[str] = field(default_factory=set)
-    _by_type: dict[str, tuple[Projector, ...]] = field(default_factory=dict)
-    _ordered: list[str] = field(default_factory=list)
-
-    def add(self, projector: Projector) -> None:
-        if not projector.name.strip():
-            raise ConfigError("a projector needs a non-empty name")
-        if projector.name in self.projectors:
-            raise ConfigError(f"projector {projector.name!r} is registered twice")
-        if not projector.events:
-            raise ConfigError(f"projector {projector.name!r} subscribes to no event type")
-        if overlap := projector.events & self.ignored:
-            raise ConfigError(
-                f"projector {projector.name!r} subscribes to ignored {sorted(overlap)}"
-            )
-        self.projectors[projector.name] = projector
-        self._by_type.clear()  # the indexes are rebuilt on next use
-
-    def ignore(self, types: Iterable[str]) -> None:
-        types = set(types)
-        for p in self.projectors.values():
-            if overlap := p.events & types:
-                raise ConfigError(
-                    f"cannot ignore {sorted(overlap)}: projector {p.name!r} uses them"
-                )
-        self.ignored |= types
-
-    def _index(self) -> None:
-        # Built once after registration, read on every event (the apply hot path).
-        if self._by_type or not self.projectors:
-            return
-        index: dict[str, list[Projector]] = {}
-        for p in sorted(self.projectors.values(), key=lambda p: p.name):
-            for t in p.events:
-                index.setdefault(t, []).append(p)
-        self._by_type = {t: tuple(ps) for t, ps in index.items()}
-        self._ordered = sorted(p.name for p in self.projectors.values() if p.ordered)
-
-    def subscribers(self, event_type: str) -> tuple[Projector, ...]:
-        self._index()
-        return self._by_type.get(event_type, ())
-
-    def ordered_names(self) -> list[str]:
-        """Every ordered projector, sorted (a fixed lock order for their checkpoints)."""
-        self._index()
-        return self._ordered
-
-    def validate(self, settings: Settings) -> None:
-        """Refuse settings that contradict the registered projectors (one-line ConfigError)."""
-        ordered = self.ordered_names()
-        if ordered and settings.ordering == "none":
-            raise ConfigError(
-                f"OUTBOX_ORDERING=none cannot serve ordered (checkpointed) projectors: "
-                f"{', '.join(ordered)}; register them with ordered=False or use ordering=campaign"
-            )
-        if ordered and settings.dead_policy == "park":
-            raise ConfigError(
-                f"OUTBOX_DEAD_POLICY=park would skip events that ordered projectors must see "
-                f"({', '.join(ordered)}); use dead_policy=block or ordered=False"
-            )
+F = TypeVar("F", bound=Callable[..., Awaitable[None]])
 
 
 class Outbox:
@@ -177,12 +55,25 @@ class Outbox:
         ordered: bool = True,
         idempotent: bool = False,
         reset: ResetFn | None = None,
-    ) -> Callable[[ProjectorFn], ProjectorFn]:
+        batch: bool = False,
+    ) -> Callable[[F], F]:
+        """Register a projector of `events` (a list of types) under `name`.
+
+        - `ordered=True` (default): a checkpoint per campaign (S17); duplicates are skipped,
+          a gap is refused. `ordered=False, idempotent=True`: a processed marker per event
+          (S18). `ordered=False` alone: no guard (only the queue's transaction).
+        - `batch=True`: `fn(tx, events)` is called once per claimed batch with the events it
+          subscribes to that its guard lets through, in (campaign_id, seq) order; otherwise
+          `fn(tx, event)` once per event. See docs/worker.md for the batch contract.
+        - `reset(tx, campaign_id)`: clears one campaign's projection, for rebuilds (S19).
+        """
         if isinstance(events, str):
             raise ConfigError(f"projector {name!r}: events must be a list of types, not a string")
 
-        def register(fn: ProjectorFn) -> ProjectorFn:
-            self.registry.add(Projector(name, frozenset(events), fn, ordered, idempotent, reset))
+        def register(fn: F) -> F:
+            self.registry.add(
+                Projector(name, frozenset(events), fn, ordered, idempotent, reset, batch)
+            )
             return fn
 
         return register
@@ -226,16 +117,18 @@ class Outbox:
         if await queue.outstanding_upto(conn, cid, result.first_seq - 1):
             return  # earlier work of this campaign comes first: the worker takes these too
         stored = await load_events(conn, cid, result.first_seq, result.last_seq)
-        current = stored[0]
+        dispatch = Dispatch(conn, self.registry)
         try:
             async with conn.transaction():
-                for current in stored:
-                    await apply_event(conn, self.registry, current)
+                await dispatch.load([cid])
+                await dispatch.apply(stored)
+                await dispatch.settle()
                 await queue.delete_rows(conn, [(cid, seq) for seq in result.seqs])
-        except Exception as exc:
+        except GroupFailed as failed:
+            exc, current = failed.cause, stored[failed.index or 0]
             kind = classify(exc)
             if kind is ErrorClass.TRANSIENT:
-                raise
+                raise exc from None
             s = self.settings
             dead, delay = after_failure(
                 1,
@@ -247,137 +140,3 @@ class Outbox:
             )
             failure = Failure(cid, current.seq, 1, delay, describe_error(exc), dead)
             await queue.record_failures(conn, [failure])
-
-
-async def apply_event(conn: Connection, registry: Registry, event: StoredEvent) -> ApplyOutcome:
-    """Run the event's projectors once each, guarded; call inside a transaction (savepoint).
-
-    Every ordered projector's checkpoint moves past the event (S17), subscribed or not; then the
-    subscribers run, each unless its guard says the event was already applied.
-    """
-    subscribed = registry.subscribers(event.type)
-    if not subscribed and event.type not in registry.ignored:
-        raise UnknownEventType(f"no projector subscribes to event type {event.type!r}")
-    verdicts: dict[str, str] = {}
-    ordered = registry.ordered_names()
-    if ordered:
-        rows = await conn.fetch(Q.advance_checkpoints, event.campaign_id, event.seq, ordered)
-        for row in rows:
-            if row["verdict"] == "gap":
-                raise CheckpointGap(
-                    f"projector {row['projector']!r} is at seq {row['applied_seq']} of campaign "
-                    f"{event.campaign_id!r} and cannot apply seq {event.seq}"
-                )
-            verdicts[row["projector"]] = row["verdict"]
-    if not subscribed:
-        return ApplyOutcome.IGNORED
-    ran = False
-    for projector in subscribed:
-        if projector.ordered:
-            if verdicts[projector.name] == "duplicate":
-                continue
-        elif projector.idempotent:
-            reserved = await conn.fetchval(
-                Q.reserve_marker, event.campaign_id, event.seq, projector.name
-            )
-            if not reserved:
-                continue
-        await projector.fn(conn, event)
-        ran = True
-    return ApplyOutcome.APPLIED if ran else ApplyOutcome.DUPLICATE
-
-
-def rebuildable(registry: Registry, name: str) -> Projector:
-    """The projector to rebuild, or a ConfigError saying why it cannot be."""
-    projector = registry.projectors.get(name)
-    if projector is None:
-        known = ", ".join(sorted(registry.projectors)) or "none"
-        raise ConfigError(f"no projector named {name!r} (registered: {known})")
-    if projector.reset is None:
-        raise ConfigError(
-            f"projector {name!r} has no reset hook: register it with reset= to rebuild it"
-        )
-    if not projector.ordered and not projector.idempotent:
-        raise ConfigError(
-            f"projector {name!r} has no guard (neither ordered nor idempotent): a rebuild "
-            "beside running workers could apply an event twice"
-        )
-    return projector
-
-
-async def campaigns_to_rebuild(executor: Executor, campaign_id: str | None) -> list[str]:
-    async with db.acquire(executor) as conn:
-        rows = await conn.fetch(Q.list_campaigns, campaign_id)
-    return [r["campaign_id"] for r in rows]
-
-
-async def rebuild_campaign(executor: Executor, projector: Projector, campaign_id: str) -> int:
-    """Reset one campaign's projection and re-apply its journal in seq order, in one
-    transaction that holds the campaign's queued rows and the projector's checkpoint, so a
-    running worker neither interleaves nor applies twice (S19). Returns events applied."""
-    reset = projector.reset
-    if reset is None:
-        raise ConfigError(f"projector {projector.name!r} has no reset hook")
-    applied = 0
-    async with db.acquire(executor) as conn, conn.transaction():
-        await queue.lock_campaign_rows(conn, campaign_id)
-        if projector.ordered:
-            await conn.execute(Q.reset_checkpoint, campaign_id, projector.name)
-        if projector.idempotent and not projector.ordered:
-            await conn.execute(Q.delete_markers, campaign_id, projector.name)
-        await reset(conn, campaign_id)
-        head = 0
-        types = sorted(projector.events)
-        async for r in conn.cursor(Q.journal_for_rebuild, campaign_id, types, prefetch=500):
-            head = r["last_seq"]
-            if r["seq"] is None:
-                continue
-            event = decode_event(
-                campaign_id,
-                r["seq"],
-                r["event_type"],
-                r["payload"],
-                r["metadata"],
-                r["recorded_at"],
-            )
-            if projector.idempotent and not projector.ordered:
-                await conn.fetchval(Q.reserve_marker, campaign_id, event.seq, projector.name)
-            await projector.fn(conn, event)
-            applied += 1
-        if projector.ordered:
-            await conn.execute(Q.set_checkpoint, campaign_id, projector.name, head)
-    return applied
-
-
-async def applied_events(
-    conn: Connection, registry: Registry, events: Sequence[tuple[str, int, str]]
-) -> set[tuple[str, int]]:
-    """Which of `(campaign_id, seq, type)` count as applied: the type is declared ignored, or
-    every projector subscribed to it applied the event (checkpoint at or past its seq, or its
-    processed marker). Unguarded projectors cannot tell, so their events never count as applied;
-    nor do types the app does not know (S8)."""
-    if not events:
-        return set()
-    checkpoints = {
-        (r["campaign_id"], r["projector"]): r["applied_seq"]
-        for r in await conn.fetch(Q.checkpoints_of, sorted({e[0] for e in events}))
-    }
-    markers = {
-        (r["campaign_id"], r["seq"], r["handler"])
-        for r in await conn.fetch(Q.markers_of, [e[0] for e in events], [e[1] for e in events])
-    }
-    applied = set()
-    for campaign_id, seq, event_type in events:
-        subscribed = registry.subscribers(event_type)
-        if not subscribed:
-            if event_type in registry.ignored:
-                applied.add((campaign_id, seq))
-            continue
-        if all(
-            checkpoints.get((campaign_id, p.name), 0) >= seq
-            if p.ordered
-            else p.idempotent and (campaign_id, seq, p.name) in markers
-            for p in subscribed
-        ):
-            applied.add((campaign_id, seq))
-    return applied

@@ -12,8 +12,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from outbox import db, queue
-from outbox.projectors import Registry, applied_events
+from outbox.apply import applied_events
 from outbox.queries import Queries
+from outbox.registry import Registry
 
 if TYPE_CHECKING:
     from outbox.db import Executor

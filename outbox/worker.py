@@ -1,24 +1,26 @@
-"""The apply worker's batch (S6-S9): claim, apply each event in its own savepoint, settle.
+"""The apply worker's batch (S6-S9): claim, apply the batch as one group, isolate failures.
 
 `Worker.run_once()` is one batch in one transaction and returns its counts; `drain()` repeats
 it until nothing is due. A batch that meets a transient database error (a lost connection
 included) is rolled back whole: no row changes and no attempt is consumed (S7, S16), and the
 connection it ran on is discarded. The worker never decides what a projector does; it only
-dispatches (`projectors.apply_event`) and does the bookkeeping (`queue`). The long-running
+dispatches (`apply.Dispatch`) and does the bookkeeping (`queue`). The long-running
 service around it (loops, LISTEN, signals, heartbeat) lives in `outbox.service`.
 """
 
 from __future__ import annotations
 
 import random
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from outbox import db, log, queue
-from outbox.errors import Conflict
-from outbox.projectors import ApplyOutcome, Outbox, applied_events, apply_event
+from outbox.apply import ApplyOutcome, Dispatch, GroupFailed, applied_events
+from outbox.errors import Conflict, EventUnavailable
+from outbox.projectors import Outbox
 from outbox.queue import ClaimedRow, Failure
 from outbox.retry import ErrorClass, after_failure, classify, connection_lost, describe_error
 
@@ -125,13 +127,6 @@ class Worker:
         )
         return Failure(row.campaign_id, row.seq, attempts, delay, describe_error(exc), dead)
 
-    async def _apply_one(self, conn: Connection, row: ClaimedRow) -> ApplyOutcome:
-        """All projectors of one event in one savepoint: a failure undoes only this event.
-        A missing or undecodable journal event is this row's failure (S8)."""
-        event = row.stored_event()
-        async with conn.transaction():
-            return await apply_event(conn, self.app.registry, event)
-
     async def run_once(self) -> BatchCounts:
         """Claim, apply and settle one batch in one transaction; return its counts.
 
@@ -163,50 +158,83 @@ class Worker:
     async def _handle(
         self, conn: Connection, rows: list[ClaimedRow], now: datetime | None
     ) -> BatchCounts:
-        """Apply the claimed rows each in its savepoint; delete successes, record failures."""
-        settings = self.app.settings
-        counts = BatchCounts()
-        work = walk(rows, limit=settings.batch_size, park=self.park)
-        counts.claimed = len(work)
+        """Apply the walked rows as one group in one savepoint; on a failure, roll the group
+        back and retry smaller pieces, so only the failing event records an attempt and its
+        neighbours still apply (S6). Then delete successes and record failures."""
+        work = walk(rows, limit=self.app.settings.batch_size, park=self.park)
+        counts = BatchCounts(claimed=len(work))
+        if not work:
+            return counts
+        dispatch = Dispatch(conn, self.app.registry)
+        await dispatch.load([r.campaign_id for r in work])
         done: list[tuple[str, int]] = []
         failures: list[Failure] = []
-        blocked: set[str] = set()
-        for row in work:
-            if row.campaign_id in blocked:
-                continue  # an earlier row of this campaign failed in this batch
-            try:
-                outcome = await self._apply_one(conn, row)
-            except Exception as exc:
-                kind = classify(exc)
-                if kind is ErrorClass.TRANSIENT:
-                    raise TransientBatchError(
-                        describe_error(exc), connection_lost=connection_lost(exc)
-                    ) from exc
-                failure = self._failure(row, exc, permanent=kind is ErrorClass.PERMANENT)
-                failures.append(failure)
-                counts.dead += failure.dead
-                counts.failed += not failure.dead
-                if self.ordered:
-                    blocked.add(row.campaign_id)
-                _logger.warning(
-                    "apply.failed",
-                    extra={
-                        "campaign_id": row.campaign_id,
-                        "seq": row.seq,
-                        "attempt": failure.attempts,
-                        "dead": failure.dead,
-                        "error": failure.error,
-                    },
-                )
+        blocked: set[str] = set()  # campaigns whose row failed in this batch (ordering)
+        pending: deque[list[ClaimedRow]] = deque([work])
+        while pending:
+            if self.ordered:
+                blocked = {f.campaign_id for f in failures}
+            group = [r for r in pending.popleft() if r.campaign_id not in blocked]
+            if not group:
                 continue
-            done.append(row.key)
-            if outcome is ApplyOutcome.APPLIED:
-                counts.applied += 1
+            bad = next((i for i, r in enumerate(group) if r.event is None), None)
+            if bad is not None:  # a missing or undecodable event fails its row alone (S8)
+                failures.append(self._failed(group[bad], group[bad].unavailable, counts))
+                pending.extendleft([group[bad + 1 :], group[:bad]])
             else:
-                counts.skipped += 1
+                try:
+                    async with conn.transaction():
+                        outcomes = await dispatch.apply([r.stored_event() for r in group])
+                except GroupFailed as failed:
+                    pending.extendleft(reversed(self._split(group, failed, failures, counts)))
+                    continue
+                for row, outcome in zip(group, outcomes, strict=True):
+                    done.append(row.key)
+                    counts.applied += outcome is ApplyOutcome.APPLIED
+                    counts.skipped += outcome is not ApplyOutcome.APPLIED
+        await dispatch.settle()
         await queue.delete_rows(conn, done)
         await queue.record_failures(conn, failures, now)
         return counts
+
+    def _split(
+        self,
+        group: list[ClaimedRow],
+        failed: GroupFailed,
+        failures: list[Failure],
+        counts: BatchCounts,
+    ) -> list[list[ClaimedRow]]:
+        """The pieces to retry after `group` failed: around the failing event when it is
+        known (which records its failure), else the two halves."""
+        kind = classify(failed.cause)
+        if kind is ErrorClass.TRANSIENT:
+            raise TransientBatchError(
+                describe_error(failed.cause), connection_lost=connection_lost(failed.cause)
+            ) from failed.cause
+        if failed.index is None and len(group) > 1:
+            half = len(group) // 2
+            return [group[:half], group[half:]]
+        index = failed.index or 0
+        failures.append(self._failed(group[index], failed.cause, counts))
+        return [group[:index], group[index + 1 :]]
+
+    def _failed(self, row: ClaimedRow, exc: BaseException | None, counts: BatchCounts) -> Failure:
+        """Record one row's failure: the attempt, the backoff or dead, the log line."""
+        exc = exc if exc is not None else RuntimeError("no event")
+        failure = self._failure(row, exc, permanent=classify(exc) is ErrorClass.PERMANENT)
+        counts.dead += failure.dead
+        counts.failed += not failure.dead
+        _logger.warning(
+            "apply.failed",
+            extra={
+                "campaign_id": row.campaign_id,
+                "seq": row.seq,
+                "attempt": failure.attempts,
+                "dead": failure.dead,
+                "error": failure.error,
+            },
+        )
+        return failure
 
     async def replay(self, campaign_id: str, seq: int) -> dict[str, Any]:
         """Apply one queued row now, in the foreground (`maintenance outbox-replay`): the outcome
@@ -221,12 +249,17 @@ class Worker:
                     "campaign; replay that one first"
                 )
             result: dict[str, Any] = {"campaign_id": campaign_id, "seq": seq}
+            dispatch = Dispatch(conn, self.app.registry)
+            await dispatch.load([campaign_id])
             try:
-                outcome = await self._apply_one(conn, row)
-            except Exception as exc:
+                event = row.stored_event()
+                async with conn.transaction():
+                    (outcome,) = await dispatch.apply([event])
+            except (GroupFailed, EventUnavailable) as failed:
+                exc = failed.cause if isinstance(failed, GroupFailed) else failed
                 kind = classify(exc)
                 if kind is ErrorClass.TRANSIENT:
-                    raise
+                    raise exc from None
                 failure = self._failure(row, exc, permanent=kind is ErrorClass.PERMANENT)
                 await queue.record_failures(conn, [failure], self.now())
                 return {
@@ -236,6 +269,7 @@ class Worker:
                     "status": "dead" if failure.dead else "failed",
                     "attempt_count": failure.attempts,
                 }
+            await dispatch.settle()
             await queue.delete_rows(conn, [row.key])
             applied = outcome is ApplyOutcome.APPLIED
             return {**result, "outcome": "applied" if applied else "skipped", "error": None}

@@ -14,11 +14,11 @@ import pytest
 
 from helpers import run_cli
 from outbox import ConfigError, Event, Outbox, Settings, append, db
+from outbox.apply import apply_event
 from outbox.config import resolve_worker_mode
 from outbox.examples import campaigns as c
 from outbox.examples.app import build_app, install
 from outbox.journal import StoredEvent
-from outbox.projectors import apply_event
 from outbox.service import Service
 from outbox.worker import ShadowWorker, Worker
 from outbox.workers import live_workers

@@ -8,14 +8,9 @@ from typing import Any
 import pytest
 
 from outbox import ConfigError, Settings, db
-from outbox.projectors import (
-    ApplyOutcome,
-    CheckpointGap,
-    Outbox,
-    StoredEvent,
-    UnknownEventType,
-    apply_event,
-)
+from outbox.apply import ApplyOutcome, CheckpointGap, UnknownEventType, apply_event
+from outbox.journal import StoredEvent
+from outbox.projectors import Outbox
 
 
 def stored(seq: int, type_: str = "t.happened", campaign: str = "c") -> StoredEvent:

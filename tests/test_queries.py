@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
+from importlib import resources
+
 import pytest
 
-import outbox.journal
-import outbox.migrate
+import outbox
 from outbox import db
 from outbox.queries import Queries, QueryFileError, parse_queries
 
-# Importing the modules that own query sets registers them.
-MODULES = (outbox.journal, outbox.migrate)
+# Importing every module of the package registers every query set, whichever test file is
+# collected first (a module imported late would otherwise leave its queries unprepared).
+for _module in pkgutil.walk_packages(outbox.__path__, "outbox."):
+    importlib.import_module(_module.name)
 
 
 def all_queries() -> list[tuple[str, str, str]]:
@@ -19,9 +24,13 @@ def all_queries() -> list[tuple[str, str, str]]:
     ]
 
 
-def test_every_module_query_set_is_registered() -> None:
-    names = {cls.__name__ for cls in Queries.registry}
-    assert {"JournalQueries", "MigrateQueries"} <= names
+def test_every_query_file_has_its_query_set() -> None:
+    files = {
+        f.name
+        for f in resources.files("outbox").joinpath("sql").iterdir()
+        if f.name.endswith(".sql")
+    }
+    assert {cls.file for cls in Queries.registry} == files
 
 
 @pytest.mark.parametrize(("owner", "name", "sql"), all_queries(), ids=lambda v: str(v)[:30])

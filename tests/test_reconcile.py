@@ -9,11 +9,11 @@ import orjson
 
 from helpers import run_cli
 from outbox import Event, Outbox, Settings, append, db
+from outbox.apply import apply_event
 from outbox.examples import campaigns as c
 from outbox.examples.app import build_app, install
 from outbox.examples.campaigns import DemoStream
 from outbox.journal import StoredEvent
-from outbox.projectors import apply_event
 from outbox.reconcile import reconcile
 from outbox.worker import Worker
 

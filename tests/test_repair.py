@@ -15,7 +15,7 @@ from outbox import Event, Outbox, Settings, append, db
 from outbox.examples import campaigns as c
 from outbox.examples.app import build_app, install
 from outbox.examples.campaigns import DemoStream
-from outbox.projectors import campaigns_to_rebuild, rebuild_campaign
+from outbox.rebuild import campaigns_to_rebuild, rebuild_campaign
 from outbox.worker import Worker
 
 BIN = Path(sys.executable).parent

@@ -33,7 +33,8 @@ from outbox.cli.common import (
 from outbox.errors import ConfigError, OutboxError
 from outbox.maintenance import MAX_LIMIT
 from outbox.migrate import check_current
-from outbox.projectors import Outbox, campaigns_to_rebuild, rebuild_campaign, rebuildable
+from outbox.projectors import Outbox
+from outbox.rebuild import campaigns_to_rebuild, rebuild_campaign, rebuildable
 from outbox.reconcile import reconcile
 from outbox.service import open_pool
 from outbox.worker import Worker

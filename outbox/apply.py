@@ -1,0 +1,243 @@
+"""Exactly-once dispatch of a group of events to the registered projectors (S8, S17, S18).
+
+`Dispatch` serves one batch (or one inline append, or one replay) on the caller's connection,
+inside the caller's transaction. `load()` locks the checkpoints of the batch's campaigns in one
+statement; `apply(events)` runs a group of events (the caller wraps it in one savepoint): it
+derives every ordered projector's verdict (apply / duplicate / gap) from those checkpoints and
+the seqs, reserves the processed markers of every idempotent projector in one statement, runs
+per-event projectors event by event and batch projectors once with their events; `settle()`
+moves each checkpoint once. The happy path pays no per-event round trip of the library's own.
+
+A failure is raised as `GroupFailed`, carrying the index of the event it belongs to when that is
+known (a per-event projector, a gap, an unknown type), so the caller can isolate it. This module
+never claims, deletes or retries work rows, and never opens a transaction of its own.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from outbox.errors import OutboxError
+from outbox.journal import StoredEvent
+from outbox.queries import Queries
+from outbox.registry import Projector, Registry
+
+if TYPE_CHECKING:
+    from outbox.db import Connection
+
+__all__ = [
+    "ApplyOutcome",
+    "CheckpointGap",
+    "Dispatch",
+    "GroupFailed",
+    "UnknownEventType",
+    "applied_events",
+    "apply_event",
+]
+
+
+class ApplyQueries(Queries, file="apply.sql"):
+    lock_checkpoints: str
+    move_checkpoints: str
+    reserve_markers: str
+    checkpoints_of: str
+    markers_of: str
+
+
+Q = ApplyQueries
+
+
+class UnknownEventType(OutboxError):
+    """No projector subscribes to the type and the app did not declare it ignorable (S8)."""
+
+
+class CheckpointGap(OutboxError):
+    """An ordered projector was handed seq n while its checkpoint is below n-1 (S17)."""
+
+
+class ApplyOutcome(enum.Enum):
+    APPLIED = "applied"  # at least one projector ran
+    DUPLICATE = "duplicate"  # every subscribed projector had already applied it
+    IGNORED = "ignored"  # the app declared the type as needing no projection
+
+
+class GroupFailed(Exception):
+    """A group of events failed; `index` is the failing event's position when known."""
+
+    def __init__(self, cause: BaseException, index: int | None) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+        self.index = index
+
+
+Key = tuple[str, str]  # (campaign_id, projector)
+
+
+@dataclass
+class Dispatch:
+    """Guards and dispatch for one batch on `conn` (see the module docstring)."""
+
+    conn: Connection
+    registry: Registry
+    checkpoints: dict[Key, int] = field(default_factory=dict)
+    moved: set[Key] = field(default_factory=set)
+
+    async def load(self, campaigns: Sequence[str]) -> None:
+        """Lock and read the ordered projectors' checkpoints of `campaigns` (one statement)."""
+        ordered = self.registry.ordered_names()
+        if not ordered or not campaigns:
+            return
+        rows = await self.conn.fetch(Q.lock_checkpoints, sorted(set(campaigns)), ordered)
+        for r in rows:
+            self.checkpoints[(r["campaign_id"], r["projector"])] = r["applied_seq"]
+
+    async def apply(self, events: Sequence[StoredEvent]) -> list[ApplyOutcome]:
+        """Apply `events` (sorted by campaign_id, seq) once each; call inside a savepoint.
+        Raises GroupFailed; on success the checkpoints move (in memory until `settle`)."""
+        registry = self.registry
+        ordered = registry.ordered_names()
+        checkpoints = dict(self.checkpoints)
+        runs: list[list[Projector]] = []  # the projectors to run, per event
+        outcomes: list[ApplyOutcome] = []
+        for index, event in enumerate(events):
+            subscribed = registry.subscribers(event.type)
+            if not subscribed and event.type not in registry.ignored:
+                raise GroupFailed(
+                    UnknownEventType(f"no projector subscribes to event type {event.type!r}"),
+                    index,
+                )
+            duplicate: set[str] = set()
+            for name in ordered:  # every ordered checkpoint passes every event (S17)
+                key = (event.campaign_id, name)
+                at = checkpoints.get(key, 0)
+                if event.seq <= at:
+                    duplicate.add(name)
+                elif event.seq == at + 1:
+                    checkpoints[key] = event.seq
+                else:
+                    raise GroupFailed(
+                        CheckpointGap(
+                            f"projector {name!r} is at seq {at} of campaign "
+                            f"{event.campaign_id!r} and cannot apply seq {event.seq}"
+                        ),
+                        index,
+                    )
+            runs.append([p for p in subscribed if p.name not in duplicate])
+            outcomes.append(ApplyOutcome.APPLIED if subscribed else ApplyOutcome.IGNORED)
+        await self._reserve_markers(events, runs)
+        await self._run(events, runs)
+        for index, run in enumerate(runs):
+            if not run and outcomes[index] is ApplyOutcome.APPLIED:
+                outcomes[index] = ApplyOutcome.DUPLICATE
+        self.moved |= {k for k, v in checkpoints.items() if self.checkpoints.get(k) != v}
+        self.checkpoints = checkpoints
+        return outcomes
+
+    async def _reserve_markers(
+        self, events: Sequence[StoredEvent], runs: list[list[Projector]]
+    ) -> None:
+        """One statement for the group; a projector whose marker exists drops out of the run."""
+        wanted = [
+            (e.campaign_id, e.seq, p.name)
+            for e, run in zip(events, runs, strict=True)
+            for p in run
+            if p.idempotent and not p.ordered
+        ]
+        if not wanted:
+            return
+        rows = await self.conn.fetch(
+            Q.reserve_markers,
+            [w[0] for w in wanted],
+            [w[1] for w in wanted],
+            [w[2] for w in wanted],
+        )
+        reserved = {(r["campaign_id"], r["seq"], r["handler"]) for r in rows}
+        for e, run in zip(events, runs, strict=True):
+            run[:] = [
+                p
+                for p in run
+                if not (p.idempotent and not p.ordered)
+                or (e.campaign_id, e.seq, p.name) in reserved
+            ]
+
+    async def _run(self, events: Sequence[StoredEvent], runs: list[list[Projector]]) -> None:
+        """Per-event projectors event by event, then each batch projector once."""
+        batches: dict[str, tuple[Projector, list[int]]] = {}
+        for index, (event, run) in enumerate(zip(events, runs, strict=True)):
+            for projector in run:
+                if projector.batch:
+                    batches.setdefault(projector.name, (projector, []))[1].append(index)
+                    continue
+                try:
+                    await projector.run(self.conn, [event])
+                except Exception as exc:
+                    raise GroupFailed(exc, index) from exc
+        for projector, indexes in batches.values():
+            try:
+                await projector.run(self.conn, [events[i] for i in indexes])
+            except Exception as exc:
+                # Which event failed is known only when the projector had just one.
+                raise GroupFailed(exc, indexes[0] if len(indexes) == 1 else None) from exc
+
+    async def settle(self) -> None:
+        """Write the checkpoints that moved, once each (one statement)."""
+        if not self.moved:
+            return
+        keys = sorted(self.moved)
+        await self.conn.execute(
+            Q.move_checkpoints,
+            [k[0] for k in keys],
+            [k[1] for k in keys],
+            [self.checkpoints[k] for k in keys],
+        )
+        self.moved.clear()
+
+
+async def apply_event(conn: Connection, registry: Registry, event: StoredEvent) -> ApplyOutcome:
+    """Apply one event with its guards and move the checkpoints (inside a transaction); raise
+    what failed. For callers that hold a single event: tests, tools."""
+    dispatch = Dispatch(conn, registry)
+    await dispatch.load([event.campaign_id])
+    try:
+        (outcome,) = await dispatch.apply([event])
+    except GroupFailed as failed:
+        raise failed.cause from None
+    await dispatch.settle()
+    return outcome
+
+
+async def applied_events(
+    conn: Connection, registry: Registry, events: Sequence[tuple[str, int, str]]
+) -> set[tuple[str, int]]:
+    """Which of `(campaign_id, seq, type)` count as applied: the type is declared ignored, or
+    every projector subscribed to it applied the event (checkpoint at or past its seq, or its
+    processed marker). Unguarded projectors cannot tell, so their events never count as applied;
+    nor do types the app does not know (S8)."""
+    if not events:
+        return set()
+    checkpoints = {
+        (r["campaign_id"], r["projector"]): r["applied_seq"]
+        for r in await conn.fetch(Q.checkpoints_of, sorted({e[0] for e in events}))
+    }
+    markers = {
+        (r["campaign_id"], r["seq"], r["handler"])
+        for r in await conn.fetch(Q.markers_of, [e[0] for e in events], [e[1] for e in events])
+    }
+    applied = set()
+    for campaign_id, seq, event_type in events:
+        subscribed = registry.subscribers(event_type)
+        if not subscribed:
+            if event_type in registry.ignored:
+                applied.add((campaign_id, seq))
+            continue
+        if all(
+            checkpoints.get((campaign_id, p.name), 0) >= seq
+            if p.ordered
+            else p.idempotent and (campaign_id, seq, p.name) in markers
+            for p in subscribed
+        ):
+            applied.add((campaign_id, seq))
+    return applied

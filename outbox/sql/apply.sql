@@ -1,0 +1,44 @@
+-- Projection guards of the apply path: checkpoints of ordered projectors, markers of
+-- idempotent ones, each read or written for a whole batch in one statement.
+
+-- name: lock_checkpoints
+-- The checkpoints of the ordered projectors ($2) in the batch's campaigns ($1), locked in a
+-- fixed order until the batch commits; a missing row means 0. One statement per batch: the
+-- verdicts (apply / duplicate / gap) of every event follow from these values and the seqs.
+SELECT c.campaign_id, c.projector, c.applied_seq
+FROM projection_checkpoints c
+WHERE c.campaign_id = ANY ($1::text[]) AND c.projector = ANY ($2::text[])
+ORDER BY c.campaign_id, c.projector
+FOR UPDATE
+
+-- name: move_checkpoints
+-- Checkpoints after the batch: one row per (campaign, projector) that moved, from arrays,
+-- sorted by the caller (a fixed lock order).
+INSERT INTO projection_checkpoints AS c (campaign_id, projector, applied_seq)
+SELECT m.campaign_id, m.projector, m.applied_seq
+FROM unnest($1::text[], $2::text[], $3::bigint[]) AS m(campaign_id, projector, applied_seq)
+ON CONFLICT (campaign_id, projector)
+DO UPDATE SET applied_seq = excluded.applied_seq, updated_at = clock_timestamp()
+
+-- name: reserve_markers
+-- Reserve (handler, event) for every idempotent projector and event of a group in one
+-- statement; the rows back are the reservations made now, the others were already applied.
+-- A concurrent reserver of the same marker waits for the first to commit or roll back.
+INSERT INTO processed_markers (campaign_id, seq, handler)
+SELECT r.campaign_id, r.seq, r.handler
+FROM unnest($1::text[], $2::bigint[], $3::text[]) AS r(campaign_id, seq, handler)
+ORDER BY r.campaign_id, r.seq, r.handler
+ON CONFLICT (campaign_id, seq, handler) DO NOTHING
+RETURNING campaign_id, seq, handler
+
+-- name: checkpoints_of
+-- Checkpoints of the given campaigns.
+SELECT campaign_id, projector, applied_seq FROM projection_checkpoints
+WHERE campaign_id = ANY ($1::text[])
+
+-- name: markers_of
+-- Processed markers of the given events.
+SELECT m.campaign_id, m.seq, m.handler
+FROM processed_markers m
+JOIN unnest($1::text[], $2::bigint[]) AS e(campaign_id, seq)
+  ON m.campaign_id = e.campaign_id AND m.seq = e.seq
