@@ -169,12 +169,11 @@ class Worker:
         await dispatch.load([r.campaign_id for r in work])
         done: list[tuple[str, int]] = []
         failures: list[Failure] = []
-        blocked: set[str] = set()  # campaigns whose row failed in this batch (ordering)
         pending: deque[list[ClaimedRow]] = deque([work])
         while pending:
-            if self.ordered:
-                blocked = {f.campaign_id for f in failures}
-            group = [r for r in pending.popleft() if r.campaign_id not in blocked]
+            # Under campaign ordering, rows behind a row that failed in this batch wait.
+            failed_at = {f.campaign_id: f.seq for f in failures} if self.ordered else {}
+            group = [r for r in pending.popleft() if r.seq <= failed_at.get(r.campaign_id, r.seq)]
             if not group:
                 continue
             bad = next((i for i, r in enumerate(group) if r.event is None), None)
