@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+import asyncpg
 import orjson
 
 from outbox import db
@@ -40,6 +41,7 @@ __all__ = [
     "StoredEvent",
     "append",
     "decode_event",
+    "decode_record",
     "load_events",
     "outcome_unknown_on_connection_loss",
 ]
@@ -310,14 +312,22 @@ def decode_event(
     return StoredEvent(campaign_id, seq, event_type, decoded_payload, decoded_metadata, recorded_at)
 
 
+def decode_record(r: asyncpg.Record, campaign_id: str | None = None) -> StoredEvent:
+    """`decode_event` of a fetched journal row (payload and metadata as text); the campaign
+    comes from the row unless the query left it out."""
+    return decode_event(
+        r["campaign_id"] if campaign_id is None else campaign_id,
+        r["seq"],
+        r["event_type"],
+        r["payload"],
+        r["metadata"],
+        r["recorded_at"],
+    )
+
+
 async def load_events(
     conn: Connection, campaign_id: str, first: int, last: int
 ) -> list[StoredEvent]:
     """A campaign's events `first..last` as projectors see them (decoded from the journal)."""
     rows = await conn.fetch(Q.load_events, campaign_id, first, last)
-    return [
-        decode_event(
-            campaign_id, r["seq"], r["event_type"], r["payload"], r["metadata"], r["recorded_at"]
-        )
-        for r in rows
-    ]
+    return [decode_record(r, campaign_id) for r in rows]

@@ -17,7 +17,7 @@ import asyncpg
 
 from outbox import db
 from outbox.errors import Conflict, EventUnavailable, NotFound
-from outbox.journal import WORK_CHANNEL, StoredEvent, decode_event
+from outbox.journal import WORK_CHANNEL, StoredEvent, decode_record
 from outbox.queries import Queries
 
 if TYPE_CHECKING:
@@ -116,14 +116,7 @@ def _claimed(r: asyncpg.Record) -> ClaimedRow:
         )
     else:
         try:
-            event = decode_event(
-                r["campaign_id"],
-                r["seq"],
-                r["event_type"],
-                r["payload"],
-                r["metadata"],
-                r["recorded_at"],
-            )
+            event = decode_record(r)
         except EventUnavailable as exc:
             unavailable = exc
     return ClaimedRow(

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from outbox import db, queue
 from outbox.apply import Q as GuardQueries
 from outbox.errors import ConfigError
-from outbox.journal import StoredEvent, decode_event
+from outbox.journal import StoredEvent, decode_record
 from outbox.queries import Queries
 from outbox.registry import Projector, Registry
 
@@ -93,16 +93,7 @@ async def rebuild_campaign(executor: Executor, projector: Projector, campaign_id
             head = r["last_seq"]
             if r["seq"] is None:
                 continue
-            chunk.append(
-                decode_event(
-                    campaign_id,
-                    r["seq"],
-                    r["event_type"],
-                    r["payload"],
-                    r["metadata"],
-                    r["recorded_at"],
-                )
-            )
+            chunk.append(decode_record(r, campaign_id))
             if len(chunk) == CHUNK:
                 await _replay(conn, projector, chunk)
                 applied, chunk = applied + len(chunk), []

@@ -170,14 +170,12 @@ class Service:
                 _logger.info("batch.done", extra=vars(counts))
             elif self.until_idle:
                 return
-            if counts.claimed < settings.batch_size:  # a full batch: more is probably due
-                await self._pause(await self._idle_time())
+            if counts.claimed < settings.batch_size and not self.until_idle:
+                await self._pause(await self._idle_time())  # a full batch: more is likely due
 
     async def _idle_time(self) -> float:
         """Until the next row is due (a retry in backoff), at most the poll interval (S10)."""
         poll = self.worker.app.settings.poll_interval
-        if self.until_idle:
-            return 0.0
         try:
             due_in = await queue.next_due_in(
                 self.worker.pool, ordered=self.worker.ordered, park=self.worker.park

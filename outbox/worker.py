@@ -32,7 +32,6 @@ __all__ = [
     "ShadowWorker",
     "TransientBatchError",
     "Worker",
-    "transient_cause",
     "walk",
 ]
 
@@ -78,7 +77,7 @@ def walk(rows: list[ClaimedRow], *, limit: int, park: bool) -> list[ClaimedRow]:
     return chosen
 
 
-def transient_cause(exc: BaseException) -> TransientBatchError | None:
+def _transient_cause(exc: BaseException) -> TransientBatchError | None:
     """The transient failure behind `exc`: a dead connection often surfaces as a second error
     (e.g. the transaction's exit on a closed connection) raised while handling the first."""
     found: TransientBatchError | None = None
@@ -136,7 +135,7 @@ class Worker:
         try:
             return await self._batch()
         except Exception as exc:
-            transient = transient_cause(exc)
+            transient = _transient_cause(exc)
             if transient is None:
                 raise
             raise transient from exc
