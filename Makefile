@@ -33,8 +33,13 @@ lint: $(STAMP) ## ruff check, ruff format --check, mypy --strict
 demo: $(STAMP) ## Run the demo: local PostgreSQL (or OUTBOX_DSN), migrate, append, drain, report
 	$(PY) cmd/demo.py
 
-bench: $(STAMP) ## Run the benchmarks and print their figures
-	$(PY) bench/run.py
+BENCH_STAMP := $(VENV)/.bench-stamp
+$(BENCH_STAMP): $(STAMP) pyproject.toml
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev,bench]'
+	@touch $(BENCH_STAMP)
+
+bench: $(BENCH_STAMP) ## Run the benchmarks (durable local PostgreSQL, ~15 min) and print their figures
+	$(PY) bench/run.py $(BENCH_ARGS)
 
 clean: ## Stop the demo cluster, remove .venv, .outbox and caches
 	@if [ -x $(PY) ] && [ -d .outbox ]; then $(PY) cmd/demo.py --stop || true; fi

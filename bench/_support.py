@@ -1,4 +1,5 @@
-"""What the bench scripts share: a migrated scratch database on a durable server.
+"""What the bench scripts share: a migrated scratch database on a durable server, the bench
+projection (per-campaign totals, one upsert), a backlog loader and the figure printers.
 
 OUTBOX_BENCH_DSN (a role with CREATEDB) when set, else a throwaway local cluster with fsync on,
 so figures include the cost of commits.
@@ -7,33 +8,97 @@ so figures include the cost of commits.
 from __future__ import annotations
 
 import os
+import platform
+import statistics
+import sys
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from datetime import UTC, datetime
+from typing import Any
 
 import asyncpg
+import orjson
 
 from outbox.localpg import LocalCluster
 from outbox.migrate import migrate
 
+# The read model every contender maintains: events and amount per campaign.
+PROJECTION = """
+CREATE TABLE IF NOT EXISTS bench_totals (
+    campaign_id text PRIMARY KEY,
+    events      bigint NOT NULL,
+    amount      bigint NOT NULL
+)
+"""
+# One statement for a whole batch, from arrays (what a batch projector and the raw loop run).
+UPSERT_MANY = """
+INSERT INTO bench_totals AS t (campaign_id, events, amount)
+SELECT e.campaign_id, count(*), sum(e.amount)
+FROM unnest($1::text[], $2::bigint[]) AS e(campaign_id, amount)
+GROUP BY e.campaign_id
+ORDER BY e.campaign_id
+ON CONFLICT (campaign_id) DO UPDATE
+SET events = t.events + excluded.events, amount = t.amount + excluded.amount
+"""
+# One statement per event (a per-event projector, a pgqueuer job).
+UPSERT_ONE = """
+INSERT INTO bench_totals AS t (campaign_id, events, amount) VALUES ($1, 1, $2)
+ON CONFLICT (campaign_id) DO UPDATE
+SET events = t.events + 1, amount = t.amount + excluded.amount
+"""
+EVENT_TYPE = "bench.tick"
+
+# A backlog of $2 events over $1 campaigns, enqueued oldest first across campaigns, the way
+# appends leave it (heads, journal, work rows; the work rows' trigger queues the campaigns).
+LOAD_BACKLOG = """
+WITH heads AS (
+    INSERT INTO campaign_heads (campaign_id, last_seq)
+    SELECT 'c-' || c, ($2::integer - c - 1) / $1::integer + 1
+    FROM generate_series(0, least($1::integer, $2::integer) - 1) c
+), journal AS (
+    INSERT INTO event_journal (campaign_id, seq, event_type, payload)
+    SELECT 'c-' || (g % $1::integer), g / $1::integer + 1, 'bench.tick',
+           jsonb_build_object('amount', g % 7)
+    FROM generate_series(0, $2::integer - 1) g
+    RETURNING campaign_id, seq, event_type
+)
+INSERT INTO projection_apply_outbox (campaign_id, seq, event_type)
+SELECT campaign_id, seq, event_type FROM journal ORDER BY seq, campaign_id
+"""
+CLEAR = (
+    "TRUNCATE event_journal, campaign_heads, projection_apply_outbox, projection_apply_campaigns,"
+    " projection_checkpoints, processed_markers, append_idempotency_keys, bench_totals"
+)
+
 
 @asynccontextmanager
-async def bench_database() -> AsyncIterator[str]:
-    """Yield the DSN of a fresh migrated database; drop it (and any cluster) afterwards."""
+async def bench_database(*, commit_timestamps: bool = False) -> AsyncIterator[str]:
+    """Yield the DSN of a fresh migrated database with the bench projection; drop it (and any
+    cluster) afterwards. `commit_timestamps`: track_commit_timestamp on (set on our own
+    cluster; a given server must have it)."""
     cluster: LocalCluster | None = None
     server = os.environ.get("OUTBOX_BENCH_DSN", "")
     if not server:
         cluster = LocalCluster.temporary(durable=True)
         server = cluster.start()
+        if commit_timestamps:
+            admin = await asyncpg.connect(server)
+            await admin.execute("ALTER SYSTEM SET track_commit_timestamp = on")
+            await admin.close()
+            cluster.restart()
     try:
         name = f"bench_{uuid.uuid4().hex[:8]}"
         admin = await asyncpg.connect(server)
         try:
+            if commit_timestamps and await admin.fetchval("SHOW track_commit_timestamp") != "on":
+                sys.exit("bench: this benchmark needs track_commit_timestamp = on on the server")
             await admin.execute(f'CREATE DATABASE "{name}"')
             dsn = server.rsplit("/", 1)[0] + f"/{name}"
             conn = await asyncpg.connect(dsn)
             try:
                 await migrate(conn)
+                await conn.execute(PROJECTION)
             finally:
                 await conn.close()
             yield dsn
@@ -43,3 +108,43 @@ async def bench_database() -> AsyncIterator[str]:
     finally:
         if cluster is not None:
             cluster.destroy()
+
+
+async def load_backlog(conn: asyncpg.Connection, *, campaigns: int, events: int) -> None:
+    await conn.execute(CLEAR)
+    await conn.execute(LOAD_BACKLOG, campaigns, events)
+    await conn.execute("ANALYZE projection_apply_outbox")
+    await conn.execute("ANALYZE projection_apply_campaigns")
+    await conn.execute("ANALYZE event_journal")
+
+
+async def check_totals(conn: asyncpg.Connection, events: int) -> None:
+    """Every event applied exactly once: the totals against the generator's own sums."""
+    got = await conn.fetchrow("SELECT sum(events) AS n, sum(amount) AS a FROM bench_totals")
+    want = sum(g % 7 for g in range(events))
+    if (got["n"], got["a"]) != (events, want):
+        raise SystemExit(f"bench: totals {tuple(got)} != expected {(events, want)}")
+
+
+def percentiles(samples: Sequence[float]) -> dict[str, float]:
+    """p50/p95/p99 of `samples` (seconds) in milliseconds."""
+    cuts = statistics.quantiles(samples, n=100, method="inclusive")
+    return {"p50_ms": cuts[49] * 1e3, "p95_ms": cuts[94] * 1e3, "p99_ms": cuts[98] * 1e3}
+
+
+def machine() -> dict[str, Any]:
+    return {
+        "date": datetime.now(UTC).date().isoformat(),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "platform": platform.platform(terse=True),
+    }
+
+
+def print_json(bench: str, figures: dict[str, Any]) -> None:
+    """The one JSON line of a bench script's figures."""
+    print(orjson.dumps({"bench": bench, **machine(), **figures}).decode(), flush=True)
+
+
+def decode_amounts(payloads: Sequence[str]) -> list[int]:
+    return [orjson.loads(p)["amount"] for p in payloads]

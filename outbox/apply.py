@@ -2,11 +2,13 @@
 
 `Dispatch` serves one batch (or one inline append, or one replay) on the caller's connection,
 inside the caller's transaction. `load()` locks the checkpoints of the batch's campaigns in one
-statement; `apply(events)` runs a group of events (the caller wraps it in one savepoint): it
-derives every ordered projector's verdict (apply / duplicate / gap) from those checkpoints and
-the seqs, reserves the processed markers of every idempotent projector in one statement, runs
-per-event projectors event by event and batch projectors once with their events; `settle()`
-moves each checkpoint once. The happy path pays no per-event round trip of the library's own.
+statement (or `use()` takes those an ordered claim locked). `apply(events)` runs a group of
+events (the caller brackets it with `open_group()` and, on failure, `undo_group()`): it derives
+every ordered projector's verdict (apply / duplicate / gap) from those checkpoints and the
+seqs, reserves the processed markers of every idempotent projector in one statement, runs
+per-event projectors event by event and batch projectors once with their events. `moves()`
+says where the checkpoints moved, for the caller's settle (`queue.settle`). The happy path
+pays no per-event round trip of the library's own.
 
 A failure is raised as `GroupFailed`, carrying the index of the event it belongs to when that is
 known (a per-event projector, a gap, an unknown type), so the caller can isolate it. This module
@@ -20,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from outbox import queue
 from outbox.errors import OutboxError
 from outbox.journal import StoredEvent
 from outbox.queries import Queries
@@ -41,7 +44,8 @@ __all__ = [
 
 class ApplyQueries(Queries, file="apply.sql"):
     lock_checkpoints: str
-    move_checkpoints: str
+    open_group: str
+    undo_group: str
     reserve_markers: str
     checkpoints_of: str
     markers_of: str
@@ -93,6 +97,16 @@ class Dispatch:
         rows = await self.conn.fetch(Q.lock_checkpoints, sorted(set(campaigns)), ordered)
         for r in rows:
             self.checkpoints[(r["campaign_id"], r["projector"])] = r["applied_seq"]
+
+    def use(self, checkpoints: dict[Key, int]) -> None:
+        """Take checkpoints the caller already locked (an ordered claim reads them)."""
+        self.checkpoints.update(checkpoints)
+
+    async def open_group(self) -> None:
+        await self.conn.execute(Q.open_group)
+
+    async def undo_group(self) -> None:
+        await self.conn.execute(Q.undo_group)
 
     async def apply(self, events: Sequence[StoredEvent]) -> list[ApplyOutcome]:
         """Apply `events` (sorted by campaign_id, seq) once each; call inside a savepoint.
@@ -182,18 +196,12 @@ class Dispatch:
                 # Which event failed is known only when the projector had just one.
                 raise GroupFailed(exc, indexes[0] if len(indexes) == 1 else None) from exc
 
-    async def settle(self) -> None:
-        """Write the checkpoints that moved, once each (one statement)."""
-        if not self.moved:
-            return
-        keys = sorted(self.moved)
-        await self.conn.execute(
-            Q.move_checkpoints,
-            [k[0] for k in keys],
-            [k[1] for k in keys],
-            [self.checkpoints[k] for k in keys],
-        )
+    def moves(self) -> list[tuple[str, str, int]]:
+        """(campaign_id, projector, applied_seq) of every checkpoint that moved, sorted (a
+        fixed lock order); the caller writes them with its settle."""
+        moved = [(k[0], k[1], self.checkpoints[k]) for k in sorted(self.moved)]
         self.moved.clear()
+        return moved
 
 
 async def apply_event(conn: Connection, registry: Registry, event: StoredEvent) -> ApplyOutcome:
@@ -205,7 +213,7 @@ async def apply_event(conn: Connection, registry: Registry, event: StoredEvent) 
         (outcome,) = await dispatch.apply([event])
     except GroupFailed as failed:
         raise failed.cause from None
-    await dispatch.settle()
+    await queue.settle(conn, checkpoints=dispatch.moves())
     return outcome
 
 

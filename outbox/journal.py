@@ -46,7 +46,8 @@ __all__ = [
     "outcome_unknown_on_connection_loss",
 ]
 
-# The LISTEN/NOTIFY channel appends signal: payload-free, one per append transaction.
+# The LISTEN/NOTIFY channel that wakes the workers: payload-free, sent by the work rows' trigger
+# when a campaign gets queued work (sql/0003_campaign_queue.sql names it too).
 WORK_CHANNEL = "outbox_work"
 
 MAX_ID_LENGTH = 256
@@ -276,7 +277,6 @@ async def _insert(conn: Connection, batch: _Batch, settings: Settings) -> Append
         batch.expected_seq,
         settings.enabled,
         batch.idempotency_key,
-        WORK_CHANNEL,
     )
     if row is None:
         actual = await conn.fetchval(Q.get_campaign_head, batch.campaign_id)

@@ -154,6 +154,13 @@ async def _requeue(
         actor,
         reason,
     )
+    if not dry_run:
+        # Live again: their campaigns are claimable at once. The dead policy is the workers'
+        # to know; never marking a campaign blocked is the safe side (a block worker's next
+        # claim of it marks it again if a dead row still precedes).
+        await queue.refresh_campaigns(
+            conn, sorted({r["campaign_id"] for r in rows}), park=True, removable=()
+        )
     return [dict(r) for r in rows]
 
 

@@ -22,7 +22,7 @@ from outbox.journal import (
     load_events,
     outcome_unknown_on_connection_loss,
 )
-from outbox.queue import Failure
+from outbox.queue import CampaignWrite, Failure
 from outbox.registry import Projector, Registry, ResetFn
 from outbox.retry import ErrorClass, after_failure, classify, describe_error
 
@@ -122,8 +122,14 @@ class Outbox:
             async with conn.transaction():
                 await dispatch.load([cid])
                 await dispatch.apply(stored)
-                await dispatch.settle()
-                await queue.delete_rows(conn, [(cid, seq) for seq in result.seqs])
+                # Nothing of the campaign is left outstanding, and this append holds its head:
+                # its campaign row goes too (sql/0003_campaign_queue.sql).
+                await queue.settle(
+                    conn,
+                    done=[(cid, seq) for seq in result.seqs],
+                    campaigns=[CampaignWrite(cid, 0, None, blocked=False, gone=True)],
+                    checkpoints=dispatch.moves(),
+                )
         except GroupFailed as failed:
             exc, current = failed.cause, stored[failed.index or 0]
             kind = classify(exc)
@@ -139,4 +145,5 @@ class Outbox:
                 rand=random.random,
             )
             failure = Failure(cid, current.seq, 1, delay, describe_error(exc), dead)
-            await queue.record_failures(conn, [failure])
+            await queue.settle(conn, failures=[failure])
+            await queue.refresh_campaigns(conn, [cid], park=s.dead_policy == "park")

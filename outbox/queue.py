@@ -1,13 +1,16 @@
-"""The work queue (`projection_apply_outbox`): every statement on the outbox table lives here.
+"""The work queue: every statement on the work rows (`projection_apply_outbox`) and the campaign
+queue that indexes them (`projection_apply_campaigns`, sql/0003_campaign_queue.sql) lives here.
 
-Claiming, completing and failing rows, each one statement from arrays. It never runs projectors
-and decides no policy (which rows to walk, what delay, when dead): the worker does, and passes
-the results in. Every function runs on the caller's connection, inside the caller's transaction.
+Claiming, and settling a batch (deletes, failures, campaign rows) in one statement from arrays.
+It never runs projectors and decides no policy (which rows to walk, what delay, when dead, what
+a campaign row becomes): the worker does, and passes the results in. Paths that change rows
+without a claim call `refresh_campaigns`. Every function runs on the caller's connection,
+inside the caller's transaction.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING
@@ -24,26 +27,33 @@ if TYPE_CHECKING:
     from outbox.db import Connection, Executor
 
 __all__ = [
+    "CampaignWrite",
     "ClaimedRow",
     "Failure",
     "claim",
     "claim_one",
     "delete_rows",
     "lock_campaign_rows",
+    "lock_heads",
     "next_due_in",
     "notify_work",
     "outstanding_upto",
-    "record_failures",
     "record_observations",
+    "refresh_campaigns",
+    "settle",
+    "unblock_campaigns",
     "wait_applied",
 ]
 
 
 class QueueQueries(Queries, file="queue.sql"):
-    claim_campaign_heads: str
+    claim_campaigns: str
     claim_due_rows: str
     delete_rows: str
-    record_failures: str
+    lock_heads: str
+    settle: str
+    refresh_campaigns: str
+    unblock_campaigns: str
     next_due_in: str
     outstanding_upto: str
     claim_one: str
@@ -64,6 +74,7 @@ class ClaimedRow:
     seq: int
     status: str
     attempt_count: int
+    next_attempt_at: datetime
     due: bool
     event: StoredEvent | None
     unavailable: EventUnavailable | None = None
@@ -82,6 +93,31 @@ class ClaimedRow:
 
 
 @dataclass(frozen=True, slots=True)
+class ClaimedCampaign:
+    """A campaign an ordered claim holds: its rows from the head (as far as the budget went)
+    and its first and last outstanding seq (None: no row is left)."""
+
+    campaign_id: str
+    rows: list[ClaimedRow]
+    first_seq: int | None
+    last_seq: int | None
+    checkpoints: dict[str, int]  # ordered projector -> applied_seq (missing: 0), locked
+
+
+@dataclass(frozen=True, slots=True)
+class CampaignWrite:
+    """What a campaign row becomes when a batch settles: deleted (`gone`: nothing live is
+    left), or its head, blocked flag and due time (None: the failure's next attempt when the
+    head failed in this batch, else now)."""
+
+    campaign_id: str
+    head_seq: int
+    due_at: datetime | None
+    blocked: bool
+    gone: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class Failure:
     campaign_id: str
     seq: int
@@ -96,15 +132,27 @@ async def claim(
     *,
     limit: int,
     ordered: bool,
-    park: bool,
+    projectors: Sequence[str] = (),
     now: datetime | None = None,
-) -> list[ClaimedRow]:
-    """Lock up to `limit` due rows (heads and their followers under campaign ordering)."""
+) -> list[ClaimedCampaign]:
+    """Lock up to `limit` rows: under campaign ordering, due campaigns, the rows from their
+    heads (the campaign's rows are the holder's alone) and the checkpoints of the ordered
+    `projectors`; else due rows, each locked, one pseudo-campaign per row's campaign (no
+    checkpoints read). Campaigns sorted by id, rows by seq."""
     if ordered:
-        rows = await conn.fetch(Q.claim_campaign_heads, limit, now, park)
+        records = await conn.fetch(Q.claim_campaigns, limit, now, list(projectors))
     else:
-        rows = await conn.fetch(Q.claim_due_rows, limit, now)
-    return [_claimed(r) for r in rows]
+        records = await conn.fetch(Q.claim_due_rows, limit, now)
+    campaigns: list[ClaimedCampaign] = []
+    for r in records:
+        if not campaigns or campaigns[-1].campaign_id != r["campaign_id"]:
+            checkpoints = dict(zip(r["projectors"] or (), r["applied_seqs"] or (), strict=True))
+            campaigns.append(
+                ClaimedCampaign(r["campaign_id"], [], r["first_seq"], r["last_seq"], checkpoints)
+            )
+        if r["seq"] is not None:
+            campaigns[-1].rows.append(_claimed(r))
+    return campaigns
 
 
 def _claimed(r: asyncpg.Record) -> ClaimedRow:
@@ -120,7 +168,14 @@ def _claimed(r: asyncpg.Record) -> ClaimedRow:
         except EventUnavailable as exc:
             unavailable = exc
     return ClaimedRow(
-        r["campaign_id"], r["seq"], r["status"], r["attempt_count"], r["due"], event, unavailable
+        r["campaign_id"],
+        r["seq"],
+        r["status"],
+        r["attempt_count"],
+        r["next_attempt_at"],
+        r["due"],
+        event,
+        unavailable,
     )
 
 
@@ -161,7 +216,8 @@ async def notify_work(conn: Connection) -> None:
 
 
 async def lock_campaign_rows(conn: Connection, campaign_id: str) -> int:
-    """Hold every queued row of the campaign until the transaction ends; returns how many."""
+    """Hold the campaign and every queued row of it until the transaction ends; returns how
+    many rows."""
     locked: int = await conn.fetchval(Q.lock_campaign_rows, campaign_id)
     return locked
 
@@ -171,27 +227,84 @@ async def delete_rows(conn: Connection, keys: Sequence[tuple[str, int]]) -> None
         await conn.execute(Q.delete_rows, [k[0] for k in keys], [k[1] for k in keys])
 
 
-async def record_failures(
-    conn: Connection, failures: Sequence[Failure], now: datetime | None = None
-) -> None:
-    if not failures:
-        return
-    await conn.execute(
-        Q.record_failures,
+async def lock_heads(conn: Connection, campaigns: Sequence[str]) -> set[str]:
+    """Hold the append heads of `campaigns` (no append of them runs until commit), skipping
+    the ones an append holds now; returns the campaigns held. A campaign row may be deleted
+    only while its head is held."""
+    if not campaigns:
+        return set()
+    rows = await conn.fetch(Q.lock_heads, sorted(campaigns))
+    return {r["campaign_id"] for r in rows}
+
+
+async def settle(
+    conn: Connection,
+    *,
+    done: Sequence[tuple[str, int]] = (),
+    failures: Sequence[Failure] = (),
+    campaigns: Sequence[CampaignWrite] = (),
+    checkpoints: Sequence[tuple[str, str, int]] = (),
+    now: datetime | None = None,
+) -> int:
+    """Delete `done`, record `failures`, write `campaigns` and move `checkpoints` (campaign,
+    projector, applied_seq; sorted) in one statement; returns how many campaigns are left due
+    now with work to take."""
+    if not (done or failures or campaigns or checkpoints):
+        return 0
+    due: int = await conn.fetchval(
+        Q.settle,
+        [k[0] for k in done],
+        [k[1] for k in done],
         [f.campaign_id for f in failures],
         [f.seq for f in failures],
         [f.attempts for f in failures],
         [f.delay for f in failures],
         [f.error for f in failures],
-        now,
         [f.dead for f in failures],
+        now,
+        [c.campaign_id for c in campaigns],
+        [c.head_seq for c in campaigns],
+        [c.due_at for c in campaigns],
+        [c.blocked for c in campaigns],
+        [c.gone for c in campaigns],
+        [k[0] for k in checkpoints],
+        [k[1] for k in checkpoints],
+        [k[2] for k in checkpoints],
     )
+    return due
 
 
-async def next_due_in(executor: Executor, *, ordered: bool, park: bool) -> float | None:
-    """Seconds until the next claimable row is due (negative: already due); None: none waits."""
+async def refresh_campaigns(
+    conn: Connection,
+    campaigns: Sequence[str],
+    *,
+    park: bool,
+    removable: Collection[str] | None = None,
+) -> None:
+    """Bring the campaign rows of `campaigns` in line with their work rows, for paths that
+    change rows without a claim (requeue, reconcile, replay, inline apply). A campaign left
+    with nothing live is deleted when its append head is in `removable` (held with
+    `lock_heads`); None: lock the heads here. Paths that only make rows live pass `()`: they
+    never need the head lock. Waits for a batch that holds one of them."""
+    if not campaigns:
+        return
+    if removable is None:
+        removable = await lock_heads(conn, campaigns)
+    await conn.execute(Q.refresh_campaigns, sorted(set(campaigns)), park, sorted(removable))
+
+
+async def unblock_campaigns(executor: Executor) -> int:
+    """dead_policy=park: no campaign is blocked; returns how many were marked."""
     async with db.acquire(executor) as conn:
-        value: float | None = await conn.fetchval(Q.next_due_in, park, not ordered)
+        status: str = await conn.execute(Q.unblock_campaigns)
+    return int(status.rsplit(" ", 1)[-1])
+
+
+async def next_due_in(executor: Executor, *, ordered: bool) -> float | None:
+    """Seconds until the next claimable work is due (negative: already due); None: none
+    waits."""
+    async with db.acquire(executor) as conn:
+        value: float | None = await conn.fetchval(Q.next_due_in, not ordered)
     return value
 
 

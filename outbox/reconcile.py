@@ -61,5 +61,10 @@ async def reconcile(
                     [f[1] for f in found],
                     [f[2] for f in found],
                 )
+                # A row enqueued before a campaign's head moves the head back (the insert
+                # trigger only creates missing campaign rows). Never blocked: see requeue.
+                await queue.refresh_campaigns(
+                    conn, sorted({f[0] for f in found}), park=True, removable=()
+                )
                 await queue.notify_work(conn)
     return [{"campaign_id": c, "seq": s, "event_type": t} for c, s, t in found]

@@ -41,6 +41,7 @@ _logger = log.get_logger("outbox.worker")
 # `LIMIT $1` can scan the whole backlog after a few executions.
 _BASE_SETTINGS = {"plan_cache_mode": "force_custom_plan"}
 RECONNECT_BASE = 0.5
+RECHECK_DELAY = 0.01
 RECONNECT_CAP = 30.0
 
 
@@ -168,18 +169,23 @@ class Service:
             self.metrics.record_batch(counts)
             if counts.claimed:
                 _logger.info("batch.done", extra=vars(counts))
-            elif self.until_idle:
+            elif self.until_idle and not counts.more_due:
                 return
-            if counts.claimed < settings.batch_size and not self.until_idle:
-                await self._pause(await self._idle_time())  # a full batch: more is likely due
+            if counts.claimed >= settings.batch_size:
+                continue  # a full batch: more is likely due (S10)
+            if counts.more_due:
+                # Campaigns left due: claim again, at once when this batch did work. One that
+                # yielded nothing waits for an append still in flight: look again shortly.
+                await self._pause(0 if counts.claimed else RECHECK_DELAY)
+                continue
+            if not self.until_idle:  # a drain ends at the next claim that finds nothing
+                await self._pause(await self._idle_time())
 
     async def _idle_time(self) -> float:
         """Until the next row is due (a retry in backoff), at most the poll interval (S10)."""
         poll = self.worker.app.settings.poll_interval
         try:
-            due_in = await queue.next_due_in(
-                self.worker.pool, ordered=self.worker.ordered, park=self.worker.park
-            )
+            due_in = await queue.next_due_in(self.worker.pool, ordered=self.worker.ordered)
         except Exception as exc:  # the next batch meets the same problem and reports it
             _logger.debug("idle.lookup_failed", extra={"error": describe_error(exc)})
             return poll
@@ -256,6 +262,10 @@ class Service:
         task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
     ) -> None:
         """Run until `stop()` (or, with `until_idle`, until every loop found nothing due)."""
+        if self.worker.park and self.mode == "apply":
+            unblocked = await queue.unblock_campaigns(self.worker.pool)
+            if unblocked:
+                _logger.info("campaigns.unblocked", extra={"campaigns": unblocked})
         if self.until_idle:
             await self._loops(shutdown_timeout, task_status)
             return

@@ -21,7 +21,7 @@ from outbox import db, log, queue
 from outbox.apply import ApplyOutcome, Dispatch, GroupFailed, applied_events
 from outbox.errors import Conflict, EventUnavailable
 from outbox.projectors import Outbox
-from outbox.queue import ClaimedRow, Failure
+from outbox.queue import CampaignWrite, ClaimedCampaign, ClaimedRow, Failure
 from outbox.retry import ErrorClass, after_failure, classify, connection_lost, describe_error
 
 if TYPE_CHECKING:
@@ -46,6 +46,7 @@ class BatchCounts:
     failed: int = 0
     dead: int = 0
     observed: int = 0  # shadow mode: rows seen and left for the apply worker
+    more_due: int = 0  # campaigns the batch left due now: claim again rather than sleep
 
     def add(self, other: BatchCounts) -> None:
         for name, value in vars(other).items():
@@ -61,19 +62,25 @@ class TransientBatchError(Exception):
         self.connection_lost = connection_lost
 
 
-def walk(rows: list[ClaimedRow], *, limit: int, park: bool) -> list[ClaimedRow]:
-    """The rows to process, per campaign in seq order: stop a campaign at its first row that is
-    not due (a dead row is stepped over under `park`), and take at most `limit` in all."""
+def walk(
+    campaigns: list[ClaimedCampaign], *, limit: int, park: bool, ordered: bool = True
+) -> list[ClaimedRow]:
+    """The rows to process, per campaign in seq order, at most `limit` in all. Under campaign
+    ordering a campaign stops at its first row that is not due (a dead row is stepped over
+    under `park`), and under `block` a campaign with any row before its head waits."""
     chosen: list[ClaimedRow] = []
-    stopped: set[str] = set()
-    for row in rows:  # sorted by campaign_id, seq
-        if row.campaign_id in stopped or len(chosen) >= limit:
-            continue
-        if not row.due:
-            if not (park and row.status == "dead"):
-                stopped.add(row.campaign_id)
-            continue
-        chosen.append(row)
+    for campaign in campaigns:
+        rows = campaign.rows
+        if ordered and not park and rows and (campaign.first_seq or 0) < rows[0].seq:
+            continue  # a dead row, or a campaign row behind the truth: see _campaign_writes
+        for row in rows:
+            if len(chosen) >= limit:
+                return chosen
+            if not row.due:
+                if ordered and not (park and row.status == "dead"):
+                    break
+                continue
+            chosen.append(row)
     return chosen
 
 
@@ -94,6 +101,13 @@ def _transient_cause(exc: BaseException) -> TransientBatchError | None:
     if found is not None and lost:
         found.connection_lost = True
     return found
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    """`exc`, or the exceptions inside it when it is a group (a projector's task group)."""
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for inner in exc.exceptions for leaf in _leaves(inner)]
+    return [exc]
 
 
 @dataclass
@@ -141,33 +155,65 @@ class Worker:
             raise transient from exc
 
     async def _batch(self) -> BatchCounts:
-        """One transaction: claim, hand the rows to `_handle`, commit."""
+        """One transaction: claim, hand the campaigns to `_handle`, commit."""
         now = self.now()
         async with db.acquire(self.pool) as conn, conn.transaction():
-            ordered, park = self._claim_mode()
-            rows = await queue.claim(
-                conn, limit=self.app.settings.batch_size, ordered=ordered, park=park, now=now
+            campaigns = await queue.claim(
+                conn,
+                limit=self.app.settings.batch_size,
+                ordered=self._claim_ordered(),
+                projectors=self.app.registry.ordered_names(),
+                now=now,
             )
-            return await self._handle(conn, rows, now)
+            return await self._handle(conn, campaigns, now)
 
-    def _claim_mode(self) -> tuple[bool, bool]:
-        """(ordered, park) for the claim: the apply worker follows the settings."""
-        return self.ordered, self.park
+    def _claim_ordered(self) -> bool:
+        """Whether the claim goes by campaign: the apply worker follows the settings."""
+        return self.ordered
 
     async def _handle(
-        self, conn: Connection, rows: list[ClaimedRow], now: datetime | None
+        self, conn: Connection, campaigns: list[ClaimedCampaign], now: datetime | None
     ) -> BatchCounts:
         """Apply the walked rows as one group in one savepoint; on a failure, roll the group
         back and retry smaller pieces, so only the failing event records an attempt and its
-        neighbours still apply (S6). Then delete successes and record failures."""
-        work = walk(rows, limit=self.app.settings.batch_size, park=self.park)
+        neighbours still apply (S6). Then settle: delete successes, record failures and write
+        the campaign rows, in one statement."""
+        work = walk(
+            campaigns, limit=self.app.settings.batch_size, park=self.park, ordered=self.ordered
+        )
         counts = BatchCounts(claimed=len(work))
-        if not work:
+        if not campaigns:
             return counts
         dispatch = Dispatch(conn, self.app.registry)
-        await dispatch.load([r.campaign_id for r in work])
         done: list[tuple[str, int]] = []
         failures: list[Failure] = []
+        if work:
+            if self.ordered:  # the claim locked them
+                dispatch.use(
+                    {(c.campaign_id, p): v for c in campaigns for p, v in c.checkpoints.items()}
+                )
+            else:
+                await dispatch.load(sorted({r.campaign_id for r in work}))
+            await self._apply(dispatch, work, done, failures, counts)
+        writes = await self._campaign_writes(conn, campaigns, set(done), failures)
+        counts.more_due = await queue.settle(
+            conn,
+            done=done,
+            failures=failures,
+            campaigns=writes,
+            checkpoints=dispatch.moves(),
+            now=now,
+        )
+        return counts
+
+    async def _apply(
+        self,
+        dispatch: Dispatch,
+        work: list[ClaimedRow],
+        done: list[tuple[str, int]],
+        failures: list[Failure],
+        counts: BatchCounts,
+    ) -> None:
         pending: deque[list[ClaimedRow]] = deque([work])
         while pending:
             # Under campaign ordering, rows behind a row that failed in this batch wait.
@@ -179,21 +225,73 @@ class Worker:
             if bad is not None:  # a missing or undecodable event fails its row alone (S8)
                 failures.append(self._failed(group[bad], group[bad].unavailable, counts))
                 pending.extendleft([group[bad + 1 :], group[:bad]])
-            else:
-                try:
-                    async with conn.transaction():
-                        outcomes = await dispatch.apply([r.stored_event() for r in group])
-                except GroupFailed as failed:
-                    pending.extendleft(reversed(self._split(group, failed, failures, counts)))
+                continue
+            await dispatch.open_group()
+            try:
+                outcomes = await dispatch.apply([r.stored_event() for r in group])
+            except GroupFailed as failed:
+                closed = dispatch.conn.is_closed()
+                pieces = self._split(group, failed, failures, counts, closed=closed)
+                await dispatch.undo_group()
+                pending.extendleft(reversed(pieces))
+                continue
+            for row, outcome in zip(group, outcomes, strict=True):
+                done.append(row.key)
+                counts.applied += outcome is ApplyOutcome.APPLIED
+                counts.skipped += outcome is not ApplyOutcome.APPLIED
+
+    async def _campaign_writes(
+        self,
+        conn: Connection,
+        campaigns: list[ClaimedCampaign],
+        done: set[tuple[str, int]],
+        failures: list[Failure],
+    ) -> list[CampaignWrite]:
+        """What each held campaign's row becomes, from what the batch saw and did: its first
+        remaining live row is the new head (blocked under `block` when a dead row precedes it);
+        past the rows it saw, the next row is due now. A campaign left with nothing live is
+        deleted, under its append head's lock (`queue.lock_heads`); one whose head lies before
+        what the claim read (a campaign row behind the truth) is read back from the work rows.
+        Nothing to write under ordering `none`: its claim reads the work rows directly."""
+        if not self.ordered:
+            return []
+        failed = {(f.campaign_id, f.seq): f for f in failures}
+        writes: list[CampaignWrite] = []
+        empty: dict[str, bool] = {}  # campaign -> blocked, if an append holds its head
+        unknown: list[str] = []
+        for campaign in campaigns:
+            cid, rows = campaign.campaign_id, campaign.rows
+            if campaign.first_seq is not None and (
+                not rows or (not self.park and campaign.first_seq < rows[0].seq)
+            ):
+                unknown.append(cid)
+                continue
+            dead_before = False
+            head: ClaimedRow | None = None
+            for row in rows:
+                if row.key in done:
                     continue
-                for row, outcome in zip(group, outcomes, strict=True):
-                    done.append(row.key)
-                    counts.applied += outcome is ApplyOutcome.APPLIED
-                    counts.skipped += outcome is not ApplyOutcome.APPLIED
-        await dispatch.settle()
-        await queue.delete_rows(conn, done)
-        await queue.record_failures(conn, failures, now)
-        return counts
+                failure = failed.get(row.key)
+                if failure.dead if failure else row.status == "dead":
+                    dead_before = True
+                    continue
+                head = row
+                break
+            blocked = dead_before and not self.park
+            if head is not None:
+                due_at = None if head.key in failed else head.next_attempt_at
+                writes.append(CampaignWrite(cid, head.seq, due_at, blocked))
+            elif rows and campaign.last_seq is not None and campaign.last_seq > rows[-1].seq:
+                writes.append(CampaignWrite(cid, rows[-1].seq + 1, None, blocked))
+            else:
+                empty[cid] = blocked
+        if not (empty or unknown):
+            return writes
+        held = await queue.lock_heads(conn, [*empty, *unknown])
+        for cid, blocked in empty.items():
+            writes.append(CampaignWrite(cid, 0, None, blocked, gone=cid in held))
+        await queue.refresh_campaigns(conn, unknown, park=self.park, removable=held)
+        return writes
 
     def _split(
         self,
@@ -201,13 +299,18 @@ class Worker:
         failed: GroupFailed,
         failures: list[Failure],
         counts: BatchCounts,
+        *,
+        closed: bool = False,
     ) -> list[list[ClaimedRow]]:
         """The pieces to retry after `group` failed: around the failing event when it is
-        known (which records its failure), else the two halves."""
-        kind = classify(failed.cause)
-        if kind is ErrorClass.TRANSIENT:
+        known (which records its failure), else the two halves. A transient cause (also one
+        inside a projector's task group) or a connection that died under the projector is the
+        batch's failure, not the event's: raised as TransientBatchError."""
+        causes = _leaves(failed.cause)
+        if closed or any(classify(c) is ErrorClass.TRANSIENT for c in causes):
+            lost = closed or any(connection_lost(c) for c in causes)
             raise TransientBatchError(
-                describe_error(failed.cause), connection_lost=connection_lost(failed.cause)
+                describe_error(failed.cause), connection_lost=lost
             ) from failed.cause
         if failed.index is None and len(group) > 1:
             half = len(group) // 2
@@ -259,7 +362,8 @@ class Worker:
                 if kind is ErrorClass.TRANSIENT:
                     raise exc from None
                 failure = self._failure(row, exc, permanent=kind is ErrorClass.PERMANENT)
-                await queue.record_failures(conn, [failure], self.now())
+                await queue.settle(conn, failures=[failure], now=self.now())
+                await queue.refresh_campaigns(conn, [campaign_id], park=self.park)
                 return {
                     **result,
                     "outcome": "failed",
@@ -267,18 +371,18 @@ class Worker:
                     "status": "dead" if failure.dead else "failed",
                     "attempt_count": failure.attempts,
                 }
-            await dispatch.settle()
-            await queue.delete_rows(conn, [row.key])
+            await queue.settle(conn, done=[row.key], checkpoints=dispatch.moves())
+            await queue.refresh_campaigns(conn, [campaign_id], park=self.park)
             applied = outcome is ApplyOutcome.APPLIED
             return {**result, "outcome": "applied" if applied else "skipped", "error": None}
 
     async def drain(self) -> BatchCounts:
-        """Run batches until one claims nothing (no row is due); return the totals."""
+        """Run batches until one claims nothing and leaves nothing due; return the totals."""
         total = BatchCounts()
         while True:
             counts = await self.run_once()
             total.add(counts)
-            if counts.claimed == 0:
+            if counts.claimed == 0 and counts.more_due == 0:
                 return total
 
 
@@ -289,12 +393,15 @@ class ShadowWorker(Worker):
     event already counts as applied (inline, checkpoint, marker, or an ignored type) are
     completed, so the queue stays bounded."""
 
-    def _claim_mode(self) -> tuple[bool, bool]:
-        return False, True  # every due row, in any order: nothing is applied
+    def _claim_ordered(self) -> bool:
+        return False  # every due row, in any order: nothing is applied
 
     async def _handle(
-        self, conn: Connection, rows: list[ClaimedRow], now: datetime | None
+        self, conn: Connection, campaigns: list[ClaimedCampaign], now: datetime | None
     ) -> BatchCounts:
+        # The campaign rows are left as they are: earlier than the truth, which the apply
+        # worker's next claim of them corrects.
+        rows = [r for c in campaigns for r in c.rows]
         events = [(r.campaign_id, r.seq, r.event.type) for r in rows if r.event is not None]
         done = await applied_events(conn, self.app.registry, events)
         seen = [r.key for r in rows if r.key not in done]

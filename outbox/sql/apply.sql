@@ -1,5 +1,7 @@
 -- Projection guards of the apply path: checkpoints of ordered projectors, markers of
--- idempotent ones, each read or written for a whole batch in one statement.
+-- idempotent ones, each read or written for a whole batch in one statement. An ordered claim
+-- reads the checkpoints itself and the batch's settle moves them (queue.sql), so a worker's
+-- batch pays no statement of its own for them.
 
 -- name: lock_checkpoints
 -- The checkpoints of the ordered projectors ($2) in the batch's campaigns ($1), locked in a
@@ -11,14 +13,14 @@ WHERE c.campaign_id = ANY ($1::text[]) AND c.projector = ANY ($2::text[])
 ORDER BY c.campaign_id, c.projector
 FOR UPDATE
 
--- name: move_checkpoints
--- Checkpoints after the batch: one row per (campaign, projector) that moved, from arrays,
--- sorted by the caller (a fixed lock order).
-INSERT INTO projection_checkpoints AS c (campaign_id, projector, applied_seq)
-SELECT m.campaign_id, m.projector, m.applied_seq
-FROM unnest($1::text[], $2::text[], $3::bigint[]) AS m(campaign_id, projector, applied_seq)
-ON CONFLICT (campaign_id, projector)
-DO UPDATE SET applied_seq = excluded.applied_seq, updated_at = clock_timestamp()
+-- name: open_group
+-- A savepoint around one group of events. Never released: a commit ends it, and a RELEASE
+-- would cost the happy path a round trip.
+SAVEPOINT outbox_group
+
+-- name: undo_group
+-- Roll back the group that just failed (the most recent savepoint of that name).
+ROLLBACK TO SAVEPOINT outbox_group
 
 -- name: reserve_markers
 -- Reserve (handler, event) for every idempotent projector and event of a group in one

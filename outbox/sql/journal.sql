@@ -3,7 +3,8 @@
 -- name: append_events
 -- One statement appends a batch: allocate seqs on the campaign head (checking expected_seq,
 -- $5, when given), insert the journal rows and, when enqueueing ($6), their work rows, record
--- the result on the idempotency key ($7, may be null), and NOTIFY channel $8 once.
+-- the result on the idempotency key ($7, may be null). The work rows' trigger (migration 0003)
+-- keeps the campaign queue and wakes the workers when the campaign had no queued work.
 -- No row comes back when expected_seq does not match; then nothing was written.
 WITH moved AS (
     -- expected_seq > 0: the head must stand exactly there (re-checked after a lock wait).
@@ -38,9 +39,7 @@ WITH moved AS (
     FROM head
     WHERE k.campaign_id = $1::text AND k.idem_key = $7::text
 )
-SELECT head.last_seq,
-       CASE WHEN $6::boolean THEN pg_notify($8::text, '') END AS notified
-FROM head
+SELECT head.last_seq FROM head
 
 -- name: claim_append_key
 -- Take the idempotency key for this append: a new key, or one whose TTL ran out. Blocks while
