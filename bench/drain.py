@@ -23,12 +23,11 @@ import argparse
 import asyncio
 import resource
 import time
-from collections.abc import Sequence
 from typing import Any
 
 import asyncpg
+from _apps import outbox_app
 from _support import (
-    EVENT_TYPE,
     UPSERT_MANY,
     UPSERT_ONE,
     bench_database,
@@ -38,7 +37,7 @@ from _support import (
     print_json,
 )
 
-from outbox import Outbox, Settings, StoredEvent, db
+from outbox import Settings
 from outbox.service import drain, open_pool
 from outbox.worker import Worker
 
@@ -86,27 +85,6 @@ async def raw_drain(dsn: str, batch: int) -> None:
             await conn.close()
 
     await asyncio.gather(*(loop() for _ in range(RAW_CONNECTIONS)))
-
-
-def outbox_app(settings: Settings, *, batch: bool) -> Outbox:
-    app = Outbox(settings)
-    if batch:
-
-        @app.projector("totals", events=[EVENT_TYPE], batch=True)
-        async def totals_batch(tx: db.Connection, events: Sequence[StoredEvent]) -> None:
-            await tx.execute(
-                UPSERT_MANY,
-                [e.campaign_id for e in events],
-                [e.payload["amount"] for e in events],
-            )
-
-    else:
-
-        @app.projector("totals", events=[EVENT_TYPE])
-        async def totals_one(tx: db.Connection, event: StoredEvent) -> None:
-            await tx.execute(UPSERT_ONE, event.campaign_id, event.payload["amount"])
-
-    return app
 
 
 async def outbox_drain(dsn: str, batch: int, loops: int, *, batch_projector: bool) -> None:

@@ -5,6 +5,7 @@ unless they count as applied (`projectors.applied_events`: every subscribed proj
 them, or their type is declared ignored). A type this app does not know is enqueued: the worker
 fails it visibly rather than anyone dropping it (S8). Keys are `(campaign_id, seq)`
 throughout, never a global position, and running it twice enqueues nothing the second time.
+Work rows that have no campaign in the campaign queue (inserted with triggers off) get one.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ PAGE = 1000
 class ReconcileQueries(Queries, file="reconcile.sql"):
     unqueued_events: str
     enqueue_rows: str
+    unqueued_campaigns: str
 
 
 Q = ReconcileQueries
@@ -53,6 +55,12 @@ async def reconcile(
             done = await applied_events(conn, registry, keys)
             found += [k for k in keys if k[:2] not in done]
         found = found[:limit]
+        if not dry_run:
+            orphans = [r[0] for r in await conn.fetch(Q.unqueued_campaigns, campaign_id)]
+            if orphans:
+                async with conn.transaction():
+                    await queue.refresh_campaigns(conn, orphans, park=True, removable=())
+                    await queue.notify_work(conn)
         if found and not dry_run:
             async with conn.transaction():
                 await conn.execute(

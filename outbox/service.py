@@ -125,6 +125,9 @@ class Service:
     metrics_port: int | None = None  # serve /metrics (and refresh the queue gauges) when set
     until_idle: bool = False
     link: Link = field(default_factory=Link)
+    # LISTEN for wake-ups; without it the poll interval alone bounds every wait (S10), e.g.
+    # behind a pooler in transaction mode, where LISTEN does not work.
+    notifications: bool = True
 
     def stop(self) -> None:
         self.stopping.set()
@@ -277,7 +280,8 @@ class Service:
         )
         try:
             async with anyio.create_task_group() as service:
-                service.start_soon(self.listen)
+                if self.notifications:
+                    service.start_soon(self.listen)
                 service.start_soon(self.heartbeat, registration)
                 if self.metrics_port is not None:
                     bound = self.metrics.serve(self.metrics_port)

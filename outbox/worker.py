@@ -257,7 +257,7 @@ class Worker:
             return []
         failed = {(f.campaign_id, f.seq): f for f in failures}
         writes: list[CampaignWrite] = []
-        empty: dict[str, bool] = {}  # campaign -> blocked, if an append holds its head
+        empty: dict[str, tuple[int, bool]] = {}  # campaign -> (first seq not seen, blocked)
         unknown: list[str] = []
         for campaign in campaigns:
             cid, rows = campaign.campaign_id, campaign.rows
@@ -284,12 +284,13 @@ class Worker:
             elif rows and campaign.last_seq is not None and campaign.last_seq > rows[-1].seq:
                 writes.append(CampaignWrite(cid, rows[-1].seq + 1, None, blocked))
             else:
-                empty[cid] = blocked
+                empty[cid] = (rows[-1].seq + 1 if rows else 0, blocked)
         if not (empty or unknown):
             return writes
         held = await queue.lock_heads(conn, [*empty, *unknown])
-        for cid, blocked in empty.items():
-            writes.append(CampaignWrite(cid, 0, None, blocked, gone=cid in held))
+        for cid, (after, blocked) in empty.items():
+            # Deleted only if nothing at or past `after` exists by then (the settle checks).
+            writes.append(CampaignWrite(cid, after, None, blocked, gone=cid in held))
         await queue.refresh_campaigns(conn, unknown, park=self.park, removable=held)
         return writes
 

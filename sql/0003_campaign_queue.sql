@@ -41,7 +41,10 @@ ORDER BY o.campaign_id, o.seq;
 
 -- Enqueueing (an append, reconcile, any INSERT) makes sure each campaign of the new rows has
 -- its campaign row, without waiting for a worker that holds an existing one (DO NOTHING takes
--- no row lock). New rows go behind the existing ones, so an existing row stays true. The
+-- no row lock). New rows go behind the existing ones, so an existing row stays true. A new
+-- campaign row starts at the campaign's first outstanding row, not the first new one: rows
+-- inserted with triggers off (session_replication_role = replica, a restore) may precede
+-- them, and the claim steps over dead ones. The
 -- workers are woken only when a campaign row is created: a campaign that already had one is
 -- already known to them. At most one payload-free NOTIFY per statement.
 CREATE FUNCTION projection_apply_enqueued() RETURNS trigger
@@ -50,7 +53,9 @@ DECLARE
     created integer;
 BEGIN
     INSERT INTO projection_apply_campaigns (campaign_id, head_seq, due_at)
-    SELECT n.campaign_id, min(n.seq), min(n.next_attempt_at)
+    SELECT n.campaign_id,
+           (SELECT min(o.seq) FROM projection_apply_outbox o WHERE o.campaign_id = n.campaign_id),
+           min(n.next_attempt_at)
     FROM enqueued n
     WHERE n.status IN ('pending', 'failed')
     GROUP BY n.campaign_id

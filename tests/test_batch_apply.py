@@ -128,8 +128,11 @@ async def test_a_gap_is_refused_naming_the_projector_and_its_campaign_waits(
 
 
 @pytest.mark.parametrize("batch", [False, True], ids=["per_event", "batch"])
-async def test_one_failing_event_in_100_records_one_attempt_and_99_apply_in_order(
-    pool: db.Pool, dsn: str, batch: bool
+@pytest.mark.parametrize(
+    ("poison_seq", "applied_now"), [(10, 99), (4, 93)], ids=["last_of_campaign", "mid_campaign"]
+)
+async def test_one_failing_event_in_100_records_one_attempt_and_the_rest_apply_in_order(
+    pool: db.Pool, dsn: str, batch: bool, poison_seq: int, applied_now: int
 ) -> None:
     await pool.execute(
         "CREATE TABLE applied (id bigserial PRIMARY KEY, campaign_id text, seq bigint)"
@@ -154,25 +157,25 @@ async def test_one_failing_event_in_100_records_one_attempt_and_99_apply_in_orde
         async def recorder(tx: db.Connection, event: StoredEvent) -> None:
             await record(tx, [event])
 
-    # 10 campaigns x 10 events; the poison is seq 4 of campaign c3: 99 good events, of which
-    # c3's seqs 5..10 must wait behind it (ordering): 93 apply now.
+    # 10 campaigns x 10 events, one poison in campaign c3: 99 good events. As c3's last event,
+    # all 99 apply; at seq 4, c3's seqs 5..10 must wait behind it (ordering): 93 apply now.
     for c in range(10):
-        events = [Event("e", {"poison": c == 3 and s == 4}) for s in range(1, 11)]
+        events = [Event("e", {"poison": c == 3 and s == poison_seq}) for s in range(1, 11)]
         await append(pool, f"c{c}", events, settings=settings)
     counts = await Worker(app, pool).run_once()
-    assert (counts.claimed, counts.applied, counts.dead) == (100, 93, 1)
+    assert (counts.claimed, counts.applied, counts.dead) == (100, applied_now, 1)
     left = await pool.fetch(
         "SELECT campaign_id, seq, status, attempt_count FROM projection_apply_outbox "
         "ORDER BY campaign_id, seq"
     )
     assert [(r["campaign_id"], r["seq"], r["status"], r["attempt_count"]) for r in left] == [
-        ("c3", 4, "dead", 1),
-        *[("c3", s, "pending", 0) for s in range(5, 11)],
+        ("c3", poison_seq, "dead", 1),
+        *[("c3", s, "pending", 0) for s in range(poison_seq + 1, 11)],
     ]
     rows = await pool.fetch("SELECT campaign_id, seq FROM applied ORDER BY id")
     applied = [(r["campaign_id"], r["seq"]) for r in rows]
-    assert len(applied) == len(set(applied)) == 93
+    assert len(applied) == len(set(applied)) == applied_now
     for c in range(10):  # per campaign, in seq order
         seqs = [s for cid, s in applied if cid == f"c{c}"]
         assert seqs == sorted(seqs)
-        assert seqs == (list(range(1, 4)) if c == 3 else list(range(1, 11)))
+        assert seqs == (list(range(1, poison_seq)) if c == 3 else list(range(1, 11)))

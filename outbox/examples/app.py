@@ -1,7 +1,8 @@
 """The demo app: projectors of the campaigns domain (`outbox-worker --app outbox.examples.app:app`).
 
 - `roster` (ordered): who is in each campaign.
-- `event_counts` (ordered): events per campaign and type.
+- `event_counts` (ordered, batch=True): events per campaign and type, one set-based upsert
+  per claimed batch.
 - `dice_totals` (unordered, idempotent=True): an additive sum, guarded by processed markers;
   the tests compare it with counts taken from the journal.
 - `curse` (ordered): subscribes to `dice.cursed` and always fails, so there is work to retry
@@ -11,7 +12,7 @@ The read-model tables are created by `install()` (the demo's own schema, not the
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 from outbox.db import Connection, Executor, acquire
 from outbox.examples import campaigns as c
@@ -80,14 +81,19 @@ def build_app(app: Outbox | None = None) -> Outbox:
         "event_counts",
         events=[t for t in c.EVENT_TYPES if t != c.DICE_CURSED],
         reset=_resetter("demo_event_counts"),
+        batch=True,
     )
-    async def event_counts(tx: Connection, event: StoredEvent) -> None:
+    async def event_counts(tx: Connection, events: Sequence[StoredEvent]) -> None:
+        # Every event of the batch this projector's checkpoints let through, in one statement.
         await tx.execute(
-            "INSERT INTO demo_event_counts (campaign_id, event_type, events) VALUES ($1, $2, 1) "
+            "INSERT INTO demo_event_counts AS d (campaign_id, event_type, events) "
+            "SELECT e.campaign_id, e.event_type, count(*) "
+            "FROM unnest($1::text[], $2::text[]) AS e(campaign_id, event_type) "
+            "GROUP BY 1, 2 ORDER BY 1, 2 "
             "ON CONFLICT (campaign_id, event_type) "
-            "DO UPDATE SET events = demo_event_counts.events + 1",
-            event.campaign_id,
-            event.type,
+            "DO UPDATE SET events = d.events + excluded.events",
+            [e.campaign_id for e in events],
+            [e.type for e in events],
         )
 
     @app.projector(

@@ -9,8 +9,12 @@
 -- skipping campaigns other workers hold (a worker that holds a campaign owns its rows), and
 -- return each one's rows from its head in seq order, the batch budget shared among them (one
 -- hot campaign gets all of it). The campaign index holds no blocked campaign and stops at the
--- first one not due, so the claim never visits rows it cannot take. With every row: its
--- campaign's first and last outstanding seq (two index probes) and its event (fused load),
+-- first one not due, so the claim never visits rows it cannot take. The rows are locked too:
+-- a campaign row locked after its previous holder committed comes back as that holder left it
+-- (EvalPlanQual), while this statement's snapshot may be older; locking makes the rows read
+-- as fresh (rows that holder deleted drop out, rows it updated come back updated). With every
+-- row: its campaign's first and last outstanding seq (two index probes; hints, as of the
+-- snapshot) and its event (fused load),
 -- payload and metadata as text: the worker decodes each row on its own, so an undecodable
 -- event fails its row, never the claim (S8). A campaign with no rows left comes back as one
 -- row with a null seq. The checkpoints of the ordered projectors ($3) in the claimed campaigns
@@ -54,6 +58,7 @@ LEFT JOIN LATERAL (
     WHERE x.campaign_id = p.campaign_id AND x.seq >= p.head_seq
     ORDER BY x.seq
     LIMIT budget.per
+    FOR UPDATE OF x
 ) o ON true
 LEFT JOIN event_journal j ON j.campaign_id = p.campaign_id AND j.seq = o.seq
 ORDER BY p.campaign_id, o.seq
@@ -105,8 +110,9 @@ WHERE NOT EXISTS (SELECT 1 FROM campaign_heads h WHERE h.campaign_id = t.campaig
 -- The end of a batch in one statement. Delete completed rows ($1, $2). Record failures from
 -- arrays ($3..$8): attempts, status (failed or dead), the next attempt at now + delay, the
 -- error. Write each campaign's row ($10..$14): delete it when the batch left it nothing live
--- (gone), else set its head, blocked flag and due time (the failure's next attempt when the
--- head is a row this batch failed, else the given instant, else now). Move the checkpoints
+-- (gone: its append head is held, and no row at or past head_seq, the first seq the batch did
+-- not see, exists now), else set its head, blocked flag and due time (the failure's next
+-- attempt when the head is a row this batch failed, else the given instant, else now). Move the checkpoints
 -- of ordered projectors ($15..$17, sorted: a fixed lock order). Returns how many
 -- campaigns are left due now with a head to take (head 0: waiting for an append in flight),
 -- so the worker claims again instead of sleeping. $9 = now.
@@ -136,17 +142,26 @@ WITH done AS (
     SELECT t.campaign_id, t.head_seq, t.due_at, t.blocked, t.gone
     FROM unnest($10::text[], $11::bigint[], $12::timestamptz[], $13::boolean[], $14::boolean[])
         AS t(campaign_id, head_seq, due_at, blocked, gone)
+), beyond AS (
+    -- Campaigns the batch saw to their end that have rows past what it saw after all: an
+    -- append committed before the heads were held (this statement's snapshot shows it).
+    SELECT t.campaign_id FROM target t
+    WHERE t.gone AND EXISTS (
+        SELECT 1 FROM projection_apply_outbox o
+        WHERE o.campaign_id = t.campaign_id AND o.seq >= t.head_seq
+    )
 ), gone AS (
     DELETE FROM projection_apply_campaigns c
     USING target t
     WHERE t.gone AND c.campaign_id = t.campaign_id
+      AND t.campaign_id NOT IN (SELECT campaign_id FROM beyond)
 ), kept AS (
     INSERT INTO projection_apply_campaigns AS c (campaign_id, head_seq, due_at, blocked)
     SELECT t.campaign_id, t.head_seq,
            coalesce(f.next_attempt_at, t.due_at, $9::timestamptz, clock_timestamp()), t.blocked
     FROM target t
     LEFT JOIN failed f ON f.campaign_id = t.campaign_id AND f.seq = t.head_seq
-    WHERE NOT t.gone
+    WHERE NOT t.gone OR t.campaign_id IN (SELECT campaign_id FROM beyond)
     ORDER BY t.campaign_id
     ON CONFLICT (campaign_id) DO UPDATE
     SET head_seq = excluded.head_seq, due_at = excluded.due_at, blocked = excluded.blocked,

@@ -1,13 +1,16 @@
 """The app the fault tier's worker processes run (`--app faults_app:app`, cwd = tests/faults).
 
 One projector, `witness`, unguarded (no checkpoint, no marker): exactly-once rests on the
-queue's transaction alone. It writes one row per application with the generator's own
+queue's transaction alone; `batch_app` has the same witness as a batch projector (one
+statement per claimed batch). It writes one row per application with the generator's own
 `uid` and per-campaign index `i`, in apply order (`id`); the oracle compares that with what
 the generator recorded, never with the journal or the queue. `mystery` events have no
 projector: the unknown-type poison.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from outbox import db
 from outbox.journal import StoredEvent
@@ -32,4 +35,18 @@ async def witness(tx: db.Connection, event: StoredEvent) -> None:
         event.campaign_id,
         event.payload["uid"],
         event.payload["i"],
+    )
+
+
+batch_app = Outbox()
+
+
+@batch_app.projector("witness", events=["step"], ordered=False, batch=True)
+async def batch_witness(tx: db.Connection, events: Sequence[StoredEvent]) -> None:
+    await tx.execute(
+        "INSERT INTO fault_applied (campaign_id, uid, i) "
+        "SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[])",
+        [e.campaign_id for e in events],
+        [e.payload["uid"] for e in events],
+        [e.payload["i"] for e in events],
     )

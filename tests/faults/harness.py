@@ -40,6 +40,7 @@ class Fleet:
     dsn: str
     logs: Path
     env: dict[str, str] = field(default_factory=dict)
+    app: str = "faults_app:app"
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     log_of: dict[str, Path] = field(default_factory=dict)
     unplanned: list[str] = field(default_factory=list)
@@ -52,7 +53,7 @@ class Fleet:
         environ = {k: v for k, v in os.environ.items() if not k.startswith("OUTBOX_")}
         environ |= {"OUTBOX_DSN": self.dsn, "OUTBOX_LOG_LEVEL": "info", **self.env}
         self.procs[name] = subprocess.Popen(
-            [*WORKER, "--app", "faults_app:app", *args],
+            [*WORKER, "--app", self.app, *args],
             cwd=HERE,
             env=environ,
             stdin=subprocess.DEVNULL,

@@ -64,11 +64,12 @@ async def finish(
 
 # Where in a batch a worker's backend is, by what pg_stat_activity shows of it.
 PHASES = {
-    "claim": "state = 'active' AND query LIKE 'WITH heads%'",
+    "claim": "state = 'active' AND query LIKE 'WITH picked%'",
     "apply": "state = 'active' AND query LIKE 'INSERT INTO fault_applied%'",
-    "in_transaction": "state = 'idle in transaction' AND query NOT LIKE 'DELETE%'",
-    "delete": "state = 'active' AND query LIKE 'DELETE FROM projection_apply_outbox%'",
-    "before_commit": "(state = 'idle in transaction' AND query LIKE 'DELETE%') "
+    "in_transaction": "state = 'idle in transaction' AND query NOT LIKE 'WITH done%'",
+    # The settle: deletes, failures, checkpoints and campaign rows in one statement.
+    "delete": "state = 'active' AND query LIKE 'WITH done%'",
+    "before_commit": "(state = 'idle in transaction' AND query LIKE 'WITH done%') "
     "OR (state = 'active' AND query = 'COMMIT')",
     "idle_in_pool": "state = 'idle'",
 }
@@ -268,21 +269,29 @@ async def test_poison_rows_under_park(pool: db.Pool, dsn: str, fleet: Fleet) -> 
 
 
 async def test_sigkill_soak_with_several_processes(pool: db.Pool, dsn: str, fleet: Fleet) -> None:
+    await _soak("sigkill_soak", pool, dsn, fleet, kills=scaled(60))
+
+
+async def test_sigkill_soak_with_a_batch_projector(pool: db.Pool, dsn: str, fleet: Fleet) -> None:
+    fleet.app = "faults_app:batch_app"
+    await _soak("sigkill_soak_batch", pool, dsn, fleet, kills=scaled(30))
+
+
+async def _soak(name: str, pool: db.Pool, dsn: str, fleet: Fleet, *, kills: int) -> None:
     settings = Settings(dsn=dsn)
     fleet.env |= FAST
     names = ["w1", "w2", "w3"]
-    for name in names:
-        fleet.start(name, "--concurrency", "2")
+    for worker in names:
+        fleet.start(worker, "--concurrency", "2")
     generator = Generator(pool, settings, campaigns("soak", 12), pause=0.05)
-    kills = scaled(60)
     rng = random.Random(11)
     async with anyio.create_task_group() as tg:
         tg.start_soon(generator.run)
         for _ in range(kills):
             await anyio.sleep(0.2 + rng.random() * 0.4)  # fault pacing
-            name = rng.choice(names)
-            fleet.kill(name)
-            fleet.start(name, "--concurrency", "2")
+            worker = rng.choice(names)
+            fleet.kill(worker)
+            fleet.start(worker, "--concurrency", "2")
             fleet.check()
         generator.stop()
-    await finish("sigkill_soak", pool, fleet, generator, faults=kills)
+    await finish(name, pool, fleet, generator, faults=kills)

@@ -1,0 +1,68 @@
+"""The bench's outbox apps: the same per-campaign totals as every contender, kept by a batch
+projector (one upsert per batch) or a per-event projector (one upsert per event).
+
+`outbox-worker --app _apps:batch_app` (run from bench/) builds them from the environment.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from _support import EVENT_TYPE, UPSERT_MANY, UPSERT_ONE
+
+from outbox import Outbox, Settings, StoredEvent, db
+
+
+def outbox_app(settings: Settings | None = None, *, batch: bool) -> Outbox:
+    app = Outbox(settings)
+    if batch:
+
+        @app.projector("totals", events=[EVENT_TYPE], batch=True)
+        async def totals_batch(tx: db.Connection, events: Sequence[StoredEvent]) -> None:
+            await tx.execute(
+                UPSERT_MANY,
+                [e.campaign_id for e in events],
+                [e.payload["amount"] for e in events],
+            )
+
+    else:
+
+        @app.projector("totals", events=[EVENT_TYPE])
+        async def totals_one(tx: db.Connection, event: StoredEvent) -> None:
+            await tx.execute(UPSERT_ONE, event.campaign_id, event.payload["amount"])
+
+    return app
+
+
+def __getattr__(name: str) -> Outbox:
+    """`batch_app`, `per_event_app`, `visible` (built on first use: the settings come from the
+    environment the worker process was started with)."""
+    if name in ("batch_app", "per_event_app"):
+        return outbox_app(batch=name == "batch_app")
+    if name == "visible":
+        return visible_app()
+    raise AttributeError(name)
+
+
+VISIBLE = """
+CREATE TABLE IF NOT EXISTS bench_visible (
+    campaign_id text NOT NULL,
+    seq         bigint NOT NULL,
+    PRIMARY KEY (campaign_id, seq)
+)
+"""
+MARK_VISIBLE = """
+INSERT INTO bench_visible (campaign_id, seq)
+SELECT * FROM unnest($1::text[], $2::bigint[])
+"""
+
+
+def visible_app(settings: Settings | None = None) -> Outbox:
+    """One row per applied event, whose commit timestamp says when it became visible."""
+    app = Outbox(settings)
+
+    @app.projector("visible", events=[EVENT_TYPE], batch=True)
+    async def visible(tx: db.Connection, events: Sequence[StoredEvent]) -> None:
+        await tx.execute(MARK_VISIBLE, [e.campaign_id for e in events], [e.seq for e in events])
+
+    return app

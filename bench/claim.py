@@ -1,0 +1,133 @@
+#!/usr/bin/env python3
+"""Claim latency against backlog size: p50/p99 of one ordered claim of 100 rows at 10k and 1M
+work rows, in three layouts, on one durable server.
+
+Usage: python bench/claim.py [--sizes 10000,1000000] [--claims N]
+- split: half the rows dead, half not due yet, in campaigns of their own; claimable work in
+  50 fresh campaigns;
+- blocked_heads: every campaign's head is dead (half) or not due yet (half), with due rows
+  queued behind it; claimable work in 50 fresh campaigns;
+- hot: every row due, in 10 campaigns.
+Each claim runs in its own transaction and rolls back (the backlog stays as it is). The figure
+that matters is the ratio of p50 at the largest size to p50 at the smallest, per layout: the
+claim's cost must not grow with the backlog. Prints a table and one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+
+import asyncpg
+from _support import CLEAR, bench_database, percentiles, print_json
+
+from outbox import db, queue
+from outbox.queue import Q
+
+# $1 rows over $2 campaigns.
+JOURNAL = """
+INSERT INTO event_journal (campaign_id, seq, event_type, payload)
+SELECT 'c-' || (g % $2::integer), g / $2::integer + 1, 'bench.tick', '{}'::jsonb
+FROM generate_series(0, $1::integer - 1) g
+"""
+LAYOUTS = {
+    "split": """
+INSERT INTO projection_apply_outbox (campaign_id, seq, event_type, status, next_attempt_at)
+SELECT campaign_id, seq, event_type,
+       CASE WHEN seq % 2 = 0 THEN 'dead' ELSE 'failed' END,
+       CASE WHEN seq % 2 = 0 THEN clock_timestamp() - interval '1 day'
+            ELSE clock_timestamp() + interval '1 day' END
+FROM event_journal
+""",
+    "blocked_heads": """
+INSERT INTO projection_apply_outbox (campaign_id, seq, event_type, status, next_attempt_at)
+SELECT campaign_id, seq, event_type,
+       CASE WHEN seq > 1 THEN 'pending' WHEN campaign_id < 'c-5' THEN 'dead' ELSE 'failed' END,
+       CASE WHEN seq = 1 AND campaign_id >= 'c-5' THEN clock_timestamp() + interval '1 day'
+            ELSE clock_timestamp() - interval '1 day' END
+FROM event_journal
+""",
+    "hot": """
+INSERT INTO projection_apply_outbox (campaign_id, seq, event_type)
+SELECT campaign_id, seq, event_type FROM event_journal
+""",
+}
+FRESH = """
+WITH j AS (
+    INSERT INTO event_journal (campaign_id, seq, event_type, payload)
+    SELECT 'fresh-' || g || '-' || s, s, 'bench.tick', '{}'::jsonb
+    FROM generate_series(1, 50) g, generate_series(1, 4) s
+    RETURNING campaign_id, seq, event_type
+)
+INSERT INTO projection_apply_outbox (campaign_id, seq, event_type)
+SELECT campaign_id, seq, event_type FROM j
+"""
+
+
+async def load(conn: asyncpg.Connection, layout: str, rows: int) -> None:
+    await conn.execute(CLEAR)
+    campaigns = 10 if layout == "hot" else max(10, rows // 1000)
+    await conn.execute(JOURNAL, rows, campaigns)
+    await conn.execute(LAYOUTS[layout])
+    ids = [r[0] for r in await conn.fetch("SELECT DISTINCT campaign_id FROM event_journal")]
+    # Campaign rows as workers leave them (heads found, blocked ones marked).
+    for i in range(0, len(ids), 5000):
+        await queue.refresh_campaigns(conn, ids[i : i + 5000], park=False, removable=())
+    if layout != "hot":
+        await conn.execute(FRESH)
+    for table in ("projection_apply_outbox", "projection_apply_campaigns", "event_journal"):
+        await conn.execute(f"VACUUM ANALYZE {table}")
+
+
+async def measure(conn: db.Connection, claims: int) -> list[float]:
+    samples = []
+    for _ in range(claims):
+        tx = conn.transaction()
+        await tx.start()
+        started = time.perf_counter()
+        rows = await conn.fetch(Q.claim_campaigns, 100, None, [])
+        samples.append(time.perf_counter() - started)
+        await tx.rollback()
+        assert sum(r["seq"] is not None for r in rows) > 0, "nothing claimable"
+    return samples
+
+
+async def main(sizes: list[int], claims: int) -> None:
+    figures: dict[str, dict[str, float]] = {}
+    async with bench_database() as dsn:
+        conn = await db.connect(dsn, server_settings={"plan_cache_mode": "force_custom_plan"})
+        try:
+            print(f"claim of 100 rows: p50/p99 over {claims} claims, durable server")
+            for layout in LAYOUTS:
+                for size in sizes:
+                    await load(conn, layout, size)
+                    await measure(conn, 10)  # warm the plan and the cache
+                    p = percentiles(await measure(conn, claims))
+                    figures[f"{layout}_{size}"] = {k: round(v, 3) for k, v in p.items()}
+                    print(
+                        f"  {layout:<14} {size:>9,} rows  p50 {p['p50_ms']:7.3f} ms"
+                        f"  p99 {p['p99_ms']:7.3f} ms",
+                        flush=True,
+                    )
+        finally:
+            await conn.close()
+    ratios = {
+        layout: figures[f"{layout}_{max(sizes)}"]["p50_ms"]
+        / figures[f"{layout}_{min(sizes)}"]["p50_ms"]
+        for layout in LAYOUTS
+    }
+    for layout, ratio in ratios.items():
+        print(f"  {layout:<14} p50 at {max(sizes):,} / at {min(sizes):,}: {ratio:5.2f}x")
+    print_json(
+        "claim",
+        {"sizes": sizes, "claims": claims, "latency": figures, "p50_growth": ratios},
+    )
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="10000,1000000")
+    parser.add_argument("--claims", type=int, default=300)
+    args = parser.parse_args()
+    asyncio.run(main([int(s) for s in args.sizes.split(",")], args.claims))

@@ -1,0 +1,165 @@
+#!/usr/bin/env python3
+"""Append commit -> projection visible, at a steady rate, beside a raw LISTEN loop, in one run.
+
+Usage: python bench/latency.py [--rate 500] [--seconds 10]
+A paced producer appends one-event appends to 1,000 campaigns at `rate` events/s while a worker
+process (`outbox-worker --app _apps:visible`, 2 claim loops) applies them with a batch projector
+that inserts one row per event. The latency of an event is the commit timestamp of its
+projection row minus the commit timestamp of its append (track_commit_timestamp: the server's
+own clock, no client in between). The baseline is a raw loop in its own process: the producer
+inserts a queue row and NOTIFYs in one statement; the loop LISTENs, and on each notification
+deletes queued rows (SKIP LOCKED, 100 at a time) into a visible table. Prints p50/p95/p99 of
+both and one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import asyncpg
+from _apps import VISIBLE
+from _support import EVENT_TYPE, bench_database, percentiles, print_json
+
+from outbox import Event, Settings, append
+
+HERE = Path(__file__).resolve().parent
+WORKER = Path(sys.executable).parent / "outbox-worker"
+
+RAW_SCHEMA = """
+CREATE TABLE raw_queue (id bigserial PRIMARY KEY, campaign_id text NOT NULL, seq bigint NOT NULL);
+CREATE TABLE raw_visible (campaign_id text NOT NULL, seq bigint NOT NULL, queued_xid xid NOT NULL);
+"""
+RAW_ENQUEUE = """
+WITH i AS (INSERT INTO raw_queue (campaign_id, seq) VALUES ($1, $2) RETURNING 1)
+SELECT pg_notify('raw_work', '') FROM i
+"""
+RAW_APPLY = """
+WITH d AS (
+    DELETE FROM raw_queue WHERE id IN (
+        SELECT id FROM raw_queue ORDER BY id LIMIT 100 FOR UPDATE SKIP LOCKED
+    )
+    RETURNING campaign_id, seq, xmin
+)
+INSERT INTO raw_visible (campaign_id, seq, queued_xid) SELECT campaign_id, seq, xmin FROM d
+"""
+OUTBOX_LATENCY = """
+SELECT extract(
+    epoch FROM pg_xact_commit_timestamp(v.xmin) - pg_xact_commit_timestamp(j.xmin)
+)::float8
+FROM bench_visible v JOIN event_journal j USING (campaign_id, seq)
+"""
+RAW_LATENCY = """
+SELECT extract(
+    epoch FROM pg_xact_commit_timestamp(xmin) - pg_xact_commit_timestamp(queued_xid)
+)::float8
+FROM raw_visible
+"""
+
+
+async def raw_listener(dsn: str) -> None:
+    """The baseline's consumer (its own process): LISTEN, drain on every notification."""
+    conn = await asyncpg.connect(dsn)
+    listen = await asyncpg.connect(dsn)
+    woken = asyncio.Event()
+    await listen.add_listener("raw_work", lambda *_: woken.set())
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    while not stop.is_set():
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(woken.wait(), 1.0)
+        woken.clear()
+        while (await conn.execute(RAW_APPLY)) != "INSERT 0 0":
+            pass
+
+
+async def paced(rate: int, seconds: float, send: Callable[[int], Awaitable[object]]) -> None:
+    """Start send(i) at t0 + i / rate, each in its own task, and wait for all of them."""
+    tasks = []
+    started = time.perf_counter()
+    for i in range(int(rate * seconds)):
+        delay = started + i / rate - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.create_task(send(i)))
+    await asyncio.gather(*tasks)
+
+
+async def wait_until(conn: asyncpg.Connection, sql: str, want: int, deadline: float) -> None:
+    until = time.monotonic() + deadline
+    while await conn.fetchval(sql) < want:
+        if time.monotonic() > until:
+            raise SystemExit(f"bench: {sql!r} did not reach {want} in {deadline}s")
+        await asyncio.sleep(0.05)
+
+
+def start(args: list[str], dsn: str) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "OUTBOX_DSN": dsn, "PYTHONPATH": str(HERE)}
+    return subprocess.Popen(args, cwd=HERE, env=env, stderr=subprocess.DEVNULL)
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=30)
+
+
+async def main(rate: int, seconds: float) -> None:
+    total = int(rate * seconds)
+    async with bench_database(commit_timestamps=True) as dsn:
+        conn = await asyncpg.connect(dsn)
+        await conn.execute(VISIBLE)
+        await conn.execute(RAW_SCHEMA)
+        pool = await asyncpg.create_pool(dsn, min_size=8, max_size=16)
+        settings = Settings(dsn=dsn)
+        figures: dict[str, dict[str, float]] = {}
+        try:
+            worker = start([str(WORKER), "--app", "_apps:visible", "--concurrency", "2"], dsn)
+            await asyncio.sleep(2)  # connected and listening (a bench may wait; tests never)
+
+            async def send_outbox(i: int) -> object:
+                event = Event(EVENT_TYPE, {"amount": i % 7})
+                return await append(pool, f"c-{i % 1000}", [event], settings=settings)
+
+            await paced(rate, seconds, send_outbox)
+            await wait_until(conn, "SELECT count(*) FROM bench_visible", total, 60)
+            stop(worker)
+            figures["outbox"] = percentiles([r[0] for r in await conn.fetch(OUTBOX_LATENCY)])
+
+            raw = start([sys.executable, str(HERE / "latency.py"), "--raw-listener", dsn], dsn)
+            await asyncio.sleep(2)
+
+            async def send_raw(i: int) -> object:
+                return await pool.fetchval(RAW_ENQUEUE, f"c-{i % 1000}", i)
+
+            await paced(rate, seconds, send_raw)
+            await wait_until(conn, "SELECT count(*) FROM raw_visible", total, 60)
+            stop(raw)
+            figures["raw_listen"] = percentiles([r[0] for r in await conn.fetch(RAW_LATENCY)])
+        finally:
+            await pool.close()
+            await conn.close()
+    print(f"append commit -> visible at {rate} events/s for {seconds:g}s, durable server")
+    for name, f in figures.items():
+        p50, p95, p99 = f["p50_ms"], f["p95_ms"], f["p99_ms"]
+        print(f"  {name:<11} p50 {p50:6.2f}  p95 {p95:6.2f}  p99 {p99:6.2f} ms")
+    print_json("latency", {"rate": rate, "seconds": seconds, "latency": figures})
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rate", type=int, default=500)
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--raw-listener", metavar="DSN", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.raw_listener:
+        asyncio.run(raw_listener(args.raw_listener))
+    else:
+        asyncio.run(main(args.rate, args.seconds))
