@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Claim latency against backlog size: p50/p99 of one ordered claim of 100 rows at 10k and 1M
-work rows, in three layouts, on one durable server.
+work rows, in three layouts, on one durable server (`queue.claim`: lock campaigns, load rows).
 
 Usage: python bench/claim.py [--sizes 10000,1000000] [--claims N]
 - split: half the rows dead, half not due yet, in campaigns of their own; claimable work in
@@ -23,7 +23,6 @@ import asyncpg
 from _support import CLEAR, bench_database, percentiles, print_json
 
 from outbox import db, queue
-from outbox.queue import Q
 
 # $1 rows over $2 campaigns.
 JOURNAL = """
@@ -86,10 +85,10 @@ async def measure(conn: db.Connection, claims: int) -> list[float]:
         tx = conn.transaction()
         await tx.start()
         started = time.perf_counter()
-        rows = await conn.fetch(Q.claim_campaigns, 100, None, [])
+        campaigns = await queue.claim(conn, limit=100, ordered=True)
         samples.append(time.perf_counter() - started)
         await tx.rollback()
-        assert sum(r["seq"] is not None for r in rows) > 0, "nothing claimable"
+        assert sum(len(c.rows) for c in campaigns) > 0, "nothing claimable"
     return samples
 
 

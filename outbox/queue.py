@@ -48,6 +48,7 @@ __all__ = [
 
 class QueueQueries(Queries, file="queue.sql"):
     claim_campaigns: str
+    load_campaigns: str
     claim_due_rows: str
     delete_rows: str
     lock_heads: str
@@ -135,12 +136,24 @@ async def claim(
     projectors: Sequence[str] = (),
     now: datetime | None = None,
 ) -> list[ClaimedCampaign]:
-    """Lock up to `limit` rows: under campaign ordering, due campaigns, the rows from their
-    heads (the campaign's rows are the holder's alone) and the checkpoints of the ordered
-    `projectors`; else due rows, each locked, one pseudo-campaign per row's campaign (no
-    checkpoints read). Campaigns sorted by id, rows by seq."""
+    """Lock up to `limit` rows: under campaign ordering, due campaigns (one statement), then
+    the rows from their heads (the campaign's rows are the holder's alone) and the checkpoints
+    of the ordered `projectors` (a second statement, whose snapshot sees every commit of the
+    campaigns' previous holders); else due rows, each locked, one pseudo-campaign per row's
+    campaign (no checkpoints read). Campaigns sorted by id, rows by seq."""
     if ordered:
-        records = await conn.fetch(Q.claim_campaigns, limit, now, list(projectors))
+        held = await conn.fetch(Q.claim_campaigns, limit, now)
+        if not held:
+            return []
+        per = -(-limit // len(held))  # the budget shared among them, rounded up
+        records = await conn.fetch(
+            Q.load_campaigns,
+            [r["campaign_id"] for r in held],
+            [r["head_seq"] for r in held],
+            per,
+            now,
+            list(projectors),
+        )
     else:
         records = await conn.fetch(Q.claim_due_rows, limit, now)
     campaigns: list[ClaimedCampaign] = []

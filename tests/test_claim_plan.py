@@ -108,10 +108,11 @@ async def test_claims_never_visit_the_backlog(pool: db.Pool, layout: str) -> Non
     for mode in ("force_custom_plan", "force_generic_plan"):
         async with pool.acquire() as conn:
             await conn.execute(f"SET plan_cache_mode = {mode}")
-            for sql in (Q.claim_campaigns, Q.claim_due_rows):
-                args: tuple[object, ...] = (100, None, [])
-                if sql is Q.claim_due_rows:
-                    args = (100, None)
+            for sql, args in [
+                (Q.claim_campaigns, (100, None)),
+                (Q.claim_due_rows, (100, None)),
+                (Q.load_campaigns, (["c-1", "c-2"], [1, 1], 50, None, [])),
+            ]:
                 all_nodes = nodes(await _explain(conn, sql, *args, analyze=False))
                 scans = [
                     n
@@ -126,10 +127,20 @@ async def test_claims_never_visit_the_backlog(pool: db.Pool, layout: str) -> Non
             tx = conn.transaction()  # EXPLAIN ANALYZE locks; the rollback releases
             await tx.start()
             try:
-                plan = await _explain(conn, Q.claim_campaigns, 100, None, [], analyze=True)
+                plan = await _explain(conn, Q.claim_campaigns, 100, None, analyze=True)
                 buffers = plan["Shared Hit Blocks"] + plan["Shared Read Blocks"]
+                held = await conn.fetch(Q.claim_campaigns, 100, None)
+                args = (
+                    [r["campaign_id"] for r in held],
+                    [r["head_seq"] for r in held],
+                    -(-100 // max(len(held), 1)),
+                    None,
+                    [],
+                )
+                plan = await _explain(conn, Q.load_campaigns, *args, analyze=True)
+                buffers += plan["Shared Hit Blocks"] + plan["Shared Read Blocks"]
                 assert buffers <= MAX_BUFFERS, f"{layout}/{mode}: the claim read {buffers} buffers"
-                rows = await conn.fetch(Q.claim_campaigns, 100, None, [])
+                rows = await conn.fetch(Q.load_campaigns, *args)
             finally:
                 await tx.rollback()
             claimed = sorted({r["campaign_id"] for r in rows if r["seq"] is not None})

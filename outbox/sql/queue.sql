@@ -6,59 +6,59 @@
 
 -- name: claim_campaigns
 -- Ordering `campaign`: lock up to $1 due campaigns that are not blocked, oldest due first,
--- skipping campaigns other workers hold (a worker that holds a campaign owns its rows), and
--- return each one's rows from its head in seq order, the batch budget shared among them (one
--- hot campaign gets all of it). The campaign index holds no blocked campaign and stops at the
--- first one not due, so the claim never visits rows it cannot take. The rows are locked too:
--- a campaign row locked after its previous holder committed comes back as that holder left it
--- (EvalPlanQual), while this statement's snapshot may be older; locking makes the rows read
--- as fresh (rows that holder deleted drop out, rows it updated come back updated). With every
--- row: its campaign's first and last outstanding seq (two index probes; hints, as of the
--- snapshot) and its event (fused load),
--- payload and metadata as text: the worker decodes each row on its own, so an undecodable
--- event fails its row, never the claim (S8). A campaign with no rows left comes back as one
--- row with a null seq. The checkpoints of the ordered projectors ($3) in the claimed campaigns
--- come along, locked in a fixed order until the batch commits (a missing one means 0).
+-- skipping campaigns other workers hold. A worker that holds a campaign owns its work rows
+-- until it commits. The index holds no blocked campaign and the scan stops at the first
+-- campaign not due, so the claim never visits work it cannot take. Nothing else is read here:
+-- a campaign locked after its previous holder committed comes back as that holder left it,
+-- while this statement's snapshot may predate that commit; `load_campaigns`, the next
+-- statement, sees it.
+SELECT c.campaign_id, c.head_seq
+FROM projection_apply_campaigns c
+WHERE NOT c.blocked AND c.due_at <= coalesce($2::timestamptz, statement_timestamp())
+ORDER BY c.due_at
+LIMIT $1::integer
+FOR UPDATE SKIP LOCKED
+
+-- name: load_campaigns
+-- The claimed campaigns ($1, heads $2): each one's rows from its head in seq order, at most $3
+-- each (the batch budget shared among them: one hot campaign gets all of it), with its first
+-- and last outstanding seq (two index probes), the checkpoints of the ordered projectors ($5),
+-- locked in a fixed order until the batch commits (a missing one means 0), and each row's
+-- event, payload and metadata as text: the worker decodes each row on its own, so an
+-- undecodable event fails its row, never the claim (S8). A campaign with no rows left comes
+-- back as one row with a null seq. $4 = now.
 WITH picked AS (
-    SELECT c.campaign_id, c.head_seq
-    FROM projection_apply_campaigns c
-    WHERE NOT c.blocked AND c.due_at <= coalesce($2::timestamptz, statement_timestamp())
-    ORDER BY c.due_at
-    LIMIT $1::integer
-    FOR UPDATE OF c SKIP LOCKED
-), budget AS (
-    SELECT ($1::integer + count(*) - 1) / greatest(count(*), 1) AS per FROM picked
+    SELECT p.campaign_id, p.head_seq
+    FROM unnest($1::text[], $2::bigint[]) AS p(campaign_id, head_seq)
 ), checkpoints AS (
     SELECT k.campaign_id, k.projector, k.applied_seq
     FROM projection_checkpoints k
-    WHERE k.campaign_id IN (SELECT campaign_id FROM picked) AND k.projector = ANY ($3::text[])
+    WHERE k.campaign_id = ANY ($1::text[]) AND k.projector = ANY ($5::text[])
     ORDER BY k.campaign_id, k.projector
     FOR UPDATE
 )
 SELECT p.campaign_id, o.seq, o.status, o.attempt_count, o.next_attempt_at,
        o.status IN ('pending', 'failed')
-           AND o.next_attempt_at <= coalesce($2::timestamptz, statement_timestamp()) AS due,
+           AND o.next_attempt_at <= coalesce($4::timestamptz, statement_timestamp()) AS due,
        b.first_seq, b.last_seq, k.projectors, k.applied_seqs,
        j.event_type, j.payload::text AS payload, j.metadata::text AS metadata, j.recorded_at
 FROM picked p
-CROSS JOIN budget
-CROSS JOIN LATERAL (
-    SELECT array_agg(c.projector) AS projectors, array_agg(c.applied_seq) AS applied_seqs
-    FROM checkpoints c
-    WHERE c.campaign_id = p.campaign_id
-) k
 CROSS JOIN LATERAL (
     SELECT min(x.seq) AS first_seq, max(x.seq) AS last_seq
     FROM projection_apply_outbox x
     WHERE x.campaign_id = p.campaign_id
 ) b
+CROSS JOIN LATERAL (
+    SELECT array_agg(c.projector) AS projectors, array_agg(c.applied_seq) AS applied_seqs
+    FROM checkpoints c
+    WHERE c.campaign_id = p.campaign_id
+) k
 LEFT JOIN LATERAL (
     SELECT x.seq, x.status, x.attempt_count, x.next_attempt_at
     FROM projection_apply_outbox x
     WHERE x.campaign_id = p.campaign_id AND x.seq >= p.head_seq
     ORDER BY x.seq
-    LIMIT budget.per
-    FOR UPDATE OF x
+    LIMIT $3::integer
 ) o ON true
 LEFT JOIN event_journal j ON j.campaign_id = p.campaign_id AND j.seq = o.seq
 ORDER BY p.campaign_id, o.seq

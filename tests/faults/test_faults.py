@@ -64,7 +64,8 @@ async def finish(
 
 # Where in a batch a worker's backend is, by what pg_stat_activity shows of it.
 PHASES = {
-    "claim": "state = 'active' AND query LIKE 'WITH picked%'",
+    "claim": "state = 'active' AND (query LIKE 'SELECT c.campaign_id, c.head_seq%' "
+    "OR query LIKE 'WITH picked%')",
     "apply": "state = 'active' AND query LIKE 'INSERT INTO fault_applied%'",
     "in_transaction": "state = 'idle in transaction' AND query NOT LIKE 'WITH done%'",
     # The settle: deletes, failures, checkpoints and campaign rows in one statement.
