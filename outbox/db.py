@@ -132,7 +132,10 @@ async def create_pool(
     """A pool whose connections carry the codecs; failures become DatabaseUnavailable.
 
     `server_settings` are sent at connect and override the server's own values;
-    `session_defaults` apply only where the server gives none (`apply_session_defaults`).
+    `session_defaults` apply only where the server gives none (`apply_session_defaults`), and
+    then the pool's reset on release only ends an open transaction, so they last (and a
+    release costs no round trip): such a pool's users must not leave session state behind
+    (a projector's plain SET, LISTEN or session advisory lock).
     """
     dsn = _remember_secrets(dsn)
     defaults = dict(session_defaults or {})
@@ -141,6 +144,13 @@ async def create_pool(
         await init_connection(conn)
         await apply_session_defaults(conn, defaults)
 
+    async def keep_session(conn: Connection) -> None:
+        # asyncpg's default reset ends with RESET ALL, which would drop the session defaults
+        # set above after the first release (a frozen worker would then hold its rows).
+        # Nothing else in a worker session changes its state outside a transaction.
+        if conn.is_in_transaction():
+            await conn.execute("ROLLBACK")
+
     try:
         pool = await asyncpg.create_pool(
             dsn,
@@ -148,6 +158,7 @@ async def create_pool(
             max_size=max_size,
             timeout=connect_timeout,
             init=init,
+            reset=keep_session if defaults else None,
             server_settings=dict(server_settings or {}),
         )
     except _CONNECT_ERRORS as exc:

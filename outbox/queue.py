@@ -133,6 +133,7 @@ async def claim(
     *,
     limit: int,
     ordered: bool,
+    campaigns: int | None = None,
     projectors: Sequence[str] = (),
     now: datetime | None = None,
 ) -> list[ClaimedCampaign]:
@@ -140,9 +141,10 @@ async def claim(
     the rows from their heads (the campaign's rows are the holder's alone) and the checkpoints
     of the ordered `projectors` (a second statement, whose snapshot sees every commit of the
     campaigns' previous holders); else due rows, each locked, one pseudo-campaign per row's
-    campaign (no checkpoints read). Campaigns sorted by id, rows by seq."""
+    campaign (no checkpoints read). Campaigns sorted by id, rows by seq. `campaigns`: how many
+    campaigns an ordered claim takes at most (default `limit`), the rows shared among them."""
     if ordered:
-        held = await conn.fetch(Q.claim_campaigns, limit, now)
+        held = await conn.fetch(Q.claim_campaigns, min(campaigns or limit, limit), now)
         if not held:
             return []
         per = -(-limit // len(held))  # the budget shared among them, rounded up
@@ -156,16 +158,16 @@ async def claim(
         )
     else:
         records = await conn.fetch(Q.claim_due_rows, limit, now)
-    campaigns: list[ClaimedCampaign] = []
+    claimed: list[ClaimedCampaign] = []
     for r in records:
-        if not campaigns or campaigns[-1].campaign_id != r["campaign_id"]:
+        if not claimed or claimed[-1].campaign_id != r["campaign_id"]:
             checkpoints = dict(zip(r["projectors"] or (), r["applied_seqs"] or (), strict=True))
-            campaigns.append(
+            claimed.append(
                 ClaimedCampaign(r["campaign_id"], [], r["first_seq"], r["last_seq"], checkpoints)
             )
         if r["seq"] is not None:
-            campaigns[-1].rows.append(_claimed(r))
-    return campaigns
+            claimed[-1].rows.append(_claimed(r))
+    return claimed
 
 
 def _claimed(r: asyncpg.Record) -> ClaimedRow:

@@ -39,7 +39,7 @@ _logger = log.get_logger("outbox.worker")
 
 # Sent at connect by every worker session. The claim keeps a custom plan: a generic plan for
 # `LIMIT $1` can scan the whole backlog after a few executions.
-_BASE_SETTINGS = {"plan_cache_mode": "force_custom_plan"}
+_BASE_SETTINGS: dict[str, str] = {}
 RECONNECT_BASE = 0.5
 RECHECK_DELAY = 0.01
 RECONNECT_CAP = 30.0

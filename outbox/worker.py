@@ -10,6 +10,7 @@ service around it (loops, LISTEN, signals, heartbeat) lives in `outbox.service`.
 
 from __future__ import annotations
 
+import math
 import random
 from collections import deque
 from collections.abc import Callable
@@ -118,6 +119,8 @@ class Worker:
     rand: Callable[[], float] = field(default_factory=lambda: random.Random().random)  # noqa: S311
     # Tests inject `now` to move time forward; None means the database clock.
     now: Callable[[], datetime | None] = lambda: None
+    # Rows per campaign the last ordered claim found (see `_campaigns_to_claim`).
+    depth: float = field(default=1.0, init=False, repr=False)
 
     @property
     def ordered(self) -> bool:
@@ -162,10 +165,31 @@ class Worker:
                 conn,
                 limit=self.app.settings.batch_size,
                 ordered=self._claim_ordered(),
+                campaigns=self._campaigns_to_claim(),
                 projectors=self.app.registry.ordered_names(),
                 now=now,
             )
+            self._observe(campaigns)
             return await self._handle(conn, campaigns, now)
+
+    def _campaigns_to_claim(self) -> int:
+        """How many campaigns an ordered claim takes: as many as fill a batch at the depth
+        recent claims found. Oldest due campaigns first either way; this only decides how the
+        batch is shared: a backlog of deep campaigns gives each batch a few campaigns with many
+        rows (each campaign row and checkpoint is written once per batch, so fewer campaigns
+        cost less per event), a stream of shallow ones gives it many campaigns of one row."""
+        return max(1, math.ceil(self.app.settings.batch_size / self.depth))
+
+    def _observe(self, campaigns: list[ClaimedCampaign]) -> None:
+        """Learn the depth from this claim: rows found per campaign, doubled where the claim's
+        share ran out before the campaign did."""
+        if not campaigns or not self._claim_ordered():
+            return
+        found = [
+            2 * len(c.rows) if c.rows and (c.last_seq or 0) > c.rows[-1].seq else len(c.rows)
+            for c in campaigns
+        ]
+        self.depth = min(max(sum(found) / len(found), 1.0), float(self.app.settings.batch_size))
 
     def _claim_ordered(self) -> bool:
         """Whether the claim goes by campaign: the apply worker follows the settings."""

@@ -345,12 +345,19 @@ async def _no_worker_sessions(pool: db.Pool) -> bool:
 async def _session_values(settings: Settings) -> tuple[str, str, str]:
     worker_pool = await open_pool(settings, max_size=1)
     try:
-        row = await worker_pool.fetchrow(
-            "SELECT current_setting('statement_timeout') AS s, current_setting('lock_timeout') "
-            "AS l, current_setting('idle_in_transaction_session_timeout') AS i"
-        )
-        assert row is not None
-        return row["s"], row["l"], row["i"]
+        # Twice on the pool's one connection: the values must outlast a release (the pool's
+        # reset once dropped the defaults after the first batch).
+        values = []
+        for _ in range(2):
+            row = await worker_pool.fetchrow(
+                "SELECT current_setting('statement_timeout') AS s, "
+                "current_setting('lock_timeout') AS l, "
+                "current_setting('idle_in_transaction_session_timeout') AS i"
+            )
+            assert row is not None
+            values.append((row["s"], row["l"], row["i"]))
+        assert values[0] == values[1]
+        return values[0]
     finally:
         await worker_pool.close()
 

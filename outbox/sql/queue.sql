@@ -156,16 +156,16 @@ WITH done AS (
     WHERE t.gone AND c.campaign_id = t.campaign_id
       AND t.campaign_id NOT IN (SELECT campaign_id FROM beyond)
 ), kept AS (
-    INSERT INTO projection_apply_campaigns AS c (campaign_id, head_seq, due_at, blocked)
-    SELECT t.campaign_id, t.head_seq,
-           coalesce(f.next_attempt_at, t.due_at, $9::timestamptz, clock_timestamp()), t.blocked
+    -- The batch holds these rows (its claim locked them): an update, no insert.
+    UPDATE projection_apply_campaigns c
+    SET head_seq = t.head_seq,
+        due_at = coalesce(f.next_attempt_at, t.due_at, $9::timestamptz, clock_timestamp()),
+        blocked = t.blocked,
+        updated_at = clock_timestamp()
     FROM target t
     LEFT JOIN failed f ON f.campaign_id = t.campaign_id AND f.seq = t.head_seq
-    WHERE NOT t.gone OR t.campaign_id IN (SELECT campaign_id FROM beyond)
-    ORDER BY t.campaign_id
-    ON CONFLICT (campaign_id) DO UPDATE
-    SET head_seq = excluded.head_seq, due_at = excluded.due_at, blocked = excluded.blocked,
-        updated_at = clock_timestamp()
+    WHERE c.campaign_id = t.campaign_id
+      AND (NOT t.gone OR t.campaign_id IN (SELECT campaign_id FROM beyond))
     RETURNING c.head_seq, c.due_at, c.blocked
 )
 SELECT count(*) FILTER (
