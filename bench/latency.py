@@ -9,7 +9,7 @@ projection row minus the commit timestamp of its append (track_commit_timestamp:
 own clock, no client in between). The baseline is a raw loop in its own process: the producer
 inserts a queue row and NOTIFYs in one statement; the loop LISTENs, and on each notification
 deletes queued rows (SKIP LOCKED, 100 at a time) into a visible table. Prints p50/p95/p99 of
-both and one JSON line.
+both and one JSON line. BENCH_WORKER_LOG=path keeps the worker's log lines.
 """
 
 from __future__ import annotations
@@ -103,7 +103,9 @@ async def wait_until(conn: asyncpg.Connection, sql: str, want: int, deadline: fl
 
 def start(args: list[str], dsn: str) -> subprocess.Popen[bytes]:
     env = {**os.environ, "OUTBOX_DSN": dsn, "PYTHONPATH": str(HERE)}
-    return subprocess.Popen(args, cwd=HERE, env=env, stderr=subprocess.DEVNULL)
+    log = Path(os.environ.get("BENCH_WORKER_LOG", os.devnull))  # the worker's JSON lines
+    with log.open("ab") as stderr:
+        return subprocess.Popen(args, cwd=HERE, env=env, stderr=stderr)
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:

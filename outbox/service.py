@@ -37,9 +37,9 @@ __all__ = [
 
 _logger = log.get_logger("outbox.worker")
 
-# Sent at connect by every worker session. The claim keeps a custom plan: a generic plan for
-# `LIMIT $1` can scan the whole backlog after a few executions.
-_BASE_SETTINGS: dict[str, str] = {}
+# Plans are left to the server (plan_cache_mode auto): the claims are plan-stable, generic or
+# custom (tests/test_claim_plan.py checks both over deep backlogs), and forcing custom plans
+# re-planned every statement of every batch, projectors' own included.
 RECONNECT_BASE = 0.5
 RECHECK_DELAY = 0.01
 RECONNECT_CAP = 30.0
@@ -51,7 +51,7 @@ def session_settings(
     """(sent at connect, applied where the server has no value) for a worker session: a
     frozen worker must release its rows, so the timeouts always hold some value."""
     explicit, fallback = settings.session_timeouts()
-    return {**_BASE_SETTINGS, "application_name": application_name, **explicit}, fallback
+    return {"application_name": application_name, **explicit}, fallback
 
 
 async def open_pool(
