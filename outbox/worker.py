@@ -20,9 +20,10 @@ from typing import TYPE_CHECKING, Any
 
 from outbox import db, log, queue
 from outbox.apply import ApplyOutcome, Dispatch, GroupFailed, applied_events
+from outbox.campaigns import campaign_writes, walk
 from outbox.errors import Conflict, EventUnavailable
 from outbox.projectors import Outbox
-from outbox.queue import CampaignWrite, ClaimedCampaign, ClaimedRow, Failure
+from outbox.queue import ClaimedCampaign, ClaimedRow, Failure
 from outbox.retry import ErrorClass, after_failure, classify, connection_lost, describe_error
 
 if TYPE_CHECKING:
@@ -33,7 +34,6 @@ __all__ = [
     "ShadowWorker",
     "TransientBatchError",
     "Worker",
-    "walk",
 ]
 
 _logger = log.get_logger("outbox.worker")
@@ -61,28 +61,6 @@ class TransientBatchError(Exception):
     def __init__(self, message: str, *, connection_lost: bool = False) -> None:
         super().__init__(message)
         self.connection_lost = connection_lost
-
-
-def walk(
-    campaigns: list[ClaimedCampaign], *, limit: int, park: bool, ordered: bool = True
-) -> list[ClaimedRow]:
-    """The rows to process, per campaign in seq order, at most `limit` in all. Under campaign
-    ordering a campaign stops at its first row that is not due (a dead row is stepped over
-    under `park`), and under `block` a campaign with any row before its head waits."""
-    chosen: list[ClaimedRow] = []
-    for campaign in campaigns:
-        rows = campaign.rows
-        if ordered and not park and rows and (campaign.first_seq or 0) < rows[0].seq:
-            continue  # a dead row, or a campaign row behind the truth: see _campaign_writes
-        for row in rows:
-            if len(chosen) >= limit:
-                return chosen
-            if not row.due:
-                if ordered and not (park and row.status == "dead"):
-                    break
-                continue
-            chosen.append(row)
-    return chosen
 
 
 def _transient_cause(exc: BaseException) -> TransientBatchError | None:
@@ -219,7 +197,11 @@ class Worker:
             else:
                 await dispatch.load(sorted({r.campaign_id for r in work}))
             await self._apply(dispatch, work, done, failures, counts)
-        writes = await self._campaign_writes(conn, campaigns, set(done), failures)
+        writes = (
+            await campaign_writes(conn, campaigns, set(done), failures, park=self.park)
+            if self.ordered  # under ordering `none` the claim reads the work rows directly
+            else []
+        )
         counts.more_due = await queue.settle(
             conn,
             done=done,
@@ -263,60 +245,6 @@ class Worker:
                 done.append(row.key)
                 counts.applied += outcome is ApplyOutcome.APPLIED
                 counts.skipped += outcome is not ApplyOutcome.APPLIED
-
-    async def _campaign_writes(
-        self,
-        conn: Connection,
-        campaigns: list[ClaimedCampaign],
-        done: set[tuple[str, int]],
-        failures: list[Failure],
-    ) -> list[CampaignWrite]:
-        """What each held campaign's row becomes, from what the batch saw and did: its first
-        remaining live row is the new head (blocked under `block` when a dead row precedes it);
-        past the rows it saw, the next row is due now. A campaign left with nothing live is
-        deleted, under its append head's lock (`queue.lock_heads`); one whose head lies before
-        what the claim read (a campaign row behind the truth) is read back from the work rows.
-        Nothing to write under ordering `none`: its claim reads the work rows directly."""
-        if not self.ordered:
-            return []
-        failed = {(f.campaign_id, f.seq): f for f in failures}
-        writes: list[CampaignWrite] = []
-        empty: dict[str, tuple[int, bool]] = {}  # campaign -> (first seq not seen, blocked)
-        unknown: list[str] = []
-        for campaign in campaigns:
-            cid, rows = campaign.campaign_id, campaign.rows
-            if campaign.first_seq is not None and (
-                not rows or (not self.park and campaign.first_seq < rows[0].seq)
-            ):
-                unknown.append(cid)
-                continue
-            dead_before = False
-            head: ClaimedRow | None = None
-            for row in rows:
-                if row.key in done:
-                    continue
-                failure = failed.get(row.key)
-                if failure.dead if failure else row.status == "dead":
-                    dead_before = True
-                    continue
-                head = row
-                break
-            blocked = dead_before and not self.park
-            if head is not None:
-                due_at = None if head.key in failed else head.next_attempt_at
-                writes.append(CampaignWrite(cid, head.seq, due_at, blocked))
-            elif rows and campaign.last_seq is not None and campaign.last_seq > rows[-1].seq:
-                writes.append(CampaignWrite(cid, rows[-1].seq + 1, None, blocked))
-            else:
-                empty[cid] = (rows[-1].seq + 1 if rows else 0, blocked)
-        if not (empty or unknown):
-            return writes
-        held = await queue.lock_heads(conn, [*empty, *unknown])
-        for cid, (after, blocked) in empty.items():
-            # Deleted only if nothing at or past `after` exists by then (the settle checks).
-            writes.append(CampaignWrite(cid, after, None, blocked, gone=cid in held))
-        await queue.refresh_campaigns(conn, unknown, park=self.park, removable=held)
-        return writes
 
     def _split(
         self,
