@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CampaignWrite",
+    "ClaimedCampaign",
     "ClaimedRow",
     "Failure",
     "claim",
