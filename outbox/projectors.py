@@ -123,11 +123,13 @@ class Outbox:
                 await dispatch.load([cid])
                 await dispatch.apply(stored)
                 # Nothing of the campaign is left outstanding, and this append holds its head:
-                # its campaign row goes too (sql/0003_campaign_queue.sql).
+                # its campaign row goes too (sql/0003_campaign_queue.sql). Past this append's
+                # last seq is where the settle looks for later rows: there are none.
+                after = result.last_seq + 1
                 await queue.settle(
                     conn,
                     done=[(cid, seq) for seq in result.seqs],
-                    campaigns=[CampaignWrite(cid, 0, None, blocked=False, gone=True)],
+                    campaigns=[CampaignWrite(cid, after, None, blocked=False, gone=True)],
                     checkpoints=dispatch.moves(),
                 )
         except GroupFailed as failed:

@@ -108,9 +108,10 @@ class ClaimedCampaign:
 
 @dataclass(frozen=True, slots=True)
 class CampaignWrite:
-    """What a campaign row becomes when a batch settles: deleted (`gone`: nothing live is
-    left), or its head, blocked flag and due time (None: the failure's next attempt when the
-    head failed in this batch, else now)."""
+    """What a campaign row becomes when a batch settles: its head, blocked flag and due time
+    (None: the failure's next attempt when the head failed in this batch, else now); or, with
+    `gone` (nothing live is left up to `head_seq - 1` and the append head is held), deleted
+    unless a row at or past `head_seq` exists by then, in which case it is kept due now."""
 
     campaign_id: str
     head_seq: int

@@ -41,8 +41,8 @@ _logger = log.get_logger("outbox.worker")
 # custom (tests/test_claim_plan.py checks both over deep backlogs), and forcing custom plans
 # re-planned every statement of every batch, projectors' own included.
 RECONNECT_BASE = 0.5
-RECHECK_DELAY = 0.01
 RECONNECT_CAP = 30.0
+RECHECK_DELAY = 0.01  # a claim that found a campaign due but nothing in it looks again
 
 
 def session_settings(

@@ -1,4 +1,5 @@
--- The work queue (projection_apply_outbox): claim, complete, fail.
+-- The work queue (projection_apply_outbox) and its campaign queue (projection_apply_campaigns):
+-- claim, load, settle, refresh.
 -- Instants come from the database: coalesce($now, clock_timestamp()); `now` is a parameter only
 -- so tests can move time forward without sleeping. The claims compare with
 -- statement_timestamp() instead: it is stable, so it bounds the index scan (a volatile
