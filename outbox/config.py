@@ -180,6 +180,12 @@ FIELDS: dict[str, FieldSpec] = {
         low=1,
         high=366 * 86_400,
     ),
+    "dedup_scope": FieldSpec(
+        "OUTBOX_DEDUP_SCOPE",
+        _parse_text,
+        "default scope of the consumer dedup guard (`outbox.dedup`); unset: pass one per call",
+        optional=True,
+    ),
     "statement_timeout": FieldSpec(
         "OUTBOX_STATEMENT_TIMEOUT",
         _parse_float,
@@ -233,6 +239,7 @@ class Settings:
     ordering: Ordering = "campaign"
     dead_policy: DeadPolicy = "block"
     append_key_ttl: int = 86_400
+    dedup_scope: str | None = None
     statement_timeout: float | None = None
     lock_timeout: float | None = None
     idle_in_transaction_timeout: float | None = None

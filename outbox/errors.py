@@ -5,6 +5,8 @@
     ├── ValidationError        bad append input, raised before any write (names the field)
     ├── ConcurrencyError       expected_seq did not match the campaign head; nothing written
     ├── DuplicateAppendError   idempotency key already used (only with raise_on_duplicate)
+    ├── IdempotencyKeyConflict idempotency key already used for different events; nothing written
+    ├── TransactionRequired    a same-transaction dedup claim outside a transaction (or the reverse)
     ├── MigrationError         migration refused (edited file, unknown version, old server)
     ├── SchemaNotReady         the database lacks migrations this code needs
     ├── DatabaseUnavailable    cannot connect; the message carries the redacted DSN only
@@ -32,11 +34,13 @@ __all__ = [
     "DatabaseUnavailable",
     "DuplicateAppendError",
     "EventUnavailable",
+    "IdempotencyKeyConflict",
     "MigrationError",
     "NotFound",
     "OutboxError",
     "PermanentError",
     "SchemaNotReady",
+    "TransactionRequired",
     "ValidationError",
 ]
 
@@ -78,6 +82,26 @@ class DuplicateAppendError(OutboxError):
             f"seqs {result.first_seq}..{result.last_seq}"
         )
         self.result = result
+
+
+class IdempotencyKeyConflict(OutboxError):
+    """The idempotency key was used before for different events: a retry must resend the same
+    events (type, payload, metadata); nothing was written. `result` is the first append's."""
+
+    def __init__(self, key: str, result: AppendResult) -> None:
+        super().__init__(
+            f"campaign {result.campaign_id!r}: idempotency key {key!r} already appended "
+            f"seqs {result.first_seq}..{result.last_seq} with different events; a retry must "
+            "send the same events, a new request needs a new key"
+        )
+        self.key = key
+        self.result = result
+
+
+class TransactionRequired(OutboxError):
+    """A call's transaction contract does not hold: `dedup.claim_in_transaction` needs the
+    caller's open transaction; `dedup.claim_now` commits on its own and refuses a connection
+    inside one (it would silently join it, and roll back with it)."""
 
 
 class MigrationError(OutboxError):

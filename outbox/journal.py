@@ -9,6 +9,7 @@ Nothing here runs projectors; the worker does (and inline apply, when enabled).
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -26,6 +27,7 @@ from outbox.errors import (
     ConcurrencyError,
     DuplicateAppendError,
     EventUnavailable,
+    IdempotencyKeyConflict,
     ValidationError,
 )
 from outbox.queries import Queries
@@ -35,6 +37,7 @@ if TYPE_CHECKING:
     from outbox.db import Connection, Executor
 
 __all__ = [
+    "KEY_METADATA",
     "WORK_CHANNEL",
     "AppendResult",
     "Event",
@@ -55,6 +58,9 @@ MAX_TYPE_LENGTH = 256
 MAX_KEY_LENGTH = 256
 MAX_EVENTS = 10_000
 MAX_PAYLOAD_BYTES = 1 << 20
+# The metadata field that carries an append's idempotency key into each of its events, so a
+# projector can pass it on to an external system (docs/idempotency.md).
+KEY_METADATA = "idempotency_key"
 
 
 class JournalQueries(Queries, file="journal.sql"):
@@ -111,6 +117,7 @@ class _Batch:
     metadata: list[str]
     expected_seq: int | None
     idempotency_key: str | None
+    fingerprint: bytes | None
 
 
 # jsonb cannot store U+0000; orjson writes it as \u0000 (an even run of backslashes before it
@@ -183,6 +190,7 @@ def _prepare(
     types: list[str] = []
     payloads: list[str] = []
     metadata: list[str] = []
+    given: list[tuple[str, Any, dict[str, Any]]] = []
     for i, event in enumerate(events):
         if not isinstance(event, Event):
             raise ValidationError(
@@ -192,8 +200,24 @@ def _prepare(
         payloads.append(_encode(f"events[{i}].payload", event.payload))
         if event.metadata is not None and not isinstance(event.metadata, Mapping):
             raise ValidationError(f"events[{i}].metadata", "expected a mapping or None")
-        metadata.append(_encode(f"events[{i}].metadata", dict(event.metadata or {})))
-    return _Batch(campaign, types, payloads, metadata, expected, key)
+        meta = dict(event.metadata or {})
+        if key is not None:
+            if meta.setdefault(KEY_METADATA, key) != key:
+                raise ValidationError(
+                    f"events[{i}].metadata",
+                    f"{KEY_METADATA!r} is set by the append from its idempotency_key; got a "
+                    "different value",
+                )
+            given.append((event.type, event.payload, meta))
+        metadata.append(_encode(f"events[{i}].metadata", meta))
+    fingerprint = None if key is None else _fingerprint(given)
+    return _Batch(campaign, types, payloads, metadata, expected, key, fingerprint)
+
+
+def _fingerprint(events: list[tuple[str, Any, dict[str, Any]]]) -> bytes:
+    """What a keyed append appended, independent of key order inside objects (as jsonb is): a
+    retry with the same key must carry the same events."""
+    return hashlib.sha256(orjson.dumps(events, option=orjson.OPT_SORT_KEYS)).digest()
 
 
 async def append(
@@ -257,13 +281,16 @@ async def _insert_once(
     conn: Connection, batch: _Batch, key: str, settings: Settings
 ) -> AppendResult:
     claimed = await conn.fetchval(
-        Q.claim_append_key, batch.campaign_id, key, settings.append_key_ttl
+        Q.claim_append_key, batch.campaign_id, key, settings.append_key_ttl, batch.fingerprint
     )
     if not claimed:
         row = await conn.fetchrow(Q.get_append_key, batch.campaign_id, key)
         if row is None or row["first_seq"] is None:  # pragma: no cover - key rows commit filled
             raise RuntimeError(f"idempotency key {key!r} has no recorded result")
-        return AppendResult(batch.campaign_id, row["first_seq"], row["last_seq"], duplicate=True)
+        first = AppendResult(batch.campaign_id, row["first_seq"], row["last_seq"], duplicate=True)
+        if row["fingerprint"] is not None and row["fingerprint"] != batch.fingerprint:
+            raise IdempotencyKeyConflict(key, first)
+        return first
     return await _insert(conn, batch, settings)
 
 

@@ -38,6 +38,9 @@ STATUSES = ("pending", "processing", "failed", "dead")
 MAX_LIMIT = 10_000
 REQUEUE_CHUNK = 500
 SUMMARY_LIST_LIMIT = 100
+# Consumer dedup claims outlive the end of their week by this many days: a redelivery later
+# than that is not caught (docs/idempotency.md). Brokers keep messages about a week by default.
+CLAIMS_RETENTION_DAYS = 14
 
 
 class MaintenanceQueries(Queries, file="maintenance.sql"):
@@ -247,20 +250,27 @@ async def _prune(conn: Connection, query: str, *args: int) -> int:
 
 
 async def cleanup(
-    executor: Executor, *, markers_retention_hours: int = 168, batch_size: int = 5000
+    executor: Executor,
+    *,
+    markers_retention_hours: int = 168,
+    claims_retention_days: int = CLAIMS_RETENTION_DAYS,
+    batch_size: int = 5000,
 ) -> dict[str, int]:
-    """Prune markers past retention, expired append keys, consumer claims past their window and
-    stale worker-registry rows, each in bounded batches (short transactions, short locks)."""
+    """Prune markers past retention, expired append keys, consumer claims whose week ended more
+    than `claims_retention_days` ago, and stale worker-registry rows, each in bounded batches
+    (short transactions, short locks)."""
     if not 1 <= markers_retention_hours <= 24 * 3660:
         raise ValidationError("markers_retention_hours", "expected 1 to 87840 hours")
+    if not 1 <= claims_retention_days <= 3660:
+        raise ValidationError("claims_retention_days", "expected 1 to 3660 days")
     if not 1 <= batch_size <= 1_000_000:
         raise ValidationError("batch_size", "expected 1 to 1000000")
-    hours = markers_retention_hours
+    hours, days = markers_retention_hours, claims_retention_days
     async with db.acquire(executor) as conn:
         return {
             "processed_markers": await _prune(conn, Q.prune_markers, hours, batch_size),
             "append_idempotency_keys": await _prune(conn, Q.prune_append_keys, batch_size),
-            "consumer_claims": await _prune(conn, Q.prune_consumer_claims, hours, batch_size),
+            "consumer_claims": await _prune(conn, Q.prune_consumer_claims, days, batch_size),
             "outbox_workers": await _prune(conn, Q.prune_workers, hours, batch_size),
         }
 

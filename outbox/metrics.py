@@ -10,7 +10,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import (
+    REGISTRY,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    start_http_server,
+)
 
 from outbox import db
 from outbox.maintenance import Q, queue_counts
@@ -18,9 +25,18 @@ from outbox.maintenance import Q, queue_counts
 if TYPE_CHECKING:
     from outbox.db import Executor
 
-__all__ = ["REFRESH_INTERVAL", "Metrics"]
+__all__ = ["DEDUP_CLAIMS", "REFRESH_INTERVAL", "Metrics"]
 
 REFRESH_INTERVAL = 15.0
+
+# The consumer dedup guard runs in the application's own processes: its counter lives on the
+# default registry (which an application already exposes), and every worker registry serves it.
+DEDUP_CLAIMS = Counter(
+    "outbox_dedup_claims",
+    "Consumer dedup claims, by scope and outcome (claimed, duplicate).",
+    ["scope", "outcome"],
+    registry=REGISTRY,
+)
 
 
 @dataclass
@@ -29,6 +45,7 @@ class Metrics:
 
     def __post_init__(self) -> None:
         r = self.registry
+        r.register(DEDUP_CLAIMS)
         self.batches = Counter("outbox_batches", "Batches run by this process.", registry=r)
         self.events = Counter(
             "outbox_events", "Work rows handled, by outcome.", ["outcome"], registry=r

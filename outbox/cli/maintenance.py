@@ -470,6 +470,14 @@ def cleanup_command(
     markers_retention_hours: Annotated[
         int, typer.Option(min=1, max=24 * 3660, help="Keep processed markers this long.")
     ] = 168,
+    claims_retention_days: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            max=3660,
+            help="Keep consumer dedup claims this many days past the end of their event's week.",
+        ),
+    ] = maintenance.CLAIMS_RETENTION_DAYS,
     batch_size: Annotated[int, typer.Option(min=1, max=1_000_000, help="Rows per DELETE.")] = 5000,
     as_json: JsonOption = False,
 ) -> None:
@@ -477,7 +485,10 @@ def cleanup_command(
     removed = _pool_run(
         dsn,
         lambda pool: maintenance.cleanup(
-            pool, markers_retention_hours=markers_retention_hours, batch_size=batch_size
+            pool,
+            markers_retention_hours=markers_retention_hours,
+            claims_retention_days=claims_retention_days,
+            batch_size=batch_size,
         ),
     )
     if as_json:

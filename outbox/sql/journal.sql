@@ -42,20 +42,22 @@ WITH moved AS (
 SELECT head.last_seq FROM head
 
 -- name: claim_append_key
--- Take the idempotency key for this append: a new key, or one whose TTL ran out. Blocks while
--- a concurrent append holds the same key, so exactly one of them appends. Returns no row when
--- a live key exists.
-INSERT INTO append_idempotency_keys AS k (campaign_id, idem_key, expires_at)
-VALUES ($1::text, $2::text, clock_timestamp() + make_interval(secs => $3::double precision))
+-- Take the idempotency key for this append, with the fingerprint of its events ($4): a new key,
+-- or one whose TTL ran out. Blocks while a concurrent append holds the same key, so exactly one
+-- of them appends. Returns no row when a live key exists.
+INSERT INTO append_idempotency_keys AS k (campaign_id, idem_key, expires_at, fingerprint)
+VALUES ($1::text, $2::text, clock_timestamp() + make_interval(secs => $3::double precision),
+        $4::bytea)
 ON CONFLICT (campaign_id, idem_key) DO UPDATE
     SET first_seq = NULL, last_seq = NULL, created_at = clock_timestamp(),
-        expires_at = excluded.expires_at
+        expires_at = excluded.expires_at, fingerprint = excluded.fingerprint
     WHERE k.expires_at <= clock_timestamp()
 RETURNING true AS claimed
 
 -- name: get_append_key
--- The first result recorded under a live idempotency key.
-SELECT first_seq, last_seq
+-- The first result recorded under a live idempotency key, and the fingerprint of its events
+-- (null for keys written before migration 0004).
+SELECT first_seq, last_seq, fingerprint
 FROM append_idempotency_keys
 WHERE campaign_id = $1::text AND idem_key = $2::text
 

@@ -103,11 +103,13 @@ WHERE ctid IN (
 )
 
 -- name: prune_consumer_claims
--- Consumer claims whose time bucket ended more than $1 hours ago, at most $2 per call.
+-- Consumer claims whose week ended more than $1 days ago, at most $2 per call. The week ends
+-- seven days after its Monday 00:00 UTC, whatever the session's TimeZone.
 DELETE FROM consumer_claims
 WHERE ctid IN (
     SELECT ctid FROM consumer_claims
-    WHERE bucket < (clock_timestamp() - make_interval(hours => $1::integer))::date
+    WHERE (bucket + 7)::timestamp AT TIME ZONE 'UTC'
+          < clock_timestamp() - make_interval(days => $1::integer)
     LIMIT $2::integer
 )
 
