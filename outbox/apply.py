@@ -44,6 +44,7 @@ __all__ = [
 
 class ApplyQueries(Queries, file="apply.sql"):
     lock_checkpoints: str
+    create_checkpoints: str
     open_group: str
     undo_group: str
     reserve_markers: str
@@ -89,12 +90,21 @@ class Dispatch:
     checkpoints: dict[Key, int] = field(default_factory=dict)
     moved: set[Key] = field(default_factory=set)
 
-    async def load(self, campaigns: Sequence[str]) -> None:
-        """Lock and read the ordered projectors' checkpoints of `campaigns` (one statement)."""
+    async def load(self, campaigns: Sequence[str], *, held: bool = False) -> None:
+        """Lock and read the ordered projectors' checkpoints of `campaigns` (one statement).
+
+        `held`: the caller holds the campaigns against every other applier (an append's head,
+        a campaign row), so a missing checkpoint reads as 0. Otherwise missing rows are
+        created first and locked, so two concurrent applications of a campaign's first events
+        cannot both read "missing" and apply them twice (two more statements, only then)."""
         ordered = self.registry.ordered_names()
         if not ordered or not campaigns:
             return
-        rows = await self.conn.fetch(Q.lock_checkpoints, sorted(set(campaigns)), ordered)
+        keys = sorted(set(campaigns))
+        rows = await self.conn.fetch(Q.lock_checkpoints, keys, ordered)
+        if not held and len(rows) < len(keys) * len(ordered):
+            await self.conn.execute(Q.create_checkpoints, keys, ordered)
+            rows = await self.conn.fetch(Q.lock_checkpoints, keys, ordered)
         for r in rows:
             self.checkpoints[(r["campaign_id"], r["projector"])] = r["applied_seq"]
 

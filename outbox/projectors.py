@@ -120,7 +120,7 @@ class Outbox:
         dispatch = Dispatch(conn, self.registry)
         try:
             async with conn.transaction():
-                await dispatch.load([cid])
+                await dispatch.load([cid], held=True)  # the append holds the head
                 await dispatch.apply(stored)
                 # Nothing of the campaign is left outstanding, and this append holds its head:
                 # its campaign row goes too (sql/0003_campaign_queue.sql). Past this append's

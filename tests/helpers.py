@@ -5,8 +5,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
+
+import anyio
 
 from outbox import db
 
@@ -60,3 +63,10 @@ def run_cli(
         check=False,
         env=environ,
     )
+
+
+async def wait_for(check: Callable[[], Awaitable[bool]], *, within: float = 30) -> None:
+    """Poll `check` until it holds; fail after `within` seconds."""
+    with anyio.fail_after(within):
+        while not await check():  # noqa: ASYNC110 - database state offers no event to await
+            await anyio.sleep(0.02)

@@ -5,8 +5,10 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
+import anyio
 import pytest
 
+from helpers import wait_for
 from outbox import ConfigError, Settings, db
 from outbox.apply import ApplyOutcome, CheckpointGap, UnknownEventType, apply_event
 from outbox.journal import StoredEvent
@@ -156,3 +158,42 @@ async def test_ordered_projector_of_a_subset_of_types_sees_no_gap(pool: db.Pool)
     assert seen == [2, 5]
     rows = await pool.fetch("SELECT projector, applied_seq FROM projection_checkpoints")
     assert {r["projector"]: r["applied_seq"] for r in rows} == {"only_u": 5, "only_t": 5}
+
+
+async def test_two_first_applications_of_a_campaign_apply_it_once(pool: db.Pool) -> None:
+    """With no checkpoint row yet, a second applier outside the queue (a tool, a replay) waits
+    for the first instead of reading "missing" as 0 and applying the event again."""
+    app = Outbox(Settings())
+
+    @app.projector("tally", events=["t.happened"])
+    async def tally(tx: db.Connection, event: StoredEvent) -> None:
+        await tx.execute("UPDATE tally SET n = n + 1")
+
+    await pool.execute("CREATE TABLE tally (n int NOT NULL); INSERT INTO tally VALUES (0)")
+    event = stored(1)
+    async with pool.acquire() as first, pool.acquire() as second:
+        tx = first.transaction()
+        await tx.start()
+        assert await apply_event(first, app.registry, event) is ApplyOutcome.APPLIED
+        pid: int = await second.fetchval("SELECT pg_backend_pid()")
+        outcome: list[ApplyOutcome] = []
+
+        async def apply_second() -> None:
+            async with second.transaction():
+                outcome.append(await apply_event(second, app.registry, event))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(apply_second)
+
+            # The second applier either waits for the first's checkpoint row, or (the bug) has
+            # applied already; either way it is safe to commit the first now.
+            async def waits_or_done() -> bool:
+                blocked: bool = await pool.fetchval(
+                    "SELECT cardinality(pg_blocking_pids($1)) > 0", pid
+                )
+                return blocked or bool(outcome)
+
+            await wait_for(waits_or_done)
+            await tx.commit()
+    assert outcome == [ApplyOutcome.DUPLICATE]
+    assert await pool.fetchval("SELECT n FROM tally") == 1

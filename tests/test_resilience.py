@@ -9,7 +9,7 @@ service state, never sleeps that hope something happened.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterator
+from collections.abc import AsyncIterator, Collection, Iterator
 from contextlib import asynccontextmanager
 from functools import partial
 
@@ -17,6 +17,7 @@ import anyio
 import asyncpg
 import pytest
 
+from helpers import wait_for
 from outbox import AppendOutcomeUnknown, Event, Settings, append, db
 from outbox.errors import EventUnavailable
 from outbox.journal import StoredEvent
@@ -53,12 +54,6 @@ def records() -> Iterator[Records]:
     finally:
         logger.removeHandler(handler)
         logger.setLevel(old)
-
-
-async def wait_for(check: Callable[[], Awaitable[bool]], *, within: float = 30) -> None:
-    with anyio.fail_after(within):
-        while not await check():  # noqa: ASYNC110 - database state offers no event to await
-            await anyio.sleep(0.02)
 
 
 def counting_app(settings: Settings) -> Outbox:

@@ -13,6 +13,17 @@ WHERE c.campaign_id = ANY ($1::text[]) AND c.projector = ANY ($2::text[])
 ORDER BY c.campaign_id, c.projector
 FOR UPDATE
 
+-- name: create_checkpoints
+-- Checkpoint rows at 0 for the pairs of campaigns ($1) and ordered projectors ($2) that have
+-- none, so a caller that does not hold the campaign has rows to lock: two concurrent first
+-- applications of one campaign then queue on the row instead of both reading "missing".
+-- Waits for a concurrent creator of the same row, then leaves its row as it is.
+INSERT INTO projection_checkpoints (campaign_id, projector, applied_seq)
+SELECT c, p, 0
+FROM unnest($1::text[]) AS c, unnest($2::text[]) AS p
+ORDER BY c, p
+ON CONFLICT (campaign_id, projector) DO NOTHING
+
 -- name: open_group
 -- A savepoint around one group of events. Never released: a commit ends it, and a RELEASE
 -- would cost the happy path a round trip.
