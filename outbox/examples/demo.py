@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, NoReturn
+from urllib.parse import urlsplit, urlunsplit
 
 import anyio
 import typer
@@ -36,7 +37,7 @@ LOCAL_DIR = Path(".outbox")
 app = typer.Typer(name="demo", add_completion=False, pretty_exceptions_enable=False)
 
 
-def _local_cluster() -> LocalCluster:
+def local_cluster() -> LocalCluster:
     return LocalCluster(LOCAL_DIR.resolve(), durable=True)
 
 
@@ -56,15 +57,16 @@ async def _append_all(pool: db.Pool, settings: Settings, campaigns: int, events:
     return appended
 
 
-async def _fresh_database(admin_dsn: str, name: str) -> str:
-    """Recreate `name` on the local demo cluster, so every run shows the same thing."""
+async def fresh_database(admin_dsn: str, name: str) -> str:
+    """Recreate `name` on the server of `admin_dsn` (the local demo cluster, or OUTBOX_DSN's
+    server for the idempotency examples), so every run starts empty; returns its DSN."""
     admin = await db.connect(admin_dsn, codecs=False)
     try:
         await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         await admin.execute(f'CREATE DATABASE "{name}"')
     finally:
         await admin.close()
-    return admin_dsn.rsplit("/", 1)[0] + f"/{name}"
+    return urlunsplit(urlsplit(admin_dsn)._replace(path=f"/{name}"))
 
 
 @dataclass
@@ -124,14 +126,14 @@ def demo(
     """Append demo campaign events, drain them through the apply worker, show the outcome."""
     log.configure(os.environ.get("OUTBOX_LOG_LEVEL", "error"))
     if stop:
-        _local_cluster().stop()
+        local_cluster().stop()
         stderr.print("local PostgreSQL under .outbox/ stopped")
         return
     settings = settings_for()
     if not settings.dsn:
         stderr.print(f"OUTBOX_DSN unset: using the local PostgreSQL under {LOCAL_DIR}/")
-        admin_dsn = _local_cluster().start()
-        settings = settings.replace(dsn=run(lambda: _fresh_database(admin_dsn, "outbox_demo")))
+        admin_dsn = local_cluster().start()
+        settings = settings.replace(dsn=run(lambda: fresh_database(admin_dsn, "outbox_demo")))
 
     r = run(lambda: _run(settings, campaigns, events, concurrency))
     stderr.print(

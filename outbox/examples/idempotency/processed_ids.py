@@ -1,0 +1,67 @@
+"""Processed event ids: the outbox's processed markers (`ordered=False, idempotent=True`).
+
+An unordered projector that adds deposits opts into a marker per event: before it runs, the
+worker reserves `(projector, campaign_id, seq)` in the projection's own transaction, and a
+reservation that already exists skips the projector. A concurrent second application waits
+for the first transaction and then skips. The markers are pruned after
+`maintenance cleanup --markers-retention-hours` (168 by default): a duplicate older than that
+is not caught (seed 001, "track processed event ids").
+
+Here a delivery is one application of the journaled event (`outbox.apply.apply_event`), as
+the worker, a replay or a repeated rebuild would run it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+from outbox.apply import apply_event
+from outbox.db import Connection, Pool
+from outbox.examples.idempotency import DEPOSITED, Message, Strategy, of_type, rows
+from outbox.journal import StoredEvent
+from outbox.projectors import Outbox
+
+app = Outbox()
+
+
+@app.projector("ex_deposit_totals", events=[DEPOSITED], ordered=False, idempotent=True)
+async def deposit_totals(tx: Connection, event: StoredEvent) -> None:
+    await tx.execute(
+        "INSERT INTO ex_deposit_totals AS t VALUES ($1, 1, $2) ON CONFLICT (account) "
+        "DO UPDATE SET deposits = t.deposits + 1, total = t.total + excluded.total",
+        event.campaign_id,
+        event.payload["amount"],
+    )
+
+
+app.ignore(["account.opened", "email.changed", "account.frozen", "account.unfrozen"])
+
+
+class ProcessedIds(Strategy):
+    name = "processed_ids"
+    tables = ("ex_deposit_totals",)
+    schema = """
+    CREATE TABLE IF NOT EXISTS ex_deposit_totals (
+        account text PRIMARY KEY, deposits integer NOT NULL, total bigint NOT NULL
+    );
+    """
+
+    async def deliver(self, pool: Pool, message: Message) -> None:
+        async with pool.acquire() as conn, conn.transaction():
+            await apply_event(conn, app.registry, message.stored())
+
+    async def read_model(self, conn: Connection) -> Any:
+        return rows(await conn.fetch("SELECT account, deposits, total FROM ex_deposit_totals"))
+
+    def expected(self, stream: Sequence[Message]) -> Any:
+        deposits: Counter[str] = Counter()
+        totals: Counter[str] = Counter()
+        for m in of_type(stream, DEPOSITED):
+            deposits[m.account] += 1
+            totals[m.account] += m.data["amount"]
+        return sorted((a, deposits[a], totals[a]) for a in deposits)
+
+
+strategy = ProcessedIds()
