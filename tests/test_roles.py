@@ -7,6 +7,7 @@ import re
 import sys
 import uuid
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -14,12 +15,19 @@ import asyncpg
 import pytest
 
 from helpers import run_cli
-from outbox import Event, Settings, append, db
+from outbox import Event, Settings, append, db, dedup
 from outbox.examples.app import install
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-ROLES = ("outbox_owner", "outbox_worker", "outbox_report", "outbox_operator", "outbox_appender")
+ROLES = (
+    "outbox_owner",
+    "outbox_worker",
+    "outbox_report",
+    "outbox_operator",
+    "outbox_appender",
+    "outbox_consumer",
+)
 
 
 def roles_sql() -> str:
@@ -122,3 +130,19 @@ async def test_each_role_does_its_job_and_no_more(
     finally:
         await operator.close()
     assert await pool.fetchval("SELECT reason FROM outbox_requeue_audit") == "test"
+
+
+async def test_the_consumer_role_claims_and_releases_and_no_more(
+    pool: db.Pool, roles: dict[str, str]
+) -> None:
+    at = datetime(2026, 11, 18, 9, 30, tzinfo=UTC)
+    consumer = await db.connect(roles["outbox_consumer"])
+    try:
+        async with consumer.transaction():
+            assert await dedup.claim_in_transaction(consumer, "billing", "m-1", at)
+        assert not await dedup.claim_now(consumer, "billing", "m-1", at)
+        assert await dedup.release(consumer, "billing", "m-1", at)
+        with pytest.raises(asyncpg.InsufficientPrivilegeError):
+            await consumer.execute("DELETE FROM event_journal")
+    finally:
+        await consumer.close()
