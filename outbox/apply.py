@@ -149,7 +149,8 @@ class Dispatch:
                         ),
                         index,
                     )
-            runs.append([p for p in subscribed if p.name not in duplicate])
+            # Non-transactional projectors run under a lease, outside this transaction (S13).
+            runs.append([p for p in subscribed if p.transactional and p.name not in duplicate])
             outcomes.append(ApplyOutcome.APPLIED if subscribed else ApplyOutcome.IGNORED)
         await self._reserve_markers(events, runs)
         await self._run(events, runs)

@@ -9,6 +9,7 @@ and a refresh of campaign rows found behind the truth).
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import TYPE_CHECKING
 
 from outbox import queue
@@ -21,11 +22,17 @@ __all__ = ["campaign_writes", "walk"]
 
 
 def walk(
-    campaigns: list[ClaimedCampaign], *, limit: int, park: bool, ordered: bool = True
+    campaigns: list[ClaimedCampaign],
+    *,
+    limit: int,
+    park: bool,
+    ordered: bool = True,
+    stop_after: frozenset[str] = frozenset(),
 ) -> list[ClaimedRow]:
     """The rows to process, per campaign in seq order, at most `limit` in all. Under campaign
     ordering a campaign stops at its first row that is not due (a dead row is stepped over
-    under `park`), and under `block` a campaign with any row before its head waits."""
+    under `park`), and under `block` a campaign with any row before its head waits. A row of
+    an event type in `stop_after` (leased: applied after the batch) is its campaign's last."""
     chosen: list[ClaimedRow] = []
     for campaign in campaigns:
         rows = campaign.rows
@@ -39,6 +46,8 @@ def walk(
                     break
                 continue
             chosen.append(row)
+            if ordered and row.event is not None and row.event.type in stop_after:
+                break
     return chosen
 
 
@@ -49,13 +58,16 @@ async def campaign_writes(
     failures: list[Failure],
     *,
     park: bool,
+    leased: dict[tuple[str, int], datetime] | None = None,
 ) -> list[CampaignWrite]:
     """What each held campaign's row becomes, from what the batch saw and did: its first
     remaining live row is the new head (blocked under `block` when a dead row precedes it);
     past the rows it saw, the next row is due now. A campaign left with nothing live is
     deleted, under its append head's lock (`queue.lock_heads`); one whose head lies before
     what the claim read (a campaign row behind the truth) is read back from the work rows.
-    Only for ordering `campaign`: under `none` the claim reads the work rows directly."""
+    A head the batch leased is due when its lease expires (`leased`). Only for ordering
+    `campaign`: under `none` the claim reads the work rows directly."""
+    leased = leased or {}
     failed = {(f.campaign_id, f.seq): f for f in failures}
     writes: list[CampaignWrite] = []
     empty: dict[str, tuple[int, bool]] = {}  # campaign -> (first seq not seen, blocked)
@@ -80,7 +92,7 @@ async def campaign_writes(
             break
         blocked = dead_before and not park
         if head is not None:
-            due_at = None if head.key in failed else head.next_attempt_at
+            due_at = None if head.key in failed else leased.get(head.key, head.next_attempt_at)
             writes.append(CampaignWrite(cid, head.seq, due_at, blocked))
         elif rows and campaign.last_seq is not None and campaign.last_seq > rows[-1].seq:
             writes.append(CampaignWrite(cid, rows[-1].seq + 1, None, blocked))

@@ -180,6 +180,13 @@ FIELDS: dict[str, FieldSpec] = {
         low=1,
         high=366 * 86_400,
     ),
+    "lease_seconds": FieldSpec(
+        "OUTBOX_LEASE_SECONDS",
+        _parse_float,
+        "lease of a row a non-transactional projector runs (extended every third of it)",
+        low=1,
+        high=86_400,
+    ),
     "dedup_scope": FieldSpec(
         "OUTBOX_DEDUP_SCOPE",
         _parse_text,
@@ -239,6 +246,7 @@ class Settings:
     ordering: Ordering = "campaign"
     dead_policy: DeadPolicy = "block"
     append_key_ttl: int = 86_400
+    lease_seconds: float = 120.0
     dedup_scope: str | None = None
     statement_timeout: float | None = None
     lock_timeout: float | None = None

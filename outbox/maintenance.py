@@ -49,6 +49,7 @@ class MaintenanceQueries(Queries, file="maintenance.sql"):
     earliest_next_attempt: str
     blocked_campaigns: str
     list_rows: str
+    list_leases: str
     requeue_dead_rows: str
     prune_markers: str
     prune_append_keys: str
@@ -101,6 +102,7 @@ async def outbox_report(
             await conn.fetch(Q.list_rows, "dead", campaign_id, SUMMARY_LIST_LIMIT) if park else []
         )
         rows = await conn.fetch(Q.list_rows, status, campaign_id, limit)
+        leases = await conn.fetch(Q.list_leases, campaign_id, SUMMARY_LIST_LIMIT)
         workers = await live_workers(conn)
         shadow = await conn.fetchrow(Q.shadow_observations, campaign_id)
     return {
@@ -118,6 +120,7 @@ async def outbox_report(
                 {k: r[k] for k in ("campaign_id", "seq", "event_type", "last_error")}
                 for r in parked
             ],
+            "leases": [dict(r) for r in leases],
             "workers": [
                 {
                     "worker_id": w["worker_id"],

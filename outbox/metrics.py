@@ -56,6 +56,19 @@ class Metrics:
             buckets=(0, 1, 5, 10, 25, 50, 100, 250, 500, 1000, 10_000),
             registry=r,
         )
+        self.leases = Counter(
+            "outbox_leases", "Rows leased to non-transactional projectors (S13).", registry=r
+        )
+        self.lease_reclaims = Counter(
+            "outbox_lease_reclaims",
+            "Leased rows taken back after their lease expired (each counts an attempt).",
+            registry=r,
+        )
+        self.lease_fenced = Counter(
+            "outbox_lease_fenced",
+            "Leases this process lost before ending them: its completion changed nothing.",
+            registry=r,
+        )
         self.listener_connected = Gauge(
             "outbox_listener_connected", "1 while the LISTEN connection is up.", registry=r
         )
@@ -82,6 +95,13 @@ class Metrics:
             value = getattr(counts, outcome)
             if value:
                 self.events.labels(outcome).inc(value)
+        for counter, value in (
+            (self.leases, counts.leased),
+            (self.lease_reclaims, counts.reclaimed),
+            (self.lease_fenced, counts.fenced),
+        ):
+            if value:
+                counter.inc(value)
 
     async def refresh(self, executor: Executor, *, park: bool) -> None:
         """Queue gauges from the database (the report's own queries)."""

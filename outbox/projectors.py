@@ -52,27 +52,36 @@ class Outbox:
         name: str,
         *,
         events: Sequence[str],
-        ordered: bool = True,
+        ordered: bool | None = None,
         idempotent: bool = False,
         reset: ResetFn | None = None,
         batch: bool = False,
+        transactional: bool = True,
     ) -> Callable[[F], F]:
         """Register a projector of `events` (a list of types) under `name`.
 
-        - `ordered=True` (default): a checkpoint per campaign (S17); duplicates are skipped,
+        - `ordered` (default True): a checkpoint per campaign (S17); duplicates are skipped,
           a gap is refused. `ordered=False, idempotent=True`: a processed marker per event
           (S18). `ordered=False` alone: no guard (only the queue's transaction).
         - `batch=True`: `fn(tx, events)` is called once per claimed batch with the events it
           subscribes to that its guard lets through, in (campaign_id, seq) order; otherwise
           `fn(tx, event)` once per event. See docs/worker.md for the batch contract.
         - `reset(tx, campaign_id)`: clears one campaign's projection, for rebuilds (S19).
+        - `transactional=False`: for projectors that write outside the database or run long
+          (lease mode, S13). `fn(pool, event)` runs outside any queue transaction while a
+          heartbeat extends the row's lease; delivery is at-least-once, so the projector must
+          be idempotent towards its target (docs/worker.md, docs/idempotency.md). Per-campaign
+          order still holds. It takes no guard: `ordered` defaults to False for it.
         """
         if isinstance(events, str):
             raise ConfigError(f"projector {name!r}: events must be a list of types, not a string")
+        guarded = transactional if ordered is None else ordered
 
         def register(fn: F) -> F:
             self.registry.add(
-                Projector(name, frozenset(events), fn, ordered, idempotent, reset, batch)
+                Projector(
+                    name, frozenset(events), fn, guarded, idempotent, reset, batch, transactional
+                )
             )
             return fn
 
@@ -100,9 +109,13 @@ class Outbox:
         After the inserts, in one savepoint of the append's transaction, the new events are
         applied and their work rows deleted (zero lag). On failure the savepoint rolls back,
         the failing row records attempt 1 and its error, and the append commits all the same.
-        Skipped when an earlier row of the campaign is still outstanding (ordering, S9).
+        Skipped when an earlier row of the campaign is still outstanding (ordering, S9), and
+        when an event has a non-transactional projector (a worker leases it, S13).
         """
         inline = self.settings.inline_apply if apply_inline is None else apply_inline
+        leased = self.registry.leased_types()
+        if leased and any(getattr(e, "type", None) in leased for e in events):
+            inline = False
         if not (inline and self.settings.enabled):
             return await append(executor, campaign_id, events, settings=self.settings, **options)
         with outcome_unknown_on_connection_loss(campaign_id):

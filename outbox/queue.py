@@ -34,6 +34,7 @@ __all__ = [
     "claim",
     "claim_one",
     "delete_rows",
+    "hold_campaign",
     "lock_campaign_rows",
     "lock_heads",
     "next_due_in",
@@ -59,6 +60,7 @@ class QueueQueries(Queries, file="queue.sql"):
     next_due_in: str
     outstanding_upto: str
     claim_one: str
+    hold_campaign: str
     lock_campaign_rows: str
     notify_work: str
     record_observations: str
@@ -80,6 +82,8 @@ class ClaimedRow:
     due: bool
     event: StoredEvent | None
     unavailable: EventUnavailable | None = None
+    lease_owner: str | None = None  # lease mode: who last claimed it, and that claim's epoch
+    claim_epoch: int | None = None
 
     @property
     def key(self) -> tuple[str, int]:
@@ -193,6 +197,8 @@ def _claimed(r: asyncpg.Record) -> ClaimedRow:
         r["due"],
         event,
         unavailable,
+        r["lease_owner"],
+        r["claim_epoch"],
     )
 
 
@@ -230,6 +236,11 @@ async def record_observations(
 async def notify_work(conn: Connection) -> None:
     """Wake the workers now (payload-free, like an append's NOTIFY)."""
     await conn.execute(Q.notify_work, WORK_CHANNEL)
+
+
+async def hold_campaign(conn: Connection, campaign_id: str) -> None:
+    """Lock the campaign's queue row until the transaction ends (first, as a batch does)."""
+    await conn.execute(Q.hold_campaign, campaign_id)
 
 
 async def lock_campaign_rows(conn: Connection, campaign_id: str) -> int:

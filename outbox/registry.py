@@ -20,7 +20,8 @@ if TYPE_CHECKING:
 
 __all__ = ["BatchProjectorFn", "Projector", "ProjectorFn", "Registry", "ResetFn"]
 
-# A per-event projector: (transaction, event).
+# A per-event projector: (transaction, event); a non-transactional one gets the worker's pool
+# instead of a transaction (lease mode, S13).
 ProjectorFn = Callable[["Connection", StoredEvent], Awaitable[None]]
 # A batch projector: (transaction, the batch's events it subscribes to, in (campaign_id, seq)
 # order, that its guard lets through).
@@ -38,6 +39,8 @@ class Projector:
     idempotent: bool = False
     reset: ResetFn | None = None
     batch: bool = False
+    # False: runs outside any queue transaction, under a lease (S13; at-least-once).
+    transactional: bool = True
 
     async def run(self, conn: Connection, events: Sequence[StoredEvent]) -> None:
         """Call the function: once with `events` (batch), or once per event."""
@@ -54,10 +57,19 @@ class Registry:
     ignored: set[str] = field(default_factory=set)
     _by_type: dict[str, tuple[Projector, ...]] = field(default_factory=dict)
     _ordered: list[str] = field(default_factory=list)
+    _leased: frozenset[str] = frozenset()
 
     def add(self, projector: Projector) -> None:
         if not projector.name.strip():
             raise ConfigError("a projector needs a non-empty name")
+        if not projector.transactional and (
+            projector.ordered or projector.idempotent or projector.batch
+        ):
+            raise ConfigError(
+                f"projector {projector.name!r}: transactional=False runs outside the queue's "
+                "transaction, where no checkpoint, marker or batch can guard it; drop "
+                "ordered/idempotent/batch (the queue keeps per-campaign order)"
+            )
         if projector.name in self.projectors:
             raise ConfigError(f"projector {projector.name!r} is registered twice")
         if not projector.events:
@@ -88,10 +100,18 @@ class Registry:
                 index.setdefault(t, []).append(p)
         self._by_type = {t: tuple(ps) for t, ps in index.items()}
         self._ordered = sorted(p.name for p in self.projectors.values() if p.ordered)
+        self._leased = frozenset(
+            t for t, ps in self._by_type.items() if any(not p.transactional for p in ps)
+        )
 
     def subscribers(self, event_type: str) -> tuple[Projector, ...]:
         self._index()
         return self._by_type.get(event_type, ())
+
+    def leased_types(self) -> frozenset[str]:
+        """Event types with a non-transactional subscriber: their rows go through lease mode."""
+        self._index()
+        return self._leased
 
     def ordered_names(self) -> list[str]:
         """Every ordered projector, sorted (a fixed lock order for their checkpoints)."""
@@ -105,6 +125,13 @@ class Registry:
             raise ConfigError(
                 f"OUTBOX_ORDERING=none cannot serve ordered (checkpointed) projectors: "
                 f"{', '.join(ordered)}; register them with ordered=False or use ordering=campaign"
+            )
+        leased = sorted(p.name for p in self.projectors.values() if not p.transactional)
+        if leased and settings.ordering == "none":
+            raise ConfigError(
+                f"OUTBOX_ORDERING=none cannot serve non-transactional projectors: "
+                f"{', '.join(leased)}; their leases are reclaimed through the campaign queue: "
+                "use ordering=campaign"
             )
         if ordered and settings.dead_policy == "park":
             raise ConfigError(

@@ -23,7 +23,7 @@ from outbox.journal import WORK_CHANNEL
 from outbox.metrics import REFRESH_INTERVAL, Metrics
 from outbox.retry import backoff_delay, describe_error
 from outbox.worker import BatchCounts, TransientBatchError, Worker
-from outbox.workers import HEARTBEAT_INTERVAL, Registration, new_worker_id
+from outbox.workers import HEARTBEAT_INTERVAL, Registration
 
 __all__ = [
     "Doorbell",
@@ -119,7 +119,6 @@ class Service:
     stopping: anyio.Event = field(default_factory=anyio.Event)
     listener_connected: bool = False
     totals: BatchCounts = field(default_factory=BatchCounts)
-    worker_id: str = field(default_factory=new_worker_id)
     mode: str = "apply"
     metrics: Metrics = field(default_factory=Metrics)
     metrics_port: int | None = None  # serve /metrics (and refresh the queue gauges) when set
@@ -128,6 +127,11 @@ class Service:
     # LISTEN for wake-ups; without it the poll interval alone bounds every wait (S10), e.g.
     # behind a pooler in transaction mode, where LISTEN does not work.
     notifications: bool = True
+
+    @property
+    def worker_id(self) -> str:
+        """The registry's id of this process, also the owner of its leases (S13)."""
+        return self.worker.worker_id
 
     def stop(self) -> None:
         self.stopping.set()

@@ -22,9 +22,11 @@ from outbox import db, log, queue
 from outbox.apply import ApplyOutcome, Dispatch, GroupFailed, applied_events
 from outbox.campaigns import campaign_writes, walk
 from outbox.errors import Conflict, EventUnavailable
+from outbox.lease import Lease, LeaseExpired, LeaseRunner, lease_rows
 from outbox.projectors import Outbox
 from outbox.queue import ClaimedCampaign, ClaimedRow, Failure
 from outbox.retry import ErrorClass, after_failure, classify, connection_lost, describe_error
+from outbox.workers import new_worker_id
 
 if TYPE_CHECKING:
     from outbox.db import Connection, Pool
@@ -48,6 +50,9 @@ class BatchCounts:
     dead: int = 0
     observed: int = 0  # shadow mode: rows seen and left for the apply worker
     more_due: int = 0  # campaigns the batch left due now: claim again rather than sleep
+    leased: int = 0  # lease mode (S13): rows leased to non-transactional projectors
+    reclaimed: int = 0  # ... of which were taken back from an expired lease
+    fenced: int = 0  # leases this worker lost before it could end them
 
     def add(self, other: BatchCounts) -> None:
         for name, value in vars(other).items():
@@ -99,6 +104,8 @@ class Worker:
     now: Callable[[], datetime | None] = lambda: None
     # Rows per campaign the last ordered claim found (see `_campaigns_to_claim`).
     depth: float = field(default=1.0, init=False, repr=False)
+    # The owner of this worker's leases (lease mode, S13) and its registry row.
+    worker_id: str = field(default_factory=new_worker_id)
 
     @property
     def ordered(self) -> bool:
@@ -127,15 +134,22 @@ class Worker:
         Raises TransientBatchError when the database failed transiently: the transaction is
         gone, so every row is as it was and no attempt was consumed.
         """
+        leases: list[Lease] = []
         try:
-            return await self._batch()
+            counts = await self._batch(leases)
         except Exception as exc:
             transient = _transient_cause(exc)
             if transient is None:
                 raise
             raise transient from exc
+        if leases:  # committed with the batch: run them outside any queue transaction
+            runner = LeaseRunner(
+                self.pool, self.app.registry, self.app.settings, self.worker_id, self._lease_failure
+            )
+            await runner.run(leases, counts)
+        return counts
 
-    async def _batch(self) -> BatchCounts:
+    async def _batch(self, leases: list[Lease]) -> BatchCounts:
         """One transaction: claim, hand the campaigns to `_handle`, commit."""
         now = self.now()
         async with db.acquire(self.pool) as conn, conn.transaction():
@@ -148,7 +162,7 @@ class Worker:
                 now=now,
             )
             self._observe(campaigns)
-            return await self._handle(conn, campaigns, now)
+            return await self._handle(conn, campaigns, now, leases)
 
     def _campaigns_to_claim(self) -> int:
         """How many campaigns an ordered claim takes: as many as fill a batch at the depth
@@ -174,16 +188,30 @@ class Worker:
         return self.ordered
 
     async def _handle(
-        self, conn: Connection, campaigns: list[ClaimedCampaign], now: datetime | None
+        self,
+        conn: Connection,
+        campaigns: list[ClaimedCampaign],
+        now: datetime | None,
+        leases: list[Lease],
     ) -> BatchCounts:
         """Apply the walked rows as one group in one savepoint; on a failure, roll the group
         back and retry smaller pieces, so only the failing event records an attempt and its
-        neighbours still apply (S6). Then settle: delete successes, record failures and write
-        the campaign rows, in one statement."""
+        neighbours still apply (S6). Rows of events with a non-transactional projector end
+        their campaign's walk and are leased (appended to `leases`, run after the commit).
+        Then settle: delete successes, record failures and write the campaign rows, in one
+        statement."""
+        leased_types = self.app.registry.leased_types()
         work = walk(
-            campaigns, limit=self.app.settings.batch_size, park=self.park, ordered=self.ordered
+            campaigns,
+            limit=self.app.settings.batch_size,
+            park=self.park,
+            ordered=self.ordered,
+            stop_after=leased_types,
         )
         counts = BatchCounts(claimed=len(work))
+        to_lease = [r for r in work if r.event is not None and r.event.type in leased_types]
+        if to_lease:
+            work = [r for r in work if r not in to_lease]
         if not campaigns:
             return counts
         dispatch = Dispatch(conn, self.app.registry)
@@ -197,8 +225,17 @@ class Worker:
             else:
                 await dispatch.load(sorted({r.campaign_id for r in work}))
             await self._apply(dispatch, work, done, failures, counts)
+        if to_lease:
+            await self._lease(conn, to_lease, failures, counts, leases, now)
         writes = (
-            await campaign_writes(conn, campaigns, set(done), failures, park=self.park)
+            await campaign_writes(
+                conn,
+                campaigns,
+                set(done),
+                failures,
+                park=self.park,
+                leased={lease.key: lease.expires_at for lease in leases},
+            )
             if self.ordered  # under ordering `none` the claim reads the work rows directly
             else []
         )
@@ -245,6 +282,41 @@ class Worker:
                 done.append(row.key)
                 counts.applied += outcome is ApplyOutcome.APPLIED
                 counts.skipped += outcome is not ApplyOutcome.APPLIED
+
+    async def _lease(
+        self,
+        conn: Connection,
+        rows: list[ClaimedRow],
+        failures: list[Failure],
+        counts: BatchCounts,
+        leases: list[Lease],
+        now: datetime | None,
+    ) -> None:
+        """Lease the rows whose campaign did not fail before them in this batch. A row taken
+        back from an expired lease counts that lease as an attempt: dead when it was the last."""
+        failed_at = {f.campaign_id: f.seq for f in failures}
+        ready: list[ClaimedRow] = []
+        for row in rows:
+            if row.seq > failed_at.get(row.campaign_id, row.seq):
+                continue
+            if row.status == "processing":
+                counts.reclaimed += 1
+                if row.attempt_count + 1 >= self.app.settings.max_attempts:
+                    expired = LeaseExpired(
+                        f"lease expired (owner {row.lease_owner}, epoch {row.claim_epoch}) on "
+                        "the last attempt"
+                    )
+                    failures.append(self._failed(row, expired, counts))
+                    continue
+            ready.append(row)
+        leased = await lease_rows(
+            conn, ready, owner=self.worker_id, seconds=self.app.settings.lease_seconds, now=now
+        )
+        leases.extend(leased)
+        counts.leased += len(leased)
+
+    def _lease_failure(self, row: ClaimedRow, exc: BaseException) -> Failure:
+        return self._failure(row, exc, permanent=classify(exc) is ErrorClass.PERMANENT)
 
     def _split(
         self,
@@ -297,6 +369,12 @@ class Worker:
         campaign, is refused."""
         async with db.acquire(self.pool) as conn, conn.transaction():
             row, blocked_by = await queue.claim_one(conn, campaign_id, seq, park=self.park)
+            leased = self.app.registry.leased_types()
+            if row.status == "processing" or (row.event is not None and row.event.type in leased):
+                raise Conflict(
+                    f"row {campaign_id!r} seq {seq} has a non-transactional projector, which runs "
+                    "under a lease, never in a replay: a worker takes it (requeue it first if dead)"
+                )
             if self.ordered and blocked_by is not None:
                 raise Conflict(
                     f"row {campaign_id!r} seq {seq} waits behind seq {blocked_by} of its "
@@ -350,7 +428,11 @@ class ShadowWorker(Worker):
         return False  # every due row, in any order: nothing is applied
 
     async def _handle(
-        self, conn: Connection, campaigns: list[ClaimedCampaign], now: datetime | None
+        self,
+        conn: Connection,
+        campaigns: list[ClaimedCampaign],
+        now: datetime | None,
+        leases: list[Lease],
     ) -> BatchCounts:
         # The campaign rows are left as they are: earlier than the truth, which the apply
         # worker's next claim of them corrects.

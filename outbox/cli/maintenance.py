@@ -189,6 +189,28 @@ def _render_report(report: dict[str, Any]) -> None:
         for r in summary["parked_rows"]:
             parked.add_row(r["campaign_id"], str(r["seq"]), r["event_type"], r["last_error"] or "")
         stdout.print(parked)
+    if summary["leases"]:
+        leases = Table(
+            "campaign",
+            "seq",
+            "event type",
+            "owner",
+            "epoch",
+            "lease age",
+            "expires in",
+            title="leases (processing rows)",
+        )
+        for r in summary["leases"]:
+            leases.add_row(
+                r["campaign_id"],
+                str(r["seq"]),
+                r["event_type"],
+                r["lease_owner"],
+                str(r["claim_epoch"]),
+                _age(r["lease_age_seconds"]),
+                _age(r["expires_in_seconds"]) if r["expires_in_seconds"] >= 0 else "expired",
+            )
+        stdout.print(leases)
     workers = Table("worker", "mode", "loops", "heartbeat age", title="live workers")
     for w in summary["workers"]:
         workers.add_row(

@@ -53,6 +53,18 @@ WHERE ($1::text IS NULL OR status = $1::text) AND ($2::text IS NULL OR campaign_
 ORDER BY next_attempt_at, seq
 LIMIT $3::integer
 
+-- name: list_leases
+-- Rows in lease mode (processing): their owner and epoch, how long ago the lease was taken and
+-- when it expires (negative: expired, due to be reclaimed), campaign $1, at most $2.
+SELECT campaign_id, seq, event_type, lease_owner, claim_epoch, attempt_count,
+       extract(epoch FROM clock_timestamp() - leased_at)::double precision AS lease_age_seconds,
+       extract(epoch FROM lease_expires_at - clock_timestamp())::double precision
+           AS expires_in_seconds
+FROM projection_apply_outbox
+WHERE status = 'processing' AND ($1::text IS NULL OR campaign_id = $1::text)
+ORDER BY leased_at, campaign_id, seq
+LIMIT $2::integer
+
 -- name: requeue_dead_rows
 -- Dead rows back to pending, due now, with a fresh attempt budget, oldest first by
 -- next_attempt_at, seq: a batch (limit $1, campaign $2, event type $3) or one row ($4, $5).

@@ -27,7 +27,8 @@ FOR UPDATE SKIP LOCKED
 -- locked in a fixed order until the batch commits (a missing one means 0), and each row's
 -- event, payload and metadata as text: the worker decodes each row on its own, so an
 -- undecodable event fails its row, never the claim (S8). A campaign with no rows left comes
--- back as one row with a null seq. $4 = now.
+-- back as one row with a null seq. A `processing` row (lease mode, 0005) is due once its lease
+-- expired: its next_attempt_at is its lease expiry. $4 = now.
 WITH picked AS (
     SELECT p.campaign_id, p.head_seq
     FROM unnest($1::text[], $2::bigint[]) AS p(campaign_id, head_seq)
@@ -39,8 +40,9 @@ WITH picked AS (
     FOR UPDATE
 )
 SELECT p.campaign_id, o.seq, o.status, o.attempt_count, o.next_attempt_at,
-       o.status IN ('pending', 'failed')
+       o.status IN ('pending', 'failed', 'processing')
            AND o.next_attempt_at <= coalesce($4::timestamptz, statement_timestamp()) AS due,
+       o.lease_owner, o.claim_epoch,
        b.first_seq, b.last_seq, k.projectors, k.applied_seqs,
        j.event_type, j.payload::text AS payload, j.metadata::text AS metadata, j.recorded_at
 FROM picked p
@@ -55,7 +57,7 @@ CROSS JOIN LATERAL (
     WHERE c.campaign_id = p.campaign_id
 ) k
 LEFT JOIN LATERAL (
-    SELECT x.seq, x.status, x.attempt_count, x.next_attempt_at
+    SELECT x.seq, x.status, x.attempt_count, x.next_attempt_at, x.lease_owner, x.claim_epoch
     FROM projection_apply_outbox x
     WHERE x.campaign_id = p.campaign_id AND x.seq >= p.head_seq
     ORDER BY x.seq
@@ -76,7 +78,7 @@ WITH claimed AS (
     FOR UPDATE OF o SKIP LOCKED
 )
 SELECT c.campaign_id, c.seq, o.status, o.attempt_count, o.next_attempt_at, true AS due,
-       NULL::bigint AS first_seq, NULL::bigint AS last_seq,
+       o.lease_owner, o.claim_epoch, NULL::bigint AS first_seq, NULL::bigint AS last_seq,
        NULL::text[] AS projectors, NULL::bigint[] AS applied_seqs,
        j.event_type, j.payload::text AS payload, j.metadata::text AS metadata, j.recorded_at
 FROM claimed c
@@ -177,8 +179,8 @@ FROM kept
 -- name: refresh_campaigns
 -- Campaign rows ($1) brought in line with their work rows, for paths that change rows without
 -- a claim (requeue, reconcile, replay, inline apply) and for campaigns a claim found behind
--- the truth: the head is the first live row, blocked when any row precedes it (never under
--- park, $2). With nothing live, the row is deleted when its append head is held ($3, see
+-- the truth: the head is the first live row (pending, failed, or processing under a lease:
+-- due when the lease expires), blocked when any row precedes it (never under park, $2). With nothing live, the row is deleted when its append head is held ($3, see
 -- lock_heads), else kept due now with head 0. Waits for a batch that holds one of them.
 WITH state AS (
     SELECT t.campaign_id, h.seq, h.next_attempt_at,
@@ -190,7 +192,7 @@ WITH state AS (
     LEFT JOIN LATERAL (
         SELECT o.seq, o.next_attempt_at
         FROM projection_apply_outbox o
-        WHERE o.campaign_id = t.campaign_id AND o.status IN ('pending', 'failed')
+        WHERE o.campaign_id = t.campaign_id AND o.status IN ('pending', 'failed', 'processing')
         ORDER BY o.seq
         LIMIT 1
     ) h ON true
@@ -240,7 +242,7 @@ WITH held AS (
     SELECT 1 FROM projection_apply_campaigns WHERE campaign_id = $1::text FOR UPDATE NOWAIT
 )
 SELECT o.campaign_id, o.seq, o.status, o.attempt_count, o.next_attempt_at, true AS due,
-       NULL::bigint AS first_seq, NULL::bigint AS last_seq,
+       o.lease_owner, o.claim_epoch, NULL::bigint AS first_seq, NULL::bigint AS last_seq,
        j.event_type, j.payload::text AS payload, j.metadata::text AS metadata, j.recorded_at,
        (SELECT min(e.seq) FROM projection_apply_outbox e
         WHERE e.campaign_id = o.campaign_id AND e.seq < o.seq
@@ -250,6 +252,11 @@ FROM projection_apply_outbox o
 LEFT JOIN event_journal j ON j.campaign_id = o.campaign_id AND j.seq = o.seq
 WHERE o.campaign_id = $1::text AND o.seq = $2::bigint
 FOR UPDATE OF o NOWAIT
+
+-- name: hold_campaign
+-- Lock one campaign's queue row (waiting for a batch that holds it), before anything else of the
+-- campaign: the order a batch takes them in (campaign row, then checkpoints and work rows).
+SELECT 1 FROM projection_apply_campaigns WHERE campaign_id = $1::text FOR UPDATE
 
 -- name: lock_campaign_rows
 -- Hold a campaign and every queued row of it (waiting for a batch that has them), so no

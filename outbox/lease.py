@@ -1,0 +1,332 @@
+"""Lease mode (S13): projectors that cannot share the queue's transaction.
+
+An event with a non-transactional subscriber (`@app.projector(..., transactional=False)`) is
+not applied inside the batch that claims it. The batch leases its row (`lease_rows`): status
+`processing`, owner = the worker's id, a claim epoch incremented on every claim, an expiry from
+the database clock, all committed with the batch. Then, outside any queue transaction,
+`LeaseRunner.run` calls the non-transactional projectors with the worker's pool while one
+heartbeat extends every running lease each third of the lease. The end is one transaction,
+compare-and-set on owner, epoch and status: on success the row is deleted and the event's
+transactional projectors run with their guards; on failure the attempt is recorded; on
+shutdown the lease is handed back without counting an attempt. A worker whose lease was taken
+over changes nothing and logs one line (`lease.fenced`).
+
+An expired lease is taken back by the ordinary claim (a processing row is due at its expiry)
+and counts as an attempt. Per-campaign order holds: the campaign waits behind its leased head
+like behind any head that is not due. Delivery is at-least-once for the non-transactional
+projectors, exactly-once for the event's transactional ones.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Protocol
+
+import anyio
+
+from outbox import db, log, queue
+from outbox.apply import Dispatch, GroupFailed
+from outbox.config import Settings
+from outbox.errors import OutboxError
+from outbox.journal import StoredEvent
+from outbox.queries import Queries
+from outbox.queue import ClaimedRow, Failure
+from outbox.registry import Registry
+from outbox.retry import ErrorClass, backoff_delay, classify, connection_lost, describe_error
+
+if TYPE_CHECKING:
+    from outbox.db import Connection, Executor, Pool
+
+__all__ = ["Lease", "LeaseExpired", "LeaseRunner", "lease_rows"]
+
+_logger = log.get_logger("outbox.lease")
+
+# Retries of a lease's final transaction after a transient database error (the heartbeat keeps
+# the lease meanwhile); past them the lease expires and the row is claimed again.
+END_RETRIES = 8
+
+
+class LeaseQueries(Queries, file="lease.sql"):
+    lease_rows: str
+    extend_leases: str
+    complete_lease: str
+    fail_lease: str
+    release_lease: str
+
+
+Q = LeaseQueries
+
+
+class LeaseExpired(OutboxError):
+    """A leased row's lease ran out before its worker finished (the worker died or hung)."""
+
+
+class Counts(Protocol):
+    applied: int
+    failed: int
+    dead: int
+    fenced: int
+
+
+FailureFn = Callable[[ClaimedRow, BaseException], Failure]
+# The leases of a batch still running, and the cancel scope of each one's projectors.
+Live = dict[tuple[str, int], tuple["Lease", anyio.CancelScope]]
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """A row leased by this worker: the epoch that fences it, and its attempts so far."""
+
+    row: ClaimedRow
+    epoch: int
+    expires_at: datetime
+    attempt_count: int
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return self.row.key
+
+
+async def lease_rows(
+    conn: Connection,
+    rows: list[ClaimedRow],
+    *,
+    owner: str,
+    seconds: float,
+    now: datetime | None = None,
+) -> list[Lease]:
+    """Lease `rows` (their campaigns held by the caller's claim) in the caller's transaction;
+    rows no longer at the epoch the claim read are left out."""
+    if not rows:
+        return []
+    records = await conn.fetch(
+        Q.lease_rows,
+        [r.campaign_id for r in rows],
+        [r.seq for r in rows],
+        owner,
+        seconds,
+        [r.claim_epoch for r in rows],
+        now,
+    )
+    by_key = {r.key: r for r in rows}
+    return [
+        Lease(
+            by_key[(r["campaign_id"], r["seq"])],
+            r["claim_epoch"],
+            r["lease_expires_at"],
+            r["attempt_count"],
+        )
+        for r in records
+    ]
+
+
+@dataclass
+class LeaseRunner:
+    """Runs one batch's leases to their end (see the module docstring)."""
+
+    pool: Pool
+    registry: Registry
+    settings: Settings
+    owner: str
+    failure: FailureFn  # the worker's attempt, backoff and dead policy
+
+    async def run(self, leases: list[Lease], counts: Counts) -> None:
+        live: Live = {lease.key: (lease, anyio.CancelScope()) for lease in leases}
+        async with db.acquire(self.pool) as conn:
+            heartbeat = _Heartbeat(conn, self.pool, self.owner, self.settings.lease_seconds, live)
+            await heartbeat.beat()  # ready (connected, statement prepared) before any projector
+            async with anyio.create_task_group() as beat:
+                beat.start_soon(heartbeat.run)
+                async with anyio.create_task_group() as tg:
+                    for lease in leases:
+                        tg.start_soon(self._one, lease, live, counts)
+                beat.cancel_scope.cancel()
+
+    async def _one(
+        self,
+        lease: Lease,
+        live: Live,
+        counts: Counts,
+    ) -> None:
+        event, scope = lease.row.stored_event(), live[lease.key][1]
+        try:
+            error: BaseException | None = None
+            with scope:
+                error = await self._project(event)
+            if scope.cancelled_caught:  # the heartbeat found the lease taken over
+                self._fenced(lease, "heartbeat", counts)
+                return
+            if error is None:
+                error = await self._complete(lease, event, counts)
+            if error is not None:
+                await self._fail(lease, error, counts)
+        except anyio.get_cancelled_exc_class():
+            # The worker is stopping: hand the lease back, no attempt counted.
+            with anyio.CancelScope(shield=True), anyio.move_on_after(5):
+                await self._end(Q.release_lease, lease)
+            raise
+        finally:
+            live.pop(lease.key, None)
+
+    async def _project(self, event: StoredEvent) -> BaseException | None:
+        """Run the event's non-transactional projectors in name order; the first failure."""
+        for projector in self.registry.subscribers(event.type):
+            if projector.transactional:
+                continue
+            try:
+                await projector.fn(self.pool, event)  # type: ignore[arg-type]
+            except Exception as exc:
+                return exc
+        return None
+
+    async def _complete(
+        self, lease: Lease, event: StoredEvent, counts: Counts
+    ) -> BaseException | None:
+        """Delete the row, fenced, and run the event's transactional projectors in the same
+        transaction; a projector's failure comes back to be recorded."""
+        cid, seq = lease.key
+        for attempt in range(1, END_RETRIES + 1):
+            try:
+                async with db.acquire(self.pool) as conn, conn.transaction():
+                    await queue.hold_campaign(conn, cid)
+                    if not await conn.fetchval(Q.complete_lease, cid, seq, self.owner, lease.epoch):
+                        self._fenced(lease, "completion", counts)
+                        return None
+                    dispatch = Dispatch(conn, self.registry)
+                    await dispatch.load([cid])
+                    await dispatch.apply([event])
+                    await queue.settle(conn, checkpoints=dispatch.moves())
+                    await self._requeue(conn, cid)
+            except GroupFailed as failed:
+                if classify(failed.cause) is not ErrorClass.TRANSIENT:
+                    return failed.cause
+                await self._retry_later(lease, "completion", failed.cause, attempt)
+            except Exception as exc:
+                if classify(exc) is not ErrorClass.TRANSIENT:
+                    raise
+                await self._retry_later(lease, "completion", exc, attempt)
+            else:
+                counts.applied += 1
+                return None
+        return None  # the lease runs out and the row is claimed again
+
+    async def _fail(self, lease: Lease, exc: BaseException, counts: Counts) -> None:
+        failure = self.failure(
+            dataclasses.replace(lease.row, attempt_count=lease.attempt_count), exc
+        )
+        args = (failure.attempts, failure.delay, failure.error, failure.dead)
+        for attempt in range(1, END_RETRIES + 1):
+            try:
+                ended = await self._end(Q.fail_lease, lease, *args)
+            except Exception as error:
+                if classify(error) is not ErrorClass.TRANSIENT:
+                    raise
+                await self._retry_later(lease, "failure", error, attempt)
+                continue
+            if not ended:
+                self._fenced(lease, "failure", counts)
+                return
+            counts.dead += failure.dead
+            counts.failed += not failure.dead
+            _logger.warning(
+                "apply.failed",
+                extra={
+                    "campaign_id": lease.row.campaign_id,
+                    "seq": lease.row.seq,
+                    "attempt": failure.attempts,
+                    "dead": failure.dead,
+                    "error": failure.error,
+                    "lease_epoch": lease.epoch,
+                },
+            )
+            return
+
+    async def _end(self, query: str, lease: Lease, *args: object) -> bool:
+        """One fenced end of a lease (failure, release) and its campaign row's refresh."""
+        cid, seq = lease.key
+        async with db.acquire(self.pool) as conn, conn.transaction():
+            await queue.hold_campaign(conn, cid)
+            ended = bool(await conn.fetchval(query, cid, seq, self.owner, lease.epoch, *args))
+            if ended:
+                await self._requeue(conn, cid)
+        return ended
+
+    async def _requeue(self, conn: Connection, campaign_id: str) -> None:
+        """The campaign's next row is its head now: due at once, and the workers woken."""
+        await queue.refresh_campaigns(conn, [campaign_id], park=self.settings.dead_policy == "park")
+        await queue.notify_work(conn)
+
+    async def _retry_later(
+        self, lease: Lease, stage: str, exc: BaseException, attempt: int
+    ) -> None:
+        delay = backoff_delay(attempt, base=0.1, cap=2.0, rand=lambda: 1.0)
+        _logger.warning(
+            "lease.retry",
+            extra={
+                "campaign_id": lease.row.campaign_id,
+                "seq": lease.row.seq,
+                "stage": stage,
+                "error": describe_error(exc),
+                "retry_in": delay,
+            },
+        )
+        await anyio.sleep(delay)
+
+    def _fenced(self, lease: Lease, stage: str, counts: Counts) -> None:
+        counts.fenced += 1
+        _logger.warning(
+            "lease.fenced",
+            extra={
+                "campaign_id": lease.row.campaign_id,
+                "seq": lease.row.seq,
+                "owner": self.owner,
+                "epoch": lease.epoch,
+                "stage": stage,
+            },
+        )
+
+
+@dataclass
+class _Heartbeat:
+    """Extends a batch's running leases every third of the lease on a connection of its own,
+    ready before any projector starts: a beat is one round trip of a prepared statement, sent
+    as soon as its timer fires, so a projector that blocks the event loop a second at a time
+    delays a beat's answer, not the extension. A projector whose lease was taken over is
+    cancelled (its end would be fenced anyway)."""
+
+    executor: Executor
+    pool: Pool
+    owner: str
+    seconds: float
+    live: Live
+
+    async def run(self) -> None:
+        while True:
+            await anyio.sleep(self.seconds / 3)
+            await self.beat()
+
+    async def beat(self) -> None:
+        leases = sorted((lease for lease, _ in self.live.values()), key=lambda lease: lease.key)
+        if not leases:
+            return
+        try:
+            rows = await self.executor.fetch(
+                Q.extend_leases,
+                self.owner,
+                [lease.row.campaign_id for lease in leases],
+                [lease.row.seq for lease in leases],
+                self.seconds,
+                [lease.epoch for lease in leases],
+            )
+        except Exception as exc:  # the next beat tries again; the lease has two more
+            _logger.warning("lease.heartbeat_failed", extra={"error": describe_error(exc)})
+            if connection_lost(exc):
+                self.executor = self.pool  # a fresh connection per beat from now on
+            return
+        held = {(r["campaign_id"], r["seq"]) for r in rows}
+        for lease in leases:
+            if lease.key not in held and lease.key in self.live:
+                self.live[lease.key][1].cancel()
