@@ -7,12 +7,12 @@ system would record calls), so the tests count deliveries independently of the q
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import pytest
 
 from helpers import wait_for
@@ -62,16 +62,16 @@ def lease_app(dsn: str, gate: Gate | None = None, *, lease_seconds: float = 60) 
 
 
 @pytest.fixture
-async def schema(pool: db.Pool) -> AsyncIterator[None]:
+async def schema(pool: db.Pool) -> None:
     await pool.execute(SCHEMA)
-    yield
 
 
 async def row(pool: db.Pool, campaign_id: str, seq: int) -> dict[str, Any] | None:
     r = await pool.fetchrow(
         "SELECT status, lease_owner, claim_epoch, attempt_count, last_error, "
         "extract(epoch FROM lease_expires_at - leased_at) AS lease, "
-        "lease_expires_at > clock_timestamp() AS live, next_attempt_at = lease_expires_at AS due_at_expiry "
+        "lease_expires_at > clock_timestamp() AS live, "
+        "next_attempt_at = lease_expires_at AS due_at_expiry "
         "FROM projection_apply_outbox WHERE campaign_id = $1 AND seq = $2",
         campaign_id,
         seq,
@@ -128,7 +128,8 @@ async def test_a_lease_commits_processing_then_completes_outside_the_batch(
             1,
         )
         assert float(leased["lease"]) == pytest.approx(90, abs=5)  # a beat may have run
-        assert leased["live"] and leased["due_at_expiry"]
+        assert leased["live"]
+        assert leased["due_at_expiry"]
         assert await ledger(pool) == [("o-1", 1)]
         # Another worker's claim finds nothing: the campaign waits behind its leased head.
         assert (await Worker(app, pool).run_once()).claimed == 0
@@ -310,7 +311,7 @@ async def test_the_heartbeat_survives_a_projector_that_blocks_the_event_loop(
         # Five seconds of work in one-second blocking slices, longer than the 3 s lease.
         for _ in range(5):
             time.sleep(1)  # noqa: ASYNC251 - the point: a projector hogging the loop
-            await anyio.sleep(0)
+            await anyio.lowlevel.checkpoint()
             alive.append(
                 await pool_.fetchval(
                     "SELECT lease_expires_at > clock_timestamp() FROM projection_apply_outbox"
