@@ -31,7 +31,11 @@ def _summary(counts: BatchCounts) -> str:
         f"applied={counts.applied} skipped={counts.skipped} "
         f"failed={counts.failed} dead={counts.dead}"
     )
-    return f"{text} observed={counts.observed}" if counts.observed else text
+    # Shadow sightings and lease-mode figures (S13) only where there are any.
+    for name in ("observed", "leased", "reclaimed", "fenced"):
+        if value := getattr(counts, name):
+            text += f" {name}={value}"
+    return text
 
 
 class Mode(enum.StrEnum):
