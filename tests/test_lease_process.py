@@ -10,10 +10,10 @@ from __future__ import annotations
 import signal
 
 import anyio
+from test_worker_process import TESTS, WORKER, frozen, projector_is_waiting, worker_env
 
 from helpers import wait_for
 from outbox import Event, Settings, append, db
-from test_worker_process import TESTS, WORKER, frozen, projector_is_waiting, worker_env
 
 TABLES = "CREATE TABLE applied (campaign_id text, seq bigint); " + (
     "CREATE TABLE deliveries (campaign_id text, seq bigint)"
