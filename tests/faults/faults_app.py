@@ -5,7 +5,10 @@ queue's transaction alone; `batch_app` has the same witness as a batch projector
 statement per claimed batch). It writes one row per application with the generator's own
 `uid` and per-campaign index `i`, in apply order (`id`); the oracle compares that with what
 the generator recorded, never with the journal or the queue. `mystery` events have no
-projector: the unknown-type poison.
+projector: the unknown-type poison. `lease_app` (lease mode, S13) adds `courier`, a
+non-transactional projector of every `step` that records each delivery on its own connection
+(`fault_delivered`: at-least-once, so repeats are counted, never lost or out of order), while
+`witness` applies in each lease's fenced completion (exactly once).
 """
 
 from __future__ import annotations
@@ -18,6 +21,12 @@ from outbox.projectors import Outbox
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS fault_applied (
+    id          bigserial PRIMARY KEY,
+    campaign_id text   NOT NULL,
+    uid         text   NOT NULL,
+    i           bigint NOT NULL
+);
+CREATE TABLE IF NOT EXISTS fault_delivered (
     id          bigserial PRIMARY KEY,
     campaign_id text   NOT NULL,
     uid         text   NOT NULL,
@@ -49,4 +58,18 @@ async def batch_witness(tx: db.Connection, events: Sequence[StoredEvent]) -> Non
         [e.campaign_id for e in events],
         [e.payload["uid"] for e in events],
         [e.payload["i"] for e in events],
+    )
+
+
+lease_app = Outbox()
+lease_app.registry.add(app.registry.projectors["witness"])
+
+
+@lease_app.projector("courier", events=["step"], transactional=False)
+async def courier(pool: db.Pool, event: StoredEvent) -> None:
+    await pool.execute(
+        "INSERT INTO fault_delivered (campaign_id, uid, i) VALUES ($1, $2, $3)",
+        event.campaign_id,
+        event.payload["uid"],
+        event.payload["i"],
     )

@@ -208,11 +208,12 @@ def record(result: Tally) -> None:
 
 
 async def wait_drained(pool: db.Pool, *, waiting: str = "", within: float = 180) -> None:
-    """Until no claimable row is left (the fleet still running), but in campaigns LIKE
-    `waiting` (rows meant to wait behind a dead head)."""
+    """Until no claimable or leased row is left (the fleet still running), but in campaigns
+    LIKE `waiting` (rows meant to wait behind a dead head)."""
     with anyio.fail_after(within):
         while await pool.fetchval(  # noqa: ASYNC110 - database state, polled
-            "SELECT count(*) FROM projection_apply_outbox WHERE status IN ('pending', 'failed') "
+            "SELECT count(*) FROM projection_apply_outbox "
+            "WHERE status IN ('pending', 'failed', 'processing') "
             "AND NOT ($1 <> '' AND campaign_id LIKE $1)",
             waiting,
         ):

@@ -278,7 +278,35 @@ async def test_sigkill_soak_with_a_batch_projector(pool: db.Pool, dsn: str, flee
     await _soak("sigkill_soak_batch", pool, dsn, fleet, kills=scaled(30))
 
 
-async def _soak(name: str, pool: db.Pool, dsn: str, fleet: Fleet, *, kills: int) -> None:
+async def test_sigkill_soak_in_lease_mode(pool: db.Pool, dsn: str, fleet: Fleet) -> None:
+    """Every event has a non-transactional projector: workers die mid-lease, other workers
+    reclaim after 2 s leases. The witness (transactional, applied in the fenced completion)
+    must be exactly once and in order; the courier at least once and in order."""
+    fleet.app = "faults_app:lease_app"
+    fleet.env |= {"OUTBOX_LEASE_SECONDS": "2"}
+    await _soak("sigkill_soak_lease", pool, dsn, fleet, kills=scaled(20), deliveries=True)
+
+
+async def _deliveries(pool: db.Pool, expected: dict[str, list[str]]) -> tuple[int, int, int]:
+    """The courier's record: (lost, repeated, order violations). A repeat re-delivers an event
+    already delivered (at-least-once); going back past it is a violation."""
+    rows = await pool.fetch("SELECT campaign_id, uid, i FROM fault_delivered ORDER BY id")
+    seen: dict[str, int] = {}
+    last: dict[str, int] = {}
+    violations = 0
+    for r in rows:
+        seen[r["uid"]] = seen.get(r["uid"], 0) + 1
+        if r["i"] < last.get(r["campaign_id"], -1):
+            violations += 1
+        last[r["campaign_id"]] = max(r["i"], last.get(r["campaign_id"], -1))
+    wanted = [uid for uids in expected.values() for uid in uids]
+    lost = sum(1 for uid in wanted if uid not in seen)
+    return lost, sum(n - 1 for n in seen.values()), violations
+
+
+async def _soak(
+    name: str, pool: db.Pool, dsn: str, fleet: Fleet, *, kills: int, deliveries: bool = False
+) -> None:
     settings = Settings(dsn=dsn)
     fleet.env |= FAST
     names = ["w1", "w2", "w3"]
@@ -295,4 +323,18 @@ async def _soak(name: str, pool: db.Pool, dsn: str, fleet: Fleet, *, kills: int)
             fleet.start(worker, "--concurrency", "2")
             fleet.check()
         generator.stop()
-    await finish(name, pool, fleet, generator, faults=kills)
+    if not deliveries:
+        await finish(name, pool, fleet, generator, faults=kills)
+        return
+    fleet.check()
+    await wait_drained(pool)
+    lost, repeated, violations = await _deliveries(pool, generator.expected)
+    await finish(
+        name,
+        pool,
+        fleet,
+        generator,
+        faults=kills,
+        notes=f"courier: lost={lost} redelivered={repeated} order_violations={violations}",
+    )
+    assert (lost, violations) == (0, 0)
