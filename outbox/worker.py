@@ -211,7 +211,8 @@ class Worker:
         counts = BatchCounts(claimed=len(work))
         to_lease = [r for r in work if r.event is not None and r.event.type in leased_types]
         if to_lease:
-            work = [r for r in work if r not in to_lease]
+            leasing = {r.key for r in to_lease}
+            work = [r for r in work if r.key not in leasing]
         if not campaigns:
             return counts
         dispatch = Dispatch(conn, self.app.registry)

@@ -32,10 +32,12 @@ RETURNING o.campaign_id, o.seq, o.claim_epoch, o.lease_expires_at, o.attempt_cou
 -- name: extend_leases
 -- Heartbeat: extend by $4 seconds the leases owner $1 still holds ($2, $3 with epochs $5);
 -- returns those still held (a missing one was taken over or ended).
+WITH t AS (
+    SELECT clock_timestamp() + make_interval(secs => $4::double precision) AS until
+)
 UPDATE projection_apply_outbox o
-SET lease_expires_at = clock_timestamp() + make_interval(secs => $4::double precision),
-    next_attempt_at = clock_timestamp() + make_interval(secs => $4::double precision)
-FROM unnest($2::text[], $3::bigint[], $5::bigint[]) AS l(campaign_id, seq, epoch)
+SET lease_expires_at = t.until, next_attempt_at = t.until
+FROM t, unnest($2::text[], $3::bigint[], $5::bigint[]) AS l(campaign_id, seq, epoch)
 WHERE o.campaign_id = l.campaign_id AND o.seq = l.seq AND o.claim_epoch = l.epoch
   AND o.lease_owner = $1::text AND o.status = 'processing'
 RETURNING o.campaign_id, o.seq
