@@ -15,7 +15,7 @@ import anyio
 import anyio.lowlevel
 import pytest
 
-from helpers import wait_for
+from helpers import run_cli, wait_for
 from outbox import ConfigError, Event, Settings, db
 from outbox.journal import StoredEvent
 from outbox.maintenance import outbox_report
@@ -243,6 +243,17 @@ async def test_a_reclaim_below_the_limit_runs_again_with_the_attempt_counted(
             1,
         )
         assert "lease expired: owner gone:1, epoch 1" in str(again["last_error"])
+        # The report shows the reclaimed lease: its new owner and epoch, the counted attempt.
+        (lease,) = (await outbox_report(pool))["summary"]["leases"]
+        assert (lease["lease_owner"], lease["claim_epoch"], lease["attempt_count"]) == (
+            worker.worker_id,
+            2,
+            1,
+        )
+        assert lease["last_error"].startswith("lease expired: owner gone:1")
+        table = run_cli("maintenance", "outbox-report", dsn=dsn)
+        assert table.returncode == 0, table.stderr
+        assert "leases (processing rows)" in table.stdout
         gate.opened.set()
     assert await deliveries(pool) == [("o-4", 1)]
 

@@ -196,6 +196,7 @@ def _render_report(report: dict[str, Any]) -> None:
             "event type",
             "owner",
             "epoch",
+            "attempts",
             "lease age",
             "expires in",
             title="leases (processing rows)",
@@ -207,6 +208,7 @@ def _render_report(report: dict[str, Any]) -> None:
                 r["event_type"],
                 r["lease_owner"],
                 str(r["claim_epoch"]),
+                str(r["attempt_count"]),
                 _age(r["lease_age_seconds"]),
                 _age(r["expires_in_seconds"]) if r["expires_in_seconds"] >= 0 else "expired",
             )

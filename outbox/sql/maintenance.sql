@@ -54,9 +54,10 @@ ORDER BY next_attempt_at, seq
 LIMIT $3::integer
 
 -- name: list_leases
--- Rows in lease mode (processing): their owner and epoch, how long ago the lease was taken and
--- when it expires (negative: expired, due to be reclaimed), campaign $1, at most $2.
-SELECT campaign_id, seq, event_type, lease_owner, claim_epoch, attempt_count,
+-- Rows in lease mode (processing): their owner and epoch (above 1: claimed before, a reclaim
+-- when last_error says the lease expired), how long ago the lease was taken and when it
+-- expires (negative: expired, due to be reclaimed), campaign $1, at most $2.
+SELECT campaign_id, seq, event_type, lease_owner, claim_epoch, attempt_count, last_error,
        extract(epoch FROM clock_timestamp() - leased_at)::double precision AS lease_age_seconds,
        extract(epoch FROM lease_expires_at - clock_timestamp())::double precision
            AS expires_in_seconds
