@@ -40,7 +40,7 @@ from outbox.retry import ErrorClass, backoff_delay, classify, connection_lost, d
 if TYPE_CHECKING:
     from outbox.db import Connection, Executor, Pool
 
-__all__ = ["Lease", "LeaseExpired", "LeaseRunner", "lease_rows"]
+__all__ = ["Lease", "LeaseExpired", "LeaseRunner", "choose_leases", "lease_rows"]
 
 _logger = log.get_logger("outbox.lease")
 
@@ -88,6 +88,33 @@ class Lease:
     @property
     def key(self) -> tuple[str, int]:
         return self.row.key
+
+
+def choose_leases(
+    rows: list[ClaimedRow], failures: list[Failure], *, max_attempts: int
+) -> tuple[list[ClaimedRow], list[tuple[ClaimedRow, LeaseExpired]], int]:
+    """Of a batch's rows to lease, those to lease now: not behind a row of their campaign that
+    failed in this batch. A row taken back from an expired lease counts that lease as an
+    attempt; on its last attempt it comes back apart, with its error, to be recorded dead.
+    Returns (to lease, out of attempts, how many were taken back)."""
+    failed_at = {f.campaign_id: f.seq for f in failures}
+    ready: list[ClaimedRow] = []
+    last: list[tuple[ClaimedRow, LeaseExpired]] = []
+    reclaimed = 0
+    for row in rows:
+        if row.seq > failed_at.get(row.campaign_id, row.seq):
+            continue
+        if row.status == "processing":
+            reclaimed += 1
+            if row.attempt_count + 1 >= max_attempts:
+                expired = LeaseExpired(
+                    f"lease expired (owner {row.lease_owner}, epoch {row.claim_epoch}) on the "
+                    "last attempt"
+                )
+                last.append((row, expired))
+                continue
+        ready.append(row)
+    return ready, last, reclaimed
 
 
 async def lease_rows(

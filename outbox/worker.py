@@ -16,13 +16,12 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from outbox import db, log, queue
 from outbox.apply import ApplyOutcome, Dispatch, GroupFailed, applied_events
 from outbox.campaigns import campaign_writes, walk
-from outbox.errors import Conflict, EventUnavailable
-from outbox.lease import Lease, LeaseExpired, LeaseRunner, lease_rows
+from outbox.lease import Lease, LeaseRunner, choose_leases, lease_rows
 from outbox.projectors import Outbox
 from outbox.queue import ClaimedCampaign, ClaimedRow, Failure
 from outbox.retry import ErrorClass, after_failure, classify, connection_lost, describe_error
@@ -115,7 +114,13 @@ class Worker:
     def park(self) -> bool:
         return self.app.settings.dead_policy == "park"
 
-    def _failure(self, row: ClaimedRow, exc: BaseException, *, permanent: bool) -> Failure:
+    def failure(
+        self, row: ClaimedRow, exc: BaseException, *, permanent: bool | None = None
+    ) -> Failure:
+        """The failure of `row`'s next attempt: attempts, backoff or dead, the error line;
+        `permanent` defaults to what the error's class says (PermanentError: dead at once)."""
+        if permanent is None:
+            permanent = classify(exc) is ErrorClass.PERMANENT
         s = self.app.settings
         attempts = row.attempt_count + 1
         dead, delay = after_failure(
@@ -144,7 +149,7 @@ class Worker:
             raise transient from exc
         if leases:  # committed with the batch: run them outside any queue transaction
             runner = LeaseRunner(
-                self.pool, self.app.registry, self.app.settings, self.worker_id, self._lease_failure
+                self.pool, self.app.registry, self.app.settings, self.worker_id, self.failure
             )
             await runner.run(leases, counts)
         return counts
@@ -293,31 +298,17 @@ class Worker:
         leases: list[Lease],
         now: datetime | None,
     ) -> None:
-        """Lease the rows whose campaign did not fail before them in this batch. A row taken
-        back from an expired lease counts that lease as an attempt: dead when it was the last."""
-        failed_at = {f.campaign_id: f.seq for f in failures}
-        ready: list[ClaimedRow] = []
-        for row in rows:
-            if row.seq > failed_at.get(row.campaign_id, row.seq):
-                continue
-            if row.status == "processing":
-                counts.reclaimed += 1
-                if row.attempt_count + 1 >= self.app.settings.max_attempts:
-                    expired = LeaseExpired(
-                        f"lease expired (owner {row.lease_owner}, epoch {row.claim_epoch}) on "
-                        "the last attempt"
-                    )
-                    failures.append(self._failed(row, expired, counts))
-                    continue
-            ready.append(row)
+        """Lease the rows whose campaign did not fail before them in this batch (S13)."""
+        ready, last, reclaimed = choose_leases(
+            rows, failures, max_attempts=self.app.settings.max_attempts
+        )
+        counts.reclaimed += reclaimed
+        failures.extend(self._failed(row, expired, counts) for row, expired in last)
         leased = await lease_rows(
             conn, ready, owner=self.worker_id, seconds=self.app.settings.lease_seconds, now=now
         )
         leases.extend(leased)
         counts.leased += len(leased)
-
-    def _lease_failure(self, row: ClaimedRow, exc: BaseException) -> Failure:
-        return self._failure(row, exc, permanent=classify(exc) is ErrorClass.PERMANENT)
 
     def _split(
         self,
@@ -348,7 +339,7 @@ class Worker:
     def _failed(self, row: ClaimedRow, exc: BaseException | None, counts: BatchCounts) -> Failure:
         """Record one row's failure: the attempt, the backoff or dead, the log line."""
         exc = exc if exc is not None else RuntimeError("no event")
-        failure = self._failure(row, exc, permanent=classify(exc) is ErrorClass.PERMANENT)
+        failure = self.failure(row, exc)
         counts.dead += failure.dead
         counts.failed += not failure.dead
         _logger.warning(
@@ -362,51 +353,6 @@ class Worker:
             },
         )
         return failure
-
-    async def replay(self, campaign_id: str, seq: int) -> dict[str, Any]:
-        """Apply one queued row now, in the foreground (`maintenance outbox-replay`): the outcome
-        is applied, skipped (a duplicate or an ignored type) or failed with its error (recorded
-        like any attempt). A row a batch holds, or one waiting behind an earlier row of its
-        campaign, is refused."""
-        async with db.acquire(self.pool) as conn, conn.transaction():
-            row, blocked_by = await queue.claim_one(conn, campaign_id, seq, park=self.park)
-            leased = self.app.registry.leased_types()
-            if row.status == "processing" or (row.event is not None and row.event.type in leased):
-                raise Conflict(
-                    f"row {campaign_id!r} seq {seq} has a non-transactional projector, which runs "
-                    "under a lease, never in a replay: a worker takes it (requeue it first if dead)"
-                )
-            if self.ordered and blocked_by is not None:
-                raise Conflict(
-                    f"row {campaign_id!r} seq {seq} waits behind seq {blocked_by} of its "
-                    "campaign; replay that one first"
-                )
-            result: dict[str, Any] = {"campaign_id": campaign_id, "seq": seq}
-            dispatch = Dispatch(conn, self.app.registry)
-            await dispatch.load([campaign_id])
-            try:
-                event = row.stored_event()
-                async with conn.transaction():
-                    (outcome,) = await dispatch.apply([event])
-            except (GroupFailed, EventUnavailable) as failed:
-                exc = failed.cause if isinstance(failed, GroupFailed) else failed
-                kind = classify(exc)
-                if kind is ErrorClass.TRANSIENT:
-                    raise exc from None
-                failure = self._failure(row, exc, permanent=kind is ErrorClass.PERMANENT)
-                await queue.settle(conn, failures=[failure], now=self.now())
-                await queue.refresh_campaigns(conn, [campaign_id], park=self.park)
-                return {
-                    **result,
-                    "outcome": "failed",
-                    "error": failure.error,
-                    "status": "dead" if failure.dead else "failed",
-                    "attempt_count": failure.attempts,
-                }
-            await queue.settle(conn, done=[row.key], checkpoints=dispatch.moves())
-            await queue.refresh_campaigns(conn, [campaign_id], park=self.park)
-            applied = outcome is ApplyOutcome.APPLIED
-            return {**result, "outcome": "applied" if applied else "skipped", "error": None}
 
     async def drain(self) -> BatchCounts:
         """Run batches until one claims nothing and leaves nothing due; return the totals."""

@@ -36,6 +36,7 @@ from outbox.migrate import check_current
 from outbox.projectors import Outbox
 from outbox.rebuild import campaigns_to_rebuild, rebuild_campaign, rebuildable
 from outbox.reconcile import reconcile
+from outbox.replay import replay
 from outbox.service import open_pool
 from outbox.worker import Worker
 
@@ -390,7 +391,7 @@ def outbox_replay_command(
     as_json: JsonOption = False,
 ) -> None:
     """Apply one queued row now, in the foreground, and report the outcome."""
-    result = _app_run(app_path, dsn, lambda a, pool: Worker(a, pool).replay(campaign_id, seq))
+    result = _app_run(app_path, dsn, lambda a, pool: replay(Worker(a, pool), campaign_id, seq))
     if as_json:
         emit_json("outbox-replay", result)
     else:
