@@ -27,6 +27,7 @@ from outbox.errors import OutboxError
 from outbox.journal import StoredEvent
 from outbox.queries import Queries
 from outbox.registry import Projector, Registry
+from outbox.retry import describe_error
 
 if TYPE_CHECKING:
     from outbox.db import Connection
@@ -70,12 +71,20 @@ class ApplyOutcome(enum.Enum):
 
 
 class GroupFailed(Exception):
-    """A group of events failed; `index` is the failing event's position when known."""
+    """A group of events failed; `index` is the failing event's position when known, and
+    `projector` the name of the projector that raised (None: a guard or the dispatch)."""
 
-    def __init__(self, cause: BaseException, index: int | None) -> None:
+    def __init__(
+        self, cause: BaseException, index: int | None, projector: str | None = None
+    ) -> None:
         super().__init__(str(cause))
         self.cause = cause
         self.index = index
+        self.projector = projector
+
+    def describe(self) -> str:
+        """The `last_error` line: the projector's name, the error's type and message."""
+        return describe_error(self.cause, projector=self.projector)
 
 
 Key = tuple[str, str]  # (campaign_id, projector)
@@ -199,13 +208,14 @@ class Dispatch:
                 try:
                     await projector.run(self.conn, [event])
                 except Exception as exc:
-                    raise GroupFailed(exc, index) from exc
+                    raise GroupFailed(exc, index, projector.name) from exc
         for projector, indexes in batches.values():
             try:
                 await projector.run(self.conn, [events[i] for i in indexes])
             except Exception as exc:
                 # Which event failed is known only when the projector had just one.
-                raise GroupFailed(exc, indexes[0] if len(indexes) == 1 else None) from exc
+                at = indexes[0] if len(indexes) == 1 else None
+                raise GroupFailed(exc, at, projector.name) from exc
 
     def moves(self) -> list[tuple[str, str, int]]:
         """(campaign_id, projector, applied_seq) of every checkpoint that moved, sorted (a

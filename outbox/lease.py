@@ -20,7 +20,6 @@ projectors, exactly-once for the event's transactional ones.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Protocol
@@ -35,7 +34,14 @@ from outbox.journal import StoredEvent
 from outbox.queries import Queries
 from outbox.queue import ClaimedRow, Failure
 from outbox.registry import Registry
-from outbox.retry import ErrorClass, backoff_delay, classify, connection_lost, describe_error
+from outbox.retry import (
+    ErrorClass,
+    backoff_delay,
+    classify,
+    connection_lost,
+    describe_error,
+    log_failure,
+)
 
 if TYPE_CHECKING:
     from outbox.db import Connection, Executor, Pool
@@ -71,7 +77,14 @@ class Counts(Protocol):
     fenced: int
 
 
-FailureFn = Callable[[ClaimedRow, BaseException], Failure]
+class FailureFn(Protocol):
+    """The worker's attempt, backoff and dead policy for one row's failure."""
+
+    def __call__(
+        self, row: ClaimedRow, exc: BaseException, *, projector: str | None = None
+    ) -> Failure: ...
+
+
 # The leases of a batch still running, and the cancel scope of each one's projectors.
 Live = dict[tuple[str, int], tuple["Lease", anyio.CancelScope]]
 
@@ -180,16 +193,16 @@ class LeaseRunner:
     ) -> None:
         event, scope = lease.row.stored_event(), live[lease.key][1]
         try:
-            error: BaseException | None = None
+            failed: GroupFailed | None = None
             with scope:
-                error = await self._project(event)
+                failed = await self._project(event)
             if scope.cancelled_caught:  # the heartbeat found the lease taken over
                 self._fenced(lease, "heartbeat", counts)
                 return
-            if error is None:
-                error = await self._complete(lease, event, counts)
-            if error is not None:
-                await self._fail(lease, error, counts)
+            if failed is None:
+                failed = await self._complete(lease, event, counts)
+            if failed is not None:
+                await self._fail(lease, failed, counts)
         except anyio.get_cancelled_exc_class():
             # The worker is stopping: hand the lease back, no attempt counted.
             with anyio.CancelScope(shield=True), anyio.move_on_after(5):
@@ -198,7 +211,7 @@ class LeaseRunner:
         finally:
             live.pop(lease.key, None)
 
-    async def _project(self, event: StoredEvent) -> BaseException | None:
+    async def _project(self, event: StoredEvent) -> GroupFailed | None:
         """Run the event's non-transactional projectors in name order; the first failure."""
         for projector in self.registry.subscribers(event.type):
             if projector.transactional:
@@ -206,12 +219,12 @@ class LeaseRunner:
             try:
                 await projector.fn(self.pool, event)  # type: ignore[arg-type]
             except Exception as exc:
-                return exc
+                return GroupFailed(exc, 0, projector.name)
         return None
 
     async def _complete(
         self, lease: Lease, event: StoredEvent, counts: Counts
-    ) -> BaseException | None:
+    ) -> GroupFailed | None:
         """Delete the row, fenced, and run the event's transactional projectors in the same
         transaction; a projector's failure comes back to be recorded."""
         cid, seq = lease.key
@@ -229,7 +242,7 @@ class LeaseRunner:
                     await self._requeue(conn, cid)
             except GroupFailed as failed:
                 if classify(failed.cause) is not ErrorClass.TRANSIENT:
-                    return failed.cause
+                    return failed
                 await self._retry_later(lease, "completion", failed.cause, attempt)
             except Exception as exc:
                 if classify(exc) is not ErrorClass.TRANSIENT:
@@ -240,10 +253,9 @@ class LeaseRunner:
                 return None
         return None  # the lease runs out and the row is claimed again
 
-    async def _fail(self, lease: Lease, exc: BaseException, counts: Counts) -> None:
-        failure = self.failure(
-            dataclasses.replace(lease.row, attempt_count=lease.attempt_count), exc
-        )
+    async def _fail(self, lease: Lease, failed: GroupFailed, counts: Counts) -> None:
+        row = dataclasses.replace(lease.row, attempt_count=lease.attempt_count)
+        failure = self.failure(row, failed.cause, projector=failed.projector)
         args = (failure.attempts, failure.delay, failure.error, failure.dead)
         for attempt in range(1, END_RETRIES + 1):
             try:
@@ -258,17 +270,7 @@ class LeaseRunner:
                 return
             counts.dead += failure.dead
             counts.failed += not failure.dead
-            _logger.warning(
-                "apply.failed",
-                extra={
-                    "campaign_id": lease.row.campaign_id,
-                    "seq": lease.row.seq,
-                    "attempt": failure.attempts,
-                    "dead": failure.dead,
-                    "error": failure.error,
-                    "lease_epoch": lease.epoch,
-                },
-            )
+            log_failure(*lease.key, failure, failed.cause, lease_epoch=lease.epoch)
             return
 
     async def _end(self, query: str, lease: Lease, *args: object) -> bool:

@@ -46,6 +46,7 @@ CLAIMS_RETENTION_DAYS = 14
 class MaintenanceQueries(Queries, file="maintenance.sql"):
     count_by_status: str
     oldest_claimable: str
+    dead_rows: str
     earliest_next_attempt: str
     blocked_campaigns: str
     list_rows: str
@@ -95,7 +96,7 @@ async def outbox_report(
     _check_limit(limit)
     async with db.acquire(executor) as conn:
         counts = await queue_counts(conn, campaign_id)
-        oldest = await conn.fetchrow(Q.oldest_claimable, campaign_id)
+        oldest = await conn.fetchrow(Q.oldest_claimable, campaign_id, park)
         earliest = await conn.fetchval(Q.earliest_next_attempt, campaign_id)
         blocked = await conn.fetch(Q.blocked_campaigns, campaign_id, park, SUMMARY_LIST_LIMIT)
         parked = (
@@ -278,9 +279,18 @@ async def cleanup(
         }
 
 
-async def health(executor: Executor, *, max_oldest_age: float | None = None) -> dict[str, Any]:
-    """Healthy when migrations are current and the oldest claimable row is younger than the
-    bound; the reasons say what is not. (The database answering is the caller's first check.)"""
+async def health(
+    executor: Executor,
+    *,
+    max_oldest_age: float | None = None,
+    max_dead: int = 0,
+    max_blocked: int = 0,
+    park: bool = False,
+) -> dict[str, Any]:
+    """Healthy when migrations are current, at most `max_dead` rows are dead, at most
+    `max_blocked` campaigns are blocked behind a failed or dead head (under `park` dead rows
+    block nothing), and the oldest claimable row is younger than `max_oldest_age`; the reasons
+    say what is not. (The database answering is the caller's first check.)"""
     reasons: list[str] = []
     try:
         await check_current(executor)
@@ -289,9 +299,22 @@ async def health(executor: Executor, *, max_oldest_age: float | None = None) -> 
         migrations = "not current"
         reasons.append(str(exc))
     age: float | None = None
+    dead = blocked = None
     if migrations == "current":
         async with db.acquire(executor) as conn:
-            oldest = await conn.fetchrow(Q.oldest_claimable, None)
+            oldest = await conn.fetchrow(Q.oldest_claimable, None, park)
+            dead = int(await conn.fetchval(Q.dead_rows, None))
+            first = await conn.fetchrow(Q.blocked_campaigns, None, park, 1)
+        blocked = int(first["total"]) if first else 0
+        if dead > max_dead:
+            reasons.append(f"{dead} dead row(s), over {max_dead}")
+        if blocked > max_blocked:
+            where = (
+                f" (oldest: {first['campaign_id']!r} at seq {first['blocking_seq']})"
+                if first
+                else ""
+            )
+            reasons.append(f"{blocked} blocked campaign(s), over {max_blocked}{where}")
         if oldest is not None:
             age = oldest["age_seconds"]
             if max_oldest_age is not None and age > max_oldest_age:
@@ -304,5 +327,9 @@ async def health(executor: Executor, *, max_oldest_age: float | None = None) -> 
         "migrations": migrations,
         "oldest_claimable_age_seconds": age,
         "max_oldest_age_seconds": max_oldest_age,
+        "dead_rows": dead,
+        "max_dead": max_dead,
+        "blocked_campaigns": blocked,
+        "max_blocked": max_blocked,
         "reasons": reasons,
     }

@@ -107,7 +107,7 @@ class Metrics:
         """Queue gauges from the database (the report's own queries)."""
         async with db.acquire(executor) as conn:
             counts = await queue_counts(conn)
-            oldest = await conn.fetchrow(Q.oldest_claimable, None)
+            oldest = await conn.fetchrow(Q.oldest_claimable, None, park)
             blocked = await conn.fetchrow(Q.blocked_campaigns, None, park, 1)
             shadow = await conn.fetchrow(Q.shadow_observations, None)
         for status, n in counts.items():

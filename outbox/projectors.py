@@ -24,7 +24,7 @@ from outbox.journal import (
 )
 from outbox.queue import CampaignWrite, Failure
 from outbox.registry import Projector, Registry, ResetFn
-from outbox.retry import ErrorClass, after_failure, classify, describe_error
+from outbox.retry import ErrorClass, after_failure, classify
 
 if TYPE_CHECKING:
     from outbox.db import Connection, Executor
@@ -159,6 +159,6 @@ class Outbox:
                 cap=s.backoff_cap,
                 rand=random.random,
             )
-            failure = Failure(cid, current.seq, 1, delay, describe_error(exc), dead)
+            failure = Failure(cid, current.seq, 1, delay, failed.describe(), dead)
             await queue.settle(conn, failures=[failure])
             await queue.refresh_campaigns(conn, [cid], park=s.dead_policy == "park")

@@ -49,7 +49,8 @@ async def replay(worker: Worker, campaign_id: str, seq: int) -> dict[str, Any]:
             kind = classify(exc)
             if kind is ErrorClass.TRANSIENT:
                 raise exc from None
-            failure = worker.failure(row, exc, permanent=kind is ErrorClass.PERMANENT)
+            projector = failed.projector if isinstance(failed, GroupFailed) else None
+            failure = worker.failure(row, exc, projector=projector)
             await queue.settle(conn, failures=[failure], now=worker.now())
             await queue.refresh_campaigns(conn, [campaign_id], park=worker.park)
             return {

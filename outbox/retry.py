@@ -9,11 +9,18 @@ instant with the database clock (`clock_timestamp() + delay`), never its own.
 from __future__ import annotations
 
 import enum
+import logging
+import traceback
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import asyncpg
 
+from outbox import log
 from outbox.errors import PermanentError
+
+if TYPE_CHECKING:
+    from outbox.queue import Failure
 
 __all__ = [
     "ErrorClass",
@@ -22,11 +29,15 @@ __all__ = [
     "classify",
     "connection_lost",
     "describe_error",
+    "log_failure",
     "nominal_delay",
     "sqlstate_of",
 ]
 
 MAX_ERROR_LENGTH = 2000
+
+# Failed attempts are the worker's story: they log under its name.
+_logger = log.get_logger("outbox.worker")
 
 # SQLSTATEs that say "try again" about the session or the moment, not about the event.
 _TRANSIENT_SQLSTATES = {
@@ -133,9 +144,35 @@ def classify(exc: BaseException) -> ErrorClass:
     return ErrorClass.FAILURE
 
 
-def describe_error(exc: BaseException) -> str:
-    """`Type: message` on one line, bounded in length, for `last_error`."""
+def describe_error(exc: BaseException, *, projector: str | None = None) -> str:
+    """`Type: message` on one line, bounded in length, for `last_error`; prefixed with
+    `projector 'name': ` when a projector raised it."""
     text = f"{type(exc).__name__}: {' '.join(str(exc).split())}"
+    if projector is not None:
+        text = f"projector {projector!r}: {text}"
     if len(text) > MAX_ERROR_LENGTH:
         text = text[: MAX_ERROR_LENGTH - 1] + "…"
     return text
+
+
+def log_failure(
+    campaign_id: str, seq: int, failure: Failure, exc: BaseException, **extra: object
+) -> None:
+    """One line per failed attempt, with the traceback as a field: at debug while retries
+    remain, at warning when the row goes dead (the dead-letter an operator must act on)."""
+    level = logging.WARNING if failure.dead else logging.DEBUG
+    if not _logger.isEnabledFor(level):
+        return
+    _logger.log(
+        level,
+        "apply.dead" if failure.dead else "apply.failed",
+        extra={
+            "campaign_id": campaign_id,
+            "seq": seq,
+            "attempt": failure.attempts,
+            "dead": failure.dead,
+            "error": failure.error,
+            "traceback": "".join(traceback.format_exception(exc)).rstrip(),
+            **extra,
+        },
+    )

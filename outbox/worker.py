@@ -24,7 +24,14 @@ from outbox.campaigns import campaign_writes, walk
 from outbox.lease import Lease, LeaseRunner, choose_leases, lease_rows
 from outbox.projectors import Outbox
 from outbox.queue import ClaimedCampaign, ClaimedRow, Failure
-from outbox.retry import ErrorClass, after_failure, classify, connection_lost, describe_error
+from outbox.retry import (
+    ErrorClass,
+    after_failure,
+    classify,
+    connection_lost,
+    describe_error,
+    log_failure,
+)
 from outbox.workers import new_worker_id
 
 if TYPE_CHECKING:
@@ -115,10 +122,16 @@ class Worker:
         return self.app.settings.dead_policy == "park"
 
     def failure(
-        self, row: ClaimedRow, exc: BaseException, *, permanent: bool | None = None
+        self,
+        row: ClaimedRow,
+        exc: BaseException,
+        *,
+        permanent: bool | None = None,
+        projector: str | None = None,
     ) -> Failure:
-        """The failure of `row`'s next attempt: attempts, backoff or dead, the error line;
-        `permanent` defaults to what the error's class says (PermanentError: dead at once)."""
+        """The failure of `row`'s next attempt: attempts, backoff or dead, the error line
+        (naming the `projector` that raised); `permanent` defaults to what the error's class
+        says (PermanentError: dead at once)."""
         if permanent is None:
             permanent = classify(exc) is ErrorClass.PERMANENT
         s = self.app.settings
@@ -131,7 +144,8 @@ class Worker:
             cap=s.backoff_cap,
             rand=self.rand,
         )
-        return Failure(row.campaign_id, row.seq, attempts, delay, describe_error(exc), dead)
+        error = describe_error(exc, projector=projector)
+        return Failure(row.campaign_id, row.seq, attempts, delay, error, dead)
 
     async def run_once(self) -> BatchCounts:
         """Claim, apply and settle one batch in one transaction; return its counts.
@@ -333,25 +347,22 @@ class Worker:
             half = len(group) // 2
             return [group[:half], group[half:]]
         index = failed.index or 0
-        failures.append(self._failed(group[index], failed.cause, counts))
+        failures.append(self._failed(group[index], failed.cause, counts, failed.projector))
         return [group[:index], group[index + 1 :]]
 
-    def _failed(self, row: ClaimedRow, exc: BaseException | None, counts: BatchCounts) -> Failure:
+    def _failed(
+        self,
+        row: ClaimedRow,
+        exc: BaseException | None,
+        counts: BatchCounts,
+        projector: str | None = None,
+    ) -> Failure:
         """Record one row's failure: the attempt, the backoff or dead, the log line."""
         exc = exc if exc is not None else RuntimeError("no event")
-        failure = self.failure(row, exc)
+        failure = self.failure(row, exc, projector=projector)
         counts.dead += failure.dead
         counts.failed += not failure.dead
-        _logger.warning(
-            "apply.failed",
-            extra={
-                "campaign_id": row.campaign_id,
-                "seq": row.seq,
-                "attempt": failure.attempts,
-                "dead": failure.dead,
-                "error": failure.error,
-            },
-        )
+        log_failure(row.campaign_id, row.seq, failure, exc)
         return failure
 
     async def drain(self) -> BatchCounts:

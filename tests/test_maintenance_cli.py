@@ -14,6 +14,7 @@ import pytest
 
 from helpers import run_cli
 from outbox import Event, Settings, append, db
+from outbox.examples.app import install
 
 BIN = Path(sys.executable).parent
 
@@ -87,7 +88,7 @@ async def test_report_json_contract(pool: db.Pool, dsn: str, settings: Settings)
         "updated_at",
         "last_error",
     }
-    # Claim order: next_attempt_at, seq: the dead rows (backdated) first, c-d before c-a.
+    # Failed and dead rows first, then claim order (next_attempt_at, seq): c-d before c-a.
     assert [(r["campaign_id"], r["seq"]) for r in body["rows"][:2]] == [("c-d", 1), ("c-a", 1)]
 
 
@@ -338,6 +339,37 @@ async def test_health_exit_codes(
     down = cli("health", dsn="postgresql://op@127.0.0.1:1/none")
     assert down.returncode == 1
     assert "cannot connect" in down.stderr
+
+
+async def test_health_fails_on_dead_rows_and_blocked_campaigns_until_repaired(
+    pool: db.Pool, dsn: str, settings: Settings
+) -> None:
+    await install(pool)
+    rolls = [Event("dice.rolled", {"value": 3}), Event("dice.rolled", {"value": 4})]
+    await append(pool, "c", rolls, settings=settings)
+    await pool.execute(
+        "UPDATE projection_apply_outbox SET status = 'dead', attempt_count = 8, "
+        "last_error = 'boom' WHERE seq = 1"
+    )
+    await pool.execute("UPDATE projection_apply_campaigns SET blocked = true")
+    sick = cli("health", "--json", dsn=dsn)
+    assert sick.returncode == 1
+    body = orjson.loads(sick.stdout)  # the JSON is printed, then the exit says unhealthy
+    assert (body["dead_rows"], body["blocked_campaigns"]) == (1, 1)
+    # Seq 2 waits behind the dead head: nothing is claimable, so no oldest claimable age.
+    assert body["oldest_claimable_age_seconds"] is None
+    assert "1 dead row(s), over 0" in sick.stderr
+    assert "1 blocked campaign(s), over 0 (oldest: 'c' at seq 1)" in sick.stderr
+    allowed = cli("health", "--max-dead", "1", "--max-blocked", "1", dsn=dsn)
+    assert allowed.returncode == 0, allowed.stderr
+    # The repair: requeue, drain, healthy again.
+    assert cli("outbox-requeue", "--campaign-id", "c", "--seq", "1", dsn=dsn).returncode == 0
+    drained = run_cli("outbox-worker", "--app", "outbox.examples.app:app", "--drain", dsn=dsn)
+    assert drained.returncode == 0, drained.stderr
+    report = as_json(cli("outbox-report", "--json", dsn=dsn))
+    assert report["summary"]["counts"]["dead"] == 0
+    healthy = cli("health", dsn=dsn)
+    assert healthy.returncode == 0, healthy.stderr
 
 
 async def test_global_dsn_option_reaches_the_command(dsn: str) -> None:

@@ -532,10 +532,28 @@ def health_command(
         float | None,
         typer.Option(min=0, help="Unhealthy when the oldest claimable row is older (seconds)."),
     ] = None,
+    max_dead: Annotated[
+        int, typer.Option(min=0, help="Unhealthy when more rows than this are dead.")
+    ] = 0,
+    max_blocked: Annotated[
+        int,
+        typer.Option(min=0, help="Unhealthy when more campaigns than this are blocked."),
+    ] = 0,
     as_json: JsonOption = False,
 ) -> None:
-    """Exit 0 when the database answers, migrations are current and the backlog is young."""
-    result = _pool_run(dsn, lambda pool: maintenance.health(pool, max_oldest_age=max_oldest_age))
+    """Exit 0 when the database answers, migrations are current, no more rows are dead and no
+    more campaigns blocked than allowed, and the backlog is young; else exit 1 with reasons."""
+    settings = settings_for(dsn=dsn)
+    result = _pool_run(
+        dsn,
+        lambda pool: maintenance.health(
+            pool,
+            max_oldest_age=max_oldest_age,
+            max_dead=max_dead,
+            max_blocked=max_blocked,
+            park=settings.dead_policy == "park",
+        ),
+    )
     if as_json:
         emit_json("health", result)
     elif result["healthy"]:

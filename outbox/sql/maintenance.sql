@@ -9,14 +9,26 @@ WHERE ($1::text IS NULL OR campaign_id = $1::text)
 GROUP BY status
 
 -- name: oldest_claimable
--- The row waiting longest (by enqueued_at, not by its backoff time) and its age by the
--- database clock.
+-- The claimable row waiting longest (by enqueued_at, not by its backoff time) and its age by
+-- the database clock: a pending or failed campaign head. A row behind an outstanding head of
+-- its campaign waits for that head and is not claimable (under park, $2, dead rows step aside).
+WITH heads AS (
+    SELECT DISTINCT ON (campaign_id) campaign_id, seq, status, enqueued_at
+    FROM projection_apply_outbox
+    WHERE ($1::text IS NULL OR campaign_id = $1::text) AND NOT ($2::boolean AND status = 'dead')
+    ORDER BY campaign_id, seq
+)
 SELECT campaign_id, seq, enqueued_at,
        extract(epoch FROM clock_timestamp() - enqueued_at)::double precision AS age_seconds
-FROM projection_apply_outbox
-WHERE status IN ('pending', 'failed') AND ($1::text IS NULL OR campaign_id = $1::text)
+FROM heads
+WHERE status IN ('pending', 'failed')
 ORDER BY enqueued_at, seq
 LIMIT 1
+
+-- name: dead_rows
+-- How many rows are dead (campaign $1 or all).
+SELECT count(*) FROM projection_apply_outbox
+WHERE status = 'dead' AND ($1::text IS NULL OR campaign_id = $1::text)
 
 -- name: earliest_next_attempt
 -- The earliest next_attempt_at among claimable statuses.
@@ -45,12 +57,13 @@ ORDER BY h.enqueued_at, h.campaign_id
 LIMIT $3::integer
 
 -- name: list_rows
--- Queue rows by status ($1) and campaign ($2), in claim order, at most $3.
+-- Queue rows by status ($1) and campaign ($2), at most $3: with no status filter failed and
+-- dead rows first (they explain a backlog), then in claim order (next_attempt_at, seq).
 SELECT campaign_id, seq, event_type, status, attempt_count, next_attempt_at, enqueued_at,
        updated_at, last_error
 FROM projection_apply_outbox
 WHERE ($1::text IS NULL OR status = $1::text) AND ($2::text IS NULL OR campaign_id = $2::text)
-ORDER BY next_attempt_at, seq
+ORDER BY status IN ('failed', 'dead') DESC, next_attempt_at, seq
 LIMIT $3::integer
 
 -- name: list_leases

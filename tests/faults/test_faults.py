@@ -143,7 +143,8 @@ async def test_postgres_restarts_while_appends_go_on_with_keys(
 
 async def test_workers_frozen_past_the_idle_timeout(pool: db.Pool, dsn: str, fleet: Fleet) -> None:
     settings = Settings(dsn=dsn)
-    fleet.env |= FAST | {"OUTBOX_IDLE_IN_TRANSACTION_TIMEOUT": "0.5"}
+    # Debug: failed attempts log at debug (dead-letters at warning); none may show up here.
+    fleet.env |= FAST | {"OUTBOX_IDLE_IN_TRANSACTION_TIMEOUT": "0.5", "OUTBOX_LOG_LEVEL": "debug"}
     names = ["w1", "w2", "w3"]
     for name in names:
         fleet.start(name)
