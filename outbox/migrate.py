@@ -31,6 +31,7 @@ __all__ = [
     "check_current",
     "load_migrations",
     "migrate",
+    "script",
     "status",
 ]
 
@@ -172,6 +173,28 @@ async def migrate(executor: Executor, migrations: list[Migration] | None = None)
             return done
         finally:
             await conn.fetchval(Q.unlock_migrations, _LOCK_KEY)
+
+
+def script(migrations: list[Migration] | None = None) -> str:
+    """The migrations as one SQL script, for teams that run migrations with their own tool:
+    the bookkeeping table, then each file in its own transaction with the row that records it
+    (name and sha256), so workers find the schema current. Apply it once, to an empty database;
+    later releases' files apply the same way (each file once, in order)."""
+    migrations = migrations if migrations is not None else load_migrations()
+    parts = [
+        "-- outbox schema migrations, in order. Each file runs in its own transaction and is",
+        "-- recorded in outbox_schema_migrations, as `maintenance migrate` does.",
+        Q.create_migrations_table.rstrip(";") + ";",
+    ]
+    for m in migrations:
+        # Names match NNNN_name.sql and checksums are hex: the literals need no escaping.
+        record = (
+            "INSERT INTO outbox_schema_migrations (name, checksum) "
+            f"VALUES ('{m.name}', '{m.checksum}');"
+        )
+        parts += ["", f"-- {m.name} (sha256 {m.checksum})", "BEGIN;", m.sql.rstrip(), record]
+        parts.append("COMMIT;")
+    return "\n".join(parts) + "\n"
 
 
 async def check_current(executor: Executor) -> None:

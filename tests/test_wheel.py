@@ -31,6 +31,7 @@ async def test_wheel_installs_and_migrates_from_outside_the_source_tree(
     names = set(zipfile.ZipFile(wheel).namelist())
     assert "outbox/migrations/0001_schema.sql" in names
     assert "outbox/sql/journal.sql" in names
+    assert "outbox/py.typed" in names
     assert not any(n.startswith(("tests/", "cmd/")) for n in names)
 
     venv = tmp_path / "venv"
@@ -55,9 +56,54 @@ async def test_wheel_installs_and_migrates_from_outside_the_source_tree(
     proc = sh(venv / "bin" / "maintenance", "migrate", "--dsn", fresh_db, cwd=elsewhere)
     assert "applied 0001_schema.sql" in proc.stdout
     sh(venv / "bin" / "outbox-worker", "--help", cwd=elsewhere)
+    _user_code_type_checks_against_the_wheel(venv, elsewhere)
 
     conn = await asyncpg.connect(fresh_db)
     try:
         assert await conn.fetchval("SELECT to_regclass('projection_apply_outbox') IS NOT NULL")
     finally:
         await conn.close()
+
+
+USER_MODULE = """
+from collections.abc import Sequence
+
+import outbox
+from outbox import dedup
+from outbox.db import Connection, Pool
+
+app = outbox.Outbox()
+
+
+@app.projector("totals", events=["deposited"], batch=True)
+async def totals(tx: Connection, events: Sequence[outbox.StoredEvent]) -> None:
+    await tx.executemany("SELECT $1::int", [(e.payload["amount"],) for e in events])
+
+
+async def deposit(pool: Pool, account: str, amount: int, request: str) -> int:
+    result: outbox.AppendResult = await app.append(
+        pool, account, [outbox.Event("deposited", {"amount": amount})], idempotency_key=request
+    )
+    return result.first_seq
+"""
+
+WRONG = """
+import outbox
+
+seq: str = outbox.AppendResult("c", 1, 1).first_seq
+"""
+
+
+def _user_code_type_checks_against_the_wheel(venv: Path, where: Path) -> None:
+    """`mypy --strict` on an application module, resolving `outbox` from the installed wheel
+    (its py.typed marker): clean code passes, a type error in the use of the API is caught."""
+    (where / "user_app.py").write_text(USER_MODULE)
+    (where / "user_wrong.py").write_text(WRONG)
+    mypy = [sys.executable, "-m", "mypy", "--strict", "--no-incremental"]
+    target = ["--python-executable", str(venv / "bin" / "python")]
+    sh(*mypy, *target, "user_app.py", cwd=where)
+    wrong = subprocess.run(
+        [*mypy, *target, "user_wrong.py"], cwd=where, capture_output=True, text=True, check=False
+    )
+    assert wrong.returncode == 1, wrong.stdout
+    assert 'Incompatible types in assignment (expression has type "int"' in wrong.stdout

@@ -27,11 +27,13 @@ from outbox.projectors import Outbox
 from outbox.redact import REDACTED, dsn_secrets
 
 __all__ = [
+    "CONTEXT_SETTINGS",
     "SCHEMA_VERSION",
     "AppOption",
     "DsnOption",
     "JsonOption",
     "UsageError",
+    "VersionOption",
     "emit_json",
     "load_app",
     "main",
@@ -68,6 +70,25 @@ JsonOption = Annotated[
 AppOption = Annotated[
     str | None,
     typer.Option("--app", envvar="OUTBOX_APP", help="module:attribute of the outbox.Outbox app."),
+]
+
+# Both CLIs: -h as well as --help.
+CONTEXT_SETTINGS: dict[str, Any] = {"help_option_names": ["-h", "--help"]}
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from outbox import __version__  # the package's, also when installed from a wheel
+
+        typer.echo(f"outbox {__version__}")
+        raise typer.Exit
+
+
+VersionOption = Annotated[
+    bool,
+    typer.Option(
+        "--version", callback=_print_version, is_eager=True, help="Print the version and exit."
+    ),
 ]
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import os
+import sys
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Annotated, Any, NoReturn, TypeVar
@@ -15,10 +16,12 @@ from rich.table import Table
 from outbox import db, log, maintenance
 from outbox import migrate as migrations
 from outbox.cli.common import (
+    CONTEXT_SETTINGS,
     AppOption,
     DsnOption,
     JsonOption,
     UsageError,
+    VersionOption,
     emit_json,
     prepare_app,
     require_dsn,
@@ -46,7 +49,7 @@ app = typer.Typer(
     name="maintenance",
     help="Operate the outbox: migrate the schema, inspect and repair the queue.",
     no_args_is_help=True,
-    add_completion=False,
+    context_settings=CONTEXT_SETTINGS,
     pretty_exceptions_enable=False,
 )
 
@@ -57,6 +60,7 @@ def _root(
     log_level: Annotated[
         str, typer.Option("--log-level", envvar="OUTBOX_LOG_LEVEL", help="debug/info/warning/error")
     ] = "warning",
+    version: VersionOption = False,
 ) -> None:
     """Operator commands. Exit 0 on success, 1 on operational failure, 2 on bad usage."""
     if dsn:
@@ -243,6 +247,32 @@ def _render_report(report: dict[str, Any]) -> None:
             (r["last_error"] or "")[:80],
         )
     stdout.print(rows)
+
+
+@app.command("schema")
+def schema_command(
+    sql: Annotated[
+        bool,
+        typer.Option(
+            "--sql", help="Print the migrations as one SQL script for your own migration tool."
+        ),
+    ] = False,
+    as_json: JsonOption = False,
+) -> None:
+    """The schema migrations this version ships (no database needed)."""
+    shipped = migrations.load_migrations()
+    if sql:
+        sys.stdout.write(migrations.script(shipped))
+        return
+    if as_json:
+        emit_json(
+            "schema", {"migrations": [{"name": m.name, "checksum": m.checksum} for m in shipped]}
+        )
+        return
+    table = Table("migration", "sha256", title="shipped migrations")
+    for m in shipped:
+        table.add_row(m.name, m.checksum)
+    stdout.print(table)
 
 
 @app.command("outbox-report")
@@ -562,5 +592,5 @@ def health_command(
         raise OutboxError("unhealthy: " + "; ".join(result["reasons"]))
 
 
-def main() -> NoReturn:
-    run_main(app, "maintenance", help_without_args=True)
+def main(argv: list[str] | None = None, prog: str = "maintenance") -> NoReturn:
+    run_main(app, prog, argv, help_without_args=True)

@@ -10,7 +10,16 @@ from typing import Annotated, NoReturn
 import typer
 
 from outbox import log
-from outbox.cli.common import AppOption, DsnOption, UsageError, prepare_app, require_dsn, run
+from outbox.cli.common import (
+    CONTEXT_SETTINGS,
+    AppOption,
+    DsnOption,
+    UsageError,
+    VersionOption,
+    prepare_app,
+    require_dsn,
+    run,
+)
 from outbox.cli.common import main as run_main
 from outbox.config import resolve_worker_mode
 from outbox.errors import ConfigError
@@ -21,7 +30,7 @@ from outbox.worker import BatchCounts, ShadowWorker, Worker
 app = typer.Typer(
     name="outbox-worker",
     help="Claim due work rows and apply the app's projectors exactly once.",
-    add_completion=False,
+    context_settings=CONTEXT_SETTINGS,
     pretty_exceptions_enable=False,
 )
 
@@ -68,6 +77,7 @@ def worker(
         ),
     ] = None,
     log_level: Annotated[str, typer.Option(envvar="OUTBOX_LOG_LEVEL")] = "info",
+    version: VersionOption = False,
 ) -> None:
     """Run the worker until SIGTERM/SIGINT (or, with --drain, until nothing is due)."""
     try:
@@ -116,6 +126,6 @@ def _stopped_before_serving(signum: int, _frame: FrameType | None) -> None:
     raise SystemExit(0)
 
 
-def main() -> NoReturn:
+def main(argv: list[str] | None = None, prog: str = "outbox-worker") -> NoReturn:
     signal.signal(signal.SIGTERM, _stopped_before_serving)
-    run_main(app, "outbox-worker")
+    run_main(app, prog, argv)
