@@ -52,7 +52,7 @@ async def test_inline_failure_commits_the_append_and_records_attempt_1(
     assert first == ("c", 1, "pending", 0, None)  # rolled back with the savepoint
     assert cursed[:4] == ("c", 2, "failed", 1)
     assert cursed[4] is not None
-    assert cursed[4].startswith("CursedDice")
+    assert cursed[4].startswith("projector 'curse': CursedDice")
     assert await pool.fetchval("SELECT count(*) FROM demo_dice_totals") == 0
 
 

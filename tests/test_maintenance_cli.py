@@ -60,7 +60,9 @@ async def test_report_json_contract(pool: db.Pool, dsn: str, settings: Settings)
     assert summary["total"] == 7
     oldest = summary["oldest_claimable"]
     assert set(oldest) == {"campaign_id", "seq", "enqueued_at", "age_seconds"}
-    assert (oldest["campaign_id"], oldest["seq"]) == ("c-a", 2)
+    # c-a's rows wait behind its dead head, c-d's head is dead: the oldest claimable row is
+    # c-b's failed head (seq 1), not c-a seq 2, which is older but not claimable.
+    assert (oldest["campaign_id"], oldest["seq"]) == ("c-b", 1)
     assert isinstance(oldest["age_seconds"], float)
     assert isinstance(summary["earliest_next_attempt_at"], str)
     blocked = {b["campaign_id"]: b for b in summary["blocked_campaigns"]}

@@ -75,7 +75,7 @@ async def test_replay_outcomes(pool: db.Pool, dsn: str, settings: Settings) -> N
     assert failed.returncode == 1
     body = orjson.loads(failed.stdout)
     assert (body["outcome"], body["status"], body["attempt_count"]) == ("failed", "failed", 1)
-    assert body["error"].startswith("CursedDice")
+    assert body["error"].startswith("projector 'curse': CursedDice")
     assert "replay failed" in failed.stderr
     missing = cli("outbox-replay", "--app", APP, "--campaign-id", "zz", "--seq", "1", dsn=dsn)
     assert missing.returncode == 1

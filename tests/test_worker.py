@@ -82,7 +82,7 @@ async def test_a_failing_event_never_undoes_its_neighbours(
     rows = await statuses(pool)
     assert rows == {("bad", 1): ("failed", 1), ("bad", 2): ("pending", 0)}
     error = await pool.fetchval("SELECT last_error FROM projection_apply_outbox WHERE seq = 1")
-    assert error.startswith("CursedDice: a 13-sided die")
+    assert error.startswith("projector 'curse': CursedDice: a 13-sided die")
     assert await pool.fetchval("SELECT total FROM demo_dice_totals WHERE campaign_id='good'") == 3
 
 
@@ -147,7 +147,7 @@ async def test_permanent_error_is_dead_at_once(pool: db.Pool, settings: Settings
     assert counts.dead == 1
     assert await statuses(pool) == {("c", 1): ("dead", 1)}
     assert await pool.fetchval("SELECT last_error FROM projection_apply_outbox") == (
-        "PermanentError: schema says no"
+        "projector 'strict': PermanentError: schema says no"
     )
 
 
