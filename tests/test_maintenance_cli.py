@@ -381,3 +381,25 @@ async def test_global_dsn_option_reaches_the_command(dsn: str) -> None:
         subprocess.run, command, capture_output=True, text=True, timeout=120, check=False, env=env
     )
     assert as_json(proc)["summary"]["total"] == 0
+
+
+async def test_the_report_reads_at_80_columns_without_cutting_ids(
+    pool: db.Pool, dsn: str, settings: Settings
+) -> None:
+    long_id = "tenant-0042/account-" + "9" * 40  # longer than any column at 80
+    await append(pool, long_id, [Event("account.opened.with.a.long.type", {})], settings=settings)
+    await pool.execute("UPDATE projection_apply_outbox SET status = 'dead', last_error = 'x'")
+    narrow = run_cli("maintenance", "outbox-report", dsn=dsn, env={"COLUMNS": "80"})
+    assert narrow.returncode == 0, narrow.stderr
+    lines = narrow.stdout.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    # Folded, never cut: the id's characters all appear, in order, across the cells' lines.
+    cells = "".join(
+        line.split("│")[1].strip() for line in lines if line.startswith("│") and "│" in line[1:]
+    )
+    assert long_id in cells
+    assert "…" not in narrow.stdout
+    assert "80 columns: the rows' next attempt and enqueued times are left out" in narrow.stderr
+    wide = run_cli("maintenance", "outbox-report", dsn=dsn, env={"COLUMNS": "200"})
+    assert "enqueued" in wide.stdout
+    assert "left out" not in wide.stderr

@@ -49,8 +49,11 @@ SCHEMA_VERSION = 1
 T = TypeVar("T")
 
 stderr = Console(stderr=True, highlight=False, soft_wrap=True)
-# Piped output (a file, a pager, a test) gets room for the wide tables.
-stdout = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
+# Piped output (a file, a pager, a test) gets room for the wide tables, unless COLUMNS says
+# how wide the reader is.
+stdout = Console(
+    highlight=False, width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 160
+)
 
 DsnOption = Annotated[
     str | None,

@@ -1,0 +1,231 @@
+"""Repairs: requeue dead rows, replay one row, rebuild projections, reconcile the journal."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+from rich.progress import Progress
+from rich.table import Table
+
+from outbox import db, maintenance
+from outbox.cli.common import (
+    AppOption,
+    DsnOption,
+    JsonOption,
+    UsageError,
+    emit_json,
+    stderr,
+    stdout,
+)
+from outbox.cli.operator import (
+    CampaignOption,
+    ReasonOption,
+    app,
+    app_run,
+    pool_run,
+)
+from outbox.errors import ConfigError, OutboxError
+from outbox.maintenance import MAX_LIMIT
+from outbox.projectors import Outbox
+from outbox.rebuild import campaigns_to_rebuild, rebuild_campaign, rebuildable
+from outbox.reconcile import reconcile
+from outbox.replay import replay
+from outbox.worker import Worker
+
+
+@app.command("outbox-requeue")
+def outbox_requeue_command(
+    campaign_id: Annotated[
+        str,
+        typer.Option("--campaign-id", "--outbox-requeue-campaign-id", help="The row's campaign."),
+    ],
+    seq: Annotated[
+        int, typer.Option("--seq", "--outbox-requeue-seq", min=1, help="The row's seq.")
+    ],
+    dsn: DsnOption = None,
+    reason: ReasonOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """One dead row back to pending, due now, with a fresh attempt budget (audited)."""
+    result = pool_run(
+        dsn, lambda pool: maintenance.requeue_one(pool, campaign_id, seq, reason=reason)
+    )
+    if as_json:
+        emit_json("outbox-requeue", result)
+    else:
+        stdout.print(f"requeued {campaign_id} seq {seq}")
+
+
+@app.command("outbox-requeue-dead")
+def outbox_requeue_dead_command(
+    limit: Annotated[
+        int,
+        typer.Option(
+            "--limit",
+            "--outbox-requeue-dead-limit",
+            min=1,
+            max=MAX_LIMIT,
+            help="At most this many rows, oldest first.",
+        ),
+    ],
+    dsn: DsnOption = None,
+    campaign_id: CampaignOption = None,
+    event_type: Annotated[
+        str | None, typer.Option("--event-type", help="Only this event type.", show_default=False)
+    ] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Show, change nothing.")] = False,
+    reason: ReasonOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Dead rows back to pending in a bounded batch, oldest first by next_attempt_at, seq."""
+
+    async def body(pool: db.Pool) -> list[dict[str, Any]]:
+        with Progress(console=stderr, transient=True, disable=limit <= 1000) as bar:
+            task = bar.add_task("requeueing", total=limit)
+            return await maintenance.requeue_dead(
+                pool,
+                limit=limit,
+                campaign_id=campaign_id,
+                event_type=event_type,
+                dry_run=dry_run,
+                reason=reason,
+                progress=lambda n: bar.advance(task, n),
+            )
+
+    rows = pool_run(dsn, body)
+    requeued = 0 if dry_run else len(rows)
+    if dry_run:
+        stderr.print(f"dry run: {len(rows)} row(s) would be requeued, none was")
+    if as_json:
+        emit_json(
+            "outbox-requeue-dead",
+            {"limit": limit, "requeued": requeued, "rows": rows},
+        )
+        return
+    table = Table(
+        "campaign",
+        "seq",
+        "event type",
+        "attempts",
+        "last error",
+        title="would requeue" if dry_run else "requeued",
+    )
+    for r in rows:
+        table.add_row(
+            r["campaign_id"],
+            str(r["seq"]),
+            r["event_type"],
+            str(r["attempt_count"]),
+            (r["last_error"] or "")[:80],
+        )
+    stdout.print(table)
+    if not dry_run:
+        stderr.print(f"requeued {len(rows)} row(s)")
+
+
+@app.command("outbox-replay")
+def outbox_replay_command(
+    campaign_id: Annotated[str, typer.Option("--campaign-id", help="The row's campaign.")],
+    seq: Annotated[int, typer.Option("--seq", min=1, help="The row's seq.")],
+    app_path: AppOption = None,
+    dsn: DsnOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Apply one queued row now, in the foreground, and report the outcome."""
+    result = app_run(app_path, dsn, lambda a, pool: replay(Worker(a, pool), campaign_id, seq))
+    if as_json:
+        emit_json("outbox-replay", result)
+    else:
+        stdout.print(f"{campaign_id} seq {seq}: {result['outcome']}")
+    if result["outcome"] == "failed":
+        raise OutboxError(f"replay failed ({result['status']}): {result['error']}")
+
+
+@app.command("projections-rebuild")
+def projections_rebuild_command(
+    app_path: AppOption = None,
+    dsn: DsnOption = None,
+    projector: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--projector", help="Rebuild this projector (repeatable; default: all with reset=)."
+        ),
+    ] = None,
+    campaign_id: CampaignOption = None,
+    yes: Annotated[
+        bool, typer.Option("--yes", help="Do it (without: say what would happen).")
+    ] = False,
+    as_json: JsonOption = False,
+) -> None:
+    """Reset projections and re-apply them from the journal in seq order (the final repair)."""
+
+    async def body(outbox_app: Outbox, pool: db.Pool) -> dict[str, Any]:
+        registry = outbox_app.registry
+        # By default every projector that has a projection to rebuild (a reset hook).
+        names = projector or sorted(n for n, p in registry.projectors.items() if p.reset)
+        if not names:
+            raise UsageError("no projector has a reset hook: nothing can be rebuilt")
+        try:
+            chosen = [rebuildable(registry, n) for n in names]
+        except ConfigError as exc:
+            raise UsageError(str(exc)) from None
+        campaigns = await campaigns_to_rebuild(pool, campaign_id)
+        applied = dict.fromkeys(names, 0)
+        if yes:
+            with Progress(console=stderr, transient=True) as bar:
+                task = bar.add_task("rebuilding", total=len(campaigns) * len(chosen))
+                for p in chosen:
+                    for c in campaigns:
+                        applied[p.name] += await rebuild_campaign(pool, p, c)
+                        bar.advance(task)
+        return {
+            "projectors": names,
+            "campaigns": len(campaigns),
+            "rebuilt": yes,
+            "applied": applied,
+        }
+
+    result = app_run(app_path, dsn, body)
+    if as_json:
+        emit_json("projections-rebuild", result)
+    elif result["rebuilt"]:
+        for name, n in result["applied"].items():
+            stdout.print(f"{name}: {n} event(s) re-applied over {result['campaigns']} campaign(s)")
+    else:
+        stderr.print(
+            f"would rebuild {', '.join(result['projectors'])} over {result['campaigns']} "
+            "campaign(s); pass --yes to do it"
+        )
+
+
+@app.command("reconcile")
+def reconcile_command(
+    app_path: AppOption = None,
+    dsn: DsnOption = None,
+    campaign_id: CampaignOption = None,
+    limit: Annotated[
+        int, typer.Option("--limit", min=1, max=1_000_000, help="At most this many rows.")
+    ] = 1000,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Show, enqueue nothing.")] = False,
+    as_json: JsonOption = False,
+) -> None:
+    """Enqueue journal events that have no work row and are not applied yet."""
+    rows = app_run(
+        app_path,
+        dsn,
+        lambda a, pool: reconcile(
+            pool, a.registry, campaign_id=campaign_id, limit=limit, dry_run=dry_run
+        ),
+    )
+    enqueued = 0 if dry_run else len(rows)
+    if as_json:
+        emit_json(
+            "reconcile", {"limit": limit, "dry_run": dry_run, "enqueued": enqueued, "rows": rows}
+        )
+        return
+    table = Table("campaign", "seq", "event type", title="would enqueue" if dry_run else "enqueued")
+    for r in rows:
+        table.add_row(r["campaign_id"], str(r["seq"]), r["event_type"])
+    stdout.print(table)
+    stderr.print(f"{'would enqueue' if dry_run else 'enqueued'} {len(rows)} row(s)")

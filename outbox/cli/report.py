@@ -1,0 +1,199 @@
+"""`maintenance outbox-report` and `maintenance health`: what the queue holds, and is it well."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from outbox import maintenance
+from outbox.cli.common import (
+    DsnOption,
+    JsonOption,
+    emit_json,
+    settings_for,
+    stderr,
+    stdout,
+)
+from outbox.cli.operator import (
+    CampaignOption,
+    LimitOption,
+    Status,
+    age,
+    app,
+    pool_run,
+    when,
+)
+from outbox.errors import OutboxError
+
+# Identifiers fold onto a second line in a narrow terminal: never cut off.
+_FOLDED = {"campaign", "event type", "worker", "owner", "last error"}
+# Below this width the rows table leaves out its timestamps (and says so).
+_WIDE = 120
+
+
+def _table(*columns: str, title: str) -> Table:
+    table = Table(title=title)
+    for name in columns:
+        table.add_column(name, overflow="fold" if name in _FOLDED else "ellipsis")
+    return table
+
+
+def render_report(report: dict[str, Any]) -> None:
+    summary = report["summary"]
+    counts = _table("status", "rows", title="outbox queue")
+    for status, n in summary["counts"].items():
+        counts.add_row(status, str(n))
+    counts.add_row("total", str(summary["total"]))
+    stdout.print(counts)
+    oldest = summary["oldest_claimable"]
+    if oldest:
+        stdout.print(
+            f"oldest claimable: {oldest['campaign_id']} seq {oldest['seq']}, "
+            f"enqueued {when(oldest['enqueued_at'])}, age {age(oldest['age_seconds'])}"
+        )
+    stdout.print(f"earliest next attempt: {when(summary['earliest_next_attempt_at'])}")
+    if summary["blocked_campaigns"]:
+        blocked = _table(
+            "campaign", "blocking seq", "status", "waiting", "age", title="blocked campaigns"
+        )
+        for b in summary["blocked_campaigns"]:
+            blocked.add_row(
+                b["campaign_id"],
+                str(b["blocking_seq"]),
+                b["status"],
+                str(b["waiting"]),
+                age(b["age_seconds"]),
+            )
+        stdout.print(blocked)
+    if summary["parked_rows"]:
+        parked = _table("campaign", "seq", "event type", "last error", title="parked rows")
+        for r in summary["parked_rows"]:
+            parked.add_row(r["campaign_id"], str(r["seq"]), r["event_type"], r["last_error"] or "")
+        stdout.print(parked)
+    if summary["leases"]:
+        leases = _table(
+            "campaign",
+            "seq",
+            "event type",
+            "owner",
+            "epoch",
+            "attempts",
+            "lease age",
+            "expires in",
+            title="leases (processing rows)",
+        )
+        for r in summary["leases"]:
+            leases.add_row(
+                r["campaign_id"],
+                str(r["seq"]),
+                r["event_type"],
+                r["lease_owner"],
+                str(r["claim_epoch"]),
+                str(r["attempt_count"]),
+                age(r["lease_age_seconds"]),
+                age(r["expires_in_seconds"]) if r["expires_in_seconds"] >= 0 else "expired",
+            )
+        stdout.print(leases)
+    workers = _table("worker", "mode", "loops", "heartbeat age", title="live workers")
+    for w in summary["workers"]:
+        workers.add_row(
+            w["worker_id"], w["mode"], str(w["concurrency"]), age(w["heartbeat_age_seconds"])
+        )
+    stdout.print(workers)
+    wide = stdout.width >= _WIDE
+    rows = _table(
+        "campaign",
+        "seq",
+        "event type",
+        "status",
+        "attempts",
+        *(("next attempt", "enqueued") if wide else ()),
+        "last error",
+        title=f"rows (limit {report['limit']})",
+    )
+    for r in report["rows"]:
+        times = (when(r["next_attempt_at"]), when(r["enqueued_at"])) if wide else ()
+        rows.add_row(
+            r["campaign_id"],
+            str(r["seq"]),
+            r["event_type"],
+            r["status"],
+            str(r["attempt_count"]),
+            *times,
+            (r["last_error"] or "")[:80],
+        )
+    if not wide:
+        stderr.print(
+            f"{stdout.width} columns: the rows' next attempt and enqueued times are left out "
+            "(a wider terminal, or --json, shows them)"
+        )
+    stdout.print(rows)
+
+
+@app.command("outbox-report")
+def outbox_report_command(
+    dsn: DsnOption = None,
+    status: Annotated[
+        Status | None,
+        typer.Option("--status", "--outbox-status", help="Only rows in this status."),
+    ] = None,
+    limit: LimitOption = 50,
+    campaign_id: CampaignOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Counts per status, the oldest claimable row, blocked campaigns, workers, then rows."""
+    settings = settings_for(dsn=dsn)
+    report = pool_run(
+        dsn,
+        lambda pool: maintenance.outbox_report(
+            pool,
+            status=status.value if status else None,
+            limit=limit,
+            campaign_id=campaign_id,
+            park=settings.dead_policy == "park",
+        ),
+    )
+    report["summary"]["resolved_mode"] = settings.resolved_mode()
+    if as_json:
+        emit_json("outbox", report)
+    else:
+        render_report(report)
+
+
+@app.command("health")
+def health_command(
+    dsn: DsnOption = None,
+    max_oldest_age: Annotated[
+        float | None,
+        typer.Option(min=0, help="Unhealthy when the oldest claimable row is older (seconds)."),
+    ] = None,
+    max_dead: Annotated[
+        int, typer.Option(min=0, help="Unhealthy when more rows than this are dead.")
+    ] = 0,
+    max_blocked: Annotated[
+        int,
+        typer.Option(min=0, help="Unhealthy when more campaigns than this are blocked."),
+    ] = 0,
+    as_json: JsonOption = False,
+) -> None:
+    """Exit 0 when the database answers, migrations are current, no more rows are dead and no
+    more campaigns blocked than allowed, and the backlog is young; else exit 1 with reasons."""
+    settings = settings_for(dsn=dsn)
+    result = pool_run(
+        dsn,
+        lambda pool: maintenance.health(
+            pool,
+            max_oldest_age=max_oldest_age,
+            max_dead=max_dead,
+            max_blocked=max_blocked,
+            park=settings.dead_policy == "park",
+        ),
+    )
+    if as_json:
+        emit_json("health", result)
+    elif result["healthy"]:
+        stdout.print("healthy")
+    if not result["healthy"]:
+        raise OutboxError("unhealthy: " + "; ".join(result["reasons"]))

@@ -1,0 +1,99 @@
+"""`maintenance migrate` and `maintenance schema`: the schema's migrations."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from outbox import db
+from outbox import migrate as migrations
+from outbox.cli.common import (
+    DsnOption,
+    JsonOption,
+    emit_json,
+    require_dsn,
+    run,
+    settings_for,
+    stderr,
+    stdout,
+)
+from outbox.cli.operator import (
+    app,
+)
+
+
+@app.command("migrate")
+def migrate_command(
+    dsn: DsnOption = None,
+    show_status: Annotated[
+        bool, typer.Option("--status", help="List applied and pending files; change nothing.")
+    ] = False,
+    as_json: JsonOption = False,
+) -> None:
+    """Apply pending schema migrations in order (idempotent, under an advisory lock)."""
+    target = require_dsn(settings_for(dsn=dsn))
+
+    async def body() -> Any:
+        conn = await db.connect(target)
+        try:
+            if show_status:
+                return await migrations.status(conn)
+            return await migrations.migrate(conn)
+        finally:
+            await conn.close()
+
+    result = run(body)
+    if show_status:
+        rows = [
+            {
+                "name": s.name,
+                "state": s.state,
+                "checksum": s.checksum,
+                "applied_at": s.applied_at,
+            }
+            for s in result
+        ]
+        if as_json:
+            emit_json("migrate-status", {"migrations": rows})
+            return
+        table = Table("migration", "state", "applied at")
+        for r in rows:
+            applied_at = r["applied_at"].isoformat(timespec="seconds") if r["applied_at"] else "-"
+            table.add_row(r["name"], r["state"], applied_at)
+        stdout.print(table)
+        return
+    if as_json:
+        emit_json("migrate", {"applied": result})
+        return
+    for name in result:
+        typer.echo(f"applied {name}")
+    stderr.print(f"schema current ({len(result)} migration(s) applied now)")
+
+
+@app.command("schema")
+def schema_command(
+    sql: Annotated[
+        bool,
+        typer.Option(
+            "--sql", help="Print the migrations as one SQL script for your own migration tool."
+        ),
+    ] = False,
+    as_json: JsonOption = False,
+) -> None:
+    """The schema migrations this version ships (no database needed)."""
+    shipped = migrations.load_migrations()
+    if sql:
+        sys.stdout.write(migrations.script(shipped))
+        return
+    if as_json:
+        emit_json(
+            "schema", {"migrations": [{"name": m.name, "checksum": m.checksum} for m in shipped]}
+        )
+        return
+    table = Table("migration", "sha256", title="shipped migrations")
+    for m in shipped:
+        table.add_row(m.name, m.checksum)
+    stdout.print(table)
