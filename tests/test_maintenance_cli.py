@@ -256,16 +256,30 @@ async def test_requeue_dead_oldest_first_with_limit_and_audit(
 ) -> None:
     await seed(pool, settings)
     dry = as_json(cli("outbox-requeue-dead", "--limit", "5", "--dry-run", "--json", dsn=dsn))
-    assert (dry["requeued"], [(r["campaign_id"], r["seq"]) for r in dry["rows"]]) == (
-        0,
-        [("c-d", 1), ("c-a", 1)],
+    assert (dry["dry_run"], dry["matched"], dry["requeued"]) == (True, 2, 0)
+    assert [(r["campaign_id"], r["seq"]) for r in dry["rows"]] == [("c-d", 1), ("c-a", 1)]
+    quiet = as_json(
+        cli("outbox-requeue-dead", "--limit", "5", "--dry-run", "--quiet", "--json", dsn=dsn)
     )
+    assert quiet == {k: v for k, v in dry.items() if k != "rows"}
+    table = cli("outbox-requeue-dead", "--limit", "5", "--dry-run", "-q", dsn=dsn)
+    assert table.returncode == 0
+    assert table.stdout == ""
+    assert "2 row(s) would be requeued" in table.stderr
     assert await pool.fetchval("SELECT count(*) FROM outbox_requeue_audit") == 0
     first = as_json(
         cli("outbox-requeue-dead", "--outbox-requeue-dead-limit", "1", "--json", dsn=dsn)
     )
     assert (first["mode"], first["limit"], first["requeued"]) == ("outbox-requeue-dead", 1, 1)
-    assert set(first) == {"schema_version", "mode", "limit", "requeued", "rows"}
+    assert set(first) == {
+        "schema_version",
+        "mode",
+        "limit",
+        "dry_run",
+        "matched",
+        "requeued",
+        "rows",
+    }
     assert set(first["rows"][0]) == {
         "campaign_id",
         "seq",

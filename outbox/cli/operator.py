@@ -69,6 +69,10 @@ LimitOption = Annotated[
 CampaignOption = Annotated[
     str | None, typer.Option("--campaign-id", help="Only this campaign.", show_default=False)
 ]
+QuietOption = Annotated[
+    bool,
+    typer.Option("--quiet", "-q", help="Only the summary: no row table, no `rows` in the JSON."),
+]
 ReasonOption = Annotated[
     str | None, typer.Option("--reason", help="Why, for the audit.", show_default=False)
 ]

@@ -20,6 +20,7 @@ from outbox.cli.common import (
 )
 from outbox.cli.operator import (
     CampaignOption,
+    QuietOption,
     ReasonOption,
     app,
     app_run,
@@ -76,6 +77,7 @@ def outbox_requeue_dead_command(
     ] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Show, change nothing.")] = False,
     reason: ReasonOption = None,
+    quiet: QuietOption = False,
     as_json: JsonOption = False,
 ) -> None:
     """Dead rows back to pending in a bounded batch, oldest first by next_attempt_at, seq."""
@@ -98,10 +100,12 @@ def outbox_requeue_dead_command(
     if dry_run:
         stderr.print(f"dry run: {len(rows)} row(s) would be requeued, none was")
     if as_json:
-        emit_json(
-            "outbox-requeue-dead",
-            {"limit": limit, "requeued": requeued, "rows": rows},
-        )
+        summary = {"limit": limit, "dry_run": dry_run, "matched": len(rows), "requeued": requeued}
+        emit_json("outbox-requeue-dead", summary if quiet else {**summary, "rows": rows})
+        return
+    if quiet:
+        if not dry_run:
+            stderr.print(f"requeued {len(rows)} row(s)")
         return
     table = Table(
         "campaign",
@@ -208,6 +212,7 @@ def reconcile_command(
         int, typer.Option("--limit", min=1, max=1_000_000, help="At most this many rows.")
     ] = 1000,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Show, enqueue nothing.")] = False,
+    quiet: QuietOption = False,
     as_json: JsonOption = False,
 ) -> None:
     """Enqueue journal events that have no work row and are not applied yet."""
@@ -220,12 +225,13 @@ def reconcile_command(
     )
     enqueued = 0 if dry_run else len(rows)
     if as_json:
-        emit_json(
-            "reconcile", {"limit": limit, "dry_run": dry_run, "enqueued": enqueued, "rows": rows}
-        )
+        summary = {"limit": limit, "dry_run": dry_run, "matched": len(rows), "enqueued": enqueued}
+        emit_json("reconcile", summary if quiet else {**summary, "rows": rows})
         return
-    table = Table("campaign", "seq", "event type", title="would enqueue" if dry_run else "enqueued")
-    for r in rows:
-        table.add_row(r["campaign_id"], str(r["seq"]), r["event_type"])
-    stdout.print(table)
+    if not quiet:
+        title = "would enqueue" if dry_run else "enqueued"
+        table = Table("campaign", "seq", "event type", title=title)
+        for r in rows:
+            table.add_row(r["campaign_id"], str(r["seq"]), r["event_type"])
+        stdout.print(table)
     stderr.print(f"{'would enqueue' if dry_run else 'enqueued'} {len(rows)} row(s)")
