@@ -28,6 +28,7 @@ __all__ = [
     "cleanup",
     "current_actor",
     "health",
+    "leftovers",
     "outbox_report",
     "queue_counts",
     "requeue_dead",
@@ -277,6 +278,15 @@ async def cleanup(
             "consumer_claims": await _prune(conn, Q.prune_consumer_claims, days, batch_size),
             "outbox_workers": await _prune(conn, Q.prune_workers, hours, batch_size),
         }
+
+
+async def leftovers(executor: Executor, *, park: bool) -> dict[str, int]:
+    """What a finished drain leaves: rows per status, and campaigns blocked behind a failed or
+    dead head (under `park`, dead rows block nothing)."""
+    counts = await queue_counts(executor)
+    async with db.acquire(executor) as conn:
+        first = await conn.fetchrow(Q.blocked_campaigns, None, park, 1)
+    return {**counts, "blocked_campaigns": int(first["total"]) if first else 0}
 
 
 async def health(

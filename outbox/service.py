@@ -123,6 +123,9 @@ class Service:
     metrics: Metrics = field(default_factory=Metrics)
     metrics_port: int | None = None  # serve /metrics (and refresh the queue gauges) when set
     until_idle: bool = False
+    # With until_idle: wait out backoffs (and leases held elsewhere) until nothing outstanding
+    # will come due, instead of ending at the first claim that finds nothing due now.
+    wait_out_backoff: bool = False
     link: Link = field(default_factory=Link)
     # LISTEN for wake-ups; without it the poll interval alone bounds every wait (S10), e.g.
     # behind a pooler in transaction mode, where LISTEN does not work.
@@ -177,7 +180,13 @@ class Service:
             if counts.claimed:
                 _logger.info("batch.done", extra=vars(counts))
             elif self.until_idle and not counts.more_due:
-                return
+                if not self.wait_out_backoff:
+                    return
+                wait = await self._due_in()
+                if wait is None:
+                    return  # what is left never comes due by itself: dead or blocked rows
+                await self._pause(wait)
+                continue
             if counts.claimed >= settings.batch_size:
                 continue  # a full batch: more is likely due (S10)
             if counts.more_due:
@@ -188,17 +197,21 @@ class Service:
             if not self.until_idle:  # a drain ends at the next claim that finds nothing
                 await self._pause(await self._idle_time())
 
-    async def _idle_time(self) -> float:
-        """Until the next row is due (a retry in backoff), at most the poll interval (S10)."""
+    async def _due_in(self) -> float | None:
+        """Until the next outstanding work is due, at most the poll interval; None when no
+        claimable work is left (a failed lookup counts as "look again after a poll")."""
         poll = self.worker.app.settings.poll_interval
         try:
             due_in = await queue.next_due_in(self.worker.pool, ordered=self.worker.ordered)
         except Exception as exc:  # the next batch meets the same problem and reports it
             _logger.debug("idle.lookup_failed", extra={"error": describe_error(exc)})
             return poll
-        if due_in is None:
-            return poll
-        return min(poll, max(due_in, 0.0) + 0.01)
+        return None if due_in is None else min(poll, max(due_in, 0.0) + 0.01)
+
+    async def _idle_time(self) -> float:
+        """Until the next row is due (a retry in backoff), at most the poll interval (S10)."""
+        due_in = await self._due_in()
+        return self.worker.app.settings.poll_interval if due_in is None else due_in
 
     async def listen(self) -> None:
         """Keep a LISTEN connection, reconnecting with backoff; never needed for correctness,

@@ -85,7 +85,11 @@ async def test_each_role_does_its_job_and_no_more(
         await appender.close()
     # The worker applies (and records the cursed failure).
     drained = run_cli(
-        "outbox-worker", "--app", "outbox.examples.app:app", "--drain", dsn=roles["outbox_worker"]
+        "outbox-worker",
+        "--app",
+        "outbox.examples.app:app",
+        "--drain-now",
+        dsn=roles["outbox_worker"],
     )
     assert drained.returncode == 0, drained.stderr
     assert "applied=1" in drained.stdout

@@ -15,6 +15,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import anyio
+import orjson
 import pytest
 from anyio.abc import Process
 
@@ -64,20 +65,51 @@ async def rows(pool: db.Pool) -> list[tuple[str, int, str, int]]:
     ]
 
 
-async def test_drain_applies_and_prints_a_summary(
+async def test_drain_now_applies_what_is_due_and_prints_a_summary(
     pool: db.Pool, dsn: str, settings: Settings
 ) -> None:
     await install(pool)
     await append(pool, "c", [Event("dice.rolled", {"value": 3})] * 5, settings=settings)
     await append(pool, "x", [Event("dice.cursed", {})], settings=settings)
     proc = await anyio.run_process(
-        [*WORKER, "--app", "outbox.examples.app:app", "--drain", "--concurrency", "3"],
+        [*WORKER, "--app", "outbox.examples.app:app", "--drain-now", "--concurrency", "3"],
         env=worker_env(dsn),
         check=False,
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.decode().strip() == "drained: applied=5 skipped=0 failed=1 dead=0"
     assert await rows(pool) == [("x", 1, "failed", 1)]
+
+
+async def test_drain_waits_out_backoffs_and_says_what_it_left(pool: db.Pool, dsn: str) -> None:
+    await pool.execute("CREATE TABLE applied (campaign_id text, seq bigint)")
+    settings = Settings(dsn=dsn)
+    await append(pool, "ok", [Event("tick", {}), Event("tick", {})], settings=settings)
+    await append(pool, "bad", [Event("poison", {}), Event("tick", {})], settings=settings)
+    env = worker_env(dsn, OUTBOX_BACKOFF_BASE="0.2", OUTBOX_BACKOFF_CAP="0.2")
+    proc = await anyio.run_process(
+        [*WORKER, "--app", "worker_apps:flaky", "--drain"], cwd=TESTS, env=env, check=False
+    )
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.decode().splitlines()
+    # Each `ok` event failed once, was retried after its backoff and applied.
+    assert lines[0] == "drained: applied=2 skipped=0 failed=2 dead=1"
+    assert lines[1].startswith("left: pending=1 dead=1 blocked_campaigns=1 (dead rows wait")
+    assert "the others wait behind their campaign's dead head" in lines[1]
+    assert await pool.fetchval("SELECT array_agg(seq ORDER BY seq) FROM applied") == [1, 2]
+    assert await rows(pool) == [("bad", 1, "dead", 1), ("bad", 2, "pending", 0)]
+    as_json = await anyio.run_process(
+        [*WORKER, "--app", "worker_apps:flaky", "--drain", "--json"], cwd=TESTS, env=env
+    )
+    body = orjson.loads(as_json.stdout)
+    assert (body["mode"], body["until"], body["counts"]["applied"]) == ("drain", "done", 0)
+    assert body["left"] == {
+        "pending": 1,
+        "processing": 0,
+        "failed": 0,
+        "dead": 1,
+        "blocked_campaigns": 1,
+    }
 
 
 @pytest.mark.parametrize(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from outbox import db
+from outbox import PermanentError, db
 from outbox.journal import StoredEvent
 from outbox.projectors import Outbox
 
@@ -40,6 +40,27 @@ async def notify(pool: db.Pool, event: StoredEvent) -> None:
 
 @leasing.projector("ledger", events=["tick"])
 async def ledger(tx: db.Connection, event: StoredEvent) -> None:
+    await tx.execute(
+        "INSERT INTO applied (campaign_id, seq) VALUES ($1, $2)", event.campaign_id, event.seq
+    )
+
+
+# `--drain` until the work is done: `flaky` fails every event's first attempt (a backoff to
+# wait out) and makes `poison` events dead at once (a dead head for its campaign).
+flaky = Outbox()
+
+
+@flaky.projector("flaky", events=["tick", "poison"])
+async def flaky_tick(tx: db.Connection, event: StoredEvent) -> None:
+    if event.type == "poison":
+        raise PermanentError("poisoned on purpose")
+    attempts = await tx.fetchval(
+        "SELECT attempt_count FROM projection_apply_outbox WHERE campaign_id = $1 AND seq = $2",
+        event.campaign_id,
+        event.seq,
+    )
+    if attempts == 0:
+        raise RuntimeError("the first attempt always fails")
     await tx.execute(
         "INSERT INTO applied (campaign_id, seq) VALUES ($1, $2)", event.campaign_id, event.seq
     )

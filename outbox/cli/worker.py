@@ -9,13 +9,14 @@ from typing import Annotated, NoReturn
 
 import typer
 
-from outbox import log
+from outbox import log, maintenance
 from outbox.cli.common import (
     CONTEXT_SETTINGS,
     AppOption,
     DsnOption,
     UsageError,
     VersionOption,
+    emit_json,
     prepare_app,
     require_dsn,
     run,
@@ -64,8 +65,19 @@ def worker(
     batch_size: Annotated[
         int | None, typer.Option("--batch-size", help="Rows per batch (OUTBOX_BATCH_SIZE).")
     ] = None,
-    drain_only: Annotated[
-        bool, typer.Option("--drain", help="Exit 0 once no row is due, with a summary line.")
+    drain_all: Annotated[
+        bool,
+        typer.Option(
+            "--drain",
+            help="Exit 0 once nothing outstanding can come due (waiting out backoffs), "
+            "saying what is left: dead rows and the campaigns they block.",
+        ),
+    ] = False,
+    drain_now: Annotated[
+        bool, typer.Option("--drain-now", help="Exit 0 once no row is due now.")
+    ] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="With a drain: the summary as one JSON object.")
     ] = False,
     shutdown_timeout: Annotated[
         float, typer.Option(min=0.0, max=3600.0, help="Seconds to finish the batch on SIGTERM.")
@@ -79,7 +91,12 @@ def worker(
     log_level: Annotated[str, typer.Option(envvar="OUTBOX_LOG_LEVEL")] = "info",
     version: VersionOption = False,
 ) -> None:
-    """Run the worker until SIGTERM/SIGINT (or, with --drain, until nothing is due)."""
+    """Run the worker until SIGTERM/SIGINT (or, with --drain, until the work is done)."""
+    if drain_all and drain_now:
+        raise UsageError("--drain and --drain-now exclude each other")
+    drain_only = drain_all or drain_now
+    if as_json and not drain_only:
+        raise UsageError("--json needs --drain or --drain-now (a serving worker logs JSON)")
     try:
         log.configure(log_level)
     except ValueError as exc:
@@ -94,7 +111,9 @@ def worker(
         logger.warning("worker.mode_conflict", extra={"warning": resolution.warning})
     target = require_dsn(outbox_app.settings)
 
-    async def body() -> BatchCounts:
+    park = outbox_app.settings.dead_policy == "park"
+
+    async def body() -> tuple[BatchCounts, dict[str, int]]:
         pool = await open_pool(outbox_app.settings, max_size=concurrency + 1)
         try:
             await check_current(pool)
@@ -106,19 +125,46 @@ def worker(
                 mode=resolution.mode,
                 metrics_port=metrics_port,
                 until_idle=drain_only,
+                wait_out_backoff=drain_all,
             )
             logger.info(
                 "worker.started", extra={"concurrency": concurrency, "mode": resolution.mode}
             )
-            return await serve(service, shutdown_timeout=shutdown_timeout)
+            counts = await serve(service, shutdown_timeout=shutdown_timeout)
+            left = await maintenance.leftovers(pool, park=park) if drain_only else {}
+            return counts, left
         finally:
             await pool.close()
 
-    counts = run(body)
-    if drain_only:
-        typer.echo(f"drained: {_summary(counts)}")
-    else:
+    counts, left = run(body)
+    if not drain_only:
         log.get_logger("outbox.worker").info("worker.stopped", extra=vars(counts))
+    elif as_json:
+        emit_json(
+            "drain",
+            {
+                "until": "done" if drain_all else "nothing due now",
+                "counts": vars(counts),
+                "left": left,
+            },
+        )
+    else:
+        typer.echo(f"drained: {_summary(counts)}")
+        if drain_all and any(left.values()):
+            typer.echo(f"left: {_leftovers(left)}")
+
+
+def _leftovers(left: dict[str, int]) -> str:
+    """What a finished drain left and why, on one line."""
+    shown = " ".join(f"{k}={v}" for k, v in left.items() if v)
+    why = []
+    if left["dead"]:
+        why.append("dead rows wait for an operator (fix, then maintenance outbox-requeue-dead)")
+    if left["blocked_campaigns"] and (left["pending"] or left["failed"]):
+        why.append("the others wait behind their campaign's dead head")
+    if left["processing"]:
+        why.append("processing rows are leased by a worker that stopped; they come due later")
+    return f"{shown} ({'; '.join(why)})" if why else shown
 
 
 def _stopped_before_serving(signum: int, _frame: FrameType | None) -> None:
