@@ -22,7 +22,16 @@ import orjson
 
 from outbox.redact import REDACTED, redact_text
 
-__all__ = ["JsonFormatter", "add_secrets", "configure", "get_logger", "scrub", "unconfigure"]
+__all__ = [
+    "FORMATS",
+    "JsonFormatter",
+    "TextFormatter",
+    "add_secrets",
+    "configure",
+    "get_logger",
+    "scrub",
+    "unconfigure",
+]
 
 _secrets: set[str] = set()
 _secrets_lock = threading.Lock()
@@ -77,13 +86,61 @@ class JsonFormatter(logging.Formatter):
         return scrub(line)
 
 
-def configure(level: str = "info", stream: IO[str] | None = None) -> None:
-    """Send every record (and every warning) to `stream` (stderr) as JSON lines."""
+class TextFormatter(JsonFormatter):
+    """`--log-format text`, for humans: `ts level event key=value ...` on one line (a value
+    with spaces or quotes is JSON-quoted, so a traceback stays on the line, escaped)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        data = orjson.loads(super().format(record))
+        head = f"{data.pop('ts')} {data.pop('level'):<7} {data.pop('event')}"
+        data.pop("logger", None)
+        fields = " ".join(f"{k}={_text_value(v)}" for k, v in data.items())
+        return f"{head} {fields}" if fields else head
+
+
+def _text_value(value: Any) -> str:
+    text = value if isinstance(value, str) else orjson.dumps(value, default=str).decode()
+    if isinstance(value, str) and (not value or any(c in value for c in ' "\n\t=')):
+        return orjson.dumps(value).decode()
+    return text
+
+
+class _Fields(logging.Filter):
+    """Fields every record of the process carries (the worker's id), unless it sets them."""
+
+    def __init__(self, fields: dict[str, Any]) -> None:
+        super().__init__()
+        self.fields = fields
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        for key, value in self.fields.items():
+            if key not in record.__dict__:
+                setattr(record, key, value)
+        return True
+
+
+FORMATS = ("json", "text")
+
+
+def configure(
+    level: str = "info",
+    stream: IO[str] | None = None,
+    *,
+    fmt: str = "json",
+    fields: dict[str, Any] | None = None,
+) -> None:
+    """Send every record (and every warning) to `stream` (stderr), one line each: JSON, or
+    `fmt="text"` for humans; `fields` go on every line (e.g. the worker's id)."""
     numeric = logging.getLevelNamesMapping().get(level.upper())
     if numeric is None:
         raise ValueError(f"unknown log level {level!r}")
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown log format {fmt!r}, expected json or text")
     handler = logging.StreamHandler(stream or sys.stderr)
-    handler.setFormatter(JsonFormatter(tracebacks=numeric <= logging.DEBUG))
+    formatter = TextFormatter if fmt == "text" else JsonFormatter
+    handler.setFormatter(formatter(tracebacks=numeric <= logging.DEBUG))
+    if fields:
+        handler.addFilter(_Fields(fields))
     handler._outbox = True  # type: ignore[attr-defined]
     unconfigure()
     root = logging.getLogger()

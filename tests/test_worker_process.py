@@ -112,6 +112,31 @@ async def test_drain_waits_out_backoffs_and_says_what_it_left(pool: db.Pool, dsn
     }
 
 
+async def test_every_worker_line_carries_its_worker_id_in_json_or_text(
+    pool: db.Pool, dsn: str, settings: Settings
+) -> None:
+    await install(pool)
+    await append(pool, "c", [Event("dice.rolled", {"value": 3})], settings=settings)
+    command = [*WORKER, "--app", "outbox.examples.app:app", "--drain-now"]
+    proc = await anyio.run_process(command, env=worker_env(dsn))
+    lines = [orjson.loads(line) for line in proc.stderr.decode().splitlines()]
+    assert {"worker.started", "batch.done"} <= {line["event"] for line in lines}
+    ids = {line["worker_id"] for line in lines}
+    assert len(ids) == 1
+    assert ids.pop().count(":") == 2  # host:pid:random
+    text = await anyio.run_process([*command, "--log-format", "text"], env=worker_env(dsn))
+    started = [ln for ln in text.stderr.decode().splitlines() if " worker.started " in ln]
+    assert len(started) == 1
+    assert " info    worker.started " in started[0]
+    assert "worker_id=" in started[0]
+    bad = await anyio.run_process(
+        [*command, "--log-format", "xml"], env=worker_env(dsn), check=False
+    )
+    assert bad.returncode == 2
+    assert bad.stderr.decode().count("\n") == 1
+    assert "unknown log format 'xml'" in bad.stderr.decode()
+
+
 @pytest.mark.parametrize(
     ("args", "code", "message"),
     [

@@ -32,6 +32,7 @@ __all__ = [
     "AppOption",
     "DsnOption",
     "JsonOption",
+    "LogFormatOption",
     "UsageError",
     "VersionOption",
     "emit_json",
@@ -73,6 +74,15 @@ JsonOption = Annotated[
 AppOption = Annotated[
     str | None,
     typer.Option("--app", envvar="OUTBOX_APP", help="module:attribute of the outbox.Outbox app."),
+]
+
+LogFormatOption = Annotated[
+    str,
+    typer.Option(
+        "--log-format",
+        envvar="OUTBOX_LOG_FORMAT",
+        help="json (one object per line, the default) or text (for humans).",
+    ),
 ]
 
 # Both CLIs: -h as well as --help.

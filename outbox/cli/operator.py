@@ -14,6 +14,7 @@ from outbox import db, log
 from outbox.cli.common import (
     CONTEXT_SETTINGS,
     DsnOption,
+    LogFormatOption,
     VersionOption,
     prepare_app,
     require_dsn,
@@ -42,6 +43,7 @@ def _root(
     log_level: Annotated[
         str, typer.Option("--log-level", envvar="OUTBOX_LOG_LEVEL", help="debug/info/warning/error")
     ] = "warning",
+    log_format: LogFormatOption = "json",
     version: VersionOption = False,
 ) -> None:
     """Operator commands. Exit 0 on success, 1 on operational failure, 2 on bad usage."""
@@ -50,9 +52,9 @@ def _root(
         # --dsn option falls back to OUTBOX_DSN, so the global value reaches every command.
         os.environ["OUTBOX_DSN"] = dsn
     try:
-        log.configure(log_level)
+        log.configure(log_level, fmt=log_format)
     except ValueError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--log-level") from None
+        raise typer.BadParameter(str(exc), param_hint="--log-level/--log-format") from None
 
 
 class Status(enum.StrEnum):

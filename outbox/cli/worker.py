@@ -14,6 +14,7 @@ from outbox.cli.common import (
     CONTEXT_SETTINGS,
     AppOption,
     DsnOption,
+    LogFormatOption,
     UsageError,
     VersionOption,
     emit_json,
@@ -27,6 +28,7 @@ from outbox.errors import ConfigError
 from outbox.migrate import check_current
 from outbox.service import Service, open_pool, serve
 from outbox.worker import BatchCounts, ShadowWorker, Worker
+from outbox.workers import new_worker_id
 
 app = typer.Typer(
     name="outbox-worker",
@@ -89,6 +91,7 @@ def worker(
         ),
     ] = None,
     log_level: Annotated[str, typer.Option(envvar="OUTBOX_LOG_LEVEL")] = "info",
+    log_format: LogFormatOption = "json",
     version: VersionOption = False,
 ) -> None:
     """Run the worker until SIGTERM/SIGINT (or, with --drain, until the work is done)."""
@@ -97,10 +100,11 @@ def worker(
     drain_only = drain_all or drain_now
     if as_json and not drain_only:
         raise UsageError("--json needs --drain or --drain-now (a serving worker logs JSON)")
+    worker_id = new_worker_id()  # on every line this process logs, and its leases' owner
     try:
-        log.configure(log_level)
+        log.configure(log_level, fmt=log_format, fields={"worker_id": worker_id})
     except ValueError as exc:
-        raise UsageError(f"--log-level: {exc}") from None
+        raise UsageError(f"--log-level/--log-format: {exc}") from None
     outbox_app = prepare_app(app_path, dsn=dsn, batch_size=batch_size)
     try:
         resolution = resolve_worker_mode(outbox_app.settings, mode.value if mode else None)
@@ -119,7 +123,7 @@ def worker(
             await check_current(pool)
             kind = ShadowWorker if resolution.mode == "shadow" else Worker
             service = Service(
-                kind(outbox_app, pool),
+                kind(outbox_app, pool, worker_id=worker_id),
                 target,
                 concurrency,
                 mode=resolution.mode,
