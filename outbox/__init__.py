@@ -23,13 +23,16 @@ from outbox.errors import (
     TransactionRequired,
     ValidationError,
 )
+from outbox.inprocess import drain_now, running_worker
 from outbox.journal import AppendResult, Event, StoredEvent, append
 from outbox.projectors import Outbox
 from outbox.queue import wait_applied
+from outbox.worker import BatchCounts
 
 __all__ = [
     "AppendOutcomeUnknown",
     "AppendResult",
+    "BatchCounts",
     "ConcurrencyError",
     "ConfigError",
     "Conflict",
@@ -50,6 +53,8 @@ __all__ = [
     "ValidationError",
     "append",
     "create_pool",
+    "drain_now",
+    "running_worker",
     "wait_applied",
 ]
 
