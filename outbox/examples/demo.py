@@ -24,7 +24,7 @@ from outbox.config import Settings
 from outbox.examples.app import build_app, install
 from outbox.examples.campaigns import DICE_ROLLED, DemoStream, campaign_ids
 from outbox.journal import append
-from outbox.localpg import LocalCluster
+from outbox.localpg import LocalCluster, find_bindir
 from outbox.maintenance import queue_counts
 from outbox.migrate import migrate
 from outbox.projectors import Outbox
@@ -131,7 +131,10 @@ def demo(
         return
     settings = settings_for()
     if not settings.dsn:
-        stderr.print(f"OUTBOX_DSN unset: using the local PostgreSQL under {LOCAL_DIR}/")
+        stderr.print(
+            f"OUTBOX_DSN unset: using the local PostgreSQL under {LOCAL_DIR}/ "
+            f"(binaries: {find_bindir()})"
+        )
         admin_dsn = local_cluster().start()
         settings = settings.replace(dsn=run(lambda: fresh_database(admin_dsn, "outbox_demo")))
 
