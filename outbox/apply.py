@@ -18,8 +18,10 @@ never claims, deletes or retries work rows, and never opens a transaction of its
 from __future__ import annotations
 
 import enum
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from time import perf_counter
 from typing import TYPE_CHECKING
 
 from outbox import queue
@@ -98,6 +100,10 @@ class Dispatch:
     registry: Registry
     checkpoints: dict[Key, int] = field(default_factory=dict)
     moved: set[Key] = field(default_factory=set)
+    # For metrics: events per (projector, outcome) of the groups that applied ("applied", or
+    # "skipped" by the projector's guard) plus each failure ("failed"), and every call's time.
+    tally: Counter[tuple[str, str]] = field(default_factory=Counter)
+    durations: list[tuple[str, float]] = field(default_factory=list)
 
     async def load(self, campaigns: Sequence[str], *, held: bool = False) -> None:
         """Lock and read the ordered projectors' checkpoints of `campaigns` (one statement).
@@ -162,10 +168,19 @@ class Dispatch:
             runs.append([p for p in subscribed if p.transactional and p.name not in duplicate])
             outcomes.append(ApplyOutcome.APPLIED if subscribed else ApplyOutcome.IGNORED)
         await self._reserve_markers(events, runs)
-        await self._run(events, runs)
-        for index, run in enumerate(runs):
+        try:
+            await self._run(events, runs)
+        except GroupFailed as failed:
+            if failed.projector is not None:
+                self.tally[(failed.projector, "failed")] += 1
+            raise
+        tally = self.tally
+        for index, (event, run) in enumerate(zip(events, runs, strict=True)):
             if not run and outcomes[index] is ApplyOutcome.APPLIED:
                 outcomes[index] = ApplyOutcome.DUPLICATE
+            for p in registry.subscribers(event.type):
+                if p.transactional:
+                    tally[(p.name, "applied" if p in run else "skipped")] += 1
         self.moved |= {k for k, v in checkpoints.items() if self.checkpoints.get(k) != v}
         self.checkpoints = checkpoints
         return outcomes
@@ -205,17 +220,23 @@ class Dispatch:
                 if projector.batch:
                     batches.setdefault(projector.name, (projector, []))[1].append(index)
                     continue
+                started = perf_counter()
                 try:
                     await projector.run(self.conn, [event])
                 except Exception as exc:
                     raise GroupFailed(exc, index, projector.name) from exc
+                finally:
+                    self.durations.append((projector.name, perf_counter() - started))
         for projector, indexes in batches.values():
+            started = perf_counter()
             try:
                 await projector.run(self.conn, [events[i] for i in indexes])
             except Exception as exc:
                 # Which event failed is known only when the projector had just one.
                 at = indexes[0] if len(indexes) == 1 else None
                 raise GroupFailed(exc, at, projector.name) from exc
+            finally:
+                self.durations.append((projector.name, perf_counter() - started))
 
     def moves(self) -> list[tuple[str, str, int]]:
         """(campaign_id, projector, applied_seq) of every checkpoint that moved, sorted (a

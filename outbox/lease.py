@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from datetime import datetime
+from time import perf_counter
 from typing import TYPE_CHECKING, Protocol
 
 import anyio
@@ -31,6 +32,7 @@ from outbox.apply import Dispatch, GroupFailed
 from outbox.config import Settings
 from outbox.errors import OutboxError
 from outbox.journal import StoredEvent
+from outbox.metrics import Metrics
 from outbox.queries import Queries
 from outbox.queue import ClaimedRow, Failure
 from outbox.registry import Registry
@@ -172,6 +174,7 @@ class LeaseRunner:
     settings: Settings
     owner: str
     failure: FailureFn  # the worker's attempt, backoff and dead policy
+    metrics: Metrics | None = None  # per-projector figures, recorded after each end commits
 
     async def run(self, leases: list[Lease], counts: Counts) -> None:
         live: Live = {lease.key: (lease, anyio.CancelScope()) for lease in leases}
@@ -216,11 +219,18 @@ class LeaseRunner:
         for projector in self.registry.subscribers(event.type):
             if projector.transactional:
                 continue
+            started = perf_counter()
             try:
                 await projector.fn(self.pool, event)  # type: ignore[arg-type]
             except Exception as exc:
+                self._record({(projector.name, "failed"): 1}, projector.name, started)
                 return GroupFailed(exc, 0, projector.name)
+            self._record({(projector.name, "applied"): 1}, projector.name, started)
         return None
+
+    def _record(self, tally: dict[tuple[str, str], int], projector: str, started: float) -> None:
+        if self.metrics is not None:
+            self.metrics.record_apply(tally, [(projector, perf_counter() - started)], ())
 
     async def _complete(
         self, lease: Lease, event: StoredEvent, counts: Counts
@@ -232,7 +242,8 @@ class LeaseRunner:
             try:
                 async with db.acquire(self.pool) as conn, conn.transaction():
                     await queue.hold_campaign(conn, cid)
-                    if not await conn.fetchval(Q.complete_lease, cid, seq, self.owner, lease.epoch):
+                    age = await conn.fetchval(Q.complete_lease, cid, seq, self.owner, lease.epoch)
+                    if age is None:
                         self._fenced(lease, "completion", counts)
                         return None
                     dispatch = Dispatch(conn, self.registry)
@@ -250,6 +261,8 @@ class LeaseRunner:
                 await self._retry_later(lease, "completion", exc, attempt)
             else:
                 counts.applied += 1
+                if self.metrics is not None:
+                    self.metrics.record_apply(dispatch.tally, dispatch.durations, [age])
                 return None
         return None  # the lease runs out and the row is claimed again
 

@@ -7,8 +7,12 @@ them over HTTP on `--metrics-port`. Nothing here touches the queue's correctness
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from socketserver import ThreadingMixIn
 from typing import TYPE_CHECKING, Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import (
     REGISTRY,
@@ -16,7 +20,7 @@ from prometheus_client import (
     Counter,
     Gauge,
     Histogram,
-    start_http_server,
+    make_wsgi_app,
 )
 
 from outbox import db
@@ -69,6 +73,34 @@ class Metrics:
             "Leases this process lost before ending them: its completion changed nothing.",
             registry=r,
         )
+        self.apply = Counter(
+            "outbox_apply",
+            "Events per projector and outcome: applied, skipped (its guard had applied them), "
+            "failed.",
+            ["projector", "outcome"],
+            registry=r,
+        )
+        self.apply_duration = Histogram(
+            "outbox_apply_duration_seconds",
+            "Seconds per projector call (one event, or a batch projector's events).",
+            ["projector"],
+            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10),
+            registry=r,
+        )
+        self.append_to_apply = Histogram(
+            "outbox_append_to_apply_seconds",
+            "Seconds from a work row's enqueue to the settle of the batch that applied it, by "
+            "the database clock.",
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 3600),
+            registry=r,
+        )
+        self.transient_errors = Counter(
+            "outbox_transient_errors",
+            "Batches rolled back by a transient database error, by SQLSTATE (`connection`: the "
+            "connection was lost without one).",
+            ["sqlstate"],
+            registry=r,
+        )
         self.listener_connected = Gauge(
             "outbox_listener_connected", "1 while the LISTEN connection is up.", registry=r
         )
@@ -103,6 +135,21 @@ class Metrics:
             if value:
                 counter.inc(value)
 
+    def record_apply(
+        self,
+        tally: Mapping[tuple[str, str], int],
+        durations: Sequence[tuple[str, float]],
+        ages: Sequence[float],
+    ) -> None:
+        """Per-projector outcomes and call times, and append-to-apply ages, of a committed
+        batch (or lease end)."""
+        for (projector, outcome), n in tally.items():
+            self.apply.labels(projector, outcome).inc(n)
+        for projector, seconds in durations:
+            self.apply_duration.labels(projector).observe(seconds)
+        for age in ages:
+            self.append_to_apply.observe(age)
+
     async def refresh(self, executor: Executor, *, park: bool) -> None:
         """Queue gauges from the database (the report's own queries)."""
         async with db.acquire(executor) as conn:
@@ -117,8 +164,28 @@ class Metrics:
         lag = shadow["max_lag_seconds"] if shadow else None
         self.shadow_max_lag.set(lag or 0)
 
-    def serve(self, port: int, addr: str = "0.0.0.0") -> int:  # noqa: S104 - scraped from outside
-        """Expose /metrics; returns the bound port (useful with port 0)."""
-        server, _thread = start_http_server(port, addr=addr, registry=self.registry)
-        bound: int = server.server_port
-        return bound
+    def serve(self, port: int, addr: str = "127.0.0.1") -> tuple[str, int]:
+        """Expose `/metrics` on `addr:port` (404 on any other path) from a daemon thread;
+        returns the bound address and port (useful with port 0)."""
+        metrics = make_wsgi_app(self.registry)
+
+        def only_metrics(environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
+            if environ.get("PATH_INFO") != "/metrics":
+                start_response("404 Not Found", [("Content-Type", "text/plain; charset=utf-8")])
+                return [b"not found: the metrics are at /metrics\n"]
+            body: Iterable[bytes] = metrics(environ, start_response)
+            return body
+
+        server = make_server(addr, port, only_metrics, _ThreadingServer, _QuietHandler)
+        threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
+        host, bound = server.server_address[:2]
+        return str(host), int(bound)
+
+
+class _ThreadingServer(ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        """Scrapes are not log lines."""

@@ -11,7 +11,7 @@ inside the caller's transaction.
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING
 
@@ -31,6 +31,7 @@ __all__ = [
     "ClaimedCampaign",
     "ClaimedRow",
     "Failure",
+    "Settled",
     "claim",
     "claim_one",
     "delete_rows",
@@ -265,6 +266,15 @@ async def lock_heads(conn: Connection, campaigns: Sequence[str]) -> set[str]:
     return {r["campaign_id"] for r in rows}
 
 
+@dataclass(frozen=True, slots=True)
+class Settled:
+    """What a settle reports: campaigns left due now (claim again rather than sleep), and the
+    seconds each completed row waited since it was enqueued (by the database clock)."""
+
+    due: int = 0
+    ages: list[float] = field(default_factory=list)
+
+
 async def settle(
     conn: Connection,
     *,
@@ -273,13 +283,12 @@ async def settle(
     campaigns: Sequence[CampaignWrite] = (),
     checkpoints: Sequence[tuple[str, str, int]] = (),
     now: datetime | None = None,
-) -> int:
+) -> Settled:
     """Delete `done`, record `failures`, write `campaigns` and move `checkpoints` (campaign,
-    projector, applied_seq; sorted) in one statement; returns how many campaigns are left due
-    now with work to take."""
+    projector, applied_seq; sorted) in one statement."""
     if not (done or failures or campaigns or checkpoints):
-        return 0
-    due: int = await conn.fetchval(
+        return Settled()
+    row = await conn.fetchrow(
         Q.settle,
         [k[0] for k in done],
         [k[1] for k in done],
@@ -299,7 +308,9 @@ async def settle(
         [k[1] for k in checkpoints],
         [k[2] for k in checkpoints],
     )
-    return due
+    if row is None:  # pragma: no cover - the statement always returns one row
+        return Settled()
+    return Settled(row["due"], list(row["ages"] or ()))
 
 
 async def refresh_campaigns(

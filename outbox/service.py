@@ -122,6 +122,8 @@ class Service:
     mode: str = "apply"
     metrics: Metrics = field(default_factory=Metrics)
     metrics_port: int | None = None  # serve /metrics (and refresh the queue gauges) when set
+    metrics_host: str = "127.0.0.1"  # the address /metrics binds to
+    metrics_address: tuple[str, int] | None = None  # where it serves, once it does
     until_idle: bool = False
     # With until_idle: wait out backoffs (and leases held elsewhere) until nothing outstanding
     # will come due, instead of ending at the first claim that finds nothing due now.
@@ -130,6 +132,9 @@ class Service:
     # LISTEN for wake-ups; without it the poll interval alone bounds every wait (S10), e.g.
     # behind a pooler in transaction mode, where LISTEN does not work.
     notifications: bool = True
+
+    def __post_init__(self) -> None:
+        self.worker.metrics = self.metrics  # per-projector figures after each commit
 
     @property
     def worker_id(self) -> str:
@@ -156,6 +161,8 @@ class Service:
             except TransientBatchError as exc:
                 failures += 1
                 delay = self._backoff(failures)
+                state = exc.sqlstate or ("connection" if exc.connection_lost else "unknown")
+                self.metrics.transient_errors.labels(state).inc()
                 if exc.connection_lost:
                     self.link.lost(str(exc))
                     _logger.debug("batch.transient", extra={"error": str(exc), "retry_in": delay})
@@ -301,8 +308,9 @@ class Service:
                     service.start_soon(self.listen)
                 service.start_soon(self.heartbeat, registration)
                 if self.metrics_port is not None:
-                    bound = self.metrics.serve(self.metrics_port)
-                    _logger.info("metrics.serving", extra={"port": bound})
+                    self.metrics_address = self.metrics.serve(self.metrics_port, self.metrics_host)
+                    host, port = self.metrics_address
+                    _logger.info("metrics.serving", extra={"host": host, "port": port})
                     service.start_soon(self.refresh_metrics)
                 await self._loops(shutdown_timeout, task_status)
                 service.cancel_scope.cancel()

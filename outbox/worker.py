@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -22,6 +22,7 @@ from outbox import db, log, queue
 from outbox.apply import ApplyOutcome, Dispatch, GroupFailed, applied_events
 from outbox.campaigns import campaign_writes, walk
 from outbox.lease import Lease, LeaseRunner, choose_leases, lease_rows
+from outbox.metrics import Metrics
 from outbox.projectors import Outbox
 from outbox.queue import ClaimedCampaign, ClaimedRow, Failure
 from outbox.retry import (
@@ -31,6 +32,7 @@ from outbox.retry import (
     connection_lost,
     describe_error,
     log_failure,
+    sqlstate_of,
 )
 from outbox.workers import new_worker_id
 
@@ -65,13 +67,28 @@ class BatchCounts:
             setattr(self, name, getattr(self, name) + value)
 
 
+@dataclass
+class AfterCommit:
+    """What a batch hands on past its commit: leases to run (S13), figures for the metrics
+    (events per projector and outcome, each projector call's seconds, each completed row's
+    seconds since it was enqueued)."""
+
+    leases: list[Lease] = field(default_factory=list)
+    tally: Counter[tuple[str, str]] = field(default_factory=Counter)
+    durations: list[tuple[str, float]] = field(default_factory=list)
+    ages: list[float] = field(default_factory=list)
+
+
 class TransientBatchError(Exception):
     """A transient database error rolled the batch back; nothing changed, retry later.
     `connection_lost`: the connection itself failed (discarded; the database may be down)."""
 
-    def __init__(self, message: str, *, connection_lost: bool = False) -> None:
+    def __init__(
+        self, message: str, *, connection_lost: bool = False, sqlstate: str | None = None
+    ) -> None:
         super().__init__(message)
         self.connection_lost = connection_lost
+        self.sqlstate = sqlstate
 
 
 def _transient_cause(exc: BaseException) -> TransientBatchError | None:
@@ -85,7 +102,7 @@ def _transient_cause(exc: BaseException) -> TransientBatchError | None:
             found = seen
             lost = lost or seen.connection_lost
         elif classify(seen) is ErrorClass.TRANSIENT:
-            found = TransientBatchError(describe_error(seen))
+            found = TransientBatchError(describe_error(seen), sqlstate=sqlstate_of(seen))
             lost = lost or connection_lost(seen)
         seen = seen.__cause__ or seen.__context__
     if found is not None and lost:
@@ -112,6 +129,8 @@ class Worker:
     depth: float = field(default=1.0, init=False, repr=False)
     # The owner of this worker's leases (lease mode, S13) and its registry row.
     worker_id: str = field(default_factory=new_worker_id)
+    # Where per-projector figures go after each commit (the service attaches its own).
+    metrics: Metrics | None = field(default=None, repr=False)
 
     @property
     def ordered(self) -> bool:
@@ -153,22 +172,29 @@ class Worker:
         Raises TransientBatchError when the database failed transiently: the transaction is
         gone, so every row is as it was and no attempt was consumed.
         """
-        leases: list[Lease] = []
+        after = AfterCommit()
         try:
-            counts = await self._batch(leases)
+            counts = await self._batch(after)
         except Exception as exc:
             transient = _transient_cause(exc)
             if transient is None:
                 raise
             raise transient from exc
-        if leases:  # committed with the batch: run them outside any queue transaction
+        if self.metrics is not None:
+            self.metrics.record_apply(after.tally, after.durations, after.ages)
+        if after.leases:  # committed with the batch: run them outside any queue transaction
             runner = LeaseRunner(
-                self.pool, self.app.registry, self.app.settings, self.worker_id, self.failure
+                self.pool,
+                self.app.registry,
+                self.app.settings,
+                self.worker_id,
+                self.failure,
+                self.metrics,
             )
-            await runner.run(leases, counts)
+            await runner.run(after.leases, counts)
         return counts
 
-    async def _batch(self, leases: list[Lease]) -> BatchCounts:
+    async def _batch(self, after: AfterCommit) -> BatchCounts:
         """One transaction: claim, hand the campaigns to `_handle`, commit."""
         now = self.now()
         async with db.acquire(self.pool) as conn, conn.transaction():
@@ -181,7 +207,7 @@ class Worker:
                 now=now,
             )
             self._observe(campaigns)
-            return await self._handle(conn, campaigns, now, leases)
+            return await self._handle(conn, campaigns, now, after)
 
     def _campaigns_to_claim(self) -> int:
         """How many campaigns an ordered claim takes: as many as fill a batch at the depth
@@ -211,13 +237,13 @@ class Worker:
         conn: Connection,
         campaigns: list[ClaimedCampaign],
         now: datetime | None,
-        leases: list[Lease],
+        after: AfterCommit,
     ) -> BatchCounts:
         """Apply the walked rows as one group in one savepoint; on a failure, roll the group
         back and retry smaller pieces, so only the failing event records an attempt and its
         neighbours still apply (S6). Rows of events with a non-transactional projector end
-        their campaign's walk and are leased (appended to `leases`, run after the commit).
-        Then settle: delete successes, record failures and write the campaign rows, in one
+        their campaign's walk and are leased (`after.leases`, run after the commit). Then
+        settle: delete successes, record failures and write the campaign rows, in one
         statement."""
         leased_types = self.app.registry.leased_types()
         work = walk(
@@ -245,8 +271,9 @@ class Worker:
             else:
                 await dispatch.load(sorted({r.campaign_id for r in work}))
             await self._apply(dispatch, work, done, failures, counts)
+            after.tally, after.durations = dispatch.tally, dispatch.durations
         if to_lease:
-            await self._lease(conn, to_lease, failures, counts, leases, now)
+            await self._lease(conn, to_lease, failures, counts, after.leases, now)
         writes = (
             await campaign_writes(
                 conn,
@@ -254,12 +281,12 @@ class Worker:
                 set(done),
                 failures,
                 park=self.park,
-                leased={lease.key: lease.expires_at for lease in leases},
+                leased={lease.key: lease.expires_at for lease in after.leases},
             )
             if self.ordered  # under ordering `none` the claim reads the work rows directly
             else []
         )
-        counts.more_due = await queue.settle(
+        settled = await queue.settle(
             conn,
             done=done,
             failures=failures,
@@ -267,6 +294,7 @@ class Worker:
             checkpoints=dispatch.moves(),
             now=now,
         )
+        counts.more_due, after.ages = settled.due, settled.ages
         return counts
 
     async def _apply(
@@ -390,7 +418,7 @@ class ShadowWorker(Worker):
         conn: Connection,
         campaigns: list[ClaimedCampaign],
         now: datetime | None,
-        leases: list[Lease],
+        after: AfterCommit,
     ) -> BatchCounts:
         # The campaign rows are left as they are: earlier than the truth, which the apply
         # worker's next claim of them corrects.

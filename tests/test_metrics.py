@@ -27,7 +27,7 @@ async def test_service_metrics_count_outcomes_and_serve_them(
     await install(pool)
     await append(pool, "c", [Event(c.DICE_ROLLED, {"value": 1})] * 3, settings=settings)
     service = Service(Worker(build_app(Outbox(settings)), pool), dsn)
-    port = service.metrics.serve(0, addr="127.0.0.1")
+    _, port = service.metrics.serve(0, addr="127.0.0.1")
     async with anyio.create_task_group() as tg:
         await tg.start(partial(service.run, shutdown_timeout=5))
         await wait_for_empty_queue(pool)

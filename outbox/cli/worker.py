@@ -90,6 +90,13 @@ def worker(
             envvar="OUTBOX_METRICS_PORT", min=0, max=65535, help="Serve Prometheus /metrics here."
         ),
     ] = None,
+    metrics_host: Annotated[
+        str,
+        typer.Option(
+            envvar="OUTBOX_METRICS_HOST",
+            help="The address /metrics binds to (0.0.0.0: every interface).",
+        ),
+    ] = "127.0.0.1",
     log_level: Annotated[str, typer.Option(envvar="OUTBOX_LOG_LEVEL")] = "info",
     log_format: LogFormatOption = "json",
     version: VersionOption = False,
@@ -128,6 +135,7 @@ def worker(
                 concurrency,
                 mode=resolution.mode,
                 metrics_port=metrics_port,
+                metrics_host=metrics_host,
                 until_idle=drain_only,
                 wait_out_backoff=drain_all,
             )

@@ -44,11 +44,12 @@ RETURNING o.campaign_id, o.seq
 
 -- name: complete_lease
 -- The fenced end of a lease that succeeded: delete the row only while owner $3 at epoch $4
--- still holds it; no row back means the lease was taken over and nothing changed.
+-- still holds it, returning the seconds since it was enqueued; no row back means the lease was
+-- taken over and nothing changed.
 DELETE FROM projection_apply_outbox
 WHERE campaign_id = $1::text AND seq = $2::bigint AND status = 'processing'
   AND lease_owner = $3::text AND claim_epoch = $4::bigint
-RETURNING true AS completed
+RETURNING extract(epoch FROM clock_timestamp() - enqueued_at)::double precision AS age
 
 -- name: fail_lease
 -- The fenced end of a lease whose projector failed: attempts $5, next attempt in $6 seconds,

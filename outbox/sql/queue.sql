@@ -118,11 +118,13 @@ WHERE NOT EXISTS (SELECT 1 FROM campaign_heads h WHERE h.campaign_id = t.campaig
 -- attempt when the head is a row this batch failed, else the given instant, else now). Move the checkpoints
 -- of ordered projectors ($15..$17, sorted: a fixed lock order). Returns how many
 -- campaigns are left due now with a head to take (head 0: waiting for an append in flight),
--- so the worker claims again instead of sleeping. $9 = now.
+-- so the worker claims again instead of sleeping, and the seconds each deleted row waited
+-- since it was enqueued (for the append-to-apply metric). $9 = now.
 WITH done AS (
     DELETE FROM projection_apply_outbox o
     USING unnest($1::text[], $2::bigint[]) AS d(campaign_id, seq)
     WHERE o.campaign_id = d.campaign_id AND o.seq = d.seq
+    RETURNING extract(epoch FROM clock_timestamp() - o.enqueued_at)::double precision AS age
 ), failed AS (
     UPDATE projection_apply_outbox o
     SET status = CASE WHEN f.dead THEN 'dead' ELSE 'failed' END,
@@ -171,10 +173,11 @@ WITH done AS (
       AND (NOT t.gone OR t.campaign_id IN (SELECT campaign_id FROM beyond))
     RETURNING c.head_seq, c.due_at, c.blocked
 )
-SELECT count(*) FILTER (
+SELECT (
+    SELECT count(*) FROM kept
     WHERE head_seq > 0 AND NOT blocked AND due_at <= coalesce($9::timestamptz, clock_timestamp())
-) AS due
-FROM kept
+) AS due,
+(SELECT array_agg(age) FROM done) AS ages
 
 -- name: refresh_campaigns
 -- Campaign rows ($1) brought in line with their work rows, for paths that change rows without
