@@ -95,10 +95,16 @@ class FieldSpec:
     high: float | None = None
     choices: tuple[str, ...] = ()
     optional: bool = False  # None is a valid value ("not set")
+    cli: bool = True  # `outbox-worker` (or, for the DSN, every command) has the option
 
     @property
     def option(self) -> str:
         return "--" + self.env.removeprefix("OUTBOX_").lower().replace("_", "-")
+
+    @property
+    def named(self) -> str:
+        """How an error names the setting: the variable, and its option where one exists."""
+        return f"{self.env} ({self.option})" if self.cli else self.env
 
     def check(self, value: Any) -> None:
         if self.choices and value not in self.choices:
@@ -126,13 +132,25 @@ FIELDS: dict[str, FieldSpec] = {
     "dsn": FieldSpec(
         "OUTBOX_DSN", _parse_text, "PostgreSQL URI, `postgresql://user:pass@host:port/db`"
     ),
-    "enabled": FieldSpec("OUTBOX_ENABLED", parse_bool, "enqueue one work row per appended event"),
-    "worker_enabled": FieldSpec("OUTBOX_WORKER_ENABLED", parse_bool, "the apply worker may run"),
+    # Flags of a deployment (`--mode` overrides the worker flags for one process), and
+    # settings of the application's own append path: environment only.
+    "enabled": FieldSpec(
+        "OUTBOX_ENABLED", parse_bool, "enqueue one work row per appended event", cli=False
+    ),
+    "worker_enabled": FieldSpec(
+        "OUTBOX_WORKER_ENABLED", parse_bool, "the apply worker may run", cli=False
+    ),
     "shadow_worker_enabled": FieldSpec(
-        "OUTBOX_SHADOW_WORKER_ENABLED", parse_bool, "the shadow worker may run (apply wins)"
+        "OUTBOX_SHADOW_WORKER_ENABLED",
+        parse_bool,
+        "the shadow worker may run (apply wins)",
+        cli=False,
     ),
     "inline_apply": FieldSpec(
-        "OUTBOX_INLINE_APPLY", parse_bool, "apply projectors inside the append transaction"
+        "OUTBOX_INLINE_APPLY",
+        parse_bool,
+        "apply projectors inside the append transaction",
+        cli=False,
     ),
     "batch_size": FieldSpec(
         "OUTBOX_BATCH_SIZE", _parse_int, "rows claimed per batch", low=1, high=10_000
@@ -179,6 +197,7 @@ FIELDS: dict[str, FieldSpec] = {
         "seconds an append idempotency key is honoured",
         low=1,
         high=366 * 86_400,
+        cli=False,
     ),
     "lease_seconds": FieldSpec(
         "OUTBOX_LEASE_SECONDS",
@@ -192,6 +211,7 @@ FIELDS: dict[str, FieldSpec] = {
         _parse_text,
         "default scope of the consumer dedup guard (`outbox.dedup`); unset: pass one per call",
         optional=True,
+        cli=False,
     ),
     "statement_timeout": FieldSpec(
         "OUTBOX_STATEMENT_TIMEOUT",
@@ -324,18 +344,14 @@ class Settings:
                         if isinstance(value, str)
                         else type(value).__name__
                     )
-                    raise ConfigError(
-                        f"{spec.env} ({spec.option}): expected a postgresql:// URI, got {shown}"
-                    )
+                    raise ConfigError(f"{spec.named}: expected a postgresql:// URI, got {shown}")
                 continue
             if value is None and spec.optional:
                 continue
             try:
                 spec.check(value)
             except ValueError as exc:
-                raise ConfigError(
-                    f"{spec.env} ({spec.option}): {exc}, got {shorten(value)}"
-                ) from None
+                raise ConfigError(f"{spec.named}: {exc}, got {shorten(value)}") from None
         if self.backoff_cap < self.backoff_base:
             raise ConfigError(
                 f"OUTBOX_BACKOFF_CAP ({self.backoff_cap}) must not be below "

@@ -161,7 +161,11 @@ def load_app(path: str) -> Outbox:
         raise UsageError(
             f"--app: cannot import {shorten(module_name)}: {type(exc).__name__}: {exc}"
         ) from None
-    found = getattr(module, attribute, None)
+    if not hasattr(module, attribute):
+        raise UsageError(
+            f"--app: module {shorten(module_name)} has no attribute {shorten(attribute)}"
+        )
+    found = getattr(module, attribute)
     if not isinstance(found, Outbox):
         raise UsageError(f"--app: {shorten(path)} is {type(found).__name__}, not an outbox.Outbox")
     return found

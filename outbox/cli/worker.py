@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 import signal
 from types import FrameType
-from typing import Annotated, NoReturn
+from typing import Annotated, Any, NoReturn
 
 import typer
 
@@ -23,7 +23,7 @@ from outbox.cli.common import (
     run,
 )
 from outbox.cli.common import main as run_main
-from outbox.config import resolve_worker_mode
+from outbox.config import FIELDS, resolve_worker_mode
 from outbox.errors import ConfigError
 from outbox.migrate import check_current
 from outbox.service import Service, open_pool, serve
@@ -50,6 +50,13 @@ def _summary(counts: BatchCounts) -> str:
     return text
 
 
+def _setting(name: str) -> Any:
+    """The option of a setting (FIELDS): same name as its variable, no envvar of its own (the
+    settings read the environment; a given option overrides it), help from its doc."""
+    spec = FIELDS[name]
+    return typer.Option(spec.option, help=f"{spec.doc} ({spec.env}).", show_default=False)
+
+
 class Mode(enum.StrEnum):
     apply = "apply"
     shadow = "shadow"
@@ -61,11 +68,27 @@ def worker(
     dsn: DsnOption = None,
     mode: Annotated[
         Mode | None,
-        typer.Option("--mode", help="apply or shadow; overrides the OUTBOX_*_ENABLED flags."),
+        typer.Option(
+            "--mode",
+            envvar="OUTBOX_MODE",
+            help="apply or shadow; overrides the OUTBOX_*_ENABLED flags.",
+        ),
     ] = None,
-    concurrency: Annotated[int, typer.Option(min=1, max=256, help="Claim loops.")] = 1,
-    batch_size: Annotated[
-        int | None, typer.Option("--batch-size", help="Rows per batch (OUTBOX_BATCH_SIZE).")
+    concurrency: Annotated[
+        int, typer.Option(envvar="OUTBOX_CONCURRENCY", min=1, max=256, help="Claim loops.")
+    ] = 1,
+    batch_size: Annotated[int | None, _setting("batch_size")] = None,
+    poll_interval: Annotated[float | None, _setting("poll_interval")] = None,
+    backoff_base: Annotated[float | None, _setting("backoff_base")] = None,
+    backoff_cap: Annotated[float | None, _setting("backoff_cap")] = None,
+    max_attempts: Annotated[int | None, _setting("max_attempts")] = None,
+    ordering: Annotated[str | None, _setting("ordering")] = None,
+    dead_policy: Annotated[str | None, _setting("dead_policy")] = None,
+    lease_seconds: Annotated[float | None, _setting("lease_seconds")] = None,
+    statement_timeout: Annotated[float | None, _setting("statement_timeout")] = None,
+    lock_timeout: Annotated[float | None, _setting("lock_timeout")] = None,
+    idle_in_transaction_timeout: Annotated[
+        float | None, _setting("idle_in_transaction_timeout")
     ] = None,
     drain_all: Annotated[
         bool,
@@ -82,7 +105,13 @@ def worker(
         bool, typer.Option("--json", help="With a drain: the summary as one JSON object.")
     ] = False,
     shutdown_timeout: Annotated[
-        float, typer.Option(min=0.0, max=3600.0, help="Seconds to finish the batch on SIGTERM.")
+        float,
+        typer.Option(
+            envvar="OUTBOX_SHUTDOWN_TIMEOUT",
+            min=0.0,
+            max=3600.0,
+            help="Seconds to finish the batch on SIGTERM.",
+        ),
     ] = 30.0,
     metrics_port: Annotated[
         int | None,
@@ -112,7 +141,21 @@ def worker(
         log.configure(log_level, fmt=log_format, fields={"worker_id": worker_id})
     except ValueError as exc:
         raise UsageError(f"--log-level/--log-format: {exc}") from None
-    outbox_app = prepare_app(app_path, dsn=dsn, batch_size=batch_size)
+    outbox_app = prepare_app(
+        app_path,
+        dsn=dsn,
+        batch_size=batch_size,
+        poll_interval=poll_interval,
+        backoff_base=backoff_base,
+        backoff_cap=backoff_cap,
+        max_attempts=max_attempts,
+        ordering=ordering.strip().lower() if ordering else None,
+        dead_policy=dead_policy.strip().lower() if dead_policy else None,
+        lease_seconds=lease_seconds,
+        statement_timeout=statement_timeout,
+        lock_timeout=lock_timeout,
+        idle_in_transaction_timeout=idle_in_transaction_timeout,
+    )
     try:
         resolution = resolve_worker_mode(outbox_app.settings, mode.value if mode else None)
     except ConfigError as exc:
