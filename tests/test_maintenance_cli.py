@@ -417,3 +417,29 @@ async def test_the_report_reads_at_80_columns_without_cutting_ids(
     wide = run_cli("maintenance", "outbox-report", dsn=dsn, env={"COLUMNS": "200"})
     assert "enqueued" in wide.stdout
     assert "left out" not in wide.stderr
+
+
+async def test_the_report_shows_the_shadow_workers_sightings_and_lag(
+    pool: db.Pool, dsn: str, settings: Settings
+) -> None:
+    await install(pool)
+    await append(pool, "c", [Event("dice.rolled", {"value": 2})] * 2, settings=settings)
+    await pool.execute("UPDATE projection_apply_outbox SET enqueued_at = now() - interval '30 s'")
+    shadow = run_cli(
+        "outbox-worker",
+        "--app",
+        "outbox.examples.app:app",
+        "--mode",
+        "shadow",
+        "--drain-now",
+        dsn=dsn,
+    )
+    assert shadow.returncode == 0, shadow.stderr
+    body = as_json(cli("outbox-report", "--json", dsn=dsn))
+    seen = body["summary"]["shadow"]
+    assert (seen["rows_seen"], seen["sightings"]) == (2, 2)
+    assert seen["max_lag_seconds"] >= 30  # S14: enqueue to first sighting, recorded
+    table = cli("outbox-report", dsn=dsn)
+    assert "shadow worker: 2 row(s) seen, 2 sighting(s), longest enqueue-to-sighting lag" in (
+        table.stdout
+    )

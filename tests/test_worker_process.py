@@ -13,6 +13,7 @@ import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import anyio
 import orjson
@@ -135,6 +136,55 @@ async def test_every_worker_line_carries_its_worker_id_in_json_or_text(
     assert bad.returncode == 2
     assert bad.stderr.decode().count("\n") == 1
     assert "unknown log format 'xml'" in bad.stderr.decode()
+
+
+async def test_every_stderr_line_is_json_with_its_event_and_no_password(
+    pool: db.Pool, dsn: str, settings: Settings
+) -> None:
+    """A run with a user logger and a shutdown that cancels the batch in flight: every line on
+    stderr parses as JSON, carries `event` and `worker_id`, and the DSN's password (a canary:
+    the test server trusts local connections) appears nowhere."""
+    canary = "Canary-Pw-7731"
+    parts = urlsplit(dsn)
+    with_password = urlunsplit(
+        parts._replace(netloc=f"{parts.username}:{canary}@{parts.hostname}:{parts.port}")
+    )
+    await append(pool, "c", [Event("tick", {})], settings=settings)
+    async with frozen(pool):
+        proc = await anyio.open_process(
+            [*WORKER, "--app", "worker_apps:chatty", "--shutdown-timeout", "0.5"],
+            cwd=TESTS,
+            env=worker_env(with_password),
+        )
+        try:
+            await wait_for(lambda: projector_is_waiting(pool))
+            proc.send_signal(signal.SIGTERM)
+            with anyio.fail_after(60):
+                code = await proc.wait()
+            assert proc.stderr is not None
+            stderr = (await proc.stderr.receive(1 << 20)).decode()
+            while chunk := await _more(proc):
+                stderr += chunk
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+    assert code == 0
+    assert canary not in stderr
+    lines = [orjson.loads(line) for line in stderr.splitlines()]
+    assert all("event" in line and "worker_id" in line for line in lines), lines
+    events = [line["event"] for line in lines]
+    assert "user.note" in events  # the application's own logger
+    assert "worker.stopping" in events
+    user = next(line for line in lines if line["event"] == "user.note")
+    assert (user["logger"], user["seq"]) == ("myapp.projections", 1)
+
+
+async def _more(proc: Process) -> str:
+    assert proc.stderr is not None
+    try:
+        return (await proc.stderr.receive(1 << 20)).decode()
+    except anyio.EndOfStream:
+        return ""
 
 
 @pytest.mark.parametrize(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 from outbox import PermanentError, db
 from outbox.journal import StoredEvent
 from outbox.projectors import Outbox
@@ -64,3 +66,13 @@ async def flaky_tick(tx: db.Connection, event: StoredEvent) -> None:
     await tx.execute(
         "INSERT INTO applied (campaign_id, seq) VALUES ($1, $2)", event.campaign_id, event.seq
     )
+
+
+# Logs through the application's own logger, then waits on FREEZE_LOCK (a shutdown cancels it).
+chatty = Outbox()
+
+
+@chatty.projector("chatty", events=["tick"])
+async def chatty_tick(tx: db.Connection, event: StoredEvent) -> None:
+    logging.getLogger("myapp.projections").warning("user.note", extra={"seq": event.seq})
+    await tx.execute("SELECT pg_advisory_xact_lock($1)", FREEZE_LOCK)

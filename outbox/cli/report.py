@@ -54,6 +54,12 @@ def render_report(report: dict[str, Any]) -> None:
             f"enqueued {when(oldest['enqueued_at'])}, age {age(oldest['age_seconds'])}"
         )
     stdout.print(f"earliest next attempt: {when(summary['earliest_next_attempt_at'])}")
+    shadow = summary["shadow"]
+    if shadow and shadow["rows_seen"]:
+        stdout.print(
+            f"shadow worker: {shadow['rows_seen']} row(s) seen, {shadow['sightings']} "
+            f"sighting(s), longest enqueue-to-sighting lag {age(shadow['max_lag_seconds'])}"
+        )
     if summary["blocked_campaigns"]:
         blocked = _table(
             "campaign", "blocking seq", "status", "waiting", "age", title="blocked campaigns"
