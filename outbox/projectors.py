@@ -60,6 +60,10 @@ class Outbox:
     ) -> Callable[[F], F]:
         """Register a projector of `events` (a list of types) under `name`.
 
+        - `name`: the projector's identity; its checkpoints and markers are keyed by it, so a
+          rename starts it afresh (docs/idempotency.md, hazards).
+        - `events`: the event types it receives; `fn(tx, event)` gets each as a StoredEvent
+          (campaign_id, seq, type, payload, metadata, recorded_at; docs/projections.md).
         - `ordered` (default True): a checkpoint per campaign (S17); duplicates are skipped,
           a gap is refused. `ordered=False, idempotent=True`: a processed marker per event
           (S18). `ordered=False` alone: no guard (only the queue's transaction).
