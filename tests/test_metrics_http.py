@@ -221,3 +221,14 @@ def test_the_alert_rules_parse_and_name_real_metrics() -> None:
     }
     for name in exported:
         assert name in names or name.removesuffix("_total") in names, name
+
+
+def test_the_bind_address_is_honoured() -> None:
+    """Bound to 127.0.0.2, the endpoint answers there and refuses 127.0.0.1 (the loopback
+    network is 127.0.0.0/8 on Linux)."""
+    host, port = Metrics().serve(0, "127.0.0.2")
+    assert host == "127.0.0.2"
+    status, _ = get(f"http://127.0.0.2:{port}/metrics")
+    assert status == 200
+    with pytest.raises(urllib.error.URLError):
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5)
