@@ -34,6 +34,7 @@ import asyncpg
 from outbox import db
 from outbox.config import FIELDS
 from outbox.errors import ConfigError, TransactionRequired, ValidationError
+from outbox.journal import check_identifier
 from outbox.metrics import DEDUP_CLAIMS
 from outbox.queries import Queries
 
@@ -139,18 +140,6 @@ def _check_time(event_time: object) -> datetime:
     return event_time
 
 
-def _text(field: str, value: object) -> str:
-    if not isinstance(value, str):
-        raise ValidationError(field, f"expected a string, got {type(value).__name__}")
-    if not value.strip():
-        raise ValidationError(field, "must not be blank")
-    if len(value) > MAX_LENGTH:
-        raise ValidationError(field, f"must be at most {MAX_LENGTH} characters, got {len(value)}")
-    if "\x00" in value:
-        raise ValidationError(field, "must not contain NUL characters")
-    return value
-
-
 def _number(field: str, value: object, high: int) -> int | None:
     if value is None:
         return None
@@ -178,13 +167,13 @@ def _arguments(
     offset: int | None,
 ) -> tuple[str, str, date, datetime, str | None, int | None, int | None]:
     """Every argument checked before any statement runs, in the order of the queries' $n."""
-    resolved = _default_scope() if scope is None else _text("scope", scope)
+    resolved = _default_scope() if scope is None else check_identifier("scope", scope, MAX_LENGTH)
     return (
         resolved,
-        _text("event_id", event_id),
+        check_identifier("event_id", event_id, MAX_LENGTH),
         week_bucket(event_time),
         event_time,
-        None if topic is None else _text("topic", topic),
+        None if topic is None else check_identifier("topic", topic, MAX_LENGTH),
         _number("partition", partition, _INT32),
         _number("offset", offset, _INT64),
     )

@@ -43,6 +43,7 @@ __all__ = [
     "Event",
     "StoredEvent",
     "append",
+    "check_identifier",
     "decode_event",
     "decode_record",
     "load_events",
@@ -125,7 +126,9 @@ class _Batch:
 _JSON_NUL = re.compile(rb"(?<!\\)(?:\\\\)*\\u0000")
 
 
-def _check_identifier(field: str, value: object, limit: int) -> str:
+def check_identifier(field: str, value: object, limit: int) -> str:
+    """A non-blank string of at most `limit` characters without NUL, or a ValidationError
+    naming `field` (ids, types and keys, here and in the dedup guard)."""
     if not isinstance(value, str):
         raise ValidationError(field, f"expected a string, got {type(value).__name__}")
     if not value.strip():
@@ -172,7 +175,7 @@ def _prepare(
     idempotency_key: object,
 ) -> _Batch:
     """Validate everything and encode the payloads, before anything is written (S4)."""
-    campaign = _check_identifier("campaign_id", campaign_id, MAX_ID_LENGTH)
+    campaign = check_identifier("campaign_id", campaign_id, MAX_ID_LENGTH)
     if isinstance(events, Event) or not isinstance(events, Sequence) or isinstance(events, str):
         raise ValidationError("events", "expected a sequence of outbox.Event")
     if not events:
@@ -186,7 +189,7 @@ def _prepare(
         expected = expected_seq
     key: str | None = None
     if idempotency_key is not None:
-        key = _check_identifier("idempotency_key", idempotency_key, MAX_KEY_LENGTH)
+        key = check_identifier("idempotency_key", idempotency_key, MAX_KEY_LENGTH)
     types: list[str] = []
     payloads: list[str] = []
     metadata: list[str] = []
@@ -196,7 +199,7 @@ def _prepare(
             raise ValidationError(
                 f"events[{i}]", f"expected outbox.Event, got {type(event).__name__}"
             )
-        types.append(_check_identifier(f"events[{i}].type", event.type, MAX_TYPE_LENGTH))
+        types.append(check_identifier(f"events[{i}].type", event.type, MAX_TYPE_LENGTH))
         payloads.append(_encode(f"events[{i}].payload", event.payload))
         if event.metadata is not None and not isinstance(event.metadata, Mapping):
             raise ValidationError(f"events[{i}].metadata", "expected a mapping or None")

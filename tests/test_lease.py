@@ -79,6 +79,19 @@ async def row(pool: db.Pool, campaign_id: str, seq: int) -> dict[str, Any] | Non
     return dict(r) if r else None
 
 
+async def expired_lease(pool: db.Pool, *, epoch: int, attempts: int) -> None:
+    """The one queued row, leased by a worker that died (`gone:1`) a minute past its expiry."""
+    await pool.execute(
+        "UPDATE projection_apply_outbox SET status = 'processing', lease_owner = 'gone:1', "
+        "claim_epoch = $1, attempt_count = $2, leased_at = clock_timestamp() - interval '2 min', "
+        "lease_expires_at = clock_timestamp() - interval '1 min', "
+        "next_attempt_at = clock_timestamp() - interval '1 min'",
+        epoch,
+        attempts,
+    )
+    await pool.execute("UPDATE projection_apply_campaigns SET due_at = clock_timestamp()")
+
+
 async def deliveries(pool: db.Pool) -> list[tuple[str, int]]:
     rows = await pool.fetch("SELECT campaign_id, seq FROM deliveries ORDER BY id")
     return [(r["campaign_id"], r["seq"]) for r in rows]
@@ -202,13 +215,7 @@ async def test_an_expired_lease_counts_an_attempt_and_dies_on_the_last(
     app = lease_app(dsn, lease_seconds=60)
     app.settings = app.settings.replace(max_attempts=2)
     await app.append(pool, "o-3", [Event("order.placed", {})])
-    await pool.execute(
-        "UPDATE projection_apply_outbox SET status = 'processing', lease_owner = 'gone:1', "
-        "claim_epoch = 4, attempt_count = 1, leased_at = clock_timestamp() - interval '2 min', "
-        "lease_expires_at = clock_timestamp() - interval '1 min', "
-        "next_attempt_at = clock_timestamp() - interval '1 min'"
-    )
-    await pool.execute("UPDATE projection_apply_campaigns SET due_at = clock_timestamp()")
+    await expired_lease(pool, epoch=4, attempts=1)
     counts = await Worker(app, pool).run_once()
     assert (counts.reclaimed, counts.dead, counts.leased) == (1, 1, 0)
     dead = await row(pool, "o-3", 1)
@@ -224,13 +231,7 @@ async def test_a_reclaim_below_the_limit_runs_again_with_the_attempt_counted(
     gate = Gate()
     app = lease_app(dsn, gate, lease_seconds=60)
     await app.append(pool, "o-4", [Event("order.placed", {})])
-    await pool.execute(
-        "UPDATE projection_apply_outbox SET status = 'processing', lease_owner = 'gone:1', "
-        "claim_epoch = 1, leased_at = clock_timestamp() - interval '2 min', "
-        "lease_expires_at = clock_timestamp() - interval '1 min', "
-        "next_attempt_at = clock_timestamp() - interval '1 min'"
-    )
-    await pool.execute("UPDATE projection_apply_campaigns SET due_at = clock_timestamp()")
+    await expired_lease(pool, epoch=1, attempts=0)
     worker = Worker(app, pool)
     async with anyio.create_task_group() as tg:
         tg.start_soon(worker.run_once)

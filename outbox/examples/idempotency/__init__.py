@@ -35,6 +35,7 @@ __all__ = [
     "Message",
     "Strategy",
     "deliver_all",
+    "deposit_totals",
     "messages",
     "reset",
 ]
@@ -176,6 +177,15 @@ async def deliver_all(
         for ms in by_account.values():
             tg.start_soon(account, ms)
     await strategy.finish(pool)
+
+
+def deposit_totals(stream: Sequence[Message]) -> list[tuple[str, int, int]]:
+    """The oracle of the additive examples: (account, deposits, total) per account."""
+    totals: dict[str, tuple[int, int]] = {}
+    for m in of_type(stream, DEPOSITED):
+        n, total = totals.get(m.account, (0, 0))
+        totals[m.account] = (n + 1, total + m.data["amount"])
+    return sorted((a, n, total) for a, (n, total) in totals.items())
 
 
 def of_type(stream: Sequence[Message], *types: str) -> Iterator[Message]:

@@ -16,13 +16,21 @@ default); a redelivery later than that is not caught.
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
 from outbox import dedup
 from outbox.db import Connection, Pool
-from outbox.examples.idempotency import DEPOSITED, OPENED, Mailer, Message, Strategy, of_type, rows
+from outbox.examples.idempotency import (
+    DEPOSITED,
+    OPENED,
+    Mailer,
+    Message,
+    Strategy,
+    deposit_totals,
+    of_type,
+    rows,
+)
 
 
 class DedupInTransaction(Strategy):
@@ -53,12 +61,7 @@ class DedupInTransaction(Strategy):
         return rows(await conn.fetch("SELECT account, deposits, total FROM ex_consumer_totals"))
 
     def expected(self, stream: Sequence[Message]) -> Any:
-        deposits: Counter[str] = Counter()
-        totals: Counter[str] = Counter()
-        for m in of_type(stream, DEPOSITED):
-            deposits[m.account] += 1
-            totals[m.account] += m.data["amount"]
-        return sorted((a, deposits[a], totals[a]) for a in deposits)
+        return deposit_totals(stream)
 
 
 class DedupOwnTransaction(Strategy):

@@ -13,13 +13,12 @@ the worker, a replay or a repeated rebuild would run it.
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
 from outbox.apply import apply_event
 from outbox.db import Connection, Pool
-from outbox.examples.idempotency import DEPOSITED, Message, Strategy, of_type, rows
+from outbox.examples.idempotency import DEPOSITED, Message, Strategy, deposit_totals, rows
 from outbox.journal import StoredEvent
 from outbox.projectors import Outbox
 
@@ -27,7 +26,7 @@ app = Outbox()
 
 
 @app.projector("ex_deposit_totals", events=[DEPOSITED], ordered=False, idempotent=True)
-async def deposit_totals(tx: Connection, event: StoredEvent) -> None:
+async def add_deposit(tx: Connection, event: StoredEvent) -> None:
     await tx.execute(
         "INSERT INTO ex_deposit_totals AS t VALUES ($1, 1, $2) ON CONFLICT (account) "
         "DO UPDATE SET deposits = t.deposits + 1, total = t.total + excluded.total",
@@ -56,12 +55,7 @@ class ProcessedIds(Strategy):
         return rows(await conn.fetch("SELECT account, deposits, total FROM ex_deposit_totals"))
 
     def expected(self, stream: Sequence[Message]) -> Any:
-        deposits: Counter[str] = Counter()
-        totals: Counter[str] = Counter()
-        for m in of_type(stream, DEPOSITED):
-            deposits[m.account] += 1
-            totals[m.account] += m.data["amount"]
-        return sorted((a, deposits[a], totals[a]) for a in deposits)
+        return deposit_totals(stream)
 
 
 strategy = ProcessedIds()

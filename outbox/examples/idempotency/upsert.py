@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from outbox.db import Connection, Pool
-from outbox.examples.idempotency import DEPOSITED, Message, Strategy, of_type, rows
+from outbox.examples.idempotency import DEPOSITED, Message, Strategy, deposit_totals, rows
 
 
 class Upsert(Strategy):
@@ -48,11 +48,7 @@ class Upsert(Strategy):
         )
 
     def expected(self, stream: Sequence[Message]) -> Any:
-        totals: dict[str, tuple[int, int]] = {}
-        for m in of_type(stream, DEPOSITED):
-            n, total = totals.get(m.account, (0, 0))
-            totals[m.account] = (n + 1, total + m.data["amount"])
-        return sorted((a, n, total) for a, (n, total) in totals.items())
+        return deposit_totals(stream)
 
 
 strategy = Upsert()
