@@ -7,6 +7,8 @@ system would record calls), so the tests count deliveries independently of the q
 from __future__ import annotations
 
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -124,14 +126,7 @@ async def test_a_lease_commits_processing_then_completes_outside_the_batch(
     app = lease_app(dsn, gate, lease_seconds=90)
     await app.append(pool, "o-1", [Event("order.noted", {}), Event("order.placed", {})])
     worker = Worker(app, pool)
-    counts = BatchCounts()
-
-    async def run() -> None:
-        counts.add(await worker.run_once())
-
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(run)
-        await wait_for(lambda: _entered(gate))
+    async with batch_held_at(gate, worker) as counts:
         # The batch committed: seq 1 applied, seq 2 leased with the database's clock.
         leased = await row(pool, "o-1", 2)
         assert leased is not None
@@ -169,20 +164,28 @@ async def _entered(gate: Gate) -> bool:
     return gate.entered > 0
 
 
+@asynccontextmanager
+async def batch_held_at(gate: Gate, worker: Worker) -> AsyncIterator[BatchCounts]:
+    """Run one batch in the background and enter the block once its external projector waits
+    at `gate` (the block opens it); the counts are complete when the block has ended."""
+    counts = BatchCounts()
+
+    async def run() -> None:
+        counts.add(await worker.run_once())
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(run)
+        await wait_for(lambda: _entered(gate))
+        yield counts
+
+
 async def test_fencing_a_slow_worker_changes_nothing_after_a_reclaim(
     pool: db.Pool, dsn: str, schema: None, caplog: pytest.LogCaptureFixture
 ) -> None:
     slow_gate = Gate()
     slow = Worker(lease_app(dsn, slow_gate, lease_seconds=60), pool)
     await slow.app.append(pool, "o-2", [Event("order.placed", {})])
-    slow_counts = BatchCounts()
-
-    async def run_slow() -> None:
-        slow_counts.add(await slow.run_once())
-
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(run_slow)
-        await wait_for(lambda: _entered(slow_gate))
+    async with batch_held_at(slow_gate, slow) as slow_counts:
         # Another worker, its clock past the slow one's lease, reclaims and completes the row.
         later = datetime.now(UTC) + timedelta(minutes=10)
         fast = Worker(lease_app(dsn, lease_seconds=60), pool, now=lambda: later)
@@ -233,9 +236,7 @@ async def test_a_reclaim_below_the_limit_runs_again_with_the_attempt_counted(
     await app.append(pool, "o-4", [Event("order.placed", {})])
     await expired_lease(pool, epoch=1, attempts=0)
     worker = Worker(app, pool)
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(worker.run_once)
-        await wait_for(lambda: _entered(gate))
+    async with batch_held_at(gate, worker):
         again = await row(pool, "o-4", 1)
         assert again is not None
         assert (again["status"], again["claim_epoch"], again["attempt_count"]) == (
@@ -286,14 +287,7 @@ async def test_the_heartbeat_keeps_a_long_projector_alive(
     app = lease_app(dsn, gate, lease_seconds=1.5)
     await app.append(pool, "o-6", [Event("order.placed", {})])
     worker = Worker(app, pool)
-    counts = BatchCounts()
-
-    async def run() -> None:
-        counts.add(await worker.run_once())
-
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(run)
-        await wait_for(lambda: _entered(gate))
+    async with batch_held_at(gate, worker) as counts:
         first = await pool.fetchval("SELECT lease_expires_at FROM projection_apply_outbox")
 
         async def held_past_its_first_expiry() -> bool:
