@@ -21,9 +21,9 @@ from outbox.examples.idempotency import (
     Message,
     Strategy,
     deliver_all,
+    delivered,
     messages,
     of_type,
-    reset,
     rows,
 )
 from outbox.examples.idempotency.catalog import STRATEGIES
@@ -39,13 +39,9 @@ async def read(pool: Pool, strategy: Strategy) -> Any:
 @pytest.mark.parametrize("strategy", STRATEGIES, ids=[s.name for s in STRATEGIES])
 async def test_two_concurrent_deliveries_equal_one(pool: Pool, strategy: Strategy) -> None:
     await strategy.install(pool)
-    await reset(pool, strategy)
-    await deliver_all(pool, strategy, STREAM, copies=1)
-    once = await read(pool, strategy)
+    once = await delivered(pool, strategy, STREAM, copies=1)
     assert once == strategy.expected(STREAM)
-    await reset(pool, strategy)
-    await deliver_all(pool, strategy, STREAM, copies=2)
-    assert await read(pool, strategy) == once
+    assert await delivered(pool, strategy, STREAM, copies=2) == once
     # Once more on top of everything: a late redelivery of the whole stream changes nothing,
     # except where the strategy says (and docs/idempotency.md warns) it cannot tell.
     await deliver_all(pool, strategy, STREAM, copies=2)
@@ -81,13 +77,10 @@ class Naive(Strategy):
 async def test_the_harness_catches_a_handler_that_is_not_idempotent(pool: Pool) -> None:
     naive = Naive()
     await naive.install(pool)
-    await reset(pool, naive)
-    await deliver_all(pool, naive, STREAM, copies=1)
-    once = await read(pool, naive)
+    once = await delivered(pool, naive, STREAM, copies=1)
     assert once == naive.expected(STREAM)
-    await reset(pool, naive)
-    await deliver_all(pool, naive, STREAM, copies=2)
-    assert await read(pool, naive) == [(a, 2 * total) for a, total in once]
+    twice = await delivered(pool, naive, STREAM, copies=2)
+    assert twice == [(a, 2 * total) for a, total in once]
 
 
 def test_the_examples_run_from_the_command_line(pg_server: str) -> None:

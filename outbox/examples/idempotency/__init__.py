@@ -35,6 +35,7 @@ __all__ = [
     "Message",
     "Strategy",
     "deliver_all",
+    "delivered",
     "deposit_totals",
     "messages",
     "reset",
@@ -134,7 +135,14 @@ class Strategy:
             await conn.execute(self.schema)
 
     async def deliver(self, pool: Pool, message: Message) -> None:
-        """Handle one delivery of `message`, in transactions of its own."""
+        """Handle one delivery of `message`, in transactions of its own: by default `handle`
+        in one transaction; strategies with more than one step override this."""
+        async with pool.acquire() as conn, conn.transaction():
+            await self.handle(conn, message)
+
+    @staticmethod
+    async def handle(tx: Connection, m: Message) -> None:
+        """One delivery inside `deliver`'s transaction."""
         raise NotImplementedError
 
     async def finish(self, pool: Pool) -> None:
@@ -156,6 +164,16 @@ async def reset(executor: Executor, strategy: Strategy) -> None:
         tables = ", ".join((*strategy.tables, *OUTBOX_STATE))
         await conn.execute(f"TRUNCATE {tables}")  # names are this package's constants
     strategy.forget()
+
+
+async def delivered(
+    pool: Pool, strategy: Strategy, stream: Sequence[Message], *, copies: int = 1
+) -> Any:
+    """From empty tables, deliver `stream` (`deliver_all`) and return the read model."""
+    await reset(pool, strategy)
+    await deliver_all(pool, strategy, stream, copies=copies)
+    async with acquire(pool) as conn:
+        return await strategy.read_model(conn)
 
 
 async def deliver_all(

@@ -19,7 +19,7 @@ from outbox import log
 from outbox.cli.common import UsageError, run, settings_for, stderr, stdout
 from outbox.cli.common import main as run_main
 from outbox.examples.demo import fresh_database, local_cluster
-from outbox.examples.idempotency import Strategy, deliver_all, messages, reset
+from outbox.examples.idempotency import Strategy, delivered, messages
 from outbox.examples.idempotency.catalog import STRATEGIES, by_name
 from outbox.migrate import migrate
 from outbox.service import open_pool
@@ -38,14 +38,8 @@ async def _check(dsn: str, strategies: list[Strategy], copies: int) -> list[tupl
         await migrate(pool)
         for s in strategies:
             await s.install(pool)
-            await reset(pool, s)
-            await deliver_all(pool, s, stream, copies=1)
-            async with pool.acquire() as conn:
-                once = await s.read_model(conn)
-            await reset(pool, s)
-            await deliver_all(pool, s, stream, copies=copies)
-            async with pool.acquire() as conn:
-                repeated = await s.read_model(conn)
+            once = await delivered(pool, s, stream, copies=1)
+            repeated = await delivered(pool, s, stream, copies=copies)
             results.append((s.name, once == s.expected(stream), repeated == once))
     finally:
         await pool.close()

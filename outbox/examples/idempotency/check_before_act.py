@@ -13,7 +13,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from outbox.db import Connection, Pool
+from outbox.db import Connection
 from outbox.examples.idempotency import DEPOSITED, OPENED, Message, Strategy, of_type, rows
 
 
@@ -28,10 +28,6 @@ class CheckBeforeAct(Strategy):
     );
     """
 
-    async def deliver(self, pool: Pool, message: Message) -> None:
-        async with pool.acquire() as conn, conn.transaction():
-            await handle(conn, message)
-
     async def read_model(self, conn: Connection) -> Any:
         return rows(await conn.fetch("SELECT account, balance FROM ex_balances"))
 
@@ -41,30 +37,33 @@ class CheckBeforeAct(Strategy):
             balances[m.account] += m.data["amount"]
         return sorted(balances.items())
 
-
-async def handle(tx: Connection, m: Message) -> None:
-    if m.type == OPENED:
-        await tx.execute("INSERT INTO ex_balances VALUES ($1, 0) ON CONFLICT DO NOTHING", m.account)
-        return
-    if m.type != DEPOSITED:
-        return
-    # Lock the aggregate, then look at its own records.
-    await tx.execute("SELECT 1 FROM ex_balances WHERE account = $1 FOR UPDATE", m.account)
-    booked = await tx.fetchval(
-        "SELECT true FROM ex_ledger_entries WHERE account = $1 AND deposit_id = $2",
-        m.account,
-        m.id,
-    )
-    if booked:
-        return  # this deposit was booked before: a redelivery
-    await tx.execute(
-        "INSERT INTO ex_ledger_entries VALUES ($1, $2, $3)", m.account, m.id, m.data["amount"]
-    )
-    await tx.execute(
-        "UPDATE ex_balances SET balance = balance + $2 WHERE account = $1",
-        m.account,
-        m.data["amount"],
-    )
+    @staticmethod
+    async def handle(tx: Connection, m: Message) -> None:
+        """One delivery, inside the transaction `deliver` opens."""
+        if m.type == OPENED:
+            await tx.execute(
+                "INSERT INTO ex_balances VALUES ($1, 0) ON CONFLICT DO NOTHING", m.account
+            )
+            return
+        if m.type != DEPOSITED:
+            return
+        # Lock the aggregate, then look at its own records.
+        await tx.execute("SELECT 1 FROM ex_balances WHERE account = $1 FOR UPDATE", m.account)
+        booked = await tx.fetchval(
+            "SELECT true FROM ex_ledger_entries WHERE account = $1 AND deposit_id = $2",
+            m.account,
+            m.id,
+        )
+        if booked:
+            return  # this deposit was booked before: a redelivery
+        await tx.execute(
+            "INSERT INTO ex_ledger_entries VALUES ($1, $2, $3)", m.account, m.id, m.data["amount"]
+        )
+        await tx.execute(
+            "UPDATE ex_balances SET balance = balance + $2 WHERE account = $1",
+            m.account,
+            m.data["amount"],
+        )
 
 
 strategy = CheckBeforeAct()

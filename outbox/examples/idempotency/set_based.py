@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from outbox.db import Connection, Pool
+from outbox.db import Connection
 from outbox.examples.idempotency import EMAIL_CHANGED, OPENED, Message, Strategy, rows
 
 
@@ -22,10 +22,6 @@ class SetBased(Strategy):
         account text PRIMARY KEY, owner text NOT NULL, email text NOT NULL
     );
     """
-
-    async def deliver(self, pool: Pool, message: Message) -> None:
-        async with pool.acquire() as conn, conn.transaction():
-            await handle(conn, message)
 
     async def read_model(self, conn: Connection) -> Any:
         return rows(await conn.fetch("SELECT account, owner, email FROM ex_profiles"))
@@ -39,20 +35,21 @@ class SetBased(Strategy):
                 profiles[m.account] = (*profiles[m.account][:2], m.data["email"])
         return sorted(profiles.values())
 
-
-async def handle(tx: Connection, m: Message) -> None:
-    if m.type == OPENED:
-        await tx.execute(
-            "INSERT INTO ex_profiles (account, owner, email) VALUES ($1, $2, $3) "
-            "ON CONFLICT (account) DO NOTHING",
-            m.account,
-            m.data["owner"],
-            m.data["email"],
-        )
-    elif m.type == EMAIL_CHANGED:
-        await tx.execute(
-            "UPDATE ex_profiles SET email = $2 WHERE account = $1", m.account, m.data["email"]
-        )
+    @staticmethod
+    async def handle(tx: Connection, m: Message) -> None:
+        """One delivery, inside the transaction `deliver` opens."""
+        if m.type == OPENED:
+            await tx.execute(
+                "INSERT INTO ex_profiles (account, owner, email) VALUES ($1, $2, $3) "
+                "ON CONFLICT (account) DO NOTHING",
+                m.account,
+                m.data["owner"],
+                m.data["email"],
+            )
+        elif m.type == EMAIL_CHANGED:
+            await tx.execute(
+                "UPDATE ex_profiles SET email = $2 WHERE account = $1", m.account, m.data["email"]
+            )
 
 
 strategy = SetBased()

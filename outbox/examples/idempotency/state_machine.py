@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from outbox.db import Connection, Pool
+from outbox.db import Connection
 from outbox.examples.idempotency import FROZEN, OPENED, UNFROZEN, Message, Strategy, rows
 
 # event type -> (from state, to state)
@@ -31,10 +31,6 @@ class StateMachine(Strategy):
     );
     """
 
-    async def deliver(self, pool: Pool, message: Message) -> None:
-        async with pool.acquire() as conn, conn.transaction():
-            await handle(conn, message)
-
     async def read_model(self, conn: Connection) -> Any:
         return rows(await conn.fetch("SELECT account, state, freezes FROM ex_account_states"))
 
@@ -48,23 +44,24 @@ class StateMachine(Strategy):
                 states[m.account] = (TRANSITIONS[m.type][1], freezes + (m.type == FROZEN))
         return sorted((a, s, n) for a, (s, n) in states.items())
 
-
-async def handle(tx: Connection, m: Message) -> None:
-    if m.type == OPENED:
-        await tx.execute(
-            "INSERT INTO ex_account_states VALUES ($1, 'open', 0) ON CONFLICT DO NOTHING",
-            m.account,
-        )
-    elif m.type in TRANSITIONS:
-        source, target = TRANSITIONS[m.type]
-        await tx.execute(
-            "UPDATE ex_account_states SET state = $3, freezes = freezes + $4::int "
-            "WHERE account = $1 AND state = $2",
-            m.account,
-            source,
-            target,
-            int(m.type == FROZEN),
-        )
+    @staticmethod
+    async def handle(tx: Connection, m: Message) -> None:
+        """One delivery, inside the transaction `deliver` opens."""
+        if m.type == OPENED:
+            await tx.execute(
+                "INSERT INTO ex_account_states VALUES ($1, 'open', 0) ON CONFLICT DO NOTHING",
+                m.account,
+            )
+        elif m.type in TRANSITIONS:
+            source, target = TRANSITIONS[m.type]
+            await tx.execute(
+                "UPDATE ex_account_states SET state = $3, freezes = freezes + $4::int "
+                "WHERE account = $1 AND state = $2",
+                m.account,
+                source,
+                target,
+                int(m.type == FROZEN),
+            )
 
 
 strategy = StateMachine()
