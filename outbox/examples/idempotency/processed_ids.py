@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from outbox.apply import apply_event
-from outbox.db import Connection, Pool
+from outbox.db import Connection
 from outbox.examples.idempotency import DEPOSITED, Message, Strategy, deposit_totals, rows
 from outbox.journal import StoredEvent
 from outbox.projectors import Outbox
@@ -47,9 +47,10 @@ class ProcessedIds(Strategy):
     );
     """
 
-    async def deliver(self, pool: Pool, message: Message) -> None:
-        async with pool.acquire() as conn, conn.transaction():
-            await apply_event(conn, app.registry, message.stored())
+    @staticmethod
+    async def handle(tx: Connection, m: Message) -> None:
+        """One application of the journaled event, as the worker or a replay runs it."""
+        await apply_event(tx, app.registry, m.stored())
 
     async def read_model(self, conn: Connection) -> Any:
         return rows(await conn.fetch("SELECT account, deposits, total FROM ex_deposit_totals"))
