@@ -21,7 +21,7 @@ import asyncpg
 import orjson
 
 from outbox.localpg import LocalCluster
-from outbox.migrate import migrate
+from outbox.schema import migrate
 
 # The read model every contender maintains: events and amount per campaign.
 PROJECTION = """

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Claim latency against backlog size: p50/p99 of one ordered claim of 100 rows at 10k and 1M
-work rows, in three layouts, on one durable server (`queue.claim`: lock campaigns, load rows).
+work rows, in three layouts, on one durable server (`outbox.queue.claim`:
+lock campaigns, load rows).
 
 Usage: python bench/claim.py [--sizes 10000,1000000] [--claims N]
 - split: half the rows dead, half not due yet, in campaigns of their own; claimable work in
@@ -22,7 +23,9 @@ import time
 import asyncpg
 from _support import CLEAR, bench_database, percentiles, print_json
 
-from outbox import db, queue
+from outbox import db
+from outbox.queue.claim import claim
+from outbox.queue.settle import refresh_campaigns
 
 # $1 rows over $2 campaigns.
 JOURNAL = """
@@ -72,7 +75,7 @@ async def load(conn: asyncpg.Connection, layout: str, rows: int) -> None:
     ids = [r[0] for r in await conn.fetch("SELECT DISTINCT campaign_id FROM event_journal")]
     # Campaign rows as workers leave them (heads found, blocked ones marked).
     for i in range(0, len(ids), 5000):
-        await queue.refresh_campaigns(conn, ids[i : i + 5000], park=False, removable=())
+        await refresh_campaigns(conn, ids[i : i + 5000], park=False, removable=())
     if layout != "hot":
         await conn.execute(FRESH)
     for table in ("projection_apply_outbox", "projection_apply_campaigns", "event_journal"):
@@ -85,7 +88,7 @@ async def measure(conn: db.Connection, claims: int) -> list[float]:
         tx = conn.transaction()
         await tx.start()
         started = time.perf_counter()
-        campaigns = await queue.claim(conn, limit=100, ordered=True)
+        campaigns = await claim(conn, limit=100, ordered=True)
         samples.append(time.perf_counter() - started)
         await tx.rollback()
         assert sum(len(c.rows) for c in campaigns) > 0, "nothing claimable"

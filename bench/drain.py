@@ -38,8 +38,7 @@ from _support import (
 )
 
 from outbox import Settings
-from outbox.service import drain, open_pool
-from outbox.worker import Worker
+from outbox.worker.runtime import drain_now, open_pool
 
 BATCHES = (10, 100)
 LOOPS = (1, 2, 4)
@@ -91,8 +90,8 @@ async def outbox_drain(dsn: str, batch: int, loops: int, *, batch_projector: boo
     settings = Settings(dsn=dsn, batch_size=batch)
     pool = await open_pool(settings, max_size=loops + 1)
     try:
-        worker = Worker(outbox_app(settings, batch=batch_projector), pool)
-        counts = await drain(worker, concurrency=loops)
+        app = outbox_app(settings, batch=batch_projector)
+        counts = await drain_now(app, pool, concurrency=loops)
         assert counts.failed == counts.dead == 0, counts
     finally:
         await pool.close()

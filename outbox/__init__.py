@@ -1,13 +1,17 @@
 """outbox: durable projection apply for PostgreSQL event-sourced systems.
 
 Append events and enqueue their work rows in one transaction (`append`); workers claim due
-rows, run the registered projectors exactly once, and dead-letter what keeps failing.
+rows, run the registered projectors exactly once, and dead-letter what keeps failing. This
+module is the public API: everything in `__all__` is kept stable; the subpackages are the
+implementation (docs/architecture.md draws them).
 """
 
+from outbox.append.journal import append
 from outbox.config import Settings
-from outbox.db import create_pool
+from outbox.db import Connection, Executor, Pool, create_pool
 from outbox.errors import (
     AppendOutcomeUnknown,
+    CheckpointGap,
     ConcurrencyError,
     ConfigError,
     Conflict,
@@ -15,41 +19,48 @@ from outbox.errors import (
     DuplicateAppendError,
     EventUnavailable,
     IdempotencyKeyConflict,
+    LeaseExpired,
     MigrationError,
     NotFound,
     OutboxError,
     PermanentError,
     SchemaNotReady,
     TransactionRequired,
+    UnknownEventType,
     ValidationError,
 )
-from outbox.inprocess import drain_now, running_worker
-from outbox.journal import AppendResult, Event, StoredEvent, append
-from outbox.projectors import Outbox
-from outbox.queue import wait_applied
-from outbox.worker import BatchCounts
+from outbox.model import AppendResult, BatchCounts, Event, StoredEvent
+from outbox.projection.app import Outbox
+from outbox.queue.inspect import wait_applied
+from outbox.worker.runtime import drain_now, running_worker
 
 __all__ = [
     "AppendOutcomeUnknown",
     "AppendResult",
     "BatchCounts",
+    "CheckpointGap",
     "ConcurrencyError",
     "ConfigError",
     "Conflict",
+    "Connection",
     "DatabaseUnavailable",
     "DuplicateAppendError",
     "Event",
     "EventUnavailable",
+    "Executor",
     "IdempotencyKeyConflict",
+    "LeaseExpired",
     "MigrationError",
     "NotFound",
     "Outbox",
     "OutboxError",
     "PermanentError",
+    "Pool",
     "SchemaNotReady",
     "Settings",
     "StoredEvent",
     "TransactionRequired",
+    "UnknownEventType",
     "ValidationError",
     "append",
     "create_pool",

@@ -4,6 +4,11 @@
 "not given"), and validates. Every problem is a one-line `ConfigError` naming the variable
 (and its CLI option). Booleans accept true/false/1/0/yes/no/on/off and nothing else; an
 empty variable counts as unset. The DSN password never shows in `repr()`.
+
+Every knob of the worker lives here, the process's own included (concurrency, mode, shutdown
+timeout, metrics address), so the CLI, `running_worker` and `drain_now` build the same service
+from one value. `FIELDS` is also the source of the docs' configuration table and of the
+`outbox-worker` options (one per setting, same name as its variable).
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from outbox.errors import ConfigError
+from outbox.model import DeadPolicy, Ordering, WorkerMode
 from outbox.redact import redact_dsn
 
 __all__ = [
@@ -29,9 +35,6 @@ __all__ = [
     "resolve_worker_mode",
     "shorten",
 ]
-
-Ordering = Literal["campaign", "none"]
-DeadPolicy = Literal["block", "park"]
 
 # asyncpg takes URIs only (libpq keyword DSNs are refused by the driver).
 _DSN_SCHEMES = ("postgresql://", "postgres://")
@@ -239,6 +242,37 @@ FIELDS: dict[str, FieldSpec] = {
         high=86_400,
         optional=True,
     ),
+    # The worker process itself.
+    "concurrency": FieldSpec(
+        "OUTBOX_CONCURRENCY", _parse_int, "claim loops of the worker", low=1, high=256
+    ),
+    "mode": FieldSpec(
+        "OUTBOX_MODE",
+        _parse_word,
+        "`apply` or `shadow` for this process, over the two worker flags",
+        choices=("apply", "shadow"),
+        optional=True,
+    ),
+    "shutdown_timeout": FieldSpec(
+        "OUTBOX_SHUTDOWN_TIMEOUT",
+        _parse_float,
+        "seconds a stopping worker lets its batch finish",
+        low=0,
+        high=3600,
+    ),
+    "metrics_port": FieldSpec(
+        "OUTBOX_METRICS_PORT",
+        _parse_int,
+        "serve Prometheus `/metrics` on this port (0: any free port)",
+        low=0,
+        high=65_535,
+        optional=True,
+    ),
+    "metrics_host": FieldSpec(
+        "OUTBOX_METRICS_HOST",
+        _parse_text,
+        "the address `/metrics` binds to (`0.0.0.0`: every interface)",
+    ),
 }
 
 # Worker session timeouts: setting -> (PostgreSQL parameter, default seconds). A frozen worker
@@ -271,6 +305,11 @@ class Settings:
     statement_timeout: float | None = None
     lock_timeout: float | None = None
     idle_in_transaction_timeout: float | None = None
+    concurrency: int = 1
+    mode: WorkerMode | None = None
+    shutdown_timeout: float = 30.0
+    metrics_port: int | None = None
+    metrics_host: str = "127.0.0.1"
 
     def __repr__(self) -> str:
         parts = []
@@ -303,6 +342,16 @@ class Settings:
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values).validate()
 
+    @property
+    def park(self) -> bool:
+        """Whether a dead row steps aside (`park`) rather than block its campaign."""
+        return self.dead_policy == "park"
+
+    @property
+    def ordered(self) -> bool:
+        """Whether rows of a campaign apply strictly in seq order (ordering `campaign`)."""
+        return self.ordering == "campaign"
+
     def resolved_mode(self) -> Literal["apply", "shadow", "off"]:
         """What a worker started with these settings (and no --mode) runs; "off": it refuses."""
         try:
@@ -332,6 +381,12 @@ class Settings:
             target[parameter] = str(round((default if value is None else value) * 1000))
         return explicit, fallback
 
+    def session_settings(self, application_name: str) -> tuple[dict[str, str], dict[str, str]]:
+        """(sent at connect, applied where the server has no value) for a worker session: a
+        frozen worker must release its rows, so the timeouts always hold some value."""
+        explicit, fallback = self.session_timeouts()
+        return {"application_name": application_name, **explicit}, fallback
+
     def validate(self) -> Settings:
         for name, spec in FIELDS.items():
             value = getattr(self, name)
@@ -360,9 +415,6 @@ class Settings:
         return self
 
 
-WorkerMode = Literal["apply", "shadow"]
-
-
 @dataclass(frozen=True, slots=True)
 class ModeResolution:
     mode: WorkerMode
@@ -370,7 +422,8 @@ class ModeResolution:
 
 
 def resolve_worker_mode(settings: Settings, requested: WorkerMode | None = None) -> ModeResolution:
-    """The worker mode from the flags (S14, section 5), `requested` (--mode) overriding them.
+    """The worker mode from the flags, `requested` (default: OUTBOX_MODE / --mode) overriding
+    them.
 
     Both workers enabled: the apply worker runs, the shadow worker is disabled, with a warning.
     Enqueueing off, or no worker enabled: a ConfigError, the worker refuses to start.
@@ -380,6 +433,7 @@ def resolve_worker_mode(settings: Settings, requested: WorkerMode | None = None)
             "OUTBOX_ENABLED is off: appends enqueue no work, so no worker may start "
             "(enable it, then run `maintenance reconcile` for what was appended meanwhile)"
         )
+    requested = requested if requested is not None else settings.mode
     if requested is not None:
         return ModeResolution(requested)
     if settings.worker_enabled and settings.shadow_worker_enabled:

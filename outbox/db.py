@@ -1,25 +1,26 @@
-"""Connections, pools, codecs, session settings and DSN redaction.
+"""The driver: connections, pools, codecs, session settings, and what a driver error means.
 
-This is the only module that knows asyncpg's connection API. Everything else receives an
-`Executor` (a pool or a connection) and runs named queries on what `acquire` yields.
-It must never let a DSN password reach a message: every error raised here is built from
-`redact_dsn` and `scrub`, never from `str()` of a driver error that may echo the DSN.
+This is the only module that imports asyncpg. Everything else receives an `Executor` (a pool
+or a connection) and runs named queries on what `acquire` yields; it asks this module whether
+an error lost the connection (`connection_lost`), says "try again" (`transient`), or is a
+database error at all (`database_error`). It must never let a DSN password reach a message:
+every error raised here is built from `redact_dsn` and `scrub`, never from `str()` of a driver
+error that may echo the DSN.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias, TypeGuard
 
 import asyncpg
 import orjson
 
-from outbox import log
 from outbox.errors import DatabaseUnavailable
+from outbox.obs import log
 from outbox.queries import Queries
 from outbox.redact import dsn_secrets, redact_dsn, scrub
-from outbox.retry import connection_lost
 
 if TYPE_CHECKING:
     from asyncpg.pool import PoolConnectionProxy
@@ -28,17 +29,27 @@ if TYPE_CHECKING:
 Pool: TypeAlias = "asyncpg.Pool[asyncpg.Record]"
 Connection: TypeAlias = "asyncpg.Connection[asyncpg.Record] | PoolConnectionProxy[asyncpg.Record]"
 Executor: TypeAlias = "Pool | Connection"
+Record: TypeAlias = asyncpg.Record
 
 __all__ = [
     "Connection",
     "Executor",
     "Pool",
+    "Record",
     "acquire",
     "connect",
+    "connection_lost",
     "create_pool",
+    "database_error",
     "dsn_secrets",
+    "in_transaction",
+    "is_pool",
+    "lock_not_available",
+    "prune",
     "redact_dsn",
     "scrub",
+    "sqlstate_of",
+    "transient",
 ]
 
 _logger = log.get_logger("outbox.db")
@@ -52,7 +63,7 @@ def _decode_jsonb(data: bytes) -> Any:
     return orjson.loads(data[1:])
 
 
-class SessionQueries(Queries, file="session.sql"):
+class SessionQueries(Queries):
     apply_session_defaults: str
 
 
@@ -166,6 +177,16 @@ async def create_pool(
     return pool
 
 
+def is_pool(executor: object) -> TypeGuard[Pool]:
+    """Whether `executor` is a pool (each statement on its own connection and transaction)."""
+    return isinstance(executor, asyncpg.Pool)
+
+
+def in_transaction(executor: Executor) -> bool:
+    """Whether `executor` is a connection inside an open transaction (a pool never is)."""
+    return not isinstance(executor, asyncpg.Pool) and executor.is_in_transaction()
+
+
 @asynccontextmanager
 async def acquire(executor: Executor) -> AsyncIterator[Connection]:
     """Yield a connection: the executor itself, or one borrowed from the pool for the block.
@@ -189,6 +210,18 @@ async def acquire(executor: Executor) -> AsyncIterator[Connection]:
     await _release(executor, conn, None)
 
 
+async def prune(conn: Connection, query: str, *args: int) -> int:
+    """Run a bounded DELETE (its last argument is the batch) until it removes fewer rows than
+    a batch: short transactions, short locks. Returns how many rows went."""
+    total = 0
+    while True:
+        status = await conn.execute(query, *args)
+        removed = int(status.split()[-1])
+        total += removed
+        if removed < args[-1]:
+            return total
+
+
 async def _release(pool: Pool, conn: Connection, raised: BaseException | None) -> None:
     try:
         await pool.release(conn)  # type: ignore[arg-type]
@@ -200,3 +233,74 @@ async def _release(pool: Pool, conn: Connection, raised: BaseException | None) -
                 "after": type(raised).__name__ if raised is not None else None,
             },
         )
+
+
+# -- What a driver error means ---------------------------------------------------------------
+
+# SQLSTATEs that say "try again" about the session or the moment, not about the statement's
+# data: the same statement can succeed on another attempt.
+_TRANSIENT_SQLSTATES = {
+    "40001",  # serialization_failure
+    "40P01",  # deadlock_detected
+    "55P03",  # lock_not_available (lock_timeout)
+    "57014",  # query_canceled (statement_timeout)
+    "57P01",  # admin_shutdown
+    "57P02",  # crash_shutdown
+    "57P03",  # cannot_connect_now
+    "53300",  # too_many_connections
+    "25P03",  # idle_in_transaction_session_timeout
+}
+_CONNECTION_CLASSES = ("08",)  # connection_exception and its kin
+# SQLSTATEs after which the session itself is gone (the server ends it, or never had it).
+_SESSION_ENDING_SQLSTATES = {"57P01", "57P02", "57P03", "25P03"}
+
+# InterfaceErrors that describe a query's arguments or the client, not the connection: a
+# projector passing a string for an integer is a failure of its event, not a lost connection.
+_NOT_CONNECTION_ERRORS = (
+    asyncpg.exceptions.DataError,
+    asyncpg.exceptions.ClientConfigurationError,
+    asyncpg.exceptions.UnsupportedClientFeatureError,
+    asyncpg.exceptions.UnsupportedServerFeatureError,
+)
+
+
+def sqlstate_of(exc: BaseException) -> str | None:
+    """The SQLSTATE a server error carries (None for client-side errors)."""
+    if isinstance(exc, asyncpg.PostgresError):
+        return getattr(exc, "sqlstate", None) or None
+    return None
+
+
+def connection_lost(exc: BaseException) -> bool:
+    """Whether `exc` says the connection it came from is unusable: the socket is gone, the
+    server ended the session, or the driver's protocol state is broken. asyncpg raises
+    `InternalClientError` ("cannot switch to state ...; another operation is in progress")
+    when a connection whose backend was terminated mid-statement is reset or released
+    (MagicStack/asyncpg#784): that is a lost connection too, never a projector's failure."""
+    if isinstance(exc, _NOT_CONNECTION_ERRORS):
+        return False  # bad arguments or features: the caller's mistake, not the connection
+    if isinstance(exc, asyncpg.InternalClientError | asyncpg.InterfaceError):
+        return True
+    state = sqlstate_of(exc)
+    if state is not None:
+        return state.startswith(_CONNECTION_CLASSES) or state in _SESSION_ENDING_SQLSTATES
+    if isinstance(exc, ConnectionError | TimeoutError):
+        return True
+    return isinstance(exc, OSError) and not isinstance(exc, FileNotFoundError | PermissionError)
+
+
+def transient(exc: BaseException) -> bool:
+    """Whether the same work may succeed if tried again later: a lost connection, or a
+    SQLSTATE about the session or the moment (deadlock, serialization, lock or statement
+    timeout, shutdown, too many connections)."""
+    return connection_lost(exc) or sqlstate_of(exc) in _TRANSIENT_SQLSTATES
+
+
+def lock_not_available(exc: BaseException) -> bool:
+    """Whether a NOWAIT lock found the row held (SQLSTATE 55P03)."""
+    return isinstance(exc, asyncpg.LockNotAvailableError)
+
+
+def database_error(exc: BaseException) -> bool:
+    """Whether `exc` came from the server or the driver (not from the caller's own code)."""
+    return isinstance(exc, asyncpg.PostgresError | asyncpg.InterfaceError)

@@ -1,4 +1,4 @@
-"""The consumer dedup guard (DESIGN section 8), for handlers of messages from elsewhere.
+"""The consumer dedup guard, for handlers of messages from elsewhere.
 
 A handler of a broker's or a webhook's messages claims each message before acting on it:
 
@@ -29,28 +29,27 @@ import os
 from datetime import UTC, date, datetime, timedelta
 from typing import TYPE_CHECKING
 
-import asyncpg
-
 from outbox import db
+from outbox.append.validate import check_identifier
 from outbox.config import FIELDS
 from outbox.errors import ConfigError, TransactionRequired, ValidationError
-from outbox.journal import check_identifier
-from outbox.metrics import DEDUP_CLAIMS
+from outbox.obs.metrics import DEDUP_CLAIMS
 from outbox.queries import Queries
 
 if TYPE_CHECKING:
     from outbox.db import Connection, Executor
 
-__all__ = ["claim_in_transaction", "claim_now", "release", "week_bucket"]
+__all__ = ["claim_in_transaction", "claim_now", "prune_claims", "release", "week_bucket"]
 
 MAX_LENGTH = 256
 _INT32 = 2**31 - 1
 _INT64 = 2**63 - 1
 
 
-class DedupQueries(Queries, file="dedup.sql"):
+class DedupQueries(Queries):
     claim_event: str
     release_event: str
+    prune_consumer_claims: str
 
 
 Q = DedupQueries
@@ -79,7 +78,7 @@ async def claim_in_transaction(
     claim of the same event waits for this transaction to end. Raises TransactionRequired when
     `conn` is a pool or holds no open transaction."""
     args = _arguments(scope, event_id, event_time, topic, partition, offset)
-    if isinstance(conn, asyncpg.Pool) or not conn.is_in_transaction():
+    if not db.in_transaction(conn):
         raise TransactionRequired(
             "dedup.claim_in_transaction joins the caller's transaction: call it on a "
             "connection inside `async with conn.transaction():` (or use dedup.claim_now)"
@@ -103,7 +102,7 @@ async def claim_now(
     any transaction (inside one, the claim would silently share its fate: TransactionRequired).
     """
     args = _arguments(scope, event_id, event_time, topic, partition, offset)
-    if not isinstance(executor, asyncpg.Pool) and executor.is_in_transaction():
+    if db.in_transaction(executor):
         raise TransactionRequired(
             "dedup.claim_now commits on its own: call it on the pool or on a connection outside "
             "a transaction (or use dedup.claim_in_transaction to join this one)"
@@ -120,6 +119,12 @@ async def release(
     args = _arguments(scope, event_id, event_time, None, None, None)
     async with db.acquire(executor) as conn:
         return bool(await conn.fetchval(Q.release_event, *args[:3]))
+
+
+async def prune_claims(conn: Connection, *, retention_days: int, batch_size: int) -> int:
+    """Delete claims whose week ended more than `retention_days` ago (UTC), `batch_size` per
+    statement; how many went. A redelivery after that window is not caught."""
+    return await db.prune(conn, Q.prune_consumer_claims, retention_days, batch_size)
 
 
 def _count(scope: str, claimed: object) -> bool:

@@ -1,33 +1,47 @@
 """The exception hierarchy: everything the library raises on purpose derives from OutboxError.
 
     OutboxError
+    ├── UsageError             a command line used wrongly (the CLIs exit 2, nothing connected)
     ├── ConfigError            bad settings or flag combination (one line, names the variable)
-    ├── ValidationError        bad append input, raised before any write (names the field)
+    ├── ValidationError        bad input, raised before any write (names the field)
+    │
+    │   the append
     ├── ConcurrencyError       expected_seq did not match the campaign head; nothing written
     ├── DuplicateAppendError   idempotency key already used (only with raise_on_duplicate)
     ├── IdempotencyKeyConflict idempotency key already used for different events; nothing written
-    ├── TransactionRequired    a same-transaction dedup claim outside a transaction (or the reverse)
-    ├── MigrationError         migration refused (edited file, unknown version, old server)
-    ├── SchemaNotReady         the database lacks migrations this code needs
-    ├── DatabaseUnavailable    cannot connect; the message carries the redacted DSN only
     ├── AppendOutcomeUnknown   the connection failed during an append; retry with the same key
-    ├── EventUnavailable       a work row's journal event is missing or cannot be decoded
+    ├── TransactionRequired    a same-transaction dedup claim outside a transaction (or the reverse)
+    │
+    │   the database and its schema
+    ├── DatabaseUnavailable    cannot connect; the message carries the redacted DSN only
+    ├── SchemaNotReady         the database lacks migrations this code needs
+    ├── MigrationError         migration refused (edited file, unknown version, old server)
+    ├── QueryFileError         a named-SQL file and its declaring class disagree (at import)
+    ├── TransientBatchError    a batch met a transient database error and rolled back whole
+    │
+    │   a work row's failure (recorded on the row, like a projector's own error)
+    ├── EventUnavailable       the row's journal event is missing or cannot be decoded
+    ├── UnknownEventType       no projector subscribes to the type and the app does not ignore it
+    ├── CheckpointGap          an ordered projector was handed seq n past its checkpoint + 1
+    ├── LeaseExpired           a leased row's lease ran out before its worker ended it
+    ├── PermanentError         raised by a projector: the row goes dead at once
+    │
+    │   operators and tools
     ├── NotFound               an operator named a row that does not exist
     ├── Conflict               an operator action does not fit the row's state
-    └── PermanentError         raised by a projector: the row goes dead at once
+    └── LocalClusterError      the local development cluster could not be made or run
 
-Messages are single lines so the CLI can print them as they are.
+Messages are single lines, so the CLIs print them as they are. This module imports only the
+shared value types (`model`).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from outbox.journal import AppendResult
+from outbox.model import AppendResult
 
 __all__ = [
     "AppendOutcomeUnknown",
+    "CheckpointGap",
     "ConcurrencyError",
     "ConfigError",
     "Conflict",
@@ -35,12 +49,18 @@ __all__ = [
     "DuplicateAppendError",
     "EventUnavailable",
     "IdempotencyKeyConflict",
+    "LeaseExpired",
+    "LocalClusterError",
     "MigrationError",
     "NotFound",
     "OutboxError",
     "PermanentError",
+    "QueryFileError",
     "SchemaNotReady",
     "TransactionRequired",
+    "TransientBatchError",
+    "UnknownEventType",
+    "UsageError",
     "ValidationError",
 ]
 
@@ -49,12 +69,16 @@ class OutboxError(Exception):
     """Root of every error the library raises on purpose."""
 
 
+class UsageError(OutboxError):
+    """A command line was used wrongly (found after parsing): exit 2, nothing connected."""
+
+
 class ConfigError(OutboxError, ValueError):
     """A setting or a combination of settings is invalid."""
 
 
 class ValidationError(OutboxError, ValueError):
-    """Append input is invalid; `field` names the offending part (e.g. `events[2].type`)."""
+    """Input is invalid; `field` names the offending part (e.g. `events[2].type`)."""
 
     def __init__(self, field: str, message: str) -> None:
         super().__init__(f"{field}: {message}")
@@ -98,24 +122,6 @@ class IdempotencyKeyConflict(OutboxError):
         self.result = result
 
 
-class TransactionRequired(OutboxError):
-    """A call's transaction contract does not hold: `dedup.claim_in_transaction` needs the
-    caller's open transaction; `dedup.claim_now` commits on its own and refuses a connection
-    inside one (it would silently join it, and roll back with it)."""
-
-
-class MigrationError(OutboxError):
-    """A migration cannot be applied safely."""
-
-
-class SchemaNotReady(OutboxError):
-    """The database is not migrated to the version this code needs."""
-
-
-class DatabaseUnavailable(OutboxError):
-    """The database cannot be reached; the message never contains a password."""
-
-
 class AppendOutcomeUnknown(OutboxError):
     """The connection failed while an append was in flight: whether it committed is unknown.
 
@@ -126,9 +132,59 @@ class AppendOutcomeUnknown(OutboxError):
     """
 
 
+class TransactionRequired(OutboxError):
+    """A call's transaction contract does not hold: `dedup.claim_in_transaction` needs the
+    caller's open transaction; `dedup.claim_now` commits on its own and refuses a connection
+    inside one (it would silently join it, and roll back with it)."""
+
+
+class DatabaseUnavailable(OutboxError):
+    """The database cannot be reached; the message never contains a password."""
+
+
+class SchemaNotReady(OutboxError):
+    """The database is not migrated to the version this code needs."""
+
+
+class MigrationError(OutboxError):
+    """A migration cannot be applied safely."""
+
+
+class QueryFileError(OutboxError):
+    """A named-SQL file and its declaring class disagree, or the file is malformed."""
+
+
+class TransientBatchError(OutboxError):
+    """A transient database error rolled the batch back; nothing changed, retry later.
+    `connection_lost`: the connection itself failed (discarded; the database may be down)."""
+
+    def __init__(
+        self, message: str, *, connection_lost: bool = False, sqlstate: str | None = None
+    ) -> None:
+        super().__init__(message)
+        self.connection_lost = connection_lost
+        self.sqlstate = sqlstate
+
+
 class EventUnavailable(OutboxError):
-    """A work row's journal event is missing or cannot be decoded: a failure of that row alone
-    (S8), recorded on it like a projector's failure; every other row goes on."""
+    """A work row's journal event is missing or cannot be decoded: a failure of that row
+    alone, recorded on it like a projector's failure; every other row goes on."""
+
+
+class UnknownEventType(OutboxError):
+    """No projector subscribes to the type and the app did not declare it ignorable."""
+
+
+class CheckpointGap(OutboxError):
+    """An ordered projector was handed seq n while its checkpoint is below n-1."""
+
+
+class LeaseExpired(OutboxError):
+    """A leased row's lease ran out before its worker finished (the worker died or hung)."""
+
+
+class PermanentError(OutboxError):
+    """Raised by a projector for an event that can never succeed: the row goes dead at once."""
 
 
 class NotFound(OutboxError):
@@ -139,5 +195,5 @@ class Conflict(OutboxError):
     """The row an operator named is not in a state the action accepts."""
 
 
-class PermanentError(OutboxError):
-    """Raised by a projector for an event that can never succeed: the row goes dead at once."""
+class LocalClusterError(OutboxError):
+    """The local cluster could not be created, started or stopped."""

@@ -26,7 +26,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from outbox.errors import OutboxError
+from outbox.errors import LocalClusterError
 
 __all__ = [
     "LOCAL_PG_ENV",
@@ -38,10 +38,6 @@ __all__ = [
 ]
 
 _SERVICE_USER = "postgres"
-
-
-class LocalClusterError(OutboxError):
-    """The local cluster could not be created, started or stopped."""
 
 
 def _version_key(path: Path) -> tuple[int, ...]:

@@ -1,70 +1,177 @@
-"""Named SQL queries, loaded once from `outbox/sql/<concern>.sql`.
+"""Named SQL, loaded once from the `.sql` file beside the module that runs it.
 
-A file holds queries, each headed by `-- name: verb_noun` and a one-line `--` description,
-values always in `$n` placeholders. A concern declares its queries as a `Queries` subclass
-whose `str` annotations are exactly the names in its file:
+A module's statements live in a file of the same name next to it (`outbox/queue/claim.py`
+runs `outbox/queue/claim.sql`). A file holds queries, each headed by `-- name: verb_noun` and a
+one-line `--` description, values always in `$n` placeholders. The module declares them as a
+`Queries` subclass whose `str` annotations are exactly the names in its file:
 
-    class JournalQueries(Queries, file="journal.sql"):
-        append_events: str
+    class ClaimQueries(Queries):
+        claim_campaigns: str
 
-Loading happens when the subclass is defined (at import), and a name present on one side only
-fails there, not in production. `Queries.registry` lists every query set, so a test can prepare
-every statement against the migrated schema.
+Loading happens when the subclass is defined (at import): a name present on one side only, or a
+name that breaks the naming rule, fails there, not in production. `Queries.registry` lists every
+query set, so a test can prepare every statement against the migrated schema.
+
+**Names**: `verb_noun`, snake_case, the verb first and one of `VERBS`. Reads say their shape:
+`get_` (one row or value), `list_` (rows), `count_` (numbers); writes and locks name what they
+do (`insert_`, `delete_`, `prune_`, `lock_`, `settle_`, ...).
+
+**Fragments**: SQL that several statements share is written once, as a block headed by
+`-- fragment: name` in any file, and used by a line `-- include: name` (replaced by the
+fragment's text when the file loads). A fragment's `$n` mean the same in every statement that
+includes it. No values are ever formatted into SQL: fragments are static text.
 """
 
 from __future__ import annotations
 
 import inspect
 import re
+from functools import cache
 from importlib import resources
+from importlib.resources.abc import Traversable
 from typing import ClassVar
 
-__all__ = ["Queries", "QueryFileError", "parse_queries"]
+from outbox.errors import QueryFileError
 
-_HEADER = re.compile(r"^--\s*name:\s*(?P<name>[a-z][a-z0-9_]*)\s*$", re.MULTILINE)
+__all__ = ["VERBS", "Queries", "parse_queries"]
+
+_HEADER = re.compile(r"^--\s*(?P<kind>name|fragment):\s*(?P<name>[a-z][a-z0-9_]*)\s*$", re.M)
+_INCLUDE = re.compile(r"^(?P<indent>[ \t]*)--\s*include:\s*(?P<name>[a-z][a-z0-9_]*)\s*$", re.M)
+
+# The verbs a query name may start with; adding one is a deliberate edit, read in review.
+VERBS = frozenset(
+    {
+        # reads
+        "get",
+        "list",
+        "count",
+        "load",
+        # locks and claims
+        "lock",
+        "hold",
+        "claim",
+        "lease",
+        "reserve",
+        # writes
+        "append",
+        "insert",
+        "create",
+        "set",
+        "reset",
+        "extend",
+        "complete",
+        "fail",
+        "release",
+        "requeue",
+        "settle",
+        "refresh",
+        "unblock",
+        "record",
+        "register",
+        "heartbeat",
+        "stop",
+        "delete",
+        "prune",
+        # transaction and session control
+        "open",
+        "undo",
+        "notify",
+        "apply",
+        "unlock",
+    }
+)
 
 
-class QueryFileError(Exception):
-    """A query file and its declaring class disagree, or the file is malformed."""
-
-
-def parse_queries(text: str, *, source: str) -> dict[str, str]:
-    """`{name: sql}` from a query file; the description comments stay out of the SQL."""
-    queries: dict[str, str] = {}
+def _blocks(text: str, *, source: str) -> list[tuple[str, str, str]]:
+    """(kind, name, sql) of every `-- name:` and `-- fragment:` block, description comments
+    left out of the SQL."""
     headers = list(_HEADER.finditer(text))
     if not headers:
         raise QueryFileError(f"{source}: no '-- name:' headers")
+    blocks = []
     for header, following in zip(headers, [*headers[1:], None], strict=True):
         body = text[header.end() : following.start() if following else len(text)]
         lines = body.strip().splitlines()
-        sql = "\n".join(ln for ln in lines if not ln.lstrip().startswith("--")).strip()
-        name = header["name"]
+        sql = "\n".join(
+            ln for ln in lines if not ln.lstrip().startswith("--") or _INCLUDE.match(ln)
+        ).strip()
         if not sql:
-            raise QueryFileError(f"{source}: query {name!r} has no SQL")
+            raise QueryFileError(f"{source}: {header['kind']} {header['name']!r} has no SQL")
+        blocks.append((header["kind"], header["name"], sql))
+    return blocks
+
+
+@cache
+def _fragments() -> dict[str, str]:
+    """Every fragment of every module's SQL file (the migrations excluded), by name."""
+    found: dict[str, str] = {}
+
+    def walk(folder: Traversable, path: str) -> None:
+        for entry in folder.iterdir():
+            if entry.is_dir() and entry.name not in ("migrations", "__pycache__"):
+                walk(entry, f"{path}/{entry.name}")
+            elif entry.name.endswith(".sql"):
+                source = f"{path}/{entry.name}"
+                for kind, name, sql in _blocks(entry.read_text(encoding="utf-8"), source=source):
+                    if kind != "fragment":
+                        continue
+                    if name in found:
+                        raise QueryFileError(f"{source}: fragment {name!r} is defined twice")
+                    found[name] = sql
+
+    walk(resources.files("outbox"), "outbox")
+    return found
+
+
+def _expand(sql: str, *, source: str, name: str) -> str:
+    def include(m: re.Match[str]) -> str:
+        fragment = _fragments().get(m["name"])
+        if fragment is None:
+            raise QueryFileError(
+                f"{source}: query {name!r} includes unknown fragment {m['name']!r}"
+            )
+        return "\n".join(m["indent"] + line for line in fragment.splitlines())
+
+    return _INCLUDE.sub(include, sql)
+
+
+def parse_queries(text: str, *, source: str) -> dict[str, str]:
+    """`{name: sql}` from a query file, fragments included; checks the naming rule."""
+    queries: dict[str, str] = {}
+    for kind, name, sql in _blocks(text, source=source):
+        if kind == "fragment":
+            continue
+        if name.split("_", 1)[0] not in VERBS or "_" not in name:
+            raise QueryFileError(
+                f"{source}: query {name!r} does not follow verb_noun with a verb of "
+                "outbox.queries.VERBS"
+            )
         if name in queries:
             raise QueryFileError(f"{source}: query {name!r} is defined twice")
-        queries[name] = sql
+        queries[name] = _expand(sql, source=source, name=name)
     return queries
 
 
 class Queries:
-    """Base for a concern's query set; see the module docstring."""
+    """Base for a module's query set; see the module docstring."""
 
     registry: ClassVar[list[type[Queries]]] = []
     file: ClassVar[str]
 
-    def __init_subclass__(cls, *, file: str, **kwargs: object) -> None:
+    def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
-        text = resources.files("outbox").joinpath("sql", file).read_text(encoding="utf-8")
-        loaded = parse_queries(text, source=f"outbox/sql/{file}")
+        package, _, module = cls.__module__.rpartition(".")
+        path = f"{package.replace('.', '/')}/{module}.sql"
+        text = resources.files(package).joinpath(f"{module}.sql").read_text(encoding="utf-8")
+        loaded = parse_queries(text, source=path)
         declared = set(inspect.get_annotations(cls))
         missing, extra = declared - loaded.keys(), loaded.keys() - declared
         if missing or extra:
             raise QueryFileError(
-                f"outbox/sql/{file}: declared but not in the file: {sorted(missing)}; "
+                f"{path}: declared but not in the file: {sorted(missing)}; "
                 f"in the file but not declared: {sorted(extra)}"
             )
-        cls.file = file
+        cls.file = path
         for name, sql in loaded.items():
             setattr(cls, name, sql)
         Queries.registry.append(cls)

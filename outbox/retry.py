@@ -1,37 +1,48 @@
-"""Retry schedule and error classes (S15, S16). Pure functions: no clock, no database.
+"""What a failure costs: error classes, the retry schedule, and the one failure policy.
 
-The delay after failed attempt n is drawn from [d/2, d] where d = min(cap, base * 2**(n-1))
-("equal jitter": spread out so a fleet does not retry in lockstep, yet never hammering sooner
-than half the nominal delay). The random source is injected; the worker turns the delay into an
-instant with the database clock (`clock_timestamp() + delay`), never its own.
+- **Error classes.** A transient database error (a lost connection, a deadlock, a lock or
+  statement timeout, a shutdown; `db.transient` says which) retries without consuming an
+  attempt; a projector raising `PermanentError` goes dead at once; anything else consumes one
+  attempt.
+- **Schedule.** The delay after failed attempt n is drawn from [d/2, d] where
+  d = min(cap, base * 2**(n-1)) ("equal jitter": spread out so a fleet does not retry in
+  lockstep, yet never sooner than half the nominal delay). The random source is injected; the
+  caller turns the delay into an instant with the database clock, never its own.
+- **Policy.** `FailurePolicy.fail` turns one failed attempt of a work row into the `Failure`
+  to record (attempts, delay or dead, the `last_error` line); `log_failure` writes its line
+  once it is recorded. The batch, lease mode, replay and inline apply all call them; nothing
+  else decides attempts, backoff or death.
+
+No clock and no database here; the only I/O is the log line.
 """
 
 from __future__ import annotations
 
 import enum
 import logging
+import random
 import traceback
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-import asyncpg
-
-from outbox import log
+from outbox import db
 from outbox.errors import PermanentError
+from outbox.model import Failure
+from outbox.obs import log
 
 if TYPE_CHECKING:
-    from outbox.queue import Failure
+    from outbox.config import Settings
 
 __all__ = [
+    "MAX_ERROR_LENGTH",
     "ErrorClass",
-    "after_failure",
+    "FailurePolicy",
     "backoff_delay",
     "classify",
-    "connection_lost",
     "describe_error",
     "log_failure",
     "nominal_delay",
-    "sqlstate_of",
 ]
 
 MAX_ERROR_LENGTH = 2000
@@ -39,39 +50,19 @@ MAX_ERROR_LENGTH = 2000
 # Failed attempts are the worker's story: they log under its name.
 _logger = log.get_logger("outbox.worker")
 
-# SQLSTATEs that say "try again" about the session or the moment, not about the event.
-_TRANSIENT_SQLSTATES = {
-    "40001",  # serialization_failure
-    "40P01",  # deadlock_detected
-    "55P03",  # lock_not_available (lock_timeout)
-    "57014",  # query_canceled (statement_timeout)
-    "57P01",  # admin_shutdown
-    "57P02",  # crash_shutdown
-    "57P03",  # cannot_connect_now
-    "53300",  # too_many_connections
-    "25P03",  # idle_in_transaction_session_timeout
-}
-_TRANSIENT_CLASSES = ("08",)  # connection_exception and its kin
-
-
-# SQLSTATEs after which the session itself is gone (the server ends it, or never had it).
-_SESSION_ENDING_SQLSTATES = {"57P01", "57P02", "57P03", "25P03"}
-
-
-# InterfaceErrors that describe a query's arguments or the client, not the connection: a
-# projector passing a string for an integer is a failure of its event, not a transient error.
-_NOT_CONNECTION_ERRORS = (
-    asyncpg.exceptions.DataError,
-    asyncpg.exceptions.ClientConfigurationError,
-    asyncpg.exceptions.UnsupportedClientFeatureError,
-    asyncpg.exceptions.UnsupportedServerFeatureError,
-)
-
 
 class ErrorClass(enum.Enum):
     TRANSIENT = "transient"  # retry, consume no attempt
     PERMANENT = "permanent"  # dead at once
     FAILURE = "failure"  # consume one attempt
+
+
+def classify(exc: BaseException) -> ErrorClass:
+    if isinstance(exc, PermanentError):
+        return ErrorClass.PERMANENT
+    if db.transient(exc):
+        return ErrorClass.TRANSIENT
+    return ErrorClass.FAILURE
 
 
 def nominal_delay(attempt: int, *, base: float, cap: float) -> float:
@@ -91,59 +82,6 @@ def backoff_delay(attempt: int, *, base: float, cap: float, rand: Callable[[], f
     return nominal / 2 + rand() * nominal / 2
 
 
-def after_failure(
-    attempt: int,
-    *,
-    permanent: bool,
-    max_attempts: int,
-    base: float,
-    cap: float,
-    rand: Callable[[], float],
-) -> tuple[bool, float]:
-    """(dead, delay) after failed attempt `attempt`: dead at `max_attempts` or on a permanent
-    error, otherwise the jittered backoff delay. The one place that policy lives (the worker
-    and inline apply both call it)."""
-    if permanent or attempt >= max_attempts:
-        return True, 0.0
-    return False, backoff_delay(attempt, base=base, cap=cap, rand=rand)
-
-
-def sqlstate_of(exc: BaseException) -> str | None:
-    """The SQLSTATE a server error carries (None for client-side errors)."""
-    if isinstance(exc, asyncpg.PostgresError):
-        return getattr(exc, "sqlstate", None) or None
-    return None
-
-
-def connection_lost(exc: BaseException) -> bool:
-    """Whether `exc` says the connection it came from is unusable: the socket is gone, the
-    server ended the session, or the driver's protocol state is broken. asyncpg raises
-    `InternalClientError` ("cannot switch to state ...; another operation is in progress")
-    when a connection whose backend was terminated mid-statement is reset or released
-    (MagicStack/asyncpg#784): that is a lost connection too, never a projector's failure."""
-    if isinstance(exc, _NOT_CONNECTION_ERRORS):
-        return False  # bad arguments or features: the caller's mistake, not the connection
-    if isinstance(exc, asyncpg.InternalClientError | asyncpg.InterfaceError):
-        return True
-    state = sqlstate_of(exc)
-    if state is not None:
-        return state.startswith(_TRANSIENT_CLASSES) or state in _SESSION_ENDING_SQLSTATES
-    if isinstance(exc, ConnectionError | TimeoutError):
-        return True
-    return isinstance(exc, OSError) and not isinstance(exc, FileNotFoundError | PermissionError)
-
-
-def classify(exc: BaseException) -> ErrorClass:
-    if isinstance(exc, PermanentError):
-        return ErrorClass.PERMANENT
-    if connection_lost(exc):
-        return ErrorClass.TRANSIENT
-    state = sqlstate_of(exc)
-    if state is not None and state in _TRANSIENT_SQLSTATES:
-        return ErrorClass.TRANSIENT
-    return ErrorClass.FAILURE
-
-
 def describe_error(exc: BaseException, *, projector: str | None = None) -> str:
     """`Type: message` on one line, bounded in length, for `last_error`; prefixed with
     `projector 'name': ` when a projector raised it."""
@@ -155,9 +93,59 @@ def describe_error(exc: BaseException, *, projector: str | None = None) -> str:
     return text
 
 
-def log_failure(
-    campaign_id: str, seq: int, failure: Failure, exc: BaseException, **extra: object
-) -> None:
+def _default_rand() -> Callable[[], float]:
+    # Jitter only spreads retries; it needs no cryptographic randomness.
+    return random.Random().random  # noqa: S311
+
+
+@dataclass(frozen=True)
+class FailurePolicy:
+    """Attempts, backoff and death of a work row's failed attempt (see the module docstring).
+    `rand` is the jitter's random source (tests inject a fixed one)."""
+
+    max_attempts: int = 8
+    backoff_base: float = 1.0
+    backoff_cap: float = 300.0
+    rand: Callable[[], float] = field(default_factory=_default_rand)
+
+    @classmethod
+    def of(cls, settings: Settings, rand: Callable[[], float] | None = None) -> FailurePolicy:
+        return cls(
+            settings.max_attempts,
+            settings.backoff_base,
+            settings.backoff_cap,
+            rand if rand is not None else _default_rand(),
+        )
+
+    def fail(
+        self,
+        campaign_id: str,
+        seq: int,
+        attempts_before: int,
+        exc: BaseException,
+        *,
+        projector: str | None = None,
+        permanent: bool | None = None,
+    ) -> Failure:
+        """The failure of a row's next attempt: attempts, backoff or dead, the error line
+        naming the `projector` that raised. `permanent` defaults to what the error's class says
+        (PermanentError: dead at once). Call only for errors that consume an attempt (`classify`
+        is not TRANSIENT); log it with `log_failure` once it is recorded."""
+        if permanent is None:
+            permanent = classify(exc) is ErrorClass.PERMANENT
+        attempts = attempts_before + 1
+        if permanent or attempts >= self.max_attempts:
+            dead, delay = True, 0.0
+        else:
+            delay = backoff_delay(
+                attempts, base=self.backoff_base, cap=self.backoff_cap, rand=self.rand
+            )
+            dead = False
+        error = describe_error(exc, projector=projector)
+        return Failure(campaign_id, seq, attempts, delay, error, dead, projector)
+
+
+def log_failure(failure: Failure, exc: BaseException, **extra: object) -> None:
     """One line per failed attempt, with the traceback as a field: at debug while retries
     remain, at warning when the row goes dead (the dead-letter an operator must act on)."""
     level = logging.WARNING if failure.dead else logging.DEBUG
@@ -167,8 +155,8 @@ def log_failure(
         level,
         "apply.dead" if failure.dead else "apply.failed",
         extra={
-            "campaign_id": campaign_id,
-            "seq": seq,
+            "campaign_id": failure.campaign_id,
+            "seq": failure.seq,
             "attempt": failure.attempts,
             "dead": failure.dead,
             "error": failure.error,

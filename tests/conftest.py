@@ -20,7 +20,7 @@ from helpers import with_database
 from outbox import db
 from outbox.config import Settings
 from outbox.localpg import LocalCluster
-from outbox.migrate import migrate
+from outbox.schema import migrate
 
 
 @pytest.fixture(scope="session")

@@ -1,17 +1,31 @@
-"""Small helpers shared by tests: DSN surgery and table counts read straight from the database."""
+"""What tests share: the repository's paths, DSN surgery, counts read straight from the
+database, the CLIs as subprocesses, and the one polling helper.
+
+Only `wait_for` polls, and only database state (which offers no event to await); a running
+service is waited on through its signals (`service.signals`, `service.wait_listening()`).
+"""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import anyio
 
 from outbox import db
+
+TESTS = Path(__file__).resolve().parent
+ROOT = TESTS.parent
+BIN = Path(sys.executable).parent
+# `outbox-worker` from the checkout, as the fault tier and the process tests start it.
+WORKER = [sys.executable, str(ROOT / "cmd" / "outbox-worker.py")]
+# The advisory lock a test holds to freeze a projector of `worker_apps` mid-batch.
+FREEZE_LOCK = 4242
 
 TABLES = (
     "event_journal",
@@ -35,15 +49,26 @@ async def counts(executor: db.Executor) -> dict[str, int]:
         return {t: await conn.fetchval(f"SELECT count(*) FROM {t}") for t in TABLES}
 
 
+async def queue_count(
+    executor: db.Executor, *, status: str | None = None, campaign_id: str | None = None
+) -> int:
+    """Work rows, of one status and one campaign when given."""
+    async with db.acquire(executor) as conn:
+        n: int = await conn.fetchval(
+            "SELECT count(*) FROM projection_apply_outbox "
+            "WHERE ($1::text IS NULL OR status = $1) AND ($2::text IS NULL OR campaign_id = $2)",
+            status,
+            campaign_id,
+        )
+    return n
+
+
 async def journal_seqs(executor: db.Executor, campaign_id: str) -> list[int]:
     async with db.acquire(executor) as conn:
         rows = await conn.fetch(
             "SELECT seq FROM event_journal WHERE campaign_id = $1 ORDER BY seq", campaign_id
         )
     return [r["seq"] for r in rows]
-
-
-BIN = Path(sys.executable).parent
 
 
 def run_cli(
@@ -65,8 +90,32 @@ def run_cli(
     )
 
 
+def worker_env(dsn: str, **extra: str) -> dict[str, str]:
+    """The environment of a worker subprocess: this one's, the DSN, info logs, `extra`."""
+    return {**os.environ, "OUTBOX_DSN": dsn, "OUTBOX_LOG_LEVEL": "info", **extra}
+
+
 async def wait_for(check: Callable[[], Awaitable[bool]], *, within: float = 30) -> None:
-    """Poll `check` until it holds; fail after `within` seconds."""
+    """Poll database state until `check()` holds; fail after `within` seconds."""
     with anyio.fail_after(within):
         while not await check():  # noqa: ASYNC110 - database state offers no event to await
             await anyio.sleep(0.02)
+
+
+@asynccontextmanager
+async def frozen(pool: db.Pool) -> AsyncIterator[db.Connection]:
+    """Hold the advisory lock the freezing projectors of `worker_apps` wait on."""
+    async with pool.acquire() as conn:
+        await conn.execute("SELECT pg_advisory_lock($1)", FREEZE_LOCK)
+        try:
+            yield conn
+        finally:
+            await conn.execute("SELECT pg_advisory_unlock_all()")
+
+
+async def projector_is_waiting(pool: db.Pool) -> bool:
+    """Whether a projector waits on an advisory lock (the test's `frozen` one)."""
+    n = await pool.fetchval(
+        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+    )
+    return bool(n)

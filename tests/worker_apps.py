@@ -5,8 +5,8 @@ from __future__ import annotations
 import logging
 
 from outbox import PermanentError, db
-from outbox.journal import StoredEvent
-from outbox.projectors import Outbox
+from outbox.model import StoredEvent
+from outbox.projection.app import Outbox
 
 # The test holds this advisory lock to freeze a projector mid-batch.
 FREEZE_LOCK = 4242

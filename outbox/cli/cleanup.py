@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Annotated
 
 import typer
 from rich.table import Table
 
-from outbox import maintenance
 from outbox.cli.common import (
     DsnOption,
     JsonOption,
@@ -18,6 +18,7 @@ from outbox.cli.operator import (
     app,
     pool_run,
 )
+from outbox.ops.cleanup import CLAIMS_RETENTION_DAYS, cleanup
 
 
 @app.command("cleanup")
@@ -33,14 +34,14 @@ def cleanup_command(
             max=3660,
             help="Keep consumer dedup claims this many days past the end of their event's week.",
         ),
-    ] = maintenance.CLAIMS_RETENTION_DAYS,
+    ] = CLAIMS_RETENTION_DAYS,
     batch_size: Annotated[int, typer.Option(min=1, max=1_000_000, help="Rows per DELETE.")] = 5000,
     as_json: JsonOption = False,
 ) -> None:
     """Prune old markers, expired append keys, old consumer claims, stale worker rows."""
-    removed = pool_run(
+    result = pool_run(
         dsn,
-        lambda pool: maintenance.cleanup(
+        lambda pool: cleanup(
             pool,
             markers_retention_hours=markers_retention_hours,
             claims_retention_days=claims_retention_days,
@@ -48,9 +49,9 @@ def cleanup_command(
         ),
     )
     if as_json:
-        emit_json("cleanup", {"removed": removed})
+        emit_json("cleanup", result)
         return
     table = Table("table", "rows removed", title="cleanup")
-    for name, n in removed.items():
+    for name, n in dataclasses.asdict(result.removed).items():
         table.add_row(name, str(n))
     stdout.print(table)

@@ -1,29 +1,32 @@
 """What every command line shares: the one choke point for errors, the async runner, output.
 
 `main(app, prog)` runs a typer app so that any failure becomes one line on stderr and an exit
-code: 2 for bad usage (before any connection opens), 1 for operational failure, 130 when
-interrupted. Tracebacks appear only with `OUTBOX_LOG_LEVEL=debug`. `emit_json` writes orjson
-with `schema_version` to stdout; notes go to stderr, never mixed into data.
+code: 2 for bad usage (`UsageError`, `ConfigError`, `ValidationError`: before any connection
+opens), 1 for any other failure, 130 when interrupted. Errors are printed as they are raised,
+never re-wrapped. Tracebacks appear only with `OUTBOX_LOG_LEVEL=debug`. `emit_json` writes a
+typed result (a dataclass: its fields, in order, are the keys) as orjson with `schema_version`
+to stdout; notes go to stderr, never mixed into data.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import os
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from typing import Annotated, Any, NoReturn, TypeVar
 
 import anyio
-import asyncpg
 import orjson
 import typer
 from rich.console import Console
 
-from outbox import log
+from outbox import db
 from outbox.config import Settings, shorten
-from outbox.errors import ConfigError, OutboxError, ValidationError
-from outbox.projectors import Outbox
+from outbox.errors import ConfigError, OutboxError, UsageError, ValidationError
+from outbox.obs import log
+from outbox.projection.app import Outbox
 from outbox.redact import REDACTED, dsn_secrets
 
 __all__ = [
@@ -31,9 +34,9 @@ __all__ = [
     "SCHEMA_VERSION",
     "AppOption",
     "DsnOption",
+    "Invocation",
     "JsonOption",
     "LogFormatOption",
-    "UsageError",
     "VersionOption",
     "emit_json",
     "load_app",
@@ -60,10 +63,9 @@ DsnOption = Annotated[
     str | None,
     typer.Option(
         "--dsn",
-        envvar="OUTBOX_DSN",
-        show_envvar=True,
         show_default=False,
-        help="PostgreSQL DSN; the password never appears in output.",
+        help="PostgreSQL DSN (default: `maintenance --dsn`, then OUTBOX_DSN); the password "
+        "never appears in output.",
     ),
 ]
 JsonOption = Annotated[
@@ -105,10 +107,6 @@ VersionOption = Annotated[
 ]
 
 
-class UsageError(Exception):
-    """Bad usage found after parsing (exit 2, nothing connected)."""
-
-
 def _debug() -> bool:
     return os.environ.get("OUTBOX_LOG_LEVEL", "").strip().lower() == "debug"
 
@@ -139,12 +137,19 @@ def _fail(prog: str, message: str, code: int, args: list[str] | None = None) -> 
     raise SystemExit(code)
 
 
+class Invocation:
+    """What the tool's own options said, for its commands: `maintenance --dsn X command` (the
+    root callback sets it; one command runs per process)."""
+
+    dsn: str | None = None
+
+
 def settings_for(**overrides: Any) -> Settings:
-    """Settings from the environment plus CLI options; a bad value is a usage error."""
-    try:
-        return Settings.from_env(**overrides)
-    except ConfigError as exc:
-        raise UsageError(str(exc)) from None
+    """Settings from the environment plus CLI options; a command's `--dsn` falls back to the
+    tool's own (`Invocation.dsn`), then to OUTBOX_DSN."""
+    if "dsn" in overrides:
+        overrides["dsn"] = overrides["dsn"] or Invocation.dsn
+    return Settings.from_env(**overrides)
 
 
 def load_app(path: str) -> Outbox:
@@ -177,11 +182,10 @@ def prepare_app(app_path: str | None, **overrides: Any) -> Outbox:
     if not app_path:
         raise UsageError("no app given: pass --app module:attribute or set OUTBOX_APP")
     outbox_app = load_app(app_path)
-    try:
-        outbox_app.settings = outbox_app.settings.replace(**overrides)
-        outbox_app.validate()
-    except ConfigError as exc:
-        raise UsageError(str(exc)) from None
+    if "dsn" in overrides:
+        overrides["dsn"] = overrides["dsn"] or Invocation.dsn
+    outbox_app.settings = outbox_app.settings.replace(**overrides)
+    outbox_app.validate()
     require_dsn(outbox_app.settings)
     return outbox_app
 
@@ -197,8 +201,15 @@ def run(fn: Callable[[], Awaitable[T]]) -> T:
     return anyio.run(fn, backend="asyncio")
 
 
-def emit_json(mode: str, payload: dict[str, Any]) -> None:
-    body = {"schema_version": SCHEMA_VERSION, "mode": mode, **payload}
+def emit_json(mode: str, result: Any, *, omit: Collection[str] = ()) -> None:
+    """`result` (a dataclass, or a dict) as one JSON object after `schema_version` and `mode`,
+    its fields in order, those in `omit` left out."""
+    if dataclasses.is_dataclass(result) and not isinstance(result, type):
+        fields = {f.name: getattr(result, f.name) for f in dataclasses.fields(result)}
+    else:
+        fields = dict(result)
+    body = {"schema_version": SCHEMA_VERSION, "mode": mode}
+    body.update((k, v) for k, v in fields.items() if k not in omit)
     sys.stdout.buffer.write(orjson.dumps(body, option=orjson.OPT_NON_STR_KEYS) + b"\n")
     sys.stdout.flush()
 
@@ -228,12 +239,10 @@ def main(
         if _debug():
             raise
         _fail(prog, str(exc), 1, args)
-    except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as exc:
-        if _debug():
-            raise
-        _fail(prog, f"{type(exc).__name__}: {exc}", 1, args)
     except Exception as exc:
         if _debug():
             raise
+        if db.database_error(exc) or isinstance(exc, OSError):
+            _fail(prog, f"{type(exc).__name__}: {exc}", 1, args)
         _fail(prog, f"unexpected {type(exc).__name__}: {exc} (set OUTBOX_LOG_LEVEL=debug)", 1, args)
     raise SystemExit(code if isinstance(code, int) else 0)

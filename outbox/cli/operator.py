@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 import enum
-import os
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Annotated, TypeVar
 
 import typer
 
-from outbox import db, log
+from outbox import db
 from outbox.cli.common import (
     CONTEXT_SETTINGS,
     DsnOption,
+    Invocation,
     LogFormatOption,
     VersionOption,
     prepare_app,
@@ -21,10 +21,11 @@ from outbox.cli.common import (
     run,
     settings_for,
 )
-from outbox.maintenance import MAX_LIMIT
-from outbox.migrate import check_current
-from outbox.projectors import Outbox
-from outbox.service import open_pool
+from outbox.obs import log
+from outbox.ops.report import MAX_LIMIT
+from outbox.projection.app import Outbox
+from outbox.schema import check_current
+from outbox.worker.runtime import open_pool
 
 T = TypeVar("T")
 
@@ -47,10 +48,9 @@ def _root(
     version: VersionOption = False,
 ) -> None:
     """Operator commands. Exit 0 on success, 1 on operational failure, 2 on bad usage."""
-    if dsn:
-        # `maintenance --dsn X <command>`: the command parses after this callback, and its own
-        # --dsn option falls back to OUTBOX_DSN, so the global value reaches every command.
-        os.environ["OUTBOX_DSN"] = dsn
+    # `maintenance --dsn X <command>`: a command without its own --dsn takes this one, before
+    # OUTBOX_DSN (`settings_for`).
+    Invocation.dsn = dsn
     try:
         log.configure(log_level, fmt=log_format)
     except ValueError as exc:

@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 from rich.progress import Progress
 from rich.table import Table
 
-from outbox import db, maintenance
+from outbox import db
 from outbox.cli.common import (
     AppOption,
     DsnOption,
     JsonOption,
-    UsageError,
     emit_json,
     stderr,
     stdout,
@@ -26,13 +25,13 @@ from outbox.cli.operator import (
     app_run,
     pool_run,
 )
-from outbox.errors import ConfigError, OutboxError
-from outbox.maintenance import MAX_LIMIT
-from outbox.projectors import Outbox
-from outbox.rebuild import campaigns_to_rebuild, rebuild_campaign, rebuildable
-from outbox.reconcile import reconcile
-from outbox.replay import replay
-from outbox.worker import Worker
+from outbox.errors import OutboxError
+from outbox.ops.reconcile import reconcile
+from outbox.ops.replay import replay
+from outbox.ops.report import MAX_LIMIT
+from outbox.ops.requeue import RequeueResult, requeue_dead, requeue_one
+from outbox.projection.app import Outbox
+from outbox.projection.rebuild import RebuildResult, rebuild
 
 
 @app.command("outbox-requeue")
@@ -49,9 +48,7 @@ def outbox_requeue_command(
     as_json: JsonOption = False,
 ) -> None:
     """One dead row back to pending, due now, with a fresh attempt budget (audited)."""
-    result = pool_run(
-        dsn, lambda pool: maintenance.requeue_one(pool, campaign_id, seq, reason=reason)
-    )
+    result = pool_run(dsn, lambda pool: requeue_one(pool, campaign_id, seq, reason=reason))
     if as_json:
         emit_json("outbox-requeue", result)
     else:
@@ -82,10 +79,10 @@ def outbox_requeue_dead_command(
 ) -> None:
     """Dead rows back to pending in a bounded batch, oldest first by next_attempt_at, seq."""
 
-    async def body(pool: db.Pool) -> list[dict[str, Any]]:
+    async def body(pool: db.Pool) -> RequeueResult:
         with Progress(console=stderr, transient=True, disable=limit <= 1000) as bar:
             task = bar.add_task("requeueing", total=limit)
-            return await maintenance.requeue_dead(
+            return await requeue_dead(
                 pool,
                 limit=limit,
                 campaign_id=campaign_id,
@@ -95,13 +92,12 @@ def outbox_requeue_dead_command(
                 progress=lambda n: bar.advance(task, n),
             )
 
-    rows = pool_run(dsn, body)
-    requeued = 0 if dry_run else len(rows)
+    result = pool_run(dsn, body)
+    rows = result.rows
     if dry_run:
         stderr.print(f"dry run: {len(rows)} row(s) would be requeued, none was")
     if as_json:
-        summary = {"limit": limit, "dry_run": dry_run, "matched": len(rows), "requeued": requeued}
-        emit_json("outbox-requeue-dead", summary if quiet else {**summary, "rows": rows})
+        emit_json("outbox-requeue-dead", result, omit=("rows",) if quiet else ())
         return
     if quiet:
         if not dry_run:
@@ -117,11 +113,7 @@ def outbox_requeue_dead_command(
     )
     for r in rows:
         table.add_row(
-            r["campaign_id"],
-            str(r["seq"]),
-            r["event_type"],
-            str(r["attempt_count"]),
-            (r["last_error"] or "")[:80],
+            r.campaign_id, str(r.seq), r.event_type, str(r.attempt_count), (r.last_error or "")[:80]
         )
     stdout.print(table)
     if not dry_run:
@@ -137,13 +129,14 @@ def outbox_replay_command(
     as_json: JsonOption = False,
 ) -> None:
     """Apply one queued row now, in the foreground, and report the outcome."""
-    result = app_run(app_path, dsn, lambda a, pool: replay(Worker(a, pool), campaign_id, seq))
+    result = app_run(app_path, dsn, lambda a, pool: replay(a, pool, campaign_id, seq))
     if as_json:
-        emit_json("outbox-replay", result)
+        failed = result.outcome == "failed"
+        emit_json("outbox-replay", result, omit=() if failed else ("status", "attempt_count"))
     else:
-        stdout.print(f"{campaign_id} seq {seq}: {result['outcome']}")
-    if result["outcome"] == "failed":
-        raise OutboxError(f"replay failed ({result['status']}): {result['error']}")
+        stdout.print(f"{campaign_id} seq {seq}: {result.outcome}")
+    if result.outcome == "failed":
+        raise OutboxError(f"replay failed ({result.status}): {result.error}")
 
 
 @app.command("projections-rebuild")
@@ -164,41 +157,27 @@ def projections_rebuild_command(
 ) -> None:
     """Reset projections and re-apply them from the journal in seq order (the final repair)."""
 
-    async def body(outbox_app: Outbox, pool: db.Pool) -> dict[str, Any]:
-        registry = outbox_app.registry
-        # By default every projector that has a projection to rebuild (a reset hook).
-        names = projector or sorted(n for n, p in registry.projectors.items() if p.reset)
-        if not names:
-            raise UsageError("no projector has a reset hook: nothing can be rebuilt")
-        try:
-            chosen = [rebuildable(registry, n) for n in names]
-        except ConfigError as exc:
-            raise UsageError(str(exc)) from None
-        campaigns = await campaigns_to_rebuild(pool, campaign_id)
-        applied = dict.fromkeys(names, 0)
-        if yes:
-            with Progress(console=stderr, transient=True) as bar:
-                task = bar.add_task("rebuilding", total=len(campaigns) * len(chosen))
-                for p in chosen:
-                    for c in campaigns:
-                        applied[p.name] += await rebuild_campaign(pool, p, c)
-                        bar.advance(task)
-        return {
-            "projectors": names,
-            "campaigns": len(campaigns),
-            "rebuilt": yes,
-            "applied": applied,
-        }
+    async def body(outbox_app: Outbox, pool: db.Pool) -> RebuildResult:
+        with Progress(console=stderr, transient=True, disable=not yes) as bar:
+            task = bar.add_task("rebuilding", total=None)
+            return await rebuild(
+                pool,
+                outbox_app.registry,
+                projectors=projector or (),
+                campaign_id=campaign_id,
+                apply=yes,
+                progress=lambda done, total: bar.update(task, completed=done, total=total),
+            )
 
     result = app_run(app_path, dsn, body)
     if as_json:
         emit_json("projections-rebuild", result)
-    elif result["rebuilt"]:
-        for name, n in result["applied"].items():
-            stdout.print(f"{name}: {n} event(s) re-applied over {result['campaigns']} campaign(s)")
+    elif result.rebuilt:
+        for name, n in result.applied.items():
+            stdout.print(f"{name}: {n} event(s) re-applied over {result.campaigns} campaign(s)")
     else:
         stderr.print(
-            f"would rebuild {', '.join(result['projectors'])} over {result['campaigns']} "
+            f"would rebuild {', '.join(result.projectors)} over {result.campaigns} "
             "campaign(s); pass --yes to do it"
         )
 
@@ -216,22 +195,20 @@ def reconcile_command(
     as_json: JsonOption = False,
 ) -> None:
     """Enqueue journal events that have no work row and are not applied yet."""
-    rows = app_run(
+    result = app_run(
         app_path,
         dsn,
         lambda a, pool: reconcile(
             pool, a.registry, campaign_id=campaign_id, limit=limit, dry_run=dry_run
         ),
     )
-    enqueued = 0 if dry_run else len(rows)
     if as_json:
-        summary = {"limit": limit, "dry_run": dry_run, "matched": len(rows), "enqueued": enqueued}
-        emit_json("reconcile", summary if quiet else {**summary, "rows": rows})
+        emit_json("reconcile", result, omit=("rows",) if quiet else ())
         return
     if not quiet:
         title = "would enqueue" if dry_run else "enqueued"
         table = Table("campaign", "seq", "event type", title=title)
-        for r in rows:
-            table.add_row(r["campaign_id"], str(r["seq"]), r["event_type"])
+        for r in result.rows:
+            table.add_row(r.campaign_id, str(r.seq), r.event_type)
         stdout.print(table)
-    stderr.print(f"{'would enqueue' if dry_run else 'enqueued'} {len(rows)} row(s)")
+    stderr.print(f"{'would enqueue' if dry_run else 'enqueued'} {result.matched} row(s)")

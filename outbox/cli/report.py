@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+import dataclasses
+from typing import Annotated
 
 import typer
 from rich.table import Table
 
-from outbox import maintenance
 from outbox.cli.common import (
     DsnOption,
     JsonOption,
@@ -26,6 +26,7 @@ from outbox.cli.operator import (
     when,
 )
 from outbox.errors import OutboxError
+from outbox.ops.report import Report, health, outbox_report
 
 # Identifiers fold onto a second line in a narrow terminal: never cut off.
 _FOLDED = {"campaign", "event type", "worker", "owner", "last error"}
@@ -40,45 +41,45 @@ def _table(*columns: str, title: str) -> Table:
     return table
 
 
-def render_report(report: dict[str, Any]) -> None:
-    summary = report["summary"]
+def render_report(report: Report) -> None:
+    summary = report.summary
     counts = _table("status", "rows", title="outbox queue")
-    for status, n in summary["counts"].items():
+    for status, n in dataclasses.asdict(summary.counts).items():
         counts.add_row(status, str(n))
-    counts.add_row("total", str(summary["total"]))
+    counts.add_row("total", str(summary.total))
     stdout.print(counts)
-    oldest = summary["oldest_claimable"]
+    oldest = summary.oldest_claimable
     if oldest:
         stdout.print(
-            f"oldest claimable: {oldest['campaign_id']} seq {oldest['seq']}, "
-            f"enqueued {when(oldest['enqueued_at'])}, age {age(oldest['age_seconds'])}"
+            f"oldest claimable: {oldest.campaign_id} seq {oldest.seq}, "
+            f"enqueued {when(oldest.enqueued_at)}, age {age(oldest.age_seconds)}"
         )
-    stdout.print(f"earliest next attempt: {when(summary['earliest_next_attempt_at'])}")
-    shadow = summary["shadow"]
-    if shadow and shadow["rows_seen"]:
+    stdout.print(f"earliest next attempt: {when(summary.earliest_next_attempt_at)}")
+    shadow = summary.shadow
+    if shadow and shadow.rows_seen:
         stdout.print(
-            f"shadow worker: {shadow['rows_seen']} row(s) seen, {shadow['sightings']} "
-            f"sighting(s), longest enqueue-to-sighting lag {age(shadow['max_lag_seconds'])}"
+            f"shadow worker: {shadow.rows_seen} row(s) seen, {shadow.sightings} "
+            f"sighting(s), longest enqueue-to-sighting lag {age(shadow.max_lag_seconds)}"
         )
-    if summary["blocked_campaigns"]:
+    if summary.blocked_campaigns:
         blocked = _table(
             "campaign", "blocking seq", "status", "waiting", "age", title="blocked campaigns"
         )
-        for b in summary["blocked_campaigns"]:
+        for b in summary.blocked_campaigns:
             blocked.add_row(
-                b["campaign_id"],
-                str(b["blocking_seq"]),
-                b["status"],
-                str(b["waiting"]),
-                age(b["age_seconds"]),
+                b.campaign_id,
+                str(b.blocking_seq),
+                b.status,
+                str(b.waiting),
+                age(b.age_seconds),
             )
         stdout.print(blocked)
-    if summary["parked_rows"]:
+    if summary.parked_rows:
         parked = _table("campaign", "seq", "event type", "last error", title="parked rows")
-        for r in summary["parked_rows"]:
-            parked.add_row(r["campaign_id"], str(r["seq"]), r["event_type"], r["last_error"] or "")
+        for p in summary.parked_rows:
+            parked.add_row(p.campaign_id, str(p.seq), p.event_type, p.last_error or "")
         stdout.print(parked)
-    if summary["leases"]:
+    if summary.leases:
         leases = _table(
             "campaign",
             "seq",
@@ -90,23 +91,22 @@ def render_report(report: dict[str, Any]) -> None:
             "expires in",
             title="leases (processing rows)",
         )
-        for r in summary["leases"]:
+        for lease in summary.leases:
+            expires = lease.expires_in_seconds
             leases.add_row(
-                r["campaign_id"],
-                str(r["seq"]),
-                r["event_type"],
-                r["lease_owner"],
-                str(r["claim_epoch"]),
-                str(r["attempt_count"]),
-                age(r["lease_age_seconds"]),
-                age(r["expires_in_seconds"]) if r["expires_in_seconds"] >= 0 else "expired",
+                lease.campaign_id,
+                str(lease.seq),
+                lease.event_type,
+                lease.lease_owner,
+                str(lease.claim_epoch),
+                str(lease.attempt_count),
+                age(lease.lease_age_seconds),
+                age(expires) if expires is None or expires >= 0 else "expired",
             )
         stdout.print(leases)
     workers = _table("worker", "mode", "loops", "heartbeat age", title="live workers")
-    for w in summary["workers"]:
-        workers.add_row(
-            w["worker_id"], w["mode"], str(w["concurrency"]), age(w["heartbeat_age_seconds"])
-        )
+    for w in summary.workers:
+        workers.add_row(w.worker_id, w.mode, str(w.concurrency), age(w.heartbeat_age_seconds))
     stdout.print(workers)
     wide = stdout.width >= _WIDE
     rows = _table(
@@ -117,18 +117,18 @@ def render_report(report: dict[str, Any]) -> None:
         "attempts",
         *(("next attempt", "enqueued") if wide else ()),
         "last error",
-        title=f"rows (limit {report['limit']})",
+        title=f"rows (limit {report.limit})",
     )
-    for r in report["rows"]:
-        times = (when(r["next_attempt_at"]), when(r["enqueued_at"])) if wide else ()
+    for r in report.rows:
+        times = (when(r.next_attempt_at), when(r.enqueued_at)) if wide else ()
         rows.add_row(
-            r["campaign_id"],
-            str(r["seq"]),
-            r["event_type"],
-            r["status"],
-            str(r["attempt_count"]),
+            r.campaign_id,
+            str(r.seq),
+            r.event_type,
+            r.status,
+            str(r.attempt_count),
             *times,
-            (r["last_error"] or "")[:80],
+            (r.last_error or "")[:80],
         )
     if not wide:
         stderr.print(
@@ -153,15 +153,15 @@ def outbox_report_command(
     settings = settings_for(dsn=dsn)
     report = pool_run(
         dsn,
-        lambda pool: maintenance.outbox_report(
+        lambda pool: outbox_report(
             pool,
             status=status.value if status else None,
             limit=limit,
             campaign_id=campaign_id,
-            park=settings.dead_policy == "park",
+            park=settings.park,
+            resolved_mode=settings.resolved_mode(),
         ),
     )
-    report["summary"]["resolved_mode"] = settings.resolved_mode()
     if as_json:
         emit_json("outbox", report)
     else:
@@ -189,17 +189,17 @@ def health_command(
     settings = settings_for(dsn=dsn)
     result = pool_run(
         dsn,
-        lambda pool: maintenance.health(
+        lambda pool: health(
             pool,
             max_oldest_age=max_oldest_age,
             max_dead=max_dead,
             max_blocked=max_blocked,
-            park=settings.dead_policy == "park",
+            park=settings.park,
         ),
     )
     if as_json:
         emit_json("health", result)
-    elif result["healthy"]:
+    elif result.healthy:
         stdout.print("healthy")
-    if not result["healthy"]:
-        raise OutboxError("unhealthy: " + "; ".join(result["reasons"]))
+    if not result.healthy:
+        raise OutboxError("unhealthy: " + "; ".join(result.reasons))

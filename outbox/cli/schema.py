@@ -9,7 +9,7 @@ import typer
 from rich.table import Table
 
 from outbox import db
-from outbox import migrate as migrations
+from outbox import schema as migrations
 from outbox.cli.common import (
     DsnOption,
     JsonOption,

@@ -2,33 +2,34 @@
 
 from __future__ import annotations
 
-import enum
+import dataclasses
 import signal
+from dataclasses import dataclass
 from types import FrameType
 from typing import Annotated, Any, NoReturn
 
 import typer
 
-from outbox import log, maintenance
 from outbox.cli.common import (
     CONTEXT_SETTINGS,
     AppOption,
     DsnOption,
     LogFormatOption,
-    UsageError,
     VersionOption,
     emit_json,
     prepare_app,
-    require_dsn,
     run,
 )
 from outbox.cli.common import main as run_main
 from outbox.config import FIELDS, resolve_worker_mode
-from outbox.errors import ConfigError
-from outbox.migrate import check_current
-from outbox.service import Service, open_pool, serve
-from outbox.worker import BatchCounts, ShadowWorker, Worker
-from outbox.workers import new_worker_id
+from outbox.errors import UsageError
+from outbox.model import BatchCounts
+from outbox.obs import log
+from outbox.ops.report import Leftovers, leftovers
+from outbox.schema import check_current
+from outbox.worker.registration import new_worker_id
+from outbox.worker.runtime import build_service, open_pool
+from outbox.worker.service import serve
 
 app = typer.Typer(
     name="outbox-worker",
@@ -57,26 +58,21 @@ def _setting(name: str) -> Any:
     return typer.Option(spec.option, help=f"{spec.doc} ({spec.env}).", show_default=False)
 
 
-class Mode(enum.StrEnum):
-    apply = "apply"
-    shadow = "shadow"
+@dataclass(frozen=True, slots=True)
+class DrainSummary:
+    """`outbox-worker --drain[-now] --json`: how far it drained, what it did, what is left."""
+
+    until: str
+    counts: BatchCounts
+    left: Leftovers
 
 
 @app.command()
 def worker(
     app_path: AppOption = None,
     dsn: DsnOption = None,
-    mode: Annotated[
-        Mode | None,
-        typer.Option(
-            "--mode",
-            envvar="OUTBOX_MODE",
-            help="apply or shadow; overrides the OUTBOX_*_ENABLED flags.",
-        ),
-    ] = None,
-    concurrency: Annotated[
-        int, typer.Option(envvar="OUTBOX_CONCURRENCY", min=1, max=256, help="Claim loops.")
-    ] = 1,
+    mode: Annotated[str | None, _setting("mode")] = None,
+    concurrency: Annotated[int | None, _setting("concurrency")] = None,
     batch_size: Annotated[int | None, _setting("batch_size")] = None,
     poll_interval: Annotated[float | None, _setting("poll_interval")] = None,
     backoff_base: Annotated[float | None, _setting("backoff_base")] = None,
@@ -104,28 +100,9 @@ def worker(
     as_json: Annotated[
         bool, typer.Option("--json", help="With a drain: the summary as one JSON object.")
     ] = False,
-    shutdown_timeout: Annotated[
-        float,
-        typer.Option(
-            envvar="OUTBOX_SHUTDOWN_TIMEOUT",
-            min=0.0,
-            max=3600.0,
-            help="Seconds to finish the batch on SIGTERM.",
-        ),
-    ] = 30.0,
-    metrics_port: Annotated[
-        int | None,
-        typer.Option(
-            envvar="OUTBOX_METRICS_PORT", min=0, max=65535, help="Serve Prometheus /metrics here."
-        ),
-    ] = None,
-    metrics_host: Annotated[
-        str,
-        typer.Option(
-            envvar="OUTBOX_METRICS_HOST",
-            help="The address /metrics binds to (0.0.0.0: every interface).",
-        ),
-    ] = "127.0.0.1",
+    shutdown_timeout: Annotated[float | None, _setting("shutdown_timeout")] = None,
+    metrics_port: Annotated[int | None, _setting("metrics_port")] = None,
+    metrics_host: Annotated[str | None, _setting("metrics_host")] = None,
     log_level: Annotated[str, typer.Option(envvar="OUTBOX_LOG_LEVEL")] = "info",
     log_format: LogFormatOption = "json",
     version: VersionOption = False,
@@ -144,6 +121,8 @@ def worker(
     outbox_app = prepare_app(
         app_path,
         dsn=dsn,
+        mode=mode.strip().lower() if mode else None,
+        concurrency=concurrency,
         batch_size=batch_size,
         poll_interval=poll_interval,
         backoff_base=backoff_base,
@@ -155,69 +134,59 @@ def worker(
         statement_timeout=statement_timeout,
         lock_timeout=lock_timeout,
         idle_in_transaction_timeout=idle_in_transaction_timeout,
+        shutdown_timeout=shutdown_timeout,
+        metrics_port=metrics_port,
+        metrics_host=metrics_host,
     )
-    try:
-        resolution = resolve_worker_mode(outbox_app.settings, mode.value if mode else None)
-    except ConfigError as exc:
-        raise UsageError(str(exc)) from None
+    settings = outbox_app.settings
+    resolution = resolve_worker_mode(settings)
     logger = log.get_logger("outbox.worker")
     if resolution.warning:
         logger.warning("worker.mode_conflict", extra={"warning": resolution.warning})
-    target = require_dsn(outbox_app.settings)
 
-    park = outbox_app.settings.dead_policy == "park"
-
-    async def body() -> tuple[BatchCounts, dict[str, int]]:
-        pool = await open_pool(outbox_app.settings, max_size=concurrency + 1)
+    async def body() -> tuple[BatchCounts, Leftovers | None]:
+        pool = await open_pool(settings)
         try:
             await check_current(pool)
-            kind = ShadowWorker if resolution.mode == "shadow" else Worker
-            service = Service(
-                kind(outbox_app, pool, worker_id=worker_id),
-                target,
-                concurrency,
+            service = build_service(
+                outbox_app,
+                pool,
                 mode=resolution.mode,
-                metrics_port=metrics_port,
-                metrics_host=metrics_host,
+                worker_id=worker_id,
                 until_idle=drain_only,
                 wait_out_backoff=drain_all,
             )
             logger.info(
-                "worker.started", extra={"concurrency": concurrency, "mode": resolution.mode}
+                "worker.started",
+                extra={"concurrency": settings.concurrency, "mode": resolution.mode},
             )
-            counts = await serve(service, shutdown_timeout=shutdown_timeout)
-            left = await maintenance.leftovers(pool, park=park) if drain_only else {}
+            counts = await serve(service)
+            left = await leftovers(pool, park=settings.park) if drain_only else None
             return counts, left
         finally:
             await pool.close()
 
     counts, left = run(body)
-    if not drain_only:
-        log.get_logger("outbox.worker").info("worker.stopped", extra=vars(counts))
+    if left is None:
+        logger.info("worker.stopped", extra=vars(counts))
     elif as_json:
-        emit_json(
-            "drain",
-            {
-                "until": "done" if drain_all else "nothing due now",
-                "counts": vars(counts),
-                "left": left,
-            },
-        )
+        until = "done" if drain_all else "nothing due now"
+        emit_json("drain", DrainSummary(until, counts, left))
     else:
         typer.echo(f"drained: {_summary(counts)}")
-        if drain_all and any(left.values()):
+        if drain_all and any(dataclasses.asdict(left).values()):
             typer.echo(f"left: {_leftovers(left)}")
 
 
-def _leftovers(left: dict[str, int]) -> str:
+def _leftovers(left: Leftovers) -> str:
     """What a finished drain left and why, on one line."""
-    shown = " ".join(f"{k}={v}" for k, v in left.items() if v)
+    shown = " ".join(f"{k}={v}" for k, v in dataclasses.asdict(left).items() if v)
     why = []
-    if left["dead"]:
+    if left.dead:
         why.append("dead rows wait for an operator (fix, then maintenance outbox-requeue-dead)")
-    if left["blocked_campaigns"] and (left["pending"] or left["failed"]):
+    if left.blocked_campaigns and (left.pending or left.failed):
         why.append("the others wait behind their campaign's dead head")
-    if left["processing"]:
+    if left.processing:
         why.append("processing rows are leased by a worker that stopped; they come due later")
     return f"{shown} ({'; '.join(why)})" if why else shown
 

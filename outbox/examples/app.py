@@ -16,8 +16,8 @@ from collections.abc import Awaitable, Callable, Sequence
 
 from outbox.db import Connection, Executor, acquire
 from outbox.examples import campaigns as c
-from outbox.journal import StoredEvent
-from outbox.projectors import Outbox
+from outbox.model import StoredEvent
+from outbox.projection.app import Outbox
 
 __all__ = ["CursedDice", "app", "build_app", "install"]
 

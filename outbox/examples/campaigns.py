@@ -11,7 +11,7 @@ import random
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from outbox.journal import Event
+from outbox.model import Event
 
 __all__ = ["CAMPAIGN_CREATED", "EVENT_TYPES", "DemoStream", "campaign_ids"]
 

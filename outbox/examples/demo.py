@@ -6,6 +6,7 @@ on the first run, reused after, stopped by `make clean` or `--stop`).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from dataclasses import dataclass
@@ -17,20 +18,21 @@ import anyio
 import typer
 from rich.table import Table
 
-from outbox import db, log
+from outbox import db
+from outbox.append.journal import append
 from outbox.cli.common import main as run_main
 from outbox.cli.common import run, settings_for, stderr, stdout
 from outbox.config import Settings
 from outbox.examples.app import build_app, install
 from outbox.examples.campaigns import DICE_ROLLED, DemoStream, campaign_ids
-from outbox.journal import append
 from outbox.localpg import LocalCluster, find_bindir
-from outbox.maintenance import queue_counts
-from outbox.migrate import migrate
-from outbox.projectors import Outbox
+from outbox.model import BatchCounts
+from outbox.obs import log
+from outbox.projection.app import Outbox
+from outbox.queue.inspect import StatusCounts, count_rows
 from outbox.redact import redact_dsn
-from outbox.service import drain, open_pool
-from outbox.worker import BatchCounts, Worker
+from outbox.schema import migrate
+from outbox.worker.runtime import drain_now, open_pool
 
 LOCAL_DIR = Path(".outbox")
 
@@ -75,7 +77,7 @@ class DemoResult:
     append_seconds: float
     drained: BatchCounts
     drain_seconds: float
-    queue: dict[str, int]
+    queue: StatusCounts
     rolls_projected: int
     rolls_in_journal: int
 
@@ -91,9 +93,9 @@ async def _run(settings: Settings, campaigns: int, events: int, concurrency: int
         started = time.perf_counter()
         appended = await _append_all(pool, settings, campaigns, events)
         append_seconds = time.perf_counter() - started
-        worker = Worker(build_app(Outbox(settings)), pool)
+        app = build_app(Outbox(settings))
         started = time.perf_counter()
-        drained = await drain(worker, concurrency=concurrency)
+        drained = await drain_now(app, pool, concurrency=concurrency)
         drain_seconds = time.perf_counter() - started
         projected = await pool.fetchval("SELECT coalesce(sum(rolls), 0) FROM demo_dice_totals")
         # The oracle, from the journal: rolls whose work row is gone (applied).
@@ -108,7 +110,7 @@ async def _run(settings: Settings, campaigns: int, events: int, concurrency: int
             append_seconds,
             drained,
             drain_seconds,
-            await queue_counts(pool),
+            await count_rows(pool),
             projected,
             journal,
         )
@@ -149,7 +151,7 @@ def demo(
         f"failed={d.failed} dead={d.dead} ({d.applied / max(r.drain_seconds, 1e-9):,.0f}/s)"
     )
     table = Table("status", "rows", title="outbox queue")
-    for status, n in r.queue.items():
+    for status, n in dataclasses.asdict(r.queue).items():
         table.add_row(status, str(n))
     stdout.print(table)
     verdict = "exactly once" if r.rolls_projected == r.rolls_in_journal else "MISMATCH"

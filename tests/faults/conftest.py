@@ -17,7 +17,8 @@ from faults_app import SCHEMA
 from harness import SUMMARY, Fleet
 
 from outbox import db
-from outbox.localpg import LocalCluster, LocalClusterError, find_bindir
+from outbox.errors import LocalClusterError
+from outbox.localpg import LocalCluster, find_bindir
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

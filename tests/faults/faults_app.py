@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from outbox import db
-from outbox.journal import StoredEvent
-from outbox.projectors import Outbox
+from outbox.model import StoredEvent
+from outbox.projection.app import Outbox
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS fault_applied (

@@ -23,7 +23,7 @@ from typing import Any
 import anyio
 
 from outbox.db import Connection, Executor, Pool, acquire
-from outbox.journal import StoredEvent
+from outbox.model import StoredEvent
 
 __all__ = [
     "DEPOSITED",

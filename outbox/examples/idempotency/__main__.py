@@ -15,14 +15,15 @@ from typing import Annotated, NoReturn
 import typer
 from rich.table import Table
 
-from outbox import log
-from outbox.cli.common import UsageError, run, settings_for, stderr, stdout
 from outbox.cli.common import main as run_main
+from outbox.cli.common import run, settings_for, stderr, stdout
+from outbox.errors import UsageError
 from outbox.examples.demo import fresh_database, local_cluster
 from outbox.examples.idempotency import Strategy, delivered, messages
 from outbox.examples.idempotency.catalog import STRATEGIES, by_name
-from outbox.migrate import migrate
-from outbox.service import open_pool
+from outbox.obs import log
+from outbox.schema import migrate
+from outbox.worker.runtime import open_pool
 
 DATABASE = "outbox_idempotency_examples"
 

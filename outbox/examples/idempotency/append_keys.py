@@ -16,9 +16,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from outbox import Event, Settings, append
+from outbox.append.validate import KEY_METADATA
 from outbox.db import Connection, Pool
 from outbox.examples.idempotency import DEPOSITED, Message, Strategy, of_type, rows
-from outbox.journal import KEY_METADATA
 
 SETTINGS = Settings()  # the defaults, whatever the environment says
 

@@ -7,8 +7,9 @@ for the first transaction and then skips. The markers are pruned after
 `maintenance cleanup --markers-retention-hours` (168 by default): a duplicate older than that
 is not caught (seed 001, "track processed event ids").
 
-Here a delivery is one application of the journaled event (`outbox.apply.apply_event`), as
-the worker, a replay or a repeated rebuild would run it.
+Here a delivery is one application of the journaled event
+(`outbox.projection.guards.apply_event`), as the worker, a replay or a repeated rebuild would
+run it.
 """
 
 from __future__ import annotations
@@ -16,11 +17,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from outbox.apply import apply_event
 from outbox.db import Connection
 from outbox.examples.idempotency import DEPOSITED, Message, Strategy, deposit_totals, rows
-from outbox.journal import StoredEvent
-from outbox.projectors import Outbox
+from outbox.model import StoredEvent
+from outbox.projection.app import Outbox
+from outbox.projection.guards import apply_event
 
 app = Outbox()
 

@@ -17,11 +17,11 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from outbox.apply import apply_event
 from outbox.db import Connection
 from outbox.examples.idempotency import DEPOSITED, OPENED, Message, Strategy, rows
-from outbox.journal import StoredEvent
-from outbox.projectors import Outbox
+from outbox.model import StoredEvent
+from outbox.projection.app import Outbox
+from outbox.projection.guards import apply_event
 
 app = Outbox()
 

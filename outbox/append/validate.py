@@ -1,0 +1,156 @@
+"""Append input checked before anything is written: ids, types, keys, payloads, metadata.
+
+`prepare()` turns an append's arguments into a `Batch` (payloads encoded as JSON text, the
+idempotency key copied into each event's metadata, the events' fingerprint) or raises a
+`ValidationError` naming the field. Pure: no I/O, no database. `check_identifier` also serves
+the dedup guard's ids.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from outbox.errors import ValidationError
+from outbox.model import Event
+
+__all__ = [
+    "KEY_METADATA",
+    "MAX_EVENTS",
+    "MAX_ID_LENGTH",
+    "MAX_KEY_LENGTH",
+    "MAX_PAYLOAD_BYTES",
+    "MAX_TYPE_LENGTH",
+    "Batch",
+    "check_identifier",
+    "prepare",
+]
+
+MAX_ID_LENGTH = 256
+MAX_TYPE_LENGTH = 256
+MAX_KEY_LENGTH = 256
+MAX_EVENTS = 10_000
+MAX_PAYLOAD_BYTES = 1 << 20
+# The metadata field that carries an append's idempotency key into each of its events, so a
+# projector can pass it on to an external system (docs/idempotency.md).
+KEY_METADATA = "idempotency_key"
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """An append, validated and encoded: what the journal write sends."""
+
+    campaign_id: str
+    types: list[str]
+    payloads: list[str]
+    metadata: list[str]
+    expected_seq: int | None
+    idempotency_key: str | None
+    fingerprint: bytes | None
+
+
+# jsonb cannot store U+0000; orjson writes it as \u0000 (an even run of backslashes before it
+# means the backslash itself was escaped, and the text is harmless).
+_JSON_NUL = re.compile(rb"(?<!\\)(?:\\\\)*\\u0000")
+
+
+def check_identifier(field: str, value: object, limit: int) -> str:
+    """A non-blank string of at most `limit` characters without NUL, or a ValidationError
+    naming `field` (ids, types and keys, here and in the dedup guard)."""
+    if not isinstance(value, str):
+        raise ValidationError(field, f"expected a string, got {type(value).__name__}")
+    if not value.strip():
+        raise ValidationError(field, "must not be empty")
+    if len(value) > limit:
+        raise ValidationError(field, f"must be at most {limit} characters, got {len(value)}")
+    if "\x00" in value:
+        raise ValidationError(field, "must not contain NUL characters")
+    return value
+
+
+def _check_finite(field: str, value: Any) -> None:
+    # orjson writes NaN and infinities as null; refuse them instead of losing data silently.
+    if isinstance(value, float):
+        if value != value or value in (float("inf"), float("-inf")):
+            raise ValidationError(field, "NaN and infinite numbers are not JSON")
+    elif isinstance(value, Mapping):
+        for item in value.values():
+            _check_finite(field, item)
+    elif isinstance(value, list | tuple):
+        for item in value:
+            _check_finite(field, item)
+
+
+def _encode(field: str, value: Any) -> str:
+    try:
+        encoded = orjson.dumps(value)
+    except TypeError as exc:
+        raise ValidationError(field, f"not JSON-encodable: {exc}") from None
+    _check_finite(field, value)
+    if len(encoded) > MAX_PAYLOAD_BYTES:
+        raise ValidationError(
+            field, f"encodes to {len(encoded)} bytes, more than {MAX_PAYLOAD_BYTES}"
+        )
+    if _JSON_NUL.search(encoded):
+        raise ValidationError(field, "must not contain NUL characters (\\u0000)")
+    return encoded.decode()
+
+
+def prepare(
+    campaign_id: object,
+    events: object,
+    expected_seq: object,
+    idempotency_key: object,
+) -> Batch:
+    """Validate everything and encode the payloads, before anything is written."""
+    campaign = check_identifier("campaign_id", campaign_id, MAX_ID_LENGTH)
+    if isinstance(events, Event) or not isinstance(events, Sequence) or isinstance(events, str):
+        raise ValidationError("events", "expected a sequence of outbox.Event")
+    if not events:
+        raise ValidationError("events", "must not be empty")
+    if len(events) > MAX_EVENTS:
+        raise ValidationError("events", f"at most {MAX_EVENTS} per append, got {len(events)}")
+    expected: int | None = None
+    if expected_seq is not None:
+        if isinstance(expected_seq, bool) or not isinstance(expected_seq, int) or expected_seq < 0:
+            raise ValidationError("expected_seq", f"expected an integer >= 0, got {expected_seq!r}")
+        expected = expected_seq
+    key: str | None = None
+    if idempotency_key is not None:
+        key = check_identifier("idempotency_key", idempotency_key, MAX_KEY_LENGTH)
+    types: list[str] = []
+    payloads: list[str] = []
+    metadata: list[str] = []
+    given: list[tuple[str, Any, dict[str, Any]]] = []
+    for i, event in enumerate(events):
+        if not isinstance(event, Event):
+            raise ValidationError(
+                f"events[{i}]", f"expected outbox.Event, got {type(event).__name__}"
+            )
+        types.append(check_identifier(f"events[{i}].type", event.type, MAX_TYPE_LENGTH))
+        payloads.append(_encode(f"events[{i}].payload", event.payload))
+        if event.metadata is not None and not isinstance(event.metadata, Mapping):
+            raise ValidationError(f"events[{i}].metadata", "expected a mapping or None")
+        meta = dict(event.metadata or {})
+        if key is not None:
+            if meta.setdefault(KEY_METADATA, key) != key:
+                raise ValidationError(
+                    f"events[{i}].metadata",
+                    f"{KEY_METADATA!r} is set by the append from its idempotency_key; got a "
+                    "different value",
+                )
+            given.append((event.type, event.payload, meta))
+        metadata.append(_encode(f"events[{i}].metadata", meta))
+    fingerprint = None if key is None else _fingerprint(given)
+    return Batch(campaign, types, payloads, metadata, expected, key, fingerprint)
+
+
+def _fingerprint(events: list[tuple[str, Any, dict[str, Any]]]) -> bytes:
+    """What a keyed append appended, independent of key order inside objects (as jsonb is): a
+    retry with the same key must carry the same events."""
+    return hashlib.sha256(orjson.dumps(events, option=orjson.OPT_SORT_KEYS)).digest()

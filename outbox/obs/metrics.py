@@ -1,0 +1,200 @@
+"""Prometheus metrics of a worker process, on their own registry.
+
+The service counts what its batches did and what its shadow passes saw, marks the LISTEN
+connection, and sets the queue gauges from figures it reads now and then (`set_queue`;
+the reads live with the queue, `outbox.queue.inspect`). `serve()` exposes them over HTTP on
+`--metrics-port` until `stop()`. Nothing here holds SQL or touches the queue.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from socketserver import ThreadingMixIn
+from typing import TYPE_CHECKING, Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+from prometheus_client import (
+    REGISTRY,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    make_wsgi_app,
+)
+
+if TYPE_CHECKING:
+    from outbox.model import BatchCounts
+
+__all__ = ["DEDUP_CLAIMS", "REFRESH_INTERVAL", "Metrics"]
+
+REFRESH_INTERVAL = 15.0
+
+# The consumer dedup guard runs in the application's own processes: its counter lives on the
+# default registry (which an application already exposes), and every worker registry serves it.
+DEDUP_CLAIMS = Counter(
+    "outbox_dedup_claims",
+    "Consumer dedup claims, by scope and outcome (claimed, duplicate).",
+    ["scope", "outcome"],
+    registry=REGISTRY,
+)
+
+
+@dataclass
+class Metrics:
+    registry: CollectorRegistry = field(default_factory=CollectorRegistry)
+    _server: WSGIServer | None = field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        r = self.registry
+        r.register(DEDUP_CLAIMS)
+        self.batches = Counter("outbox_batches", "Batches run by this process.", registry=r)
+        self.events = Counter(
+            "outbox_events", "Work rows handled, by outcome.", ["outcome"], registry=r
+        )
+        self.batch_size = Histogram(
+            "outbox_batch_size",
+            "Rows claimed per batch.",
+            buckets=(0, 1, 5, 10, 25, 50, 100, 250, 500, 1000, 10_000),
+            registry=r,
+        )
+        self.leases = Counter(
+            "outbox_leases", "Rows leased to non-transactional projectors (S13).", registry=r
+        )
+        self.lease_reclaims = Counter(
+            "outbox_lease_reclaims",
+            "Leased rows taken back after their lease expired (each counts an attempt).",
+            registry=r,
+        )
+        self.lease_fenced = Counter(
+            "outbox_lease_fenced",
+            "Leases this process lost before ending them: its completion changed nothing.",
+            registry=r,
+        )
+        self.apply = Counter(
+            "outbox_apply",
+            "Events per projector and outcome: applied, skipped (its guard had applied them), "
+            "failed.",
+            ["projector", "outcome"],
+            registry=r,
+        )
+        self.apply_duration = Histogram(
+            "outbox_apply_duration_seconds",
+            "Seconds per projector call (one event, or a batch projector's events).",
+            ["projector"],
+            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10),
+            registry=r,
+        )
+        self.append_to_apply = Histogram(
+            "outbox_append_to_apply_seconds",
+            "Seconds from a work row's enqueue to the settle of the batch that applied it, by "
+            "the database clock.",
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 3600),
+            registry=r,
+        )
+        self.transient_errors = Counter(
+            "outbox_transient_errors",
+            "Batches rolled back by a transient database error, by SQLSTATE (`connection`: the "
+            "connection was lost without one).",
+            ["sqlstate"],
+            registry=r,
+        )
+        self.listener_connected = Gauge(
+            "outbox_listener_connected", "1 while the LISTEN connection is up.", registry=r
+        )
+        self.queue_rows = Gauge("outbox_queue_rows", "Work rows by status.", ["status"], registry=r)
+        self.oldest_age = Gauge(
+            "outbox_oldest_claimable_age_seconds",
+            "Age of the oldest pending or failed row (from enqueued_at).",
+            registry=r,
+        )
+        self.blocked = Gauge(
+            "outbox_blocked_campaigns", "Campaigns whose head row is failed or dead.", registry=r
+        )
+        self.shadow_max_lag = Gauge(
+            "outbox_shadow_max_lag_seconds",
+            "Longest enqueue-to-first-sighting lag a shadow worker saw.",
+            registry=r,
+        )
+
+    def record_batch(self, counts: BatchCounts) -> None:
+        """Count one batch."""
+        self.batches.inc()
+        self.batch_size.observe(counts.claimed)
+        for outcome in ("applied", "skipped", "failed", "dead", "observed"):
+            value = getattr(counts, outcome)
+            if value:
+                self.events.labels(outcome).inc(value)
+        for counter, value in (
+            (self.leases, counts.leased),
+            (self.lease_reclaims, counts.reclaimed),
+            (self.lease_fenced, counts.fenced),
+        ):
+            if value:
+                counter.inc(value)
+
+    def record_apply(
+        self,
+        tally: Mapping[tuple[str, str], int],
+        durations: Sequence[tuple[str, float]],
+        ages: Sequence[float],
+    ) -> None:
+        """Per-projector outcomes and call times, and append-to-apply ages, of a committed
+        batch (or lease end)."""
+        for (projector, outcome), n in tally.items():
+            self.apply.labels(projector, outcome).inc(n)
+        for projector, seconds in durations:
+            self.apply_duration.labels(projector).observe(seconds)
+        for age in ages:
+            self.append_to_apply.observe(age)
+
+    def set_queue(
+        self,
+        rows: Mapping[str, int],
+        *,
+        oldest_age: float | None,
+        blocked: int,
+        shadow_max_lag: float | None,
+    ) -> None:
+        """The queue gauges: rows per status, the oldest claimable head's age, blocked
+        campaigns, the shadow worker's longest lag (None: nothing of the kind)."""
+        for status, n in rows.items():
+            self.queue_rows.labels(status).set(n)
+        self.oldest_age.set(oldest_age or 0)
+        self.blocked.set(blocked)
+        self.shadow_max_lag.set(shadow_max_lag or 0)
+
+    def serve(self, port: int, addr: str = "127.0.0.1") -> tuple[str, int]:
+        """Expose `/metrics` on `addr:port` (404 on any other path) from a daemon thread;
+        returns the bound address and port (useful with port 0)."""
+        metrics = make_wsgi_app(self.registry)
+
+        def only_metrics(environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
+            if environ.get("PATH_INFO") != "/metrics":
+                start_response("404 Not Found", [("Content-Type", "text/plain; charset=utf-8")])
+                return [b"not found: the metrics are at /metrics\n"]
+            body: Iterable[bytes] = metrics(environ, start_response)
+            return body
+
+        server = make_server(addr, port, only_metrics, _ThreadingServer, _QuietHandler)
+        threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
+        self._server = server
+        host, bound = server.server_address[:2]
+        return str(host), int(bound)
+
+    def stop(self) -> None:
+        """Stop serving `/metrics` and release the port (a no-op when not serving)."""
+        server, self._server = self._server, None
+        if server is not None:
+            server.shutdown()
+            server.server_close()
+
+
+class _ThreadingServer(ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        """Scrapes are not log lines."""

@@ -1,0 +1,211 @@
+"""What the queue holds and whether it is well: the outbox report, health, a drain's leftovers.
+
+Each function takes an executor first and returns a typed result; the CLI renders it as a
+table or as JSON (its fields, in order, are the `--json` keys). Nothing here renders, parses
+options or writes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+from outbox import db
+from outbox.errors import SchemaNotReady, ValidationError
+from outbox.queue import inspect
+from outbox.queue.inspect import (
+    STATUSES,
+    BlockedCampaign,
+    LeaseRow,
+    OldestClaimable,
+    ParkedRow,
+    QueueRow,
+    ShadowObservations,
+    StatusCounts,
+)
+from outbox.schema import check_current
+from outbox.worker.registration import LiveWorker, live_workers
+
+if TYPE_CHECKING:
+    from outbox.db import Executor
+
+__all__ = [
+    "MAX_LIMIT",
+    "STATUSES",
+    "Health",
+    "Leftovers",
+    "Report",
+    "Summary",
+    "check_limit",
+    "health",
+    "leftovers",
+    "outbox_report",
+]
+
+MAX_LIMIT = 10_000
+SUMMARY_LIST_LIMIT = 100
+
+
+@dataclass(frozen=True, slots=True)
+class Summary:
+    campaign_id: str | None
+    counts: StatusCounts
+    total: int
+    oldest_claimable: OldestClaimable | None
+    earliest_next_attempt_at: datetime | None
+    blocked_campaigns: list[BlockedCampaign]
+    shadow: ShadowObservations
+    parked_rows: list[ParkedRow]
+    leases: list[LeaseRow]
+    workers: list[LiveWorker]
+    resolved_mode: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    """`maintenance outbox-report`: the summary, then rows (failed and dead first)."""
+
+    status: str | None
+    limit: int
+    summary: Summary
+    rows: list[QueueRow]
+
+
+@dataclass(frozen=True, slots=True)
+class Health:
+    """`maintenance health`: healthy or not, the figures it judged, and every reason."""
+
+    healthy: bool
+    migrations: str
+    oldest_claimable_age_seconds: float | None
+    max_oldest_age_seconds: float | None
+    dead_rows: int | None
+    max_dead: int
+    blocked_campaigns: int | None
+    max_blocked: int
+    reasons: list[str]
+
+
+@dataclass(frozen=True, slots=True)
+class Leftovers:
+    """What a finished drain leaves: rows per status, and campaigns blocked behind a failed
+    or dead head."""
+
+    pending: int
+    processing: int
+    failed: int
+    dead: int
+    blocked_campaigns: int
+
+
+def check_limit(limit: int) -> None:
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT:
+        raise ValidationError("limit", f"expected an integer from 1 to {MAX_LIMIT}, got {limit!r}")
+
+
+async def outbox_report(
+    executor: Executor,
+    *,
+    status: str | None = None,
+    limit: int = 50,
+    campaign_id: str | None = None,
+    park: bool = False,
+    resolved_mode: str | None = None,
+) -> Report:
+    """Counts, the oldest claimable row, blocked campaigns, parked rows (under `park`), leases,
+    live workers, then rows. `resolved_mode` is what a worker with the caller's settings runs."""
+    if status is not None and status not in STATUSES:
+        raise ValidationError("status", f"expected one of {'/'.join(STATUSES)}, got {status!r}")
+    check_limit(limit)
+    async with db.acquire(executor) as conn:
+        counts = await inspect.count_rows(conn, campaign_id)
+        oldest = await inspect.oldest_claimable(conn, campaign_id, park=park)
+        earliest = await inspect.earliest_next_attempt(conn, campaign_id)
+        blocked, _ = await inspect.blocked_campaigns(
+            conn, campaign_id, park=park, limit=SUMMARY_LIST_LIMIT
+        )
+        parked = (
+            await inspect.list_parked(conn, campaign_id, limit=SUMMARY_LIST_LIMIT) if park else []
+        )
+        rows = await inspect.list_rows(conn, status=status, campaign_id=campaign_id, limit=limit)
+        leases = await inspect.list_leases(conn, campaign_id, limit=SUMMARY_LIST_LIMIT)
+        workers = await live_workers(conn)
+        shadow = await inspect.shadow_observations(conn, campaign_id)
+    summary = Summary(
+        campaign_id,
+        counts,
+        counts.total,
+        oldest,
+        earliest,
+        blocked,
+        shadow,
+        parked,
+        leases,
+        workers,
+        resolved_mode,
+    )
+    return Report(status, limit, summary, rows)
+
+
+async def leftovers(executor: Executor, *, park: bool) -> Leftovers:
+    """What a finished drain leaves (under `park`, dead rows block nothing)."""
+    async with db.acquire(executor) as conn:
+        counts = await inspect.count_rows(conn)
+        _, blocked = await inspect.blocked_campaigns(conn, park=park, limit=1)
+    return Leftovers(counts.pending, counts.processing, counts.failed, counts.dead, blocked)
+
+
+async def health(
+    executor: Executor,
+    *,
+    max_oldest_age: float | None = None,
+    max_dead: int = 0,
+    max_blocked: int = 0,
+    park: bool = False,
+) -> Health:
+    """Healthy when migrations are current, at most `max_dead` rows are dead, at most
+    `max_blocked` campaigns are blocked behind a failed or dead head (under `park` dead rows
+    block nothing), and the oldest claimable row is younger than `max_oldest_age`; the reasons
+    say what is not. (The database answering is the caller's first check.)"""
+    reasons: list[str] = []
+    try:
+        await check_current(executor)
+        migrations = "current"
+    except SchemaNotReady as exc:
+        migrations = "not current"
+        reasons.append(str(exc))
+    age: float | None = None
+    dead = blocked = None
+    if migrations == "current":
+        async with db.acquire(executor) as conn:
+            oldest = await inspect.oldest_claimable(conn, park=park)
+            dead = await inspect.count_dead(conn)
+            first, blocked = await inspect.blocked_campaigns(conn, park=park, limit=1)
+        if dead > max_dead:
+            reasons.append(f"{dead} dead row(s), over {max_dead}")
+        if blocked > max_blocked:
+            where = (
+                f" (oldest: {first[0].campaign_id!r} at seq {first[0].blocking_seq})"
+                if first
+                else ""
+            )
+            reasons.append(f"{blocked} blocked campaign(s), over {max_blocked}{where}")
+        if oldest is not None:
+            age = oldest.age_seconds
+            if max_oldest_age is not None and age > max_oldest_age:
+                reasons.append(
+                    f"oldest claimable row {oldest.campaign_id!r} seq {oldest.seq} "
+                    f"is {age:.0f}s old, over {max_oldest_age:g}s"
+                )
+    return Health(
+        not reasons,
+        migrations,
+        age,
+        max_oldest_age,
+        dead,
+        max_dead,
+        blocked,
+        max_blocked,
+        reasons,
+    )

@@ -1,0 +1,131 @@
+"""Requeues of dead rows, one by one or in batches, after a projector is fixed.
+
+A requeued row is pending and due now with a fresh attempt budget; an insert-only audit row
+keeps what it was (status, attempts, last error, when), who did it (`actor`, default: the
+operating-system user) and why. A batch goes oldest first, in chunks of their own
+transactions, so a long requeue never holds many locks.
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from outbox import db
+from outbox.errors import Conflict
+from outbox.ops.report import check_limit
+from outbox.queue import repair
+from outbox.queue.claim import claim_one
+from outbox.queue.repair import RequeuedRow
+from outbox.queue.settle import notify_work
+
+if TYPE_CHECKING:
+    from outbox.db import Executor
+
+__all__ = ["RequeueOne", "RequeueResult", "current_actor", "requeue_dead", "requeue_one"]
+
+REQUEUE_CHUNK = 500
+
+
+@dataclass(frozen=True, slots=True)
+class RequeueOne:
+    campaign_id: str
+    seq: int
+    requeued: bool
+
+
+@dataclass(frozen=True, slots=True)
+class RequeueResult:
+    """A batch requeue: how many matched, how many moved (0 in a dry run), and the rows."""
+
+    limit: int
+    dry_run: bool
+    matched: int
+    requeued: int
+    rows: list[RequeuedRow]
+
+
+def current_actor() -> str:
+    """The operating-system user, for the audit."""
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return f"uid:{os.getuid()}"
+
+
+async def requeue_one(
+    executor: Executor,
+    campaign_id: str,
+    seq: int,
+    *,
+    actor: str | None = None,
+    reason: str | None = None,
+) -> RequeueOne:
+    """One dead row back to pending; NotFound, or Conflict when not dead or held by a batch."""
+    async with db.acquire(executor) as conn:
+        async with conn.transaction():
+            row, _ = await claim_one(conn, campaign_id, seq, park=True)
+            if row.status != "dead":
+                raise Conflict(f"row {campaign_id!r} seq {seq} is {row.status}, not dead")
+            await repair.requeue_dead(
+                conn,
+                limit=1,
+                one=(campaign_id, seq),
+                actor=actor or current_actor(),
+                reason=reason,
+            )
+        await notify_work(conn)
+    return RequeueOne(campaign_id, seq, requeued=True)
+
+
+async def requeue_dead(
+    executor: Executor,
+    *,
+    limit: int,
+    campaign_id: str | None = None,
+    event_type: str | None = None,
+    dry_run: bool = False,
+    actor: str | None = None,
+    reason: str | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> RequeueResult:
+    """Up to `limit` dead rows back to pending, oldest first, in chunks of their own
+    transactions; `progress(n)` after each chunk. With `dry_run` nothing changes and the rows
+    that would move come back."""
+    check_limit(limit)
+    actor = actor or current_actor()
+    done: list[RequeuedRow] = []
+    async with db.acquire(executor) as conn:
+        if dry_run:
+            rows = await repair.requeue_dead(
+                conn,
+                limit=limit,
+                campaign_id=campaign_id,
+                event_type=event_type,
+                dry_run=True,
+                actor=actor,
+                reason=reason,
+            )
+            return RequeueResult(limit, True, len(rows), 0, rows)
+        while len(done) < limit:
+            ask = min(REQUEUE_CHUNK, limit - len(done))
+            async with conn.transaction():
+                chunk = await repair.requeue_dead(
+                    conn,
+                    limit=ask,
+                    campaign_id=campaign_id,
+                    event_type=event_type,
+                    actor=actor,
+                    reason=reason,
+                )
+            done += chunk
+            if progress is not None:
+                progress(len(chunk))
+            if len(chunk) < ask:
+                break
+        if done:
+            await notify_work(conn)
+    return RequeueResult(limit, False, len(done), len(done), done)

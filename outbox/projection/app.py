@@ -1,0 +1,142 @@
+"""The `Outbox` app: settings, the projector registry, the failure policy, and the append.
+
+Applications build one `Outbox`, register projectors with `@app.projector(...)`, and append
+with `app.append(...)`. The worker (`outbox.worker`) and the operators' tools take the app.
+Registrations live in `registry`, dispatch and the exactly-once guards in `guards`, inline
+apply in `inline`, rebuilds in `rebuild`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, TypeVar
+
+from outbox.append.journal import append
+from outbox.config import Settings
+from outbox.errors import ConfigError
+from outbox.model import AppendResult, Event
+from outbox.projection.inline import append_inline
+from outbox.projection.registry import Projector, Registry, ResetFn
+from outbox.retry import FailurePolicy
+
+if TYPE_CHECKING:
+    from outbox.db import Executor
+
+__all__ = ["Outbox"]
+
+F = TypeVar("F", bound=Callable[..., Awaitable[None]])
+
+
+class Outbox:
+    """The app object: settings plus the projector registry.
+
+    app = Outbox()
+
+    @app.projector("roster", events=["character.joined"])
+    async def roster(tx, event): ...
+    """
+
+    def __init__(
+        self, settings: Settings | None = None, *, rand: Callable[[], float] | None = None
+    ) -> None:
+        self.settings = settings if settings is not None else Settings.from_env()
+        self.registry = Registry()
+        # The jitter's random source for this app's failures (None: a fresh generator).
+        self.rand = rand
+
+    def projector(
+        self,
+        name: str,
+        *,
+        events: Sequence[str],
+        ordered: bool | None = None,
+        idempotent: bool = False,
+        reset: ResetFn | None = None,
+        batch: bool = False,
+        transactional: bool = True,
+    ) -> Callable[[F], F]:
+        """Register a projector of `events` (a list of types) under `name`.
+
+        - `name`: the projector's identity; its checkpoints and markers are keyed by it, so a
+          rename starts it afresh (docs/idempotency.md, hazards).
+        - `events`: the event types it receives; `fn(tx, event)` gets each as a StoredEvent
+          (campaign_id, seq, type, payload, metadata, recorded_at; docs/projections.md).
+        - `ordered` (default True): a checkpoint per campaign; duplicates are skipped,
+          a gap is refused. `ordered=False, idempotent=True`: a processed marker per event.
+          `ordered=False` alone: no guard (only the queue's transaction).
+        - `batch=True`: `fn(tx, events)` is called once per claimed batch with the events it
+          subscribes to that its guard lets through, in (campaign_id, seq) order; otherwise
+          `fn(tx, event)` once per event. See docs/worker.md for the batch contract.
+        - `reset(tx, campaign_id)`: clears one campaign's projection, for rebuilds.
+        - `transactional=False`: for projectors that write outside the database or run long
+          (lease mode). `fn(pool, event)` runs outside any queue transaction while a
+          heartbeat extends the row's lease; delivery is at-least-once, so the projector must
+          be idempotent towards its target (docs/worker.md, docs/idempotency.md). Per-campaign
+          order still holds. It takes no guard: `ordered` defaults to False for it.
+        """
+        if isinstance(events, str):
+            raise ConfigError(f"projector {name!r}: events must be a list of types, not a string")
+        guarded = transactional if ordered is None else ordered
+
+        def register(fn: F) -> F:
+            self.registry.add(
+                Projector(
+                    name, frozenset(events), fn, guarded, idempotent, reset, batch, transactional
+                )
+            )
+            return fn
+
+        return register
+
+    def ignore(self, types: Sequence[str]) -> None:
+        """Declare event types that need no projection: completed and counted as skipped."""
+        self.registry.ignore(types)
+
+    def validate(self) -> None:
+        self.registry.validate(self.settings)
+
+    def failure_policy(self) -> FailurePolicy:
+        """Attempts, backoff and death of a failed attempt, from this app's settings, with its
+        random source (`rand`: tests inject a fixed one)."""
+        return FailurePolicy.of(self.settings, self.rand)
+
+    async def append(
+        self,
+        executor: Executor,
+        campaign_id: str,
+        events: Sequence[Event],
+        *,
+        expected_seq: int | None = None,
+        idempotency_key: str | None = None,
+        raise_on_duplicate: bool = False,
+        apply_inline: bool | None = None,
+    ) -> AppendResult:
+        """`outbox.append` with this app's settings, and the inline fast path when
+        `apply_inline` (default: OUTBOX_INLINE_APPLY) and enqueueing are on (see
+        `outbox.projection.inline`): the new events are applied inside the append's own
+        transaction, or left to a worker when that cannot be done in order."""
+        inline = self.settings.inline_apply if apply_inline is None else apply_inline
+        leased = self.registry.leased_types()
+        if leased and any(getattr(e, "type", None) in leased for e in events):
+            inline = False
+        if not (inline and self.settings.enabled):
+            return await append(
+                executor,
+                campaign_id,
+                events,
+                expected_seq=expected_seq,
+                idempotency_key=idempotency_key,
+                raise_on_duplicate=raise_on_duplicate,
+                settings=self.settings,
+            )
+        return await append_inline(
+            executor,
+            campaign_id,
+            events,
+            registry=self.registry,
+            settings=self.settings,
+            policy=self.failure_policy(),
+            expected_seq=expected_seq,
+            idempotency_key=idempotency_key,
+            raise_on_duplicate=raise_on_duplicate,
+        )

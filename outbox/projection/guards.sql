@@ -1,0 +1,75 @@
+-- The exactly-once guards: checkpoints of ordered projectors, processed markers of idempotent
+-- ones, each read or written for a whole group of events in one statement. An ordered claim
+-- locks the checkpoints in its own statement (it includes `locked_checkpoints`), and every
+-- checkpoint move is written by the batch's settle (queue/settle.sql, `settle_batch`), so a
+-- worker's batch pays no statement of its own for them.
+
+-- fragment: locked_checkpoints
+-- The checkpoints of the ordered projectors ($2) in the campaigns ($1), locked in a fixed
+-- order until the transaction ends; a missing row means 0.
+SELECT k.campaign_id, k.projector, k.applied_seq
+FROM projection_checkpoints k
+WHERE k.campaign_id = ANY ($1::text[]) AND k.projector = ANY ($2::text[])
+ORDER BY k.campaign_id, k.projector
+FOR UPDATE
+
+-- name: lock_checkpoints
+-- One statement per group: the verdicts (apply / duplicate / gap) of every event follow from
+-- these values and the seqs.
+-- include: locked_checkpoints
+
+-- name: create_checkpoints
+-- Checkpoint rows at 0 for the pairs of campaigns ($1) and ordered projectors ($2) that have
+-- none, so a caller that does not hold the campaign has rows to lock: two concurrent first
+-- applications of one campaign then queue on the row instead of both reading "missing".
+-- Waits for a concurrent creator of the same row, then leaves its row as it is.
+INSERT INTO projection_checkpoints (campaign_id, projector, applied_seq)
+SELECT c, p, 0
+FROM unnest($1::text[]) AS c, unnest($2::text[]) AS p
+ORDER BY c, p
+ON CONFLICT (campaign_id, projector) DO NOTHING
+
+-- name: open_group
+-- A savepoint around one group of events. Never released: a commit ends it, and a RELEASE
+-- would cost the happy path a round trip.
+SAVEPOINT outbox_group
+
+-- name: undo_group
+-- Roll back the group that just failed (the most recent savepoint of that name).
+ROLLBACK TO SAVEPOINT outbox_group
+
+-- name: reserve_markers
+-- Reserve (handler, event) for every idempotent projector and event of a group in one
+-- statement; the rows back are the reservations made now, the others were already applied.
+-- A concurrent reserver of the same marker waits for the first to commit or roll back.
+INSERT INTO processed_markers (campaign_id, seq, handler)
+SELECT r.campaign_id, r.seq, r.handler
+FROM unnest($1::text[], $2::bigint[], $3::text[]) AS r(campaign_id, seq, handler)
+ORDER BY r.campaign_id, r.seq, r.handler
+ON CONFLICT (campaign_id, seq, handler) DO NOTHING
+RETURNING campaign_id, seq, handler
+
+-- name: list_checkpoints
+-- Checkpoints of the given campaigns.
+SELECT campaign_id, projector, applied_seq FROM projection_checkpoints
+WHERE campaign_id = ANY ($1::text[])
+
+-- name: list_markers
+-- Processed markers of the given events.
+SELECT m.campaign_id, m.seq, m.handler
+FROM processed_markers m
+JOIN unnest($1::text[], $2::bigint[]) AS e(campaign_id, seq)
+  ON m.campaign_id = e.campaign_id AND m.seq = e.seq
+
+-- name: delete_markers
+-- A rebuild of an idempotent projector forgets what it applied in the campaign.
+DELETE FROM processed_markers WHERE campaign_id = $1::text AND handler = $2::text
+
+-- name: prune_markers
+-- Processed markers older than $1 hours, at most $2 per call.
+DELETE FROM processed_markers
+WHERE ctid IN (
+    SELECT ctid FROM processed_markers
+    WHERE applied_at < clock_timestamp() - make_interval(hours => $1::integer)
+    LIMIT $2::integer
+)

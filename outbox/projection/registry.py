@@ -1,0 +1,140 @@
+"""The projector registry: what an app registered, indexed for the apply hot path.
+
+`Projector` is one registration (name, event types, function, guard, per-event or batch);
+`Registry` validates registrations and settings against each other and answers "who
+subscribes to this type" from an index built once. No I/O happens here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from outbox.config import Settings
+from outbox.errors import ConfigError
+from outbox.model import StoredEvent
+
+if TYPE_CHECKING:
+    from outbox.db import Connection
+
+__all__ = ["BatchProjectorFn", "Projector", "ProjectorFn", "Registry", "ResetFn"]
+
+# A per-event projector: (transaction, event); a non-transactional one gets the worker's pool
+# instead of a transaction (lease mode).
+ProjectorFn = Callable[["Connection", StoredEvent], Awaitable[None]]
+# A batch projector: (transaction, the batch's events it subscribes to, in (campaign_id, seq)
+# order, that its guard lets through).
+BatchProjectorFn = Callable[["Connection", Sequence[StoredEvent]], Awaitable[None]]
+# Clears one campaign's projection rows before a rebuild re-applies its journal.
+ResetFn = Callable[["Connection", str], Awaitable[None]]
+
+
+@dataclass(frozen=True, slots=True)
+class Projector:
+    name: str
+    events: frozenset[str]
+    fn: ProjectorFn | BatchProjectorFn
+    ordered: bool = True
+    idempotent: bool = False
+    reset: ResetFn | None = None
+    batch: bool = False
+    # False: runs outside any queue transaction, under a lease (at-least-once).
+    transactional: bool = True
+
+    async def run(self, conn: Connection, events: Sequence[StoredEvent]) -> None:
+        """Call the function: once with `events` (batch), or once per event."""
+        if self.batch:
+            await self.fn(conn, events)  # type: ignore[arg-type]
+            return
+        for event in events:
+            await self.fn(conn, event)  # type: ignore[arg-type]
+
+
+@dataclass
+class Registry:
+    projectors: dict[str, Projector] = field(default_factory=dict)
+    ignored: set[str] = field(default_factory=set)
+    _by_type: dict[str, tuple[Projector, ...]] = field(default_factory=dict)
+    _ordered: list[str] = field(default_factory=list)
+    _leased: frozenset[str] = frozenset()
+
+    def add(self, projector: Projector) -> None:
+        if not projector.name.strip():
+            raise ConfigError("a projector needs a non-empty name")
+        if not projector.transactional and (
+            projector.ordered or projector.idempotent or projector.batch
+        ):
+            raise ConfigError(
+                f"projector {projector.name!r}: transactional=False runs outside the queue's "
+                "transaction, where no checkpoint, marker or batch can guard it; drop "
+                "ordered/idempotent/batch (the queue keeps per-campaign order)"
+            )
+        if projector.name in self.projectors:
+            raise ConfigError(f"projector {projector.name!r} is registered twice")
+        if not projector.events:
+            raise ConfigError(f"projector {projector.name!r} subscribes to no event type")
+        if overlap := projector.events & self.ignored:
+            raise ConfigError(
+                f"projector {projector.name!r} subscribes to ignored {sorted(overlap)}"
+            )
+        self.projectors[projector.name] = projector
+        self._by_type.clear()  # the indexes are rebuilt on next use
+
+    def ignore(self, types: Iterable[str]) -> None:
+        types = set(types)
+        for p in self.projectors.values():
+            if overlap := p.events & types:
+                raise ConfigError(
+                    f"cannot ignore {sorted(overlap)}: projector {p.name!r} uses them"
+                )
+        self.ignored |= types
+
+    def _index(self) -> None:
+        # Built once after registration, read on every event (the apply hot path).
+        if self._by_type or not self.projectors:
+            return
+        index: dict[str, list[Projector]] = {}
+        for p in sorted(self.projectors.values(), key=lambda p: p.name):
+            for t in p.events:
+                index.setdefault(t, []).append(p)
+        self._by_type = {t: tuple(ps) for t, ps in index.items()}
+        self._ordered = sorted(p.name for p in self.projectors.values() if p.ordered)
+        self._leased = frozenset(
+            t for t, ps in self._by_type.items() if any(not p.transactional for p in ps)
+        )
+
+    def subscribers(self, event_type: str) -> tuple[Projector, ...]:
+        self._index()
+        return self._by_type.get(event_type, ())
+
+    def leased_types(self) -> frozenset[str]:
+        """Event types with a non-transactional subscriber: their rows go through lease mode."""
+        self._index()
+        return self._leased
+
+    def ordered_names(self) -> list[str]:
+        """Every ordered projector, sorted (a fixed lock order for their checkpoints)."""
+        self._index()
+        return self._ordered
+
+    def validate(self, settings: Settings) -> None:
+        """Refuse settings that contradict the registered projectors (one-line ConfigError)."""
+        ordered = self.ordered_names()
+        if ordered and settings.ordering == "none":
+            raise ConfigError(
+                f"OUTBOX_ORDERING=none cannot serve ordered (checkpointed) projectors: "
+                f"{', '.join(ordered)}; register them with ordered=False or use ordering=campaign"
+            )
+        leased = sorted(p.name for p in self.projectors.values() if not p.transactional)
+        if leased and settings.ordering == "none":
+            raise ConfigError(
+                f"OUTBOX_ORDERING=none cannot serve non-transactional projectors: "
+                f"{', '.join(leased)}; their leases are reclaimed through the campaign queue: "
+                "use ordering=campaign"
+            )
+        if ordered and settings.park:
+            raise ConfigError(
+                f"OUTBOX_DEAD_POLICY=park would skip events that ordered projectors must see "
+                f"({', '.join(ordered)}); use dead_policy=block or ordered=False"
+            )

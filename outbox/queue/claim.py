@@ -1,0 +1,199 @@
+"""The claim: which due work a batch takes, with its events, and the locks that hold a campaign.
+
+Under campaign ordering a claim locks due campaigns from the campaign queue (oldest due
+first, `SKIP LOCKED`), then reads each one's rows from its head with their events and the
+ordered projectors' checkpoints, locked. The campaign's holder owns its rows until it commits.
+Under ordering `none` it locks due rows directly. Operators' tools lock one row without waiting
+(`claim_one`); paths that must keep every applier out of a campaign hold its queue row
+(`hold_campaign`) or all its rows (`lock_campaign_rows`). Nothing here decides which rows to
+apply, or applies anything.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+from outbox import db
+from outbox.append.journal import decode_record
+from outbox.errors import Conflict, EventUnavailable, NotFound
+from outbox.model import Key, StoredEvent
+from outbox.queries import Queries
+
+if TYPE_CHECKING:
+    from outbox.db import Connection
+
+__all__ = [
+    "ClaimedCampaign",
+    "ClaimedRow",
+    "claim",
+    "claim_one",
+    "hold_campaign",
+    "lock_campaign_rows",
+    "lock_heads",
+]
+
+
+class ClaimQueries(Queries):
+    claim_campaigns: str
+    load_campaigns: str
+    claim_due_rows: str
+    claim_one: str
+    lock_heads: str
+    hold_campaign: str
+    lock_campaign_rows: str
+
+
+Q = ClaimQueries
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedRow:
+    """A locked work row; `event` is None when its journal row is missing or undecodable, and
+    `unavailable` then says why (raised as that row's failure)."""
+
+    campaign_id: str
+    seq: int
+    status: str
+    attempt_count: int
+    next_attempt_at: datetime
+    due: bool
+    event: StoredEvent | None
+    unavailable: EventUnavailable | None = None
+    lease_owner: str | None = None  # lease mode: who last claimed it, and that claim's epoch
+    claim_epoch: int | None = None
+
+    @property
+    def key(self) -> Key:
+        return (self.campaign_id, self.seq)
+
+    def stored_event(self) -> StoredEvent:
+        """The event, or the row's EventUnavailable."""
+        if self.event is None:
+            raise self.unavailable or EventUnavailable(
+                f"journal event {self.campaign_id!r} seq {self.seq} is missing"
+            )
+        return self.event
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedCampaign:
+    """A campaign an ordered claim holds: its rows from the head (as far as the budget went)
+    and its first and last outstanding seq (None: no row is left)."""
+
+    campaign_id: str
+    rows: list[ClaimedRow]
+    first_seq: int | None
+    last_seq: int | None
+    checkpoints: dict[str, int]  # ordered projector -> applied_seq (missing: 0), locked
+
+
+async def claim(
+    conn: Connection,
+    *,
+    limit: int,
+    ordered: bool,
+    campaigns: int | None = None,
+    projectors: Sequence[str] = (),
+    now: datetime | None = None,
+) -> list[ClaimedCampaign]:
+    """Lock up to `limit` rows: under campaign ordering, due campaigns (one statement), then
+    the rows from their heads (the campaign's rows are the holder's alone) and the checkpoints
+    of the ordered `projectors` (a second statement, whose snapshot sees every commit of the
+    campaigns' previous holders); else due rows, each locked, one pseudo-campaign per row's
+    campaign (no checkpoints read). Campaigns sorted by id, rows by seq. `campaigns`: how many
+    campaigns an ordered claim takes at most (default `limit`), the rows shared among them."""
+    if ordered:
+        held = await conn.fetch(Q.claim_campaigns, min(campaigns or limit, limit), now)
+        if not held:
+            return []
+        per = -(-limit // len(held))  # the budget shared among them, rounded up
+        records = await conn.fetch(
+            Q.load_campaigns,
+            [r["campaign_id"] for r in held],
+            list(projectors),
+            [r["head_seq"] for r in held],
+            per,
+            now,
+        )
+    else:
+        records = await conn.fetch(Q.claim_due_rows, limit, now)
+    claimed: list[ClaimedCampaign] = []
+    for r in records:
+        if not claimed or claimed[-1].campaign_id != r["campaign_id"]:
+            checkpoints = dict(zip(r["projectors"] or (), r["applied_seqs"] or (), strict=True))
+            claimed.append(
+                ClaimedCampaign(r["campaign_id"], [], r["first_seq"], r["last_seq"], checkpoints)
+            )
+        if r["seq"] is not None:
+            claimed[-1].rows.append(_claimed(r))
+    return claimed
+
+
+def _claimed(r: db.Record) -> ClaimedRow:
+    event: StoredEvent | None = None
+    unavailable: EventUnavailable | None = None
+    if r["event_type"] is None:
+        unavailable = EventUnavailable(
+            f"journal event {r['campaign_id']!r} seq {r['seq']} is missing"
+        )
+    else:
+        try:
+            event = decode_record(r)
+        except EventUnavailable as exc:
+            unavailable = exc
+    return ClaimedRow(
+        r["campaign_id"],
+        r["seq"],
+        r["status"],
+        r["attempt_count"],
+        r["next_attempt_at"],
+        r["due"],
+        event,
+        unavailable,
+        r["lease_owner"],
+        r["claim_epoch"],
+    )
+
+
+async def claim_one(
+    conn: Connection, campaign_id: str, seq: int, *, park: bool
+) -> tuple[ClaimedRow, int | None]:
+    """Lock one row for an operator without waiting, with the seq of the earliest earlier
+    outstanding row of its campaign (None: it is the head). NotFound when there is no such row,
+    Conflict when a running batch holds it."""
+    try:
+        r = await conn.fetchrow(Q.claim_one, campaign_id, seq, park)
+    except Exception as exc:
+        if not db.lock_not_available(exc):
+            raise
+        raise Conflict(
+            f"row {campaign_id!r} seq {seq} is held by a running batch; try again"
+        ) from None
+    if r is None:
+        raise NotFound(f"no queued row {campaign_id!r} seq {seq}")
+    return _claimed(r), r["blocked_by"]
+
+
+async def hold_campaign(conn: Connection, campaign_id: str) -> None:
+    """Lock the campaign's queue row until the transaction ends (first, as a batch does)."""
+    await conn.execute(Q.hold_campaign, campaign_id)
+
+
+async def lock_campaign_rows(conn: Connection, campaign_id: str) -> int:
+    """Hold the campaign and every queued row of it until the transaction ends; returns how
+    many rows."""
+    locked: int = await conn.fetchval(Q.lock_campaign_rows, campaign_id)
+    return locked
+
+
+async def lock_heads(conn: Connection, campaigns: Sequence[str]) -> set[str]:
+    """Hold the append heads of `campaigns` (no append of them runs until commit), skipping
+    the ones an append holds now; returns the campaigns held. A campaign row may be deleted
+    only while its head is held."""
+    if not campaigns:
+        return set()
+    rows = await conn.fetch(Q.lock_heads, sorted(campaigns))
+    return {r["campaign_id"] for r in rows}

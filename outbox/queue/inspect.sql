@@ -1,0 +1,107 @@
+-- Reads of the work queue: what the report, health, metrics, drains and read-your-writes see.
+-- Every filter is a bound parameter; a null filter means "any". Nothing here writes.
+
+-- fragment: queue_heads
+-- Each campaign's first outstanding row (campaign $1, or all): its head. Under park ($2) dead
+-- rows step aside, so the head is the first row that is not dead.
+SELECT DISTINCT ON (campaign_id) campaign_id, seq, status, enqueued_at
+FROM projection_apply_outbox
+WHERE ($1::text IS NULL OR campaign_id = $1::text) AND NOT ($2::boolean AND status = 'dead')
+ORDER BY campaign_id, seq
+
+-- name: count_rows_by_status
+-- Rows per status, optionally for one campaign ($1).
+SELECT status, count(*) AS n
+FROM projection_apply_outbox
+WHERE ($1::text IS NULL OR campaign_id = $1::text)
+GROUP BY status
+
+-- name: get_oldest_claimable
+-- The claimable row waiting longest (by enqueued_at, not by its backoff time) and its age by
+-- the database clock: a pending or failed campaign head. A row behind an outstanding head of
+-- its campaign waits for that head and is not claimable (under park, $2, dead rows step aside).
+WITH heads AS (
+    -- include: queue_heads
+)
+SELECT campaign_id, seq, enqueued_at,
+       extract(epoch FROM clock_timestamp() - enqueued_at)::double precision AS age_seconds
+FROM heads
+WHERE status IN ('pending', 'failed')
+ORDER BY enqueued_at, seq
+LIMIT 1
+
+-- name: count_dead_rows
+-- How many rows are dead (campaign $1 or all).
+SELECT count(*) FROM projection_apply_outbox
+WHERE status = 'dead' AND ($1::text IS NULL OR campaign_id = $1::text)
+
+-- name: get_earliest_next_attempt
+-- The earliest next_attempt_at among claimable statuses.
+SELECT min(next_attempt_at)
+FROM projection_apply_outbox
+WHERE status IN ('pending', 'failed') AND ($1::text IS NULL OR campaign_id = $1::text)
+
+-- name: list_blocked_campaigns
+-- Campaigns whose first outstanding row is failed or dead (under park, $2, dead rows step
+-- aside and do not block), with the rows waiting behind it; oldest first, at most $3;
+-- `total` counts them all, whatever the limit.
+WITH heads AS (
+    -- include: queue_heads
+)
+SELECT h.campaign_id, h.seq AS blocking_seq, h.status,
+       (SELECT count(*) FROM projection_apply_outbox o
+        WHERE o.campaign_id = h.campaign_id AND o.seq > h.seq) AS waiting,
+       extract(epoch FROM clock_timestamp() - h.enqueued_at)::double precision AS age_seconds,
+       count(*) OVER () AS total
+FROM heads h
+WHERE h.status IN ('failed', 'dead')
+ORDER BY h.enqueued_at, h.campaign_id
+LIMIT $3::integer
+
+-- name: list_rows
+-- Queue rows by status ($1) and campaign ($2), at most $3: with no status filter failed and
+-- dead rows first (they explain a backlog), then in claim order (next_attempt_at, seq).
+SELECT campaign_id, seq, event_type, status, attempt_count, next_attempt_at, enqueued_at,
+       updated_at, last_error
+FROM projection_apply_outbox
+WHERE ($1::text IS NULL OR status = $1::text) AND ($2::text IS NULL OR campaign_id = $2::text)
+ORDER BY status IN ('failed', 'dead') DESC, next_attempt_at, seq
+LIMIT $3::integer
+
+-- name: list_leases
+-- Rows in lease mode (processing): their owner and epoch (above 1: claimed before, a reclaim
+-- when last_error says the lease expired), how long ago the lease was taken and when it
+-- expires (negative: expired, due to be reclaimed), campaign $1, at most $2.
+SELECT campaign_id, seq, event_type, lease_owner, claim_epoch, attempt_count, last_error,
+       extract(epoch FROM clock_timestamp() - leased_at)::double precision AS lease_age_seconds,
+       extract(epoch FROM lease_expires_at - clock_timestamp())::double precision
+           AS expires_in_seconds
+FROM projection_apply_outbox
+WHERE status = 'processing' AND ($1::text IS NULL OR campaign_id = $1::text)
+ORDER BY leased_at, campaign_id, seq
+LIMIT $2::integer
+
+-- name: get_shadow_observations
+-- What shadow workers saw: rows seen, sightings, and the longest enqueue-to-first-seen lag.
+SELECT count(*) FILTER (WHERE seen_count > 0) AS rows_seen,
+       coalesce(sum(seen_count), 0)::bigint AS sightings,
+       max(extract(epoch FROM first_seen_at - enqueued_at))::double precision AS max_lag_seconds
+FROM projection_apply_outbox
+WHERE $1::text IS NULL OR campaign_id = $1::text
+
+-- name: get_next_due
+-- Seconds until the earliest claimable work is due, by the database clock (null: nothing
+-- waits): the first unblocked campaign under ordering `campaign`, the first live row under
+-- ordering `none` ($1).
+SELECT extract(epoch FROM CASE
+    WHEN $1::boolean THEN (
+        SELECT min(o.next_attempt_at) FROM projection_apply_outbox o
+        WHERE o.status IN ('pending', 'failed'))
+    ELSE (SELECT min(c.due_at) FROM projection_apply_campaigns c WHERE NOT c.blocked)
+END - clock_timestamp())::double precision
+
+-- name: get_outstanding_upto
+-- Whether any work row of campaign $1 at or below seq $2 is still outstanding.
+SELECT EXISTS (
+    SELECT 1 FROM projection_apply_outbox WHERE campaign_id = $1::text AND seq <= $2::bigint
+)

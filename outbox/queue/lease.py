@@ -1,0 +1,134 @@
+"""Lease statements: rows of events a non-transactional projector handles are leased by the
+batch that claims them, extended by heartbeats, and ended by a compare-and-set on owner, epoch
+and status (completed, failed, or handed back).
+
+While a row is processing its next_attempt_at equals its lease expiry, so the ordinary claim
+takes it back when the lease expires. Running the leases (the projectors, the heartbeat, when
+to end) is the worker's (`outbox.worker.lease`); this module only runs the statements.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+from outbox.model import Failure, Key
+from outbox.queries import Queries
+from outbox.queue.claim import ClaimedRow
+
+if TYPE_CHECKING:
+    from outbox.db import Connection, Executor
+
+__all__ = [
+    "Lease",
+    "complete_lease",
+    "extend_leases",
+    "fail_lease",
+    "lease_rows",
+    "release_lease",
+]
+
+
+class LeaseQueries(Queries):
+    lease_rows: str
+    extend_leases: str
+    complete_lease: str
+    fail_lease: str
+    release_lease: str
+
+
+Q = LeaseQueries
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """A row leased by a worker: the epoch that fences it, and its attempts so far."""
+
+    row: ClaimedRow
+    epoch: int
+    expires_at: datetime
+    attempt_count: int
+
+    @property
+    def key(self) -> Key:
+        return self.row.key
+
+
+async def lease_rows(
+    conn: Connection,
+    rows: Sequence[ClaimedRow],
+    *,
+    owner: str,
+    seconds: float,
+    now: datetime | None = None,
+) -> list[Lease]:
+    """Lease `rows` (their campaigns held by the caller's claim) in the caller's transaction;
+    rows no longer at the epoch the claim read are left out. A row taken back from an expired
+    lease counts that lease as an attempt."""
+    if not rows:
+        return []
+    records = await conn.fetch(
+        Q.lease_rows,
+        [r.campaign_id for r in rows],
+        [r.seq for r in rows],
+        owner,
+        seconds,
+        [r.claim_epoch for r in rows],
+        now,
+    )
+    by_key = {r.key: r for r in rows}
+    return [
+        Lease(
+            by_key[(r["campaign_id"], r["seq"])],
+            r["claim_epoch"],
+            r["lease_expires_at"],
+            r["attempt_count"],
+        )
+        for r in records
+    ]
+
+
+async def extend_leases(
+    executor: Executor, owner: str, leases: Sequence[Lease], *, seconds: float
+) -> set[Key]:
+    """Extend by `seconds` the `leases` (sorted by key) that `owner` still holds; returns
+    those still held (a missing one was taken over or ended)."""
+    rows = await executor.fetch(
+        Q.extend_leases,
+        owner,
+        [lease.row.campaign_id for lease in leases],
+        [lease.row.seq for lease in leases],
+        seconds,
+        [lease.epoch for lease in leases],
+    )
+    return {(r["campaign_id"], r["seq"]) for r in rows}
+
+
+async def complete_lease(conn: Connection, lease: Lease, owner: str) -> float | None:
+    """Delete the leased row if `owner` still holds it at its epoch; the seconds since it was
+    enqueued, or None when the lease was taken over (fenced)."""
+    age: float | None = await conn.fetchval(Q.complete_lease, *lease.key, owner, lease.epoch)
+    return age
+
+
+async def fail_lease(conn: Connection, lease: Lease, owner: str, failure: Failure) -> bool:
+    """Record `failure` on the leased row if `owner` still holds it; False when fenced."""
+    return bool(
+        await conn.fetchval(
+            Q.fail_lease,
+            *lease.key,
+            owner,
+            lease.epoch,
+            failure.attempts,
+            failure.delay,
+            failure.error,
+            failure.dead,
+        )
+    )
+
+
+async def release_lease(conn: Connection, lease: Lease, owner: str) -> bool:
+    """Hand the lease back unfinished (due now, no attempt counted); False when fenced."""
+    return bool(await conn.fetchval(Q.release_lease, *lease.key, owner, lease.epoch))

@@ -1,0 +1,121 @@
+"""Repair statements of the work queue: dead rows back to pending with their audit, and work
+rows for journal events that never got one.
+
+Requeues keep history: the row gets a fresh attempt budget, and an insert-only audit row keeps
+what it was (status, attempts, last error, when), who did it and why. Which rows an operator
+means, in what chunks, and whether an event counts as applied are the callers' (`outbox.ops`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+from outbox.queries import Queries
+from outbox.queue.settle import refresh_campaigns
+
+if TYPE_CHECKING:
+    from outbox.db import Connection
+
+__all__ = [
+    "RequeuedRow",
+    "enqueue",
+    "list_unqueued_campaigns",
+    "list_unqueued_events",
+    "requeue_dead",
+]
+
+
+class RepairQueries(Queries):
+    requeue_dead_rows: str
+    list_unqueued_events: str
+    insert_work_rows: str
+    list_unqueued_campaigns: str
+
+
+Q = RepairQueries
+
+
+@dataclass(frozen=True, slots=True)
+class RequeuedRow:
+    """A dead row requeued (or, in a dry run, one that would be), as it was before."""
+
+    campaign_id: str
+    seq: int
+    event_type: str
+    attempt_count: int
+    last_error: str | None
+    next_attempt_at: datetime
+
+
+async def requeue_dead(
+    conn: Connection,
+    *,
+    limit: int,
+    campaign_id: str | None = None,
+    event_type: str | None = None,
+    one: tuple[str, int] | None = None,
+    dry_run: bool = False,
+    actor: str,
+    reason: str | None,
+) -> list[RequeuedRow]:
+    """Up to `limit` dead rows (or the one row `one`) back to pending, oldest first, each with
+    its audit row; rows other transactions hold are skipped. `dry_run`: change nothing."""
+    rows = await conn.fetch(
+        Q.requeue_dead_rows,
+        limit,
+        campaign_id,
+        event_type,
+        one[0] if one else None,
+        one[1] if one else None,
+        dry_run,
+        actor,
+        reason,
+    )
+    if not dry_run:
+        # Live again: their campaigns are claimable at once. The dead policy is the workers'
+        # to know; never marking a campaign blocked is the safe side (a block worker's next
+        # claim of it marks it again if a dead row still precedes).
+        await refresh_campaigns(
+            conn, sorted({r["campaign_id"] for r in rows}), park=True, removable=()
+        )
+    return [
+        RequeuedRow(
+            r["campaign_id"],
+            r["seq"],
+            r["event_type"],
+            r["attempt_count"],
+            r["last_error"],
+            r["next_attempt_at"],
+        )
+        for r in rows
+    ]
+
+
+async def list_unqueued_events(
+    conn: Connection, campaign_id: str | None, after: tuple[str, int], limit: int
+) -> list[tuple[str, int, str]]:
+    """Journal events with no work row after the keyset cursor `after`, one campaign or all,
+    in (campaign_id, seq) order: (campaign_id, seq, event_type)."""
+    rows = await conn.fetch(Q.list_unqueued_events, campaign_id, *after, limit)
+    return [(r["campaign_id"], r["seq"], r["event_type"]) for r in rows]
+
+
+async def list_unqueued_campaigns(conn: Connection, campaign_id: str | None) -> list[str]:
+    """Campaigns with live work rows but no campaign row (rows inserted with triggers off)."""
+    return [r["campaign_id"] for r in await conn.fetch(Q.list_unqueued_campaigns, campaign_id)]
+
+
+async def enqueue(conn: Connection, events: Sequence[tuple[str, int, str]]) -> None:
+    """Work rows for `events` (an existing row wins), their campaigns made claimable."""
+    await conn.execute(
+        Q.insert_work_rows,
+        [e[0] for e in events],
+        [e[1] for e in events],
+        [e[2] for e in events],
+    )
+    # A row enqueued before a campaign's head moves the head back (the insert trigger only
+    # creates missing campaign rows). Never blocked: see requeue_dead.
+    await refresh_campaigns(conn, sorted({e[0] for e in events}), park=True, removable=())

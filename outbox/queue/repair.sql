@@ -1,0 +1,68 @@
+-- Repairs of the work queue: dead rows back to pending (audited), and journal events that
+-- never got a work row enqueued.
+
+-- name: requeue_dead_rows
+-- Dead rows back to pending, due now, with a fresh attempt budget, oldest first by
+-- next_attempt_at, seq: a batch (limit $1, campaign $2, event type $3) or one row ($4, $5).
+-- Rows other transactions hold are skipped. $6 dry run: select, change nothing. Each requeue
+-- writes its audit row (actor $7, reason $8) keeping the previous status, attempts and error.
+WITH target AS (
+    SELECT campaign_id, seq, event_type, status, attempt_count, last_error, next_attempt_at
+    FROM projection_apply_outbox
+    WHERE status = 'dead'
+      AND ($2::text IS NULL OR campaign_id = $2::text)
+      AND ($3::text IS NULL OR event_type = $3::text)
+      AND ($4::text IS NULL OR (campaign_id = $4::text AND seq = $5::bigint))
+    ORDER BY next_attempt_at, seq
+    LIMIT $1::integer
+    FOR UPDATE SKIP LOCKED
+), moved AS (
+    UPDATE projection_apply_outbox o
+    SET status = 'pending', attempt_count = 0, next_attempt_at = clock_timestamp(),
+        updated_at = clock_timestamp()
+    FROM target t
+    WHERE NOT $6::boolean AND o.campaign_id = t.campaign_id AND o.seq = t.seq
+    RETURNING o.campaign_id, o.seq
+), audit AS (
+    INSERT INTO outbox_requeue_audit (campaign_id, seq, actor, reason, previous_status,
+        previous_attempt_count, previous_last_error, previous_next_attempt_at)
+    SELECT t.campaign_id, t.seq, $7::text, $8::text, t.status, t.attempt_count, t.last_error,
+           t.next_attempt_at
+    FROM target t JOIN moved m ON m.campaign_id = t.campaign_id AND m.seq = t.seq
+)
+SELECT t.campaign_id, t.seq, t.event_type, t.attempt_count, t.last_error, t.next_attempt_at
+FROM target t
+ORDER BY t.next_attempt_at, t.seq
+
+-- name: list_unqueued_events
+-- Journal events with no work row, after the keyset cursor ($2, $3), one campaign ($1) or all,
+-- in (campaign_id, seq) order, at most $4.
+SELECT j.campaign_id, j.seq, j.event_type
+FROM event_journal j
+WHERE ($1::text IS NULL OR j.campaign_id = $1::text)
+  AND (j.campaign_id, j.seq) > ($2::text, $3::bigint)
+  AND NOT EXISTS (
+      SELECT 1 FROM projection_apply_outbox o
+      WHERE o.campaign_id = j.campaign_id AND o.seq = j.seq
+  )
+ORDER BY j.campaign_id, j.seq
+LIMIT $4::integer
+
+-- name: insert_work_rows
+-- Work rows for the given events (an existing row wins: enqueueing twice is a no-op).
+INSERT INTO projection_apply_outbox (campaign_id, seq, event_type)
+SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[])
+ON CONFLICT (campaign_id, seq) DO NOTHING
+
+-- name: list_unqueued_campaigns
+-- Campaigns ($1, or all) with live work rows but no campaign row: rows inserted with triggers
+-- off (session_replication_role = replica, a restore with --disable-triggers). Scans the work
+-- rows: a repair, never a worker's statement.
+SELECT DISTINCT o.campaign_id
+FROM projection_apply_outbox o
+WHERE o.status IN ('pending', 'failed')
+  AND ($1::text IS NULL OR o.campaign_id = $1::text)
+  AND NOT EXISTS (
+      SELECT 1 FROM projection_apply_campaigns c WHERE c.campaign_id = o.campaign_id
+  )
+ORDER BY o.campaign_id

@@ -1,0 +1,157 @@
+"""The end of a batch, and the campaign queue kept in line with the work rows.
+
+`settle()` ends a batch in one statement: completed rows deleted, failures recorded (as the
+failure policy decided them), each held campaign's row rewritten (as the walk decided it), and
+the moved checkpoints written. It is the one statement that writes a checkpoint's value.
+`refresh_campaigns()` brings campaign rows back in line for paths that change work rows without
+a claim (requeue, reconcile, replay, inline apply, lease ends). Nothing here decides a policy:
+what to delete, what delay, when dead or what a campaign row becomes all come in as arguments.
+Every function runs on the caller's connection, inside the caller's transaction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+from outbox import db
+from outbox.model import Failure, Key
+from outbox.queries import Queries
+from outbox.queue.claim import lock_heads
+
+if TYPE_CHECKING:
+    from outbox.db import Connection, Executor
+
+__all__ = [
+    "WORK_CHANNEL",
+    "CampaignWrite",
+    "Settled",
+    "notify_work",
+    "record_observations",
+    "refresh_campaigns",
+    "settle",
+    "unblock_campaigns",
+]
+
+# The LISTEN/NOTIFY channel that wakes the workers: payload-free, sent by the work rows' trigger
+# when a campaign gets queued work (sql/0003_campaign_queue.sql names it too).
+WORK_CHANNEL = "outbox_work"
+
+
+class SettleQueries(Queries):
+    settle_batch: str
+    refresh_campaigns: str
+    unblock_campaigns: str
+    notify_work: str
+    record_observations: str
+
+
+Q = SettleQueries
+
+
+@dataclass(frozen=True, slots=True)
+class CampaignWrite:
+    """What a campaign row becomes when a batch settles: its head, blocked flag and due time
+    (None: the failure's next attempt when the head failed in this batch, else now); or, with
+    `gone` (nothing live is left up to `head_seq - 1` and the append head is held), deleted
+    unless a row at or past `head_seq` exists by then, in which case it is kept due now."""
+
+    campaign_id: str
+    head_seq: int
+    due_at: datetime | None
+    blocked: bool
+    gone: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Settled:
+    """What a settle reports: campaigns left due now (claim again rather than sleep), and the
+    seconds each completed row waited since it was enqueued (by the database clock)."""
+
+    due: int = 0
+    ages: list[float] = field(default_factory=list)
+
+
+async def settle(
+    conn: Connection,
+    *,
+    done: Sequence[Key] = (),
+    failures: Sequence[Failure] = (),
+    campaigns: Sequence[CampaignWrite] = (),
+    checkpoints: Sequence[tuple[str, str, int]] = (),
+    now: datetime | None = None,
+) -> Settled:
+    """Delete `done`, record `failures`, write `campaigns` and move `checkpoints` (campaign,
+    projector, applied_seq; sorted) in one statement."""
+    if not (done or failures or campaigns or checkpoints):
+        return Settled()
+    row = await conn.fetchrow(
+        Q.settle_batch,
+        [k[0] for k in done],
+        [k[1] for k in done],
+        [f.campaign_id for f in failures],
+        [f.seq for f in failures],
+        [f.attempts for f in failures],
+        [f.delay for f in failures],
+        [f.error for f in failures],
+        [f.dead for f in failures],
+        now,
+        [c.campaign_id for c in campaigns],
+        [c.head_seq for c in campaigns],
+        [c.due_at for c in campaigns],
+        [c.blocked for c in campaigns],
+        [c.gone for c in campaigns],
+        [k[0] for k in checkpoints],
+        [k[1] for k in checkpoints],
+        [k[2] for k in checkpoints],
+    )
+    if row is None:  # pragma: no cover - the statement always returns one row
+        return Settled()
+    return Settled(row["due"], list(row["ages"] or ()))
+
+
+async def refresh_campaigns(
+    conn: Connection,
+    campaigns: Sequence[str],
+    *,
+    park: bool,
+    removable: Collection[str] | None = None,
+) -> None:
+    """Bring the campaign rows of `campaigns` in line with their work rows, for paths that
+    change rows without a claim (requeue, reconcile, replay, inline apply). A campaign left
+    with nothing live is deleted when its append head is in `removable` (held with
+    `lock_heads`); None: lock the heads here. Paths that only make rows live pass `()`: they
+    never need the head lock. Waits for a batch that holds one of them."""
+    if not campaigns:
+        return
+    if removable is None:
+        removable = await lock_heads(conn, campaigns)
+    await conn.execute(Q.refresh_campaigns, sorted(set(campaigns)), park, sorted(removable))
+
+
+async def unblock_campaigns(executor: Executor) -> int:
+    """dead_policy=park: no campaign is blocked; returns how many were marked."""
+    async with db.acquire(executor) as conn:
+        status: str = await conn.execute(Q.unblock_campaigns)
+    return int(status.rsplit(" ", 1)[-1])
+
+
+async def notify_work(conn: Connection) -> None:
+    """Wake the workers now (payload-free, like an append's NOTIFY)."""
+    await conn.execute(Q.notify_work, WORK_CHANNEL)
+
+
+async def record_observations(
+    conn: Connection,
+    keys: Sequence[Key],
+    *,
+    look_again_in: float,
+    now: datetime | None = None,
+) -> None:
+    """A shadow sighting of each row: counts and timestamps, next look in `look_again_in` s."""
+    if keys:
+        await conn.execute(
+            Q.record_observations, [k[0] for k in keys], [k[1] for k in keys], look_again_in, now
+        )

@@ -1,0 +1,380 @@
+"""The apply worker's batch: claim, apply the batch as one group, isolate failures, settle.
+
+`Worker.run_once()` is one batch in one transaction and returns its counts; `drain()` repeats
+it until nothing is due. A batch that meets a transient database error (a lost connection
+included) is rolled back whole: no row changes and no attempt is consumed, and the connection
+it ran on is discarded. The worker never decides what a projector does; it dispatches
+(`outbox.projection.guards`), walks the claim (`walk`), asks the failure policy
+(`outbox.retry`) what a failure costs, and runs the queue's statements (`outbox.queue`). The
+long-running service around it (loops, LISTEN, signals, heartbeat) lives in `service`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+from outbox import db
+from outbox.errors import TransientBatchError
+from outbox.model import BatchCounts, Failure, Key
+from outbox.obs import log
+from outbox.obs.metrics import Metrics
+from outbox.projection.app import Outbox
+from outbox.projection.guards import ApplyOutcome, Dispatch, GroupFailed, applied_events
+from outbox.queue.claim import ClaimedCampaign, ClaimedRow, claim
+from outbox.queue.lease import Lease, lease_rows
+from outbox.queue.settle import record_observations, settle
+from outbox.retry import ErrorClass, FailurePolicy, classify, describe_error, log_failure
+from outbox.worker.lease import LeaseRunner, choose_leases
+from outbox.worker.registration import new_worker_id
+from outbox.worker.walk import campaign_writes, walk
+
+if TYPE_CHECKING:
+    from outbox.db import Connection, Pool
+
+__all__ = ["ShadowWorker", "Worker"]
+
+_logger = log.get_logger("outbox.worker")
+
+
+@dataclass
+class AfterCommit:
+    """What a batch hands on past its commit: leases to run, figures for the metrics (events
+    per projector and outcome, each projector call's seconds, each completed row's seconds
+    since it was enqueued)."""
+
+    leases: list[Lease] = field(default_factory=list)
+    tally: Counter[tuple[str, str]] = field(default_factory=Counter)
+    durations: list[tuple[str, float]] = field(default_factory=list)
+    ages: list[float] = field(default_factory=list)
+
+
+def _transient_cause(exc: BaseException) -> TransientBatchError | None:
+    """The transient failure behind `exc`: a dead connection often surfaces as a second error
+    (e.g. the transaction's exit on a closed connection) raised while handling the first."""
+    found: TransientBatchError | None = None
+    lost = False
+    seen: BaseException | None = exc
+    while seen is not None:  # report the root: the deepest transient error in the chain
+        if isinstance(seen, TransientBatchError):
+            found = seen
+            lost = lost or seen.connection_lost
+        elif classify(seen) is ErrorClass.TRANSIENT:
+            found = TransientBatchError(describe_error(seen), sqlstate=db.sqlstate_of(seen))
+            lost = lost or db.connection_lost(seen)
+        seen = seen.__cause__ or seen.__context__
+    if found is not None and lost:
+        found.connection_lost = True
+    return found
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    """`exc`, or the exceptions inside it when it is a group (a projector's task group)."""
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for inner in exc.exceptions for leaf in _leaves(inner)]
+    return [exc]
+
+
+@dataclass
+class Worker:
+    app: Outbox
+    pool: Pool
+    # The jitter's random source (None: the app's); tests inject a fixed one.
+    rand: Callable[[], float] | None = None
+    # Tests inject `now` to move time forward; None means the database clock.
+    now: Callable[[], datetime | None] = lambda: None
+    # Rows per campaign the last ordered claim found (see `_campaigns_to_claim`).
+    depth: float = field(default=1.0, init=False, repr=False)
+    # The owner of this worker's leases (lease mode) and its registry row.
+    worker_id: str = field(default_factory=new_worker_id)
+    # Where per-projector figures go after each commit (the service attaches its own).
+    metrics: Metrics | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.rand is None:
+            self.rand = self.app.rand or FailurePolicy().rand
+
+    @property
+    def policy(self) -> FailurePolicy:
+        """The failure policy of the app's settings, with this worker's random source."""
+        return FailurePolicy.of(self.app.settings, self.rand)
+
+    @property
+    def ordered(self) -> bool:
+        return self.app.settings.ordered
+
+    @property
+    def park(self) -> bool:
+        return self.app.settings.park
+
+    async def run_once(self) -> BatchCounts:
+        """Claim, apply and settle one batch in one transaction; return its counts.
+
+        Raises TransientBatchError when the database failed transiently: the transaction is
+        gone, so every row is as it was and no attempt was consumed.
+        """
+        after = AfterCommit()
+        try:
+            counts = await self._batch(after)
+        except Exception as exc:
+            transient = _transient_cause(exc)
+            if transient is None:
+                raise
+            raise transient from exc
+        if self.metrics is not None:
+            self.metrics.record_apply(after.tally, after.durations, after.ages)
+        if after.leases:  # committed with the batch: run them outside any queue transaction
+            runner = LeaseRunner(
+                self.pool,
+                self.app.registry,
+                self.app.settings,
+                self.worker_id,
+                self.policy,
+                self.metrics,
+            )
+            await runner.run(after.leases, counts)
+        return counts
+
+    async def _batch(self, after: AfterCommit) -> BatchCounts:
+        """One transaction: claim, hand the campaigns to `_handle`, commit."""
+        now = self.now()
+        async with db.acquire(self.pool) as conn, conn.transaction():
+            campaigns = await claim(
+                conn,
+                limit=self.app.settings.batch_size,
+                ordered=self._claim_ordered(),
+                campaigns=self._campaigns_to_claim(),
+                projectors=self.app.registry.ordered_names(),
+                now=now,
+            )
+            self._observe(campaigns)
+            return await self._handle(conn, campaigns, now, after)
+
+    def _campaigns_to_claim(self) -> int:
+        """How many campaigns an ordered claim takes: as many as fill a batch at the depth
+        recent claims found. Oldest due campaigns first either way; this only decides how the
+        batch is shared: a backlog of deep campaigns gives each batch a few campaigns with many
+        rows (each campaign row and checkpoint is written once per batch, so fewer campaigns
+        cost less per event), a stream of shallow ones gives it many campaigns of one row."""
+        return max(1, math.ceil(self.app.settings.batch_size / self.depth))
+
+    def _observe(self, campaigns: list[ClaimedCampaign]) -> None:
+        """Learn the depth from this claim: rows found per campaign, doubled where the claim's
+        share ran out before the campaign did."""
+        if not campaigns or not self._claim_ordered():
+            return
+        found = [
+            2 * len(c.rows) if c.rows and (c.last_seq or 0) > c.rows[-1].seq else len(c.rows)
+            for c in campaigns
+        ]
+        self.depth = min(max(sum(found) / len(found), 1.0), float(self.app.settings.batch_size))
+
+    def _claim_ordered(self) -> bool:
+        """Whether the claim goes by campaign: the apply worker follows the settings."""
+        return self.ordered
+
+    async def _handle(
+        self,
+        conn: Connection,
+        campaigns: list[ClaimedCampaign],
+        now: datetime | None,
+        after: AfterCommit,
+    ) -> BatchCounts:
+        """Apply the walked rows as one group in one savepoint; on a failure, roll the group
+        back and retry smaller pieces, so only the failing event records an attempt and its
+        neighbours still apply (S6). Rows of events with a non-transactional projector end
+        their campaign's walk and are leased (`after.leases`, run after the commit). Then
+        settle: delete successes, record failures and write the campaign rows, in one
+        statement."""
+        leased_types = self.app.registry.leased_types()
+        work = walk(
+            campaigns,
+            limit=self.app.settings.batch_size,
+            park=self.park,
+            ordered=self.ordered,
+            stop_after=leased_types,
+        )
+        counts = BatchCounts(claimed=len(work))
+        to_lease = [r for r in work if r.event is not None and r.event.type in leased_types]
+        if to_lease:
+            leasing = {r.key for r in to_lease}
+            work = [r for r in work if r.key not in leasing]
+        if not campaigns:
+            return counts
+        dispatch = Dispatch(conn, self.app.registry)
+        done: list[Key] = []
+        failures: list[Failure] = []
+        if work:
+            if self.ordered:  # the claim locked them
+                dispatch.use(
+                    {(c.campaign_id, p): v for c in campaigns for p, v in c.checkpoints.items()}
+                )
+            else:
+                await dispatch.load(sorted({r.campaign_id for r in work}))
+            await self._apply(dispatch, work, done, failures, counts)
+            after.tally, after.durations = dispatch.tally, dispatch.durations
+        if to_lease:
+            await self._lease(conn, to_lease, failures, counts, after.leases, now)
+        writes = (
+            await campaign_writes(
+                conn,
+                campaigns,
+                set(done),
+                failures,
+                park=self.park,
+                leased={lease.key: lease.expires_at for lease in after.leases},
+            )
+            if self.ordered  # under ordering `none` the claim reads the work rows directly
+            else []
+        )
+        settled = await settle(
+            conn,
+            done=done,
+            failures=failures,
+            campaigns=writes,
+            checkpoints=dispatch.moves(),
+            now=now,
+        )
+        counts.more_due, after.ages = settled.due, settled.ages
+        return counts
+
+    async def _apply(
+        self,
+        dispatch: Dispatch,
+        work: list[ClaimedRow],
+        done: list[Key],
+        failures: list[Failure],
+        counts: BatchCounts,
+    ) -> None:
+        pending: deque[list[ClaimedRow]] = deque([work])
+        while pending:
+            # Under campaign ordering, rows behind a row that failed in this batch wait.
+            failed_at = {f.campaign_id: f.seq for f in failures} if self.ordered else {}
+            group = [r for r in pending.popleft() if r.seq <= failed_at.get(r.campaign_id, r.seq)]
+            if not group:
+                continue
+            bad = next((i for i, r in enumerate(group) if r.event is None), None)
+            if bad is not None:  # a missing or undecodable event fails its row alone (S8)
+                failures.append(self._failed(group[bad], group[bad].unavailable, counts))
+                pending.extendleft([group[bad + 1 :], group[:bad]])
+                continue
+            await dispatch.open_group()
+            try:
+                outcomes = await dispatch.apply([r.stored_event() for r in group])
+            except GroupFailed as failed:
+                closed = dispatch.conn.is_closed()
+                pieces = self._split(group, failed, failures, counts, closed=closed)
+                await dispatch.undo_group()
+                pending.extendleft(reversed(pieces))
+                continue
+            for row, outcome in zip(group, outcomes, strict=True):
+                done.append(row.key)
+                counts.applied += outcome is ApplyOutcome.APPLIED
+                counts.skipped += outcome is not ApplyOutcome.APPLIED
+
+    async def _lease(
+        self,
+        conn: Connection,
+        rows: list[ClaimedRow],
+        failures: list[Failure],
+        counts: BatchCounts,
+        leases: list[Lease],
+        now: datetime | None,
+    ) -> None:
+        """Lease the rows whose campaign did not fail before them in this batch (S13)."""
+        ready, last, reclaimed = choose_leases(
+            rows, failures, max_attempts=self.app.settings.max_attempts
+        )
+        counts.reclaimed += reclaimed
+        failures.extend(self._failed(row, expired, counts) for row, expired in last)
+        leased = await lease_rows(
+            conn, ready, owner=self.worker_id, seconds=self.app.settings.lease_seconds, now=now
+        )
+        leases.extend(leased)
+        counts.leased += len(leased)
+
+    def _split(
+        self,
+        group: list[ClaimedRow],
+        failed: GroupFailed,
+        failures: list[Failure],
+        counts: BatchCounts,
+        *,
+        closed: bool = False,
+    ) -> list[list[ClaimedRow]]:
+        """The pieces to retry after `group` failed: around the failing event when it is
+        known (which records its failure), else the two halves. A transient cause (also one
+        inside a projector's task group) or a connection that died under the projector is the
+        batch's failure, not the event's: raised as TransientBatchError."""
+        causes = _leaves(failed.cause)
+        if closed or any(classify(c) is ErrorClass.TRANSIENT for c in causes):
+            lost = closed or any(db.connection_lost(c) for c in causes)
+            raise TransientBatchError(
+                describe_error(failed.cause), connection_lost=lost
+            ) from failed.cause
+        if failed.index is None and len(group) > 1:
+            half = len(group) // 2
+            return [group[:half], group[half:]]
+        index = failed.index or 0
+        failures.append(self._failed(group[index], failed.cause, counts, failed.projector))
+        return [group[:index], group[index + 1 :]]
+
+    def _failed(
+        self,
+        row: ClaimedRow,
+        exc: BaseException | None,
+        counts: BatchCounts,
+        projector: str | None = None,
+    ) -> Failure:
+        """Record one row's failure: the attempt, the backoff or dead, the log line."""
+        exc = exc if exc is not None else RuntimeError("no event")
+        failure = self.policy.fail(
+            row.campaign_id, row.seq, row.attempt_count, exc, projector=projector
+        )
+        counts.dead += failure.dead
+        counts.failed += not failure.dead
+        log_failure(failure, exc)
+        return failure
+
+    async def drain(self) -> BatchCounts:
+        """Run batches until one claims nothing and leaves nothing due; return the totals."""
+        total = BatchCounts()
+        while True:
+            counts = await self.run_once()
+            total.add(counts)
+            if counts.claimed == 0 and counts.more_due == 0:
+                return total
+
+
+class ShadowWorker(Worker):
+    """The shadow worker: claims due rows like the apply worker and loads their events,
+    but runs no projector. It records a sighting (count, first and last seen) and looks again a
+    poll interval later; it never consumes an attempt and never makes a row dead. Rows whose
+    event already counts as applied (inline, checkpoint, marker, or an ignored type) are
+    completed, so the queue stays bounded."""
+
+    def _claim_ordered(self) -> bool:
+        return False  # every due row, in any order: nothing is applied
+
+    async def _handle(
+        self,
+        conn: Connection,
+        campaigns: list[ClaimedCampaign],
+        now: datetime | None,
+        after: AfterCommit,
+    ) -> BatchCounts:
+        # The campaign rows are left as they are: earlier than the truth, which the apply
+        # worker's next claim of them corrects.
+        rows = [r for c in campaigns for r in c.rows]
+        events = [(r.campaign_id, r.seq, r.event.type) for r in rows if r.event is not None]
+        done = await applied_events(conn, self.app.registry, events)
+        seen = [r.key for r in rows if r.key not in done]
+        await settle(conn, done=sorted(done))
+        await record_observations(
+            conn, seen, look_again_in=self.app.settings.poll_interval, now=now
+        )
+        return BatchCounts(claimed=len(rows), skipped=len(done), observed=len(seen))

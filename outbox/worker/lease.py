@@ -1,0 +1,301 @@
+"""Lease mode: projectors that cannot share the queue's transaction.
+
+An event with a non-transactional subscriber (`@app.projector(..., transactional=False)`) is
+not applied inside the batch that claims it. The batch leases its row (`outbox.queue.lease`
+runs the statements): status `processing`, owner = the worker's id, a claim epoch incremented
+on every claim, an expiry from the database clock, all committed with the batch. Then,
+outside any queue transaction, `LeaseRunner.run` calls the non-transactional projectors with
+the worker's pool while one heartbeat extends every running lease each third of the lease.
+The end is one transaction, compare-and-set on owner, epoch and status: on success the row is
+deleted and the event's transactional projectors run with their guards; on failure the
+attempt is recorded; on shutdown the lease is handed back without counting an attempt. A
+worker whose lease was taken over changes nothing and logs one line (`lease.fenced`).
+
+An expired lease is taken back by the ordinary claim (a processing row is due at its expiry)
+and counts as an attempt. Per-campaign order holds: the campaign waits behind its leased head
+like behind any head that is not due. Delivery is at-least-once for the non-transactional
+projectors, exactly-once for the event's transactional ones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from time import perf_counter
+from typing import TYPE_CHECKING, Protocol
+
+import anyio
+
+from outbox import db
+from outbox.errors import LeaseExpired
+from outbox.model import Failure, Key, StoredEvent
+from outbox.obs import log
+from outbox.obs.metrics import Metrics
+from outbox.projection.guards import Dispatch, GroupFailed
+from outbox.projection.registry import Registry
+from outbox.queue import lease as statements
+from outbox.queue.claim import ClaimedRow, hold_campaign
+from outbox.queue.lease import Lease
+from outbox.queue.settle import notify_work, refresh_campaigns, settle
+from outbox.retry import (
+    ErrorClass,
+    FailurePolicy,
+    backoff_delay,
+    classify,
+    describe_error,
+    log_failure,
+)
+
+if TYPE_CHECKING:
+    from outbox.config import Settings
+    from outbox.db import Connection, Executor, Pool
+
+__all__ = ["LeaseRunner", "choose_leases"]
+
+_logger = log.get_logger("outbox.lease")
+
+# Retries of a lease's final transaction after a transient database error (the heartbeat keeps
+# the lease meanwhile); past them the lease expires and the row is claimed again.
+END_RETRIES = 8
+
+
+class Counts(Protocol):
+    applied: int
+    failed: int
+    dead: int
+    fenced: int
+
+
+# The leases of a batch still running, and the cancel scope of each one's projectors.
+Live = dict[Key, tuple[Lease, anyio.CancelScope]]
+# A fenced end of a lease: (conn, lease, owner[, failure]) -> whether it still held the lease.
+EndFn = Callable[..., Awaitable[bool]]
+
+
+def choose_leases(
+    rows: list[ClaimedRow], failures: list[Failure], *, max_attempts: int
+) -> tuple[list[ClaimedRow], list[tuple[ClaimedRow, LeaseExpired]], int]:
+    """Of a batch's rows to lease, those to lease now: not behind a row of their campaign that
+    failed in this batch. A row taken back from an expired lease counts that lease as an
+    attempt; on its last attempt it comes back apart, with its error, to be recorded dead.
+    Returns (to lease, out of attempts, how many were taken back)."""
+    failed_at = {f.campaign_id: f.seq for f in failures}
+    ready: list[ClaimedRow] = []
+    last: list[tuple[ClaimedRow, LeaseExpired]] = []
+    reclaimed = 0
+    for row in rows:
+        if row.seq > failed_at.get(row.campaign_id, row.seq):
+            continue
+        if row.status == "processing":
+            reclaimed += 1
+            if row.attempt_count + 1 >= max_attempts:
+                expired = LeaseExpired(
+                    f"lease expired (owner {row.lease_owner}, epoch {row.claim_epoch}) on the "
+                    "last attempt"
+                )
+                last.append((row, expired))
+                continue
+        ready.append(row)
+    return ready, last, reclaimed
+
+
+@dataclass
+class LeaseRunner:
+    """Runs one batch's leases to their end (see the module docstring)."""
+
+    pool: Pool
+    registry: Registry
+    settings: Settings
+    owner: str
+    policy: FailurePolicy  # attempts, backoff and death of a failed lease
+    metrics: Metrics | None = None  # per-projector figures, recorded after each end commits
+
+    async def run(self, leases: list[Lease], counts: Counts) -> None:
+        live: Live = {lease.key: (lease, anyio.CancelScope()) for lease in leases}
+        async with db.acquire(self.pool) as conn:
+            heartbeat = _Heartbeat(conn, self.pool, self.owner, self.settings.lease_seconds, live)
+            await heartbeat.beat()  # ready (connected, statement prepared) before any projector
+            async with anyio.create_task_group() as beat:
+                beat.start_soon(heartbeat.run)
+                async with anyio.create_task_group() as tg:
+                    for lease in leases:
+                        tg.start_soon(self._one, lease, live, counts)
+                beat.cancel_scope.cancel()
+
+    async def _one(
+        self,
+        lease: Lease,
+        live: Live,
+        counts: Counts,
+    ) -> None:
+        event, scope = lease.row.stored_event(), live[lease.key][1]
+        try:
+            failed: GroupFailed | None = None
+            with scope:
+                failed = await self._project(event)
+            if scope.cancelled_caught:  # the heartbeat found the lease taken over
+                self._fenced(lease, "heartbeat", counts)
+                return
+            if failed is None:
+                failed = await self._complete(lease, event, counts)
+            if failed is not None:
+                await self._fail(lease, failed, counts)
+        except anyio.get_cancelled_exc_class():
+            # The worker is stopping: hand the lease back, no attempt counted.
+            with anyio.CancelScope(shield=True), anyio.move_on_after(5):
+                await self._end(lease, statements.release_lease)
+            raise
+        finally:
+            live.pop(lease.key, None)
+
+    async def _project(self, event: StoredEvent) -> GroupFailed | None:
+        """Run the event's non-transactional projectors in name order; the first failure."""
+        for projector in self.registry.subscribers(event.type):
+            if projector.transactional:
+                continue
+            started = perf_counter()
+            try:
+                await projector.fn(self.pool, event)  # type: ignore[arg-type]
+            except Exception as exc:
+                self._record({(projector.name, "failed"): 1}, projector.name, started)
+                return GroupFailed(exc, 0, projector.name)
+            self._record({(projector.name, "applied"): 1}, projector.name, started)
+        return None
+
+    def _record(self, tally: dict[tuple[str, str], int], projector: str, started: float) -> None:
+        if self.metrics is not None:
+            self.metrics.record_apply(tally, [(projector, perf_counter() - started)], ())
+
+    async def _complete(
+        self, lease: Lease, event: StoredEvent, counts: Counts
+    ) -> GroupFailed | None:
+        """Delete the row, fenced, and run the event's transactional projectors in the same
+        transaction; a projector's failure comes back to be recorded."""
+        cid = lease.row.campaign_id
+        for attempt in range(1, END_RETRIES + 1):
+            try:
+                async with db.acquire(self.pool) as conn, conn.transaction():
+                    await hold_campaign(conn, cid)
+                    age = await statements.complete_lease(conn, lease, self.owner)
+                    if age is None:
+                        self._fenced(lease, "completion", counts)
+                        return None
+                    dispatch = Dispatch(conn, self.registry)
+                    await dispatch.load([cid])
+                    await dispatch.apply([event])
+                    await settle(conn, checkpoints=dispatch.moves())
+                    await self._requeue(conn, cid)
+            except GroupFailed as failed:
+                if classify(failed.cause) is not ErrorClass.TRANSIENT:
+                    return failed
+                await self._retry_later(lease, "completion", failed.cause, attempt)
+            except Exception as exc:
+                if classify(exc) is not ErrorClass.TRANSIENT:
+                    raise
+                await self._retry_later(lease, "completion", exc, attempt)
+            else:
+                counts.applied += 1
+                if self.metrics is not None:
+                    self.metrics.record_apply(dispatch.tally, dispatch.durations, [age])
+                return None
+        return None  # the lease runs out and the row is claimed again
+
+    async def _fail(self, lease: Lease, failed: GroupFailed, counts: Counts) -> None:
+        failure = self.policy.fail(
+            *lease.key, lease.attempt_count, failed.cause, projector=failed.projector
+        )
+        for attempt in range(1, END_RETRIES + 1):
+            try:
+                ended = await self._end(lease, statements.fail_lease, failure)
+            except Exception as error:
+                if classify(error) is not ErrorClass.TRANSIENT:
+                    raise
+                await self._retry_later(lease, "failure", error, attempt)
+                continue
+            if not ended:
+                self._fenced(lease, "failure", counts)
+                return
+            counts.dead += failure.dead
+            counts.failed += not failure.dead
+            log_failure(failure, failed.cause, lease_epoch=lease.epoch)
+            return
+
+    async def _end(self, lease: Lease, end: EndFn, *failure: Failure) -> bool:
+        """One fenced end of a lease (failure, release) and its campaign row's refresh."""
+        async with db.acquire(self.pool) as conn, conn.transaction():
+            await hold_campaign(conn, lease.row.campaign_id)
+            ended = await end(conn, lease, self.owner, *failure)
+            if ended:
+                await self._requeue(conn, lease.row.campaign_id)
+        return ended
+
+    async def _requeue(self, conn: Connection, campaign_id: str) -> None:
+        """The campaign's next row is its head now: due at once, and the workers woken."""
+        await refresh_campaigns(conn, [campaign_id], park=self.settings.park)
+        await notify_work(conn)
+
+    async def _retry_later(
+        self, lease: Lease, stage: str, exc: BaseException, attempt: int
+    ) -> None:
+        delay = backoff_delay(attempt, base=0.1, cap=2.0, rand=lambda: 1.0)
+        _logger.warning(
+            "lease.retry",
+            extra={
+                "campaign_id": lease.row.campaign_id,
+                "seq": lease.row.seq,
+                "stage": stage,
+                "error": describe_error(exc),
+                "retry_in": delay,
+            },
+        )
+        await anyio.sleep(delay)
+
+    def _fenced(self, lease: Lease, stage: str, counts: Counts) -> None:
+        counts.fenced += 1
+        _logger.warning(
+            "lease.fenced",
+            extra={
+                "campaign_id": lease.row.campaign_id,
+                "seq": lease.row.seq,
+                "owner": self.owner,
+                "epoch": lease.epoch,
+                "stage": stage,
+            },
+        )
+
+
+@dataclass
+class _Heartbeat:
+    """Extends a batch's running leases every third of the lease on a connection of its own,
+    ready before any projector starts: a beat is one round trip of a prepared statement, sent
+    as soon as its timer fires, so a projector that blocks the event loop a second at a time
+    delays a beat's answer, not the extension. A projector whose lease was taken over is
+    cancelled (its end would be fenced anyway)."""
+
+    executor: Executor
+    pool: Pool
+    owner: str
+    seconds: float
+    live: Live
+
+    async def run(self) -> None:
+        while True:
+            await anyio.sleep(self.seconds / 3)
+            await self.beat()
+
+    async def beat(self) -> None:
+        leases = sorted((lease for lease, _ in self.live.values()), key=lambda lease: lease.key)
+        if not leases:
+            return
+        try:
+            held = await statements.extend_leases(
+                self.executor, self.owner, leases, seconds=self.seconds
+            )
+        except Exception as exc:  # the next beat tries again; the lease has two more
+            _logger.warning("lease.heartbeat_failed", extra={"error": describe_error(exc)})
+            if db.connection_lost(exc):
+                self.executor = self.pool  # a fresh connection per beat from now on
+            return
+        for lease in leases:
+            if lease.key not in held and lease.key in self.live:
+                self.live[lease.key][1].cancel()

@@ -1,0 +1,112 @@
+"""The worker registry: each worker process registers, heartbeats and signs off.
+
+It owns every statement on `outbox_workers` and nothing else; the report reads live workers
+through `live_workers()`, cleanup prunes stale rows with `prune_workers()`. Losing a heartbeat
+never affects correctness, only what the report shows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+import uuid
+from typing import TYPE_CHECKING, Any
+
+from outbox import db
+from outbox.queries import Queries
+
+if TYPE_CHECKING:
+    from outbox.db import Connection, Executor
+
+__all__ = [
+    "HEARTBEAT_INTERVAL",
+    "LIVE_WITHIN",
+    "LiveWorker",
+    "Registration",
+    "live_workers",
+    "new_worker_id",
+    "prune_workers",
+]
+
+HEARTBEAT_INTERVAL = 5.0
+# A worker that has not heartbeated for this long is not listed as live.
+LIVE_WITHIN = 30.0
+
+
+class RegistrationQueries(Queries):
+    register_worker: str
+    heartbeat_worker: str
+    stop_worker: str
+    list_live_workers: str
+    prune_workers: str
+
+
+Q = RegistrationQueries
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LiveWorker:
+    """A worker that heartbeated lately: where it runs, how, and its counters so far."""
+
+    worker_id: str
+    host: str
+    pid: int
+    mode: str
+    concurrency: int
+    heartbeat_age_seconds: float
+    counters: dict[str, Any]
+
+
+def new_worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Registration:
+    executor: Executor
+    worker_id: str
+    mode: str
+    concurrency: int
+
+    async def register(self) -> None:
+        async with db.acquire(self.executor) as conn:
+            await conn.execute(
+                Q.register_worker,
+                self.worker_id,
+                socket.gethostname(),
+                os.getpid(),
+                self.mode,
+                self.concurrency,
+            )
+
+    async def heartbeat(self, counters: dict[str, Any]) -> None:
+        async with db.acquire(self.executor) as conn:
+            await conn.execute(Q.heartbeat_worker, self.worker_id, counters)
+
+    async def stop(self, counters: dict[str, Any]) -> None:
+        async with db.acquire(self.executor) as conn:
+            await conn.execute(Q.stop_worker, self.worker_id, counters)
+
+
+async def live_workers(executor: Executor, within: float = LIVE_WITHIN) -> list[LiveWorker]:
+    """Workers that heartbeated within `within` seconds and have not stopped, oldest first."""
+    async with db.acquire(executor) as conn:
+        rows = await conn.fetch(Q.list_live_workers, within)
+    return [
+        LiveWorker(
+            r["worker_id"],
+            r["host"],
+            r["pid"],
+            r["mode"],
+            r["concurrency"],
+            r["heartbeat_age"],
+            r["counters"],
+        )
+        for r in rows
+    ]
+
+
+async def prune_workers(conn: Connection, *, retention_hours: int, batch_size: int) -> int:
+    """Delete rows of workers stopped or silent for `retention_hours`; how many went."""
+    return await db.prune(conn, Q.prune_workers, retention_hours, batch_size)

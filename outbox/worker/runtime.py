@@ -1,0 +1,126 @@
+"""The one runtime root: how a worker service is built from one `Settings`, wherever it runs.
+
+`outbox-worker`, `running_worker` (the worker inside an application) and `drain_now` (tests)
+all build their service here, from the app's settings: the mode (OUTBOX_MODE or the worker
+flags), concurrency, shutdown timeout, metrics address, LISTEN wake-ups when a DSN is known.
+
+    async with outbox.running_worker(app, pool, concurrency=2):
+        ...  # serve requests: the worker applies in the background, stops on exit
+
+    counts = await outbox.drain_now(app, pool)  # tests: apply what is due now, then return
+
+`running_worker` runs the same service as `outbox-worker` (claim loops, LISTEN wake-ups when
+the app's settings carry a DSN, the registry heartbeat, lease mode) in a task group of its
+own, and on exit stops it the way SIGTERM does: loops finish their batch within the shutdown
+timeout, then the transaction in flight is rolled back and nothing is lost. It installs no
+signal handler and no logging: the application owns both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING
+
+import anyio
+
+from outbox import db
+from outbox.config import Settings, resolve_worker_mode
+from outbox.model import BatchCounts, WorkerMode
+from outbox.schema import check_current
+from outbox.worker.batch import ShadowWorker, Worker
+from outbox.worker.registration import new_worker_id
+from outbox.worker.service import Service
+
+if TYPE_CHECKING:
+    from outbox.db import Pool
+    from outbox.projection.app import Outbox
+
+__all__ = ["build_service", "drain_now", "open_pool", "running_worker"]
+
+
+async def open_pool(
+    settings: Settings, *, max_size: int | None = None, application_name: str = "outbox-worker"
+) -> Pool:
+    """A pool of worker sessions for `settings.dsn`, one connection per claim loop and one to
+    spare unless `max_size` says otherwise (timeouts per `Settings.session_timeouts`)."""
+    sent, fallback = settings.session_settings(application_name)
+    return await db.create_pool(
+        settings.dsn,
+        min_size=1,
+        max_size=max_size if max_size is not None else settings.concurrency + 1,
+        server_settings=sent,
+        session_defaults=fallback,
+    )
+
+
+def build_service(
+    app: Outbox,
+    pool: Pool,
+    *,
+    settings: Settings | None = None,
+    mode: WorkerMode | None = None,
+    worker_id: str | None = None,
+    until_idle: bool = False,
+    wait_out_backoff: bool = False,
+) -> Service:
+    """The worker service for `app` on `pool`. `settings` (default: the app's) give the
+    process's knobs; `mode` (default: OUTBOX_MODE, else the worker flags) chooses apply or
+    shadow; `until_idle` makes it a drain (no LISTEN, registry or metrics), which with
+    `wait_out_backoff` waits out backoffs until nothing left can come due by itself."""
+    settings = settings if settings is not None else app.settings
+    if mode is None:
+        mode = resolve_worker_mode(settings).mode
+    kind = ShadowWorker if mode == "shadow" else Worker
+    dsn = settings.dsn or ""
+    return Service(
+        kind(app, pool, worker_id=worker_id or new_worker_id()),
+        dsn,
+        settings.concurrency,
+        mode=mode,
+        shutdown_timeout=settings.shutdown_timeout,
+        metrics_port=settings.metrics_port,
+        metrics_host=settings.metrics_host,
+        until_idle=until_idle,
+        wait_out_backoff=wait_out_backoff,
+        notifications=bool(dsn),
+    )
+
+
+@asynccontextmanager
+async def running_worker(
+    app: Outbox,
+    pool: Pool,
+    *,
+    concurrency: int | None = None,
+    mode: WorkerMode | None = None,
+    shutdown_timeout: float | None = None,
+) -> AsyncIterator[Service]:
+    """Run the worker service while the block runs; yields it (`.totals`, `.worker_id`,
+    `.signals`).
+
+    Checks the app against its settings and the schema before starting (ConfigError,
+    SchemaNotReady). `concurrency`, `mode` and `shutdown_timeout` override the app's settings
+    (OUTBOX_CONCURRENCY, OUTBOX_MODE, OUTBOX_SHUTDOWN_TIMEOUT). Without a DSN in
+    `app.settings` the loops poll (OUTBOX_POLL_INTERVAL) instead of LISTENing.
+    """
+    app.validate()
+    settings = app.settings.replace(concurrency=concurrency, shutdown_timeout=shutdown_timeout)
+    resolved = resolve_worker_mode(settings, mode).mode
+    await check_current(pool)
+    service = build_service(app, pool, settings=settings, mode=resolved)
+    async with anyio.create_task_group() as tg:
+        await tg.start(service.run)
+        try:
+            yield service
+        finally:
+            service.stop()
+
+
+async def drain_now(app: Outbox, pool: Pool, *, concurrency: int | None = None) -> BatchCounts:
+    """Apply everything due now with `app`'s projectors, then return the counts: the helper
+    for tests that append and then assert on read models (and for scripts)."""
+    settings = app.settings.replace(concurrency=concurrency)
+    service = build_service(app, pool, settings=settings, mode="apply", until_idle=True)
+    await service.run(shutdown_timeout=0)
+    return service.totals

@@ -1,0 +1,110 @@
+"""The batch walk: what a claimed batch takes from its campaigns, and what it leaves in the
+campaign queue.
+
+`walk()` chooses the rows a batch processes from the campaigns a claim holds (per campaign in
+seq order, stopping where ordering says so): a pure function. `campaign_writes()` turns what
+the batch saw and did into each campaign row's new state for the settle
+(`outbox.queue.settle`). Neither applies anything nor writes work rows; only `campaign_writes`
+runs statements (the append-head lock, and a refresh of campaign rows found behind the truth).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+from outbox.model import Failure, Key
+from outbox.queue.claim import ClaimedCampaign, ClaimedRow, lock_heads
+from outbox.queue.settle import CampaignWrite, refresh_campaigns
+
+if TYPE_CHECKING:
+    from outbox.db import Connection
+
+__all__ = ["campaign_writes", "walk"]
+
+
+def walk(
+    campaigns: list[ClaimedCampaign],
+    *,
+    limit: int,
+    park: bool,
+    ordered: bool = True,
+    stop_after: frozenset[str] = frozenset(),
+) -> list[ClaimedRow]:
+    """The rows to process, per campaign in seq order, at most `limit` in all. Under campaign
+    ordering a campaign stops at its first row that is not due (a dead row is stepped over
+    under `park`), and under `block` a campaign with any row before its head waits. A row of
+    an event type in `stop_after` (leased: applied after the batch) is its campaign's last."""
+    chosen: list[ClaimedRow] = []
+    for campaign in campaigns:
+        rows = campaign.rows
+        if ordered and not park and rows and (campaign.first_seq or 0) < rows[0].seq:
+            continue  # a dead row, or a campaign row behind the truth: see campaign_writes
+        for row in rows:
+            if len(chosen) >= limit:
+                return chosen
+            if not row.due:
+                if ordered and not (park and row.status == "dead"):
+                    break
+                continue
+            chosen.append(row)
+            if ordered and row.event is not None and row.event.type in stop_after:
+                break
+    return chosen
+
+
+async def campaign_writes(
+    conn: Connection,
+    campaigns: list[ClaimedCampaign],
+    done: set[Key],
+    failures: list[Failure],
+    *,
+    park: bool,
+    leased: dict[Key, datetime] | None = None,
+) -> list[CampaignWrite]:
+    """What each held campaign's row becomes, from what the batch saw and did: its first
+    remaining live row is the new head (blocked under `block` when a dead row precedes it);
+    past the rows it saw, the next row is due now. A campaign left with nothing live is
+    deleted, under its append head's lock (`lock_heads`); one whose head lies before
+    what the claim read (a campaign row behind the truth) is read back from the work rows.
+    A head the batch leased is due when its lease expires (`leased`). Only for ordering
+    `campaign`: under `none` the claim reads the work rows directly."""
+    leased = leased or {}
+    failed = {(f.campaign_id, f.seq): f for f in failures}
+    writes: list[CampaignWrite] = []
+    empty: dict[str, tuple[int, bool]] = {}  # campaign -> (first seq not seen, blocked)
+    unknown: list[str] = []
+    for campaign in campaigns:
+        cid, rows = campaign.campaign_id, campaign.rows
+        if campaign.first_seq is not None and (
+            not rows or (not park and campaign.first_seq < rows[0].seq)
+        ):
+            unknown.append(cid)
+            continue
+        dead_before = False
+        head: ClaimedRow | None = None
+        for row in rows:
+            if row.key in done:
+                continue
+            failure = failed.get(row.key)
+            if failure.dead if failure else row.status == "dead":
+                dead_before = True
+                continue
+            head = row
+            break
+        blocked = dead_before and not park
+        if head is not None:
+            due_at = None if head.key in failed else leased.get(head.key, head.next_attempt_at)
+            writes.append(CampaignWrite(cid, head.seq, due_at, blocked))
+        elif rows and campaign.last_seq is not None and campaign.last_seq > rows[-1].seq:
+            writes.append(CampaignWrite(cid, rows[-1].seq + 1, None, blocked))
+        else:
+            empty[cid] = (rows[-1].seq + 1 if rows else 0, blocked)
+    if not (empty or unknown):
+        return writes
+    held = await lock_heads(conn, [*empty, *unknown])
+    for cid, (after, blocked) in empty.items():
+        # Deleted only if nothing at or past `after` exists by then (the settle checks).
+        writes.append(CampaignWrite(cid, after, None, blocked, gone=cid in held))
+    await refresh_campaigns(conn, unknown, park=park, removable=held)
+    return writes

@@ -1,0 +1,110 @@
+"""A non-editable install ships the migrations: build the wheel, install it fresh, migrate."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+from helpers import ROOT
+
+
+def sh(*args: str | Path, cwd: Path) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(
+        [str(a) for a in args], cwd=cwd, capture_output=True, text=True, timeout=600, check=False
+    )
+    assert proc.returncode == 0, f"{args[:3]} failed: {proc.stderr[-2000:]}"
+    return proc
+
+
+@pytest.mark.slow
+async def test_wheel_installs_and_migrates_from_outside_the_source_tree(
+    tmp_path: Path, fresh_db: str
+) -> None:
+    dist = tmp_path / "dist"
+    sh(sys.executable, "-m", "build", "--wheel", "--outdir", dist, ROOT, cwd=tmp_path)
+    (wheel,) = dist.glob("outbox-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    assert "outbox/migrations/0001_schema.sql" in names
+    # Every module's named SQL ships beside it.
+    assert {str(f.relative_to(ROOT)) for f in (ROOT / "outbox").rglob("*.sql")} <= names
+    assert "outbox/py.typed" in names
+    assert not any(n.startswith(("tests/", "cmd/")) for n in names)
+
+    venv = tmp_path / "venv"
+    sh(sys.executable, "-m", "venv", venv, cwd=tmp_path)
+    sh(
+        venv / "bin" / "python",
+        "-m",
+        "pip",
+        "install",
+        "--quiet",
+        "--disable-pip-version-check",
+        wheel,
+        cwd=tmp_path,
+    )
+    # Run from an empty directory so nothing can be read from the checkout.
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    where = sh(
+        venv / "bin" / "python", "-c", "import outbox; print(outbox.__file__)", cwd=elsewhere
+    )
+    assert str(ROOT) not in where.stdout
+    proc = sh(venv / "bin" / "maintenance", "migrate", "--dsn", fresh_db, cwd=elsewhere)
+    assert "applied 0001_schema.sql" in proc.stdout
+    sh(venv / "bin" / "outbox-worker", "--help", cwd=elsewhere)
+    _user_code_type_checks_against_the_wheel(venv, elsewhere)
+
+    conn = await asyncpg.connect(fresh_db)
+    try:
+        assert await conn.fetchval("SELECT to_regclass('projection_apply_outbox') IS NOT NULL")
+    finally:
+        await conn.close()
+
+
+USER_MODULE = """
+from collections.abc import Sequence
+
+import outbox
+from outbox import dedup
+from outbox.db import Connection, Pool
+
+app = outbox.Outbox()
+
+
+@app.projector("totals", events=["deposited"], batch=True)
+async def totals(tx: Connection, events: Sequence[outbox.StoredEvent]) -> None:
+    await tx.executemany("SELECT $1::int", [(e.payload["amount"],) for e in events])
+
+
+async def deposit(pool: Pool, account: str, amount: int, request: str) -> int:
+    result: outbox.AppendResult = await app.append(
+        pool, account, [outbox.Event("deposited", {"amount": amount})], idempotency_key=request
+    )
+    return result.first_seq
+"""
+
+WRONG = """
+import outbox
+
+seq: str = outbox.AppendResult("c", 1, 1).first_seq
+"""
+
+
+def _user_code_type_checks_against_the_wheel(venv: Path, where: Path) -> None:
+    """`mypy --strict` on an application module, resolving `outbox` from the installed wheel
+    (its py.typed marker): clean code passes, a type error in the use of the API is caught."""
+    (where / "user_app.py").write_text(USER_MODULE)
+    (where / "user_wrong.py").write_text(WRONG)
+    mypy = [sys.executable, "-m", "mypy", "--strict", "--no-incremental"]
+    target = ["--python-executable", str(venv / "bin" / "python")]
+    sh(*mypy, *target, "user_app.py", cwd=where)
+    wrong = subprocess.run(
+        [*mypy, *target, "user_wrong.py"], cwd=where, capture_output=True, text=True, check=False
+    )
+    assert wrong.returncode == 1, wrong.stdout
+    assert 'Incompatible types in assignment (expression has type "int"' in wrong.stdout

@@ -1,0 +1,181 @@
+"""The batch apply path: batch projectors, set-based guards, failure isolation (S6, S17, S18).
+
+Oracles come from the test's own generator (what it appended, counted here), never from the
+worker's view of the stream.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+
+import pytest
+
+from outbox import Event, PermanentError, Settings, append, db
+from outbox.errors import CheckpointGap
+from outbox.model import StoredEvent
+from outbox.projection.app import Outbox
+from outbox.worker.batch import Worker
+
+TOTALS = """
+CREATE TABLE totals (campaign_id text PRIMARY KEY, n bigint NOT NULL, last_seq bigint NOT NULL);
+CREATE TABLE calls (projector text NOT NULL, size int NOT NULL);
+"""
+
+
+def batch_app(settings: Settings, *, ordered: bool, idempotent: bool) -> Outbox:
+    app = Outbox(settings)
+
+    @app.projector("totals", events=["add"], batch=True, ordered=ordered, idempotent=idempotent)
+    async def totals(tx: db.Connection, events: Sequence[StoredEvent]) -> None:
+        await tx.execute("INSERT INTO calls VALUES ('totals', $1)", len(events))
+        await tx.execute(
+            "INSERT INTO totals (campaign_id, n, last_seq) "
+            "SELECT c, sum(n), max(s) FROM unnest($1::text[], $2::bigint[], $3::bigint[]) "
+            "AS e(c, n, s) GROUP BY c "
+            "ON CONFLICT (campaign_id) DO UPDATE SET n = totals.n + excluded.n, "
+            "last_seq = greatest(totals.last_seq, excluded.last_seq)",
+            [e.campaign_id for e in events],
+            [e.payload["n"] for e in events],
+            [e.seq for e in events],
+        )
+
+    return app
+
+
+async def appended(pool: db.Pool, settings: Settings, campaigns: int, per: int) -> Counter[str]:
+    """Append `per` events to each campaign; the oracle: their sum per campaign."""
+    expected: Counter[str] = Counter()
+    for c in range(campaigns):
+        cid = f"c{c:03d}"
+        values = [(c * 7 + i) % 11 + 1 for i in range(per)]
+        await append(pool, cid, [Event("add", {"n": v}) for v in values], settings=settings)
+        expected[cid] = sum(values)
+    return expected
+
+
+async def totals(pool: db.Pool) -> Counter[str]:
+    rows = await pool.fetch("SELECT campaign_id, n FROM totals")
+    return Counter({r["campaign_id"]: r["n"] for r in rows})
+
+
+@pytest.mark.parametrize(
+    ("ordered", "idempotent"),
+    [(True, False), (False, True), (False, False)],
+    ids=["checkpointed", "markers", "unguarded"],
+)
+async def test_a_batch_projector_applies_every_event_once_in_few_calls(
+    pool: db.Pool, dsn: str, ordered: bool, idempotent: bool
+) -> None:
+    await pool.execute(TOTALS)
+    settings = Settings(dsn=dsn, batch_size=100)
+    expected = await appended(pool, settings, campaigns=30, per=20)
+    worker = Worker(batch_app(settings, ordered=ordered, idempotent=idempotent), pool)
+    sizes = []
+    while (counts := await worker.run_once()).claimed:
+        sizes.append(counts.applied)
+    assert sum(sizes) == 600
+    assert await totals(pool) == expected
+    calls = await pool.fetch("SELECT size FROM calls ORDER BY size")
+    assert sorted(r["size"] for r in calls) == sorted(sizes)  # one call per batch, all of it
+
+
+async def test_redelivered_events_are_skipped_set_wise(pool: db.Pool, dsn: str) -> None:
+    """A batch whose events were partly applied already (their work rows came back, as after
+    a restore or a reconcile) applies only the rest: checkpoints and markers both."""
+    await pool.execute(TOTALS)
+    settings = Settings(dsn=dsn)
+    for ordered, idempotent in [(True, False), (False, True)]:
+        await pool.execute("TRUNCATE totals, calls, projection_apply_outbox")
+        await pool.execute("TRUNCATE event_journal, campaign_heads CASCADE")
+        app = batch_app(settings, ordered=ordered, idempotent=idempotent)
+        expected = await appended(pool, settings, campaigns=3, per=4)
+        await Worker(app, pool).drain()
+        # The same work rows again: every event a duplicate, nothing changes.
+        await pool.execute(
+            "INSERT INTO projection_apply_outbox (campaign_id, seq, event_type) "
+            "SELECT campaign_id, seq, event_type FROM event_journal"
+        )
+        counts = await Worker(app, pool).drain()
+        assert (counts.applied, counts.skipped) == (0, 12)
+        assert await totals(pool) == expected
+
+
+async def test_a_gap_is_refused_naming_the_projector_and_its_campaign_waits(
+    pool: db.Pool, dsn: str
+) -> None:
+    await pool.execute(TOTALS)
+    settings = Settings(dsn=dsn)
+    app = batch_app(settings, ordered=True, idempotent=False)
+    await append(pool, "a", [Event("add", {"n": 1})] * 3, settings=settings)
+    await append(pool, "b", [Event("add", {"n": 5})] * 2, settings=settings)
+    # The checkpoint of 'a' says seq 1 was never applied but stands at 0 while seq 1's row
+    # is gone: seq 2 is a gap.
+    await pool.execute("DELETE FROM projection_apply_outbox WHERE campaign_id = 'a' AND seq = 1")
+    counts = await Worker(app, pool).run_once()
+    assert (counts.applied, counts.failed) == (2, 1)
+    row = await pool.fetchrow(
+        "SELECT seq, status, attempt_count, last_error FROM projection_apply_outbox "
+        "WHERE campaign_id = 'a' ORDER BY seq LIMIT 1"
+    )
+    assert row is not None
+    assert (row["seq"], row["status"], row["attempt_count"]) == (2, "failed", 1)
+    assert row["last_error"] == (
+        f"{CheckpointGap.__name__}: projector 'totals' is at seq 0 of campaign 'a' "
+        "and cannot apply seq 2"
+    )
+    assert await totals(pool) == Counter({"b": 10})
+
+
+@pytest.mark.parametrize("batch", [False, True], ids=["per_event", "batch"])
+@pytest.mark.parametrize(
+    ("poison_seq", "applied_now"), [(10, 99), (4, 93)], ids=["last_of_campaign", "mid_campaign"]
+)
+async def test_one_failing_event_in_100_records_one_attempt_and_the_rest_apply_in_order(
+    pool: db.Pool, dsn: str, batch: bool, poison_seq: int, applied_now: int
+) -> None:
+    await pool.execute(
+        "CREATE TABLE applied (id bigserial PRIMARY KEY, campaign_id text, seq bigint)"
+    )
+    settings = Settings(dsn=dsn, batch_size=100)
+    app = Outbox(settings)
+
+    async def record(tx: db.Connection, events: Sequence[StoredEvent]) -> None:
+        if any(e.payload["poison"] for e in events):
+            raise PermanentError("poison")
+        await tx.execute(
+            "INSERT INTO applied (campaign_id, seq) SELECT * FROM unnest($1::text[], $2::bigint[])",
+            [e.campaign_id for e in events],
+            [e.seq for e in events],
+        )
+
+    if batch:
+        app.projector("recorder", events=["e"], batch=True)(record)
+    else:
+
+        @app.projector("recorder", events=["e"])
+        async def recorder(tx: db.Connection, event: StoredEvent) -> None:
+            await record(tx, [event])
+
+    # 10 campaigns x 10 events, one poison in campaign c3: 99 good events. As c3's last event,
+    # all 99 apply; at seq 4, c3's seqs 5..10 must wait behind it (ordering): 93 apply now.
+    for c in range(10):
+        events = [Event("e", {"poison": c == 3 and s == poison_seq}) for s in range(1, 11)]
+        await append(pool, f"c{c}", events, settings=settings)
+    counts = await Worker(app, pool).run_once()
+    assert (counts.claimed, counts.applied, counts.dead) == (100, applied_now, 1)
+    left = await pool.fetch(
+        "SELECT campaign_id, seq, status, attempt_count FROM projection_apply_outbox "
+        "ORDER BY campaign_id, seq"
+    )
+    assert [(r["campaign_id"], r["seq"], r["status"], r["attempt_count"]) for r in left] == [
+        ("c3", poison_seq, "dead", 1),
+        *[("c3", s, "pending", 0) for s in range(poison_seq + 1, 11)],
+    ]
+    rows = await pool.fetch("SELECT campaign_id, seq FROM applied ORDER BY id")
+    applied = [(r["campaign_id"], r["seq"]) for r in rows]
+    assert len(applied) == len(set(applied)) == applied_now
+    for c in range(10):  # per campaign, in seq order
+        seqs = [s for cid, s in applied if cid == f"c{c}"]
+        assert seqs == sorted(seqs)
+        assert seqs == (list(range(1, poison_seq)) if c == 3 else list(range(1, 11)))

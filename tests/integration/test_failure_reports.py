@@ -1,0 +1,82 @@
+"""Failures an operator can act on: the projector's name in last_error, the traceback in the
+dead-letter's log line, failures first in the report."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from outbox import Event, Settings, db
+from outbox.model import StoredEvent
+from outbox.ops.report import outbox_report
+from outbox.projection.app import Outbox
+from outbox.worker.batch import Worker
+
+
+def bank(dsn: str, *, max_attempts: int = 8) -> Outbox:
+    app = Outbox(Settings(dsn=dsn, max_attempts=max_attempts, backoff_base=0.01))
+
+    @app.projector("balances", events=["deposited", "memo.added"])
+    async def balances(tx: db.Connection, event: StoredEvent) -> None:
+        return None
+
+    @app.projector("alerts", events=["memo.added"], ordered=False)
+    async def alerts(tx: db.Connection, event: StoredEvent) -> None:
+        fields: dict[str, str] = {}
+        fields[event.payload["memo_key"]] = fields["memo"]  # KeyError: 'memo'
+
+    return app
+
+
+async def test_last_error_names_the_projector(pool: db.Pool, dsn: str) -> None:
+    app = bank(dsn)
+    await app.append(pool, "acct", [Event("deposited", {}), Event("memo.added", {"memo_key": "x"})])
+    counts = await Worker(app, pool).run_once()
+    assert (counts.applied, counts.failed) == (1, 1)
+    error = await pool.fetchval("SELECT last_error FROM projection_apply_outbox")
+    assert error == "projector 'alerts': KeyError: 'memo'"
+
+
+async def test_the_dead_letter_logs_its_traceback_at_warning(
+    pool: db.Pool, dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    app = bank(dsn, max_attempts=2)
+    await app.append(pool, "acct", [Event("memo.added", {"memo_key": "x"})])
+    worker = Worker(app, pool)
+    with caplog.at_level(logging.DEBUG, logger="outbox"):
+        await worker.run_once()  # attempt 1: debug
+        await pool.execute("UPDATE projection_apply_outbox SET next_attempt_at = now()")
+        await pool.execute("UPDATE projection_apply_campaigns SET due_at = now()")
+        await worker.run_once()  # attempt 2: dead, warning
+    lines = [r for r in caplog.records if r.getMessage() in ("apply.failed", "apply.dead")]
+    assert [(r.getMessage(), r.levelno) for r in lines] == [
+        ("apply.failed", logging.DEBUG),
+        ("apply.dead", logging.WARNING),
+    ]
+    dead = lines[1].__dict__
+    assert dead["error"] == "projector 'alerts': KeyError: 'memo'"
+    assert dead["traceback"].startswith("Traceback (most recent call last):")
+    assert "fields[event.payload" in dead["traceback"]
+    assert dead["traceback"].endswith("KeyError: 'memo'")
+
+
+async def test_the_report_lists_failures_first(pool: db.Pool, dsn: str) -> None:
+    app = bank(dsn)
+    # Many healthy rows queued before the one that fails: the failure still comes first.
+    for n in range(5):
+        await app.append(pool, f"ok-{n}", [Event("deposited", {})])
+    await app.append(pool, "bad", [Event("memo.added", {"memo_key": "x"})])
+    worker = Worker(app, pool)
+    # A long backoff: by claim order alone, the failed row would come after every pending one.
+    app.settings = app.settings.replace(batch_size=1, backoff_base=60)
+    for _ in range(10):
+        if (await worker.run_once()).failed:
+            break
+    for n in range(5, 8):
+        await app.append(pool, f"ok-{n}", [Event("deposited", {})])
+    report = await outbox_report(pool, limit=3)
+    assert report.rows[0].campaign_id == "bad"
+    assert (report.rows[0].last_error or "").startswith("projector 'alerts'")
+    filtered = await outbox_report(pool, status="pending", limit=3)
+    assert [r.status for r in filtered.rows] == ["pending"] * 3

@@ -1,0 +1,65 @@
+"""Prometheus metrics: outcomes, shadow observations, queue gauges, /metrics over HTTP."""
+
+from __future__ import annotations
+
+import urllib.request
+from functools import partial
+
+import anyio
+
+from outbox import Event, Outbox, Settings, append, db
+from outbox.examples import campaigns as c
+from outbox.examples.app import build_app, install
+from outbox.model import BatchCounts
+from outbox.obs.metrics import Metrics
+from outbox.worker.batch import ShadowWorker, Worker
+from outbox.worker.service import Service, refresh_gauges
+
+
+async def wait_for_empty_queue(pool: db.Pool) -> None:
+    with anyio.fail_after(15):
+        while await pool.fetchval("SELECT count(*) FROM projection_apply_outbox"):  # noqa: ASYNC110
+            await anyio.sleep(0.05)  # polls database state; nothing else signals it
+
+
+async def test_service_metrics_count_outcomes_and_serve_them(
+    pool: db.Pool, dsn: str, settings: Settings
+) -> None:
+    await install(pool)
+    await append(pool, "c", [Event(c.DICE_ROLLED, {"value": 1})] * 3, settings=settings)
+    service = Service(Worker(build_app(Outbox(settings)), pool), dsn)
+    _, port = service.metrics.serve(0, addr="127.0.0.1")
+    async with anyio.create_task_group() as tg:
+        await tg.start(partial(service.run, shutdown_timeout=5))
+        await wait_for_empty_queue(pool)
+        with anyio.fail_after(15):
+            while not service.listener_connected:  # noqa: ASYNC110
+                await anyio.sleep(0.05)  # the listener connects in the background
+        service.stop()
+    sample = service.metrics.registry.get_sample_value
+    assert sample("outbox_events_total", {"outcome": "applied"}) == 3
+    assert (sample("outbox_batch_size_count") or 0) >= 1
+    await append(pool, "d", [Event(c.DICE_CURSED, {})], settings=settings)
+    await refresh_gauges(service.metrics, pool, park=False)
+    assert sample("outbox_queue_rows", {"status": "pending"}) == 1
+    assert sample("outbox_blocked_campaigns") == 0
+    body = await anyio.to_thread.run_sync(
+        lambda: urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read()
+    )
+    text = body.decode()
+    assert 'outbox_events_total{outcome="applied"} 3.0' in text
+    assert 'outbox_queue_rows{status="pending"} 1.0' in text
+    assert "outbox_listener_connected" in text
+
+
+async def test_shadow_observations_show_in_the_metrics(pool: db.Pool, settings: Settings) -> None:
+    await install(pool)
+    await append(pool, "c", [Event(c.DICE_ROLLED, {"value": 1})] * 2, settings=settings)
+    metrics = Metrics()
+    counts: BatchCounts = await ShadowWorker(build_app(Outbox(settings)), pool).run_once()
+    metrics.record_batch(counts)
+    await refresh_gauges(metrics, pool, park=False)
+    assert metrics.registry.get_sample_value("outbox_events_total", {"outcome": "observed"}) == 2
+    lag = metrics.registry.get_sample_value("outbox_shadow_max_lag_seconds")
+    assert lag is not None
+    assert lag >= 0

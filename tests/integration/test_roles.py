@@ -1,0 +1,148 @@
+"""The least-privilege roles of docs/operations.md, run as written: each role can do its job
+and nothing it should not."""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg
+import pytest
+
+from helpers import ROOT, run_cli
+from outbox import Event, Settings, append, db, dedup
+from outbox.examples.app import install
+
+ROLES = (
+    "outbox_owner",
+    "outbox_worker",
+    "outbox_report",
+    "outbox_operator",
+    "outbox_appender",
+    "outbox_consumer",
+)
+
+
+def roles_sql() -> str:
+    text = (ROOT / "docs" / "operations.md").read_text()
+    match = re.search(r"```sql\n(-- outbox roles\n.*?)```", text, re.S)
+    assert match, "docs/operations.md lost its roles block"
+    return match.group(1)
+
+
+def as_user(dsn: str, user: str) -> str:
+    parts = urlsplit(dsn)
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{user}@{host}"))
+
+
+@pytest.fixture
+async def roles(dsn: str) -> AsyncIterator[dict[str, str]]:
+    """The documented roles (suffixed: roles are cluster-wide), and a DSN for each."""
+    suffix = uuid.uuid4().hex[:6]
+    names = {r: f"{r}_{suffix}" for r in ROLES}
+    sql = roles_sql()
+    for role, name in names.items():
+        sql = re.sub(rf"\b{role}\b", name, sql)
+    admin = await asyncpg.connect(dsn)
+    try:
+        await admin.execute(sql)
+        yield {role: as_user(dsn, name) for role, name in names.items()}
+    finally:
+        for name in names.values():
+            await admin.execute(f'DROP OWNED BY "{name}"')
+            await admin.execute(f'DROP ROLE "{name}"')
+        await admin.close()
+
+
+async def test_each_role_does_its_job_and_no_more(
+    pool: db.Pool, roles: dict[str, str], settings: Settings
+) -> None:
+    await install(pool)
+    worker_role = urlsplit(roles["outbox_worker"]).username
+    await pool.execute(
+        f"GRANT SELECT, INSERT, UPDATE, DELETE ON demo_roster, demo_event_counts, "
+        f'demo_dice_totals TO "{worker_role}"'
+    )
+    # The application appends with its own role.
+    appender = await db.connect(roles["outbox_appender"])
+    try:
+        await append(
+            appender,
+            "c",
+            [Event("dice.rolled", {"value": 5}), Event("dice.cursed", {})],
+            idempotency_key="k",
+            settings=settings,
+        )
+    finally:
+        await appender.close()
+    # The worker applies (and records the cursed failure).
+    drained = run_cli(
+        "outbox-worker",
+        "--app",
+        "outbox.examples.app:app",
+        "--drain-now",
+        dsn=roles["outbox_worker"],
+    )
+    assert drained.returncode == 0, drained.stderr
+    assert "applied=1" in drained.stdout
+    await pool.execute("UPDATE projection_apply_outbox SET status = 'dead'")
+    # The report role reads but cannot requeue.
+    report = run_cli("maintenance", "outbox-report", "--json", dsn=roles["outbox_report"])
+    assert report.returncode == 0, report.stderr
+    denied = run_cli(
+        "maintenance",
+        "outbox-requeue",
+        "--campaign-id",
+        "c",
+        "--seq",
+        "2",
+        dsn=roles["outbox_report"],
+    )
+    assert denied.returncode == 1
+    assert "permission denied" in denied.stderr
+    # The operator requeues, with an audit it cannot rewrite.
+    requeued = run_cli(
+        "maintenance",
+        "outbox-requeue",
+        "--campaign-id",
+        "c",
+        "--seq",
+        "2",
+        "--reason",
+        "test",
+        dsn=roles["outbox_operator"],
+    )
+    assert requeued.returncode == 0, requeued.stderr
+    assert run_cli("maintenance", "cleanup", dsn=roles["outbox_operator"]).returncode == 0
+    operator = await asyncpg.connect(roles["outbox_operator"])
+    try:
+        for forbidden in (
+            "UPDATE outbox_requeue_audit SET reason = 'rewritten'",
+            "DELETE FROM outbox_requeue_audit",
+            "DELETE FROM event_journal",
+        ):
+            with pytest.raises(asyncpg.InsufficientPrivilegeError):
+                await operator.execute(forbidden)
+    finally:
+        await operator.close()
+    assert await pool.fetchval("SELECT reason FROM outbox_requeue_audit") == "test"
+
+
+async def test_the_consumer_role_claims_and_releases_and_no_more(
+    pool: db.Pool, roles: dict[str, str]
+) -> None:
+    at = datetime(2026, 11, 18, 9, 30, tzinfo=UTC)
+    consumer = await db.connect(roles["outbox_consumer"])
+    try:
+        async with consumer.transaction():
+            assert await dedup.claim_in_transaction(consumer, "billing", "m-1", at)
+        assert not await dedup.claim_now(consumer, "billing", "m-1", at)
+        assert await dedup.release(consumer, "billing", "m-1", at)
+        with pytest.raises(asyncpg.InsufficientPrivilegeError):
+            await consumer.execute("DELETE FROM event_journal")
+    finally:
+        await consumer.close()

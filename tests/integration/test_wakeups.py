@@ -1,0 +1,161 @@
+"""What wakes a claim loop and how much one claim takes (S6, S10, S20).
+
+The services run with a poll interval of an hour unless the test is about polling: work that
+gets applied then was found by a NOTIFY or by the loop claiming again on its own, never by a
+poll. Every wait is for database state, with a deadline.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from functools import partial
+
+import anyio
+import pytest
+
+from outbox import Event, Outbox, Settings, StoredEvent, append, db, wait_applied
+from outbox.queue.settle import refresh_campaigns
+from outbox.worker.batch import Worker
+from outbox.worker.service import Service
+
+HOUR = 3600.0
+
+
+@pytest.fixture
+async def applied_table(pool: db.Pool) -> None:
+    await pool.execute(
+        "CREATE TABLE applied (id bigserial PRIMARY KEY, campaign_id text NOT NULL, "
+        "seq bigint NOT NULL)"
+    )
+
+
+def recording_app(settings: Settings) -> Outbox:
+    app = Outbox(settings)
+
+    @app.projector("recorder", events=["tick"], batch=True)
+    async def recorder(tx: db.Connection, events: Sequence[StoredEvent]) -> None:
+        await tx.execute(
+            "INSERT INTO applied (campaign_id, seq) SELECT * FROM unnest($1::text[], $2::bigint[])",
+            [e.campaign_id for e in events],
+            [e.seq for e in events],
+        )
+
+    return app
+
+
+async def applied(pool: db.Pool) -> list[tuple[str, int]]:
+    rows = await pool.fetch("SELECT campaign_id, seq FROM applied ORDER BY id")
+    return [(r["campaign_id"], r["seq"]) for r in rows]
+
+
+async def until_applied(pool: db.Pool, n: int) -> None:
+    with anyio.fail_after(30):
+        while await pool.fetchval("SELECT count(*) FROM applied") < n:  # noqa: ASYNC110
+            await anyio.sleep(0.02)  # database state offers no event to await
+
+
+@asynccontextmanager
+async def serving(service: Service) -> AsyncIterator[Service]:
+    async with anyio.create_task_group() as tg:
+        await tg.start(partial(service.run, shutdown_timeout=5))
+        yield service
+        service.stop()
+
+
+def ticks(n: int) -> list[Event]:
+    return [Event("tick", {})] * n
+
+
+@pytest.mark.usefixtures("applied_table")
+async def test_a_notify_wakes_an_idle_loop(pool: db.Pool, dsn: str) -> None:
+    settings = Settings(dsn=dsn, poll_interval=HOUR)
+    async with serving(Service(Worker(recording_app(settings), pool), dsn)) as service:
+        with anyio.fail_after(30):
+            while not service.listener_connected:  # noqa: ASYNC110
+                await anyio.sleep(0.02)  # the listener offers no event to await
+        await append(pool, "first", ticks(1), settings=settings)
+        await until_applied(pool, 1)
+        # The loop is idle now, for an hour unless woken: the new campaign's NOTIFY wakes it.
+        await append(pool, "second", ticks(1), settings=settings)
+        await until_applied(pool, 2)
+    assert await applied(pool) == [("first", 1), ("second", 1)]
+
+
+@pytest.mark.usefixtures("applied_table")
+async def test_without_notifications_the_poll_finds_the_work(pool: db.Pool, dsn: str) -> None:
+    settings = Settings(dsn=dsn, poll_interval=0.05)
+    service = Service(Worker(recording_app(settings), pool), dsn, notifications=False)
+    async with serving(service):
+        await append(pool, "c", ticks(3), settings=settings)
+        await until_applied(pool, 3)
+        assert not service.listener_connected
+    assert await applied(pool) == [("c", 1), ("c", 2), ("c", 3)]
+
+
+@pytest.mark.usefixtures("applied_table")
+async def test_a_loop_keeps_claiming_while_batches_come_back_full(pool: db.Pool, dsn: str) -> None:
+    settings = Settings(dsn=dsn, poll_interval=HOUR, batch_size=10)
+    for c in range(25):  # 25 campaigns: 10, 10 and 5 rows, each batch empties its campaigns
+        await append(pool, f"c{c:02}", ticks(1), settings=settings)
+    service = Service(Worker(recording_app(settings), pool), dsn, notifications=False)
+    async with serving(service):
+        await until_applied(pool, 25)
+    assert service.totals.claimed == 25
+
+
+@pytest.mark.usefixtures("applied_table")
+async def test_a_loop_claims_again_while_campaigns_are_left_due(pool: db.Pool, dsn: str) -> None:
+    settings = Settings(dsn=dsn, poll_interval=HOUR, batch_size=10)
+    # Two campaigns share the budget: 5 rows of `hot` and `one`'s row, a batch of 6 (not
+    # full), and `hot` left due: the loop must claim again without a poll or a NOTIFY.
+    await append(pool, "hot", ticks(30), settings=settings)
+    await append(pool, "one", ticks(1), settings=settings)
+    service = Service(Worker(recording_app(settings), pool), dsn, notifications=False)
+    async with serving(service):
+        await until_applied(pool, 31)
+    hot = [seq for cid, seq in await applied(pool) if cid == "hot"]
+    assert hot == list(range(1, 31))
+
+
+@pytest.mark.usefixtures("applied_table")
+async def test_a_claim_takes_at_most_batch_size_oldest_first_across_campaigns(
+    pool: db.Pool, dsn: str
+) -> None:
+    settings = Settings(dsn=dsn, batch_size=3)
+    for c in ("a", "b", "c", "d"):
+        await append(pool, c, ticks(5), settings=settings)
+    # Oldest first by next_attempt_at (the heads'), whatever the campaign ids say: d, b, then
+    # a or c (not yet due: an hour ahead) never.
+    await pool.execute(
+        "UPDATE projection_apply_outbox SET next_attempt_at = clock_timestamp() + CASE "
+        "campaign_id WHEN 'd' THEN interval '-3 hours' WHEN 'b' THEN interval '-2 hours' "
+        "WHEN 'a' THEN interval '-1 hour' ELSE interval '1 hour' END"
+    )
+    async with pool.acquire() as conn:
+        await refresh_campaigns(conn, ["a", "b", "c", "d"], park=False, removable=())
+    worker = Worker(recording_app(settings), pool)
+    counts = await worker.run_once()
+    assert counts.claimed == 3
+    first = await applied(pool)
+    assert sorted({cid for cid, _ in first}) == ["a", "b", "d"]
+    assert all(cid != "c" for cid, _ in await applied(pool))
+    counts = await worker.run_once()
+    assert counts.claimed == 3
+    assert len(await applied(pool)) == 6
+    # One hot campaign gets the whole budget, never more.
+    await append(pool, "hot", ticks(50), settings=settings)
+    await pool.execute("DELETE FROM projection_apply_outbox WHERE campaign_id <> 'hot'")
+    async with pool.acquire() as conn:  # nothing live: their campaign rows go
+        await refresh_campaigns(conn, ["a", "b", "c", "d"], park=False)
+    assert (await worker.run_once()).claimed == 3
+
+
+async def test_wait_applied_is_false_when_its_timeout_runs_out(
+    pool: db.Pool, settings: Settings
+) -> None:
+    result = await append(pool, "c", ticks(2), settings=settings)
+    # Long enough for several looks at the queue: the row stays outstanding throughout.
+    assert not await wait_applied(pool, "c", result.last_seq, timeout=0.3)
+    assert not await wait_applied(pool, "c", 1, timeout=0.3)
+    assert await wait_applied(pool, "other", 1, timeout=0.3)  # nothing outstanding
