@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.install-stamp
 LINT_PATHS := outbox tests bench cmd
 
 .DEFAULT_GOAL := help
-.PHONY: help install test test-faults lint demo bench clean
+.PHONY: help install test test-unit test-faults lint demo bench clean
 
 help: ## List the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  make %-8s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -22,13 +22,18 @@ install: $(STAMP) ## Create .venv with the package, test and lint dependencies
 test: $(STAMP) ## Run the tests (OUTBOX_TEST_DSN, or a throwaway local PostgreSQL)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
+# No DSN and no PostgreSQL binaries on PATH: the unit tier needs neither.
+test-unit: $(STAMP) ## Run the unit tier only: pure policy, no PostgreSQL at all (~30 s)
+	env -u OUTBOX_TEST_DSN PATH="$(abspath $(VENV))/bin:/usr/bin:/bin" $(PY) -m pytest tests/unit $(PYTEST_ARGS)
+
 test-faults: $(STAMP) ## Run the fault tier: real faults against worker processes (~5 min)
 	$(PY) -m pytest tests/faults -m faults $(PYTEST_ARGS)
 
-lint: $(STAMP) ## ruff check, ruff format --check, mypy --strict
+lint: $(STAMP) ## ruff check, ruff format --check, mypy --strict, the import contracts
 	$(VENV)/bin/ruff check $(LINT_PATHS)
 	$(VENV)/bin/ruff format --check $(LINT_PATHS)
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
 
 demo: $(STAMP) ## Run the demo: local PostgreSQL (or OUTBOX_DSN), migrate, append, drain, report
 	$(PY) cmd/demo.py

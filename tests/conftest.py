@@ -12,6 +12,7 @@ import asyncio
 import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import asyncpg
 import pytest
@@ -21,6 +22,19 @@ from outbox import db
 from outbox.config import Settings
 from outbox.localpg import LocalCluster
 from outbox.schema import migrate
+
+UNIT = Path(__file__).resolve().parent / "unit"
+DATABASE_FIXTURES = {"pg_server", "template_db", "fresh_db", "dsn", "pool", "settings"}
+
+
+@pytest.fixture(autouse=True)
+def _unit_tests_touch_no_database(request: pytest.FixtureRequest) -> None:
+    """The unit tier runs with no PostgreSQL at all: a unit test asking for a database fails."""
+    callspec = getattr(request.node, "callspec", None)
+    parametrized = set(callspec.params) if callspec is not None else set()
+    wanted = DATABASE_FIXTURES & (set(request.fixturenames) - parametrized)
+    if wanted and UNIT in Path(str(request.node.path)).resolve().parents:
+        pytest.fail(f"a unit test uses {sorted(wanted)}: it belongs in tests/integration")
 
 
 @pytest.fixture(scope="session")

@@ -95,11 +95,13 @@ def worker_env(dsn: str, **extra: str) -> dict[str, str]:
     return {**os.environ, "OUTBOX_DSN": dsn, "OUTBOX_LOG_LEVEL": "info", **extra}
 
 
-async def wait_for(check: Callable[[], Awaitable[bool]], *, within: float = 30) -> None:
-    """Poll database state until `check()` holds; fail after `within` seconds."""
+async def wait_for(
+    check: Callable[[], Awaitable[bool]], *, within: float = 30, interval: float = 0.02
+) -> None:
+    """Poll database state until `check()` holds; TimeoutError after `within` seconds."""
     with anyio.fail_after(within):
         while not await check():  # noqa: ASYNC110 - database state offers no event to await
-            await anyio.sleep(0.02)
+            await anyio.sleep(interval)
 
 
 @asynccontextmanager

@@ -165,8 +165,8 @@ class Service:
             self.signals.batch_done.fire()
             if counts.claimed:
                 _logger.info("batch.done", extra=vars(counts))
-            elif not counts.more_due:
-                self.signals.idle.fire()
+            if not counts.more_due and counts.claimed < settings.batch_size:
+                self.signals.idle.fire()  # nothing is due now: the loop waits or ends
             if not counts.claimed and self.until_idle and not counts.more_due:
                 if not self.wait_out_backoff:
                     return

@@ -61,4 +61,4 @@ class Signals:
 
     listening: Signal = field(default_factory=Signal)  # fired on every LISTEN (re)connect
     batch_done: Signal = field(default_factory=Signal)  # fired after every committed batch
-    idle: Signal = field(default_factory=Signal)  # fired when a loop finds nothing due
+    idle: Signal = field(default_factory=Signal)  # fired when a loop has nothing due now

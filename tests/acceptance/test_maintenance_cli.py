@@ -10,7 +10,7 @@ from typing import Any
 import orjson
 import pytest
 
-from helpers import BIN, run_cli
+from helpers import BIN, queue_count, run_cli
 from outbox import Event, Settings, append, db
 from outbox.examples.app import install
 
@@ -142,7 +142,7 @@ async def test_filters_are_bound_parameters(
         )
     )
     assert dry["rows"] == []
-    assert await pool.fetchval("SELECT count(*) FROM projection_apply_outbox") == 7
+    assert await queue_count(pool) == 7
 
 
 @pytest.mark.parametrize(
@@ -287,10 +287,7 @@ async def test_requeue_dead_oldest_first_with_limit_and_audit(
     assert [(r["campaign_id"], r["seq"]) for r in first["rows"]] == [("c-d", 1)]
     rest = as_json(cli("outbox-requeue-dead", "--limit", "10", "--json", dsn=dsn))
     assert [(r["campaign_id"], r["seq"]) for r in rest["rows"]] == [("c-a", 1)]
-    assert (
-        await pool.fetchval("SELECT count(*) FROM projection_apply_outbox WHERE status = 'dead'")
-        == 0
-    )
+    assert await queue_count(pool, status="dead") == 0
     assert await pool.fetchval("SELECT count(*) FROM outbox_requeue_audit") == 2
 
 

@@ -17,7 +17,7 @@ import orjson
 import pytest
 from anyio.abc import Process
 
-from helpers import TESTS, WORKER, frozen, projector_is_waiting, wait_for, worker_env
+from helpers import TESTS, WORKER, frozen, projector_is_waiting, queue_count, wait_for, worker_env
 from outbox import Event, Settings, append, db
 from outbox.examples.app import install
 
@@ -360,5 +360,5 @@ async def _has(pool: db.Pool, query: str) -> bool:
 
 
 async def _queue_empty(pool: db.Pool) -> bool:
-    n = await pool.fetchval("SELECT count(*) FROM projection_apply_outbox")
+    n = await queue_count(pool)
     return bool(n == 0)

@@ -25,12 +25,13 @@ from pathlib import Path
 
 import anyio
 
+from helpers import ROOT
 from outbox import AppendOutcomeUnknown, Event, Settings, append, db
 
 HERE = Path(__file__).resolve().parent
 # The summary lines of the scenarios run, printed at the end by the tier's conftest.
 SUMMARY: list[str] = []
-WORKER = [sys.executable, str(HERE.parents[1] / "cmd" / "outbox-worker.py")]
+WORKER = [sys.executable, str(ROOT / "cmd" / "outbox-worker.py")]
 
 
 @dataclass

@@ -6,7 +6,7 @@ import anyio
 import pytest
 
 import outbox
-from helpers import counts, journal_seqs
+from helpers import counts, journal_seqs, queue_count
 from outbox import Event, Settings, append, db
 from outbox.queue.settle import WORK_CHANNEL
 
@@ -58,7 +58,7 @@ async def test_seqs_gap_free_with_20_concurrent_appenders_on_one_campaign(
     assert await journal_seqs(pool, "hot") == list(range(1, 201))
     allocated = sorted(s for r in results for s in r.seqs)
     assert allocated == list(range(1, 201))
-    assert await pool.fetchval("SELECT count(*) FROM projection_apply_outbox") == 200
+    assert await queue_count(pool) == 200
 
 
 async def test_seqs_gap_free_on_20_campaigns_at_once(pool: db.Pool, settings: Settings) -> None:

@@ -17,7 +17,7 @@ import anyio
 import anyio.lowlevel
 import pytest
 
-from helpers import run_cli, wait_for
+from helpers import queue_count, run_cli, wait_for
 from outbox import ConfigError, Event, Settings, db
 from outbox.model import BatchCounts, StoredEvent
 from outbox.obs.metrics import Metrics
@@ -327,7 +327,7 @@ async def test_the_heartbeat_survives_a_projector_that_blocks_the_event_loop(
     counts = await Worker(app, pool).run_once()
     assert alive == [True] * 5
     assert (counts.applied, counts.fenced, counts.reclaimed) == (1, 0, 0)
-    assert await pool.fetchval("SELECT count(*) FROM projection_apply_outbox") == 0
+    assert await queue_count(pool) == 0
 
 
 async def test_per_campaign_order_across_transactional_and_leased_projectors(
@@ -362,7 +362,7 @@ async def test_per_campaign_order_across_transactional_and_leased_projectors(
         assert seqs == sorted(seqs), f"{cid} applied out of order: {seqs}"
     assert {cid: sorted(set(s)) for cid, s in seen.items()} == expected
     assert await ledger(pool) == sorted((cid, s) for cid, ss in expected.items() for s in ss)
-    assert await pool.fetchval("SELECT count(*) FROM projection_apply_outbox") == 0
+    assert await queue_count(pool) == 0
 
 
 async def _drain(worker: Worker) -> None:

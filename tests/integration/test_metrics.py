@@ -16,12 +16,6 @@ from outbox.worker.batch import ShadowWorker, Worker
 from outbox.worker.service import Service, refresh_gauges
 
 
-async def wait_for_empty_queue(pool: db.Pool) -> None:
-    with anyio.fail_after(15):
-        while await pool.fetchval("SELECT count(*) FROM projection_apply_outbox"):  # noqa: ASYNC110
-            await anyio.sleep(0.05)  # polls database state; nothing else signals it
-
-
 async def test_service_metrics_count_outcomes_and_serve_them(
     pool: db.Pool, dsn: str, settings: Settings
 ) -> None:
@@ -31,10 +25,9 @@ async def test_service_metrics_count_outcomes_and_serve_them(
     _, port = service.metrics.serve(0, addr="127.0.0.1")
     async with anyio.create_task_group() as tg:
         await tg.start(partial(service.run, shutdown_timeout=5))
-        await wait_for_empty_queue(pool)
         with anyio.fail_after(15):
-            while not service.listener_connected:  # noqa: ASYNC110
-                await anyio.sleep(0.05)  # the listener connects in the background
+            await service.signals.batch_done.wait_until(lambda: service.totals.applied == 3)
+            await service.wait_listening()
         service.stop()
     sample = service.metrics.registry.get_sample_value
     assert sample("outbox_events_total", {"outcome": "applied"}) == 3

@@ -101,6 +101,10 @@ async def test_a_scrape_during_a_run_shows_the_per_projector_series_moving(
             code, _ = await anyio.to_thread.run_sync(get, f"{url}{path}")
             assert code == 404, path
         service.stop()
+    # The service stopped its server: the port answers no more (a refused connection).
+    with pytest.raises(urllib.error.URLError) as refused:
+        await anyio.to_thread.run_sync(scrape)
+    assert isinstance(refused.value.reason, ConnectionRefusedError)
 
 
 async def test_the_gauges_carry_values(pool: db.Pool, dsn: str) -> None:
@@ -120,10 +124,9 @@ async def test_the_gauges_carry_values(pool: db.Pool, dsn: str) -> None:
     async with anyio.create_task_group() as tg:
         await tg.start(partial(service.run, shutdown_timeout=5))
 
-        async def listening() -> bool:
-            return service.metrics.registry.get_sample_value("outbox_listener_connected") == 1
-
-        await wait_for(listening)
+        with anyio.fail_after(30):
+            await service.wait_listening()
+        assert service.metrics.registry.get_sample_value("outbox_listener_connected") == 1
         service.stop()
     assert service.metrics.registry.get_sample_value("outbox_listener_connected") == 0
 

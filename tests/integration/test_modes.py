@@ -11,7 +11,7 @@ import anyio
 import orjson
 import pytest
 
-from helpers import ROOT, run_cli
+from helpers import ROOT, queue_count, run_cli
 from outbox import ConfigError, Event, Outbox, Settings, append, db
 from outbox.config import resolve_worker_mode
 from outbox.examples import campaigns as c
@@ -147,7 +147,7 @@ async def test_shadow_then_apply_applies_each_event_exactly_once(
     row = await pool.fetchrow("SELECT rolls, total FROM demo_dice_totals")
     assert row is not None
     assert (row["rolls"], row["total"]) == (20, sum(range(1, 21)))  # oracle: the journal's 20
-    assert await pool.fetchval("SELECT count(*) FROM projection_apply_outbox") == 0
+    assert await queue_count(pool) == 0
 
 
 async def test_a_shadow_worker_registers_its_mode(pool: db.Pool, dsn: str) -> None:

@@ -7,7 +7,7 @@ from typing import Any
 
 import orjson
 
-from helpers import run_cli
+from helpers import queue_count, run_cli
 from outbox import Event, Outbox, Settings, append, db
 from outbox.examples import campaigns as c
 from outbox.examples.app import build_app, install
@@ -52,7 +52,7 @@ async def test_reconcile_after_enqueue_off_applies_each_event_exactly_once(
     await install(pool)
     await append_without_enqueue(pool, dsn)
     journal = await pool.fetchval("SELECT count(*) FROM event_journal")
-    assert await pool.fetchval("SELECT count(*) FROM projection_apply_outbox") == 0
+    assert await queue_count(pool) == 0
     dry = reconcile_cli(dsn, "--dry-run")
     assert (dry["mode"], dry["dry_run"], dry["enqueued"], len(dry["rows"])) == (
         "reconcile",
@@ -60,7 +60,7 @@ async def test_reconcile_after_enqueue_off_applies_each_event_exactly_once(
         0,
         journal,
     )
-    assert await pool.fetchval("SELECT count(*) FROM projection_apply_outbox") == 0
+    assert await queue_count(pool) == 0
     done = reconcile_cli(dsn)
     assert done["enqueued"] == journal
     # Rows exist now: a second reconcile enqueues nothing, before and after the drain.

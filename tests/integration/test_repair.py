@@ -8,7 +8,7 @@ from typing import Any
 import anyio
 import orjson
 
-from helpers import run_cli
+from helpers import queue_count, run_cli
 from outbox import Event, Outbox, Settings, append, db
 from outbox.append.journal import list_campaigns
 from outbox.examples import campaigns as c
@@ -172,7 +172,7 @@ async def test_rebuild_beside_running_workers_applies_nothing_twice(
             tg.start_soon(loop)
         tg.start_soon(rebuild)
 
-    assert await pool.fetchval("SELECT count(*) FROM projection_apply_outbox") == 0
+    assert await queue_count(pool) == 0
     rolls = await pool.fetchval(
         "SELECT count(*) FROM event_journal WHERE event_type = $1", c.DICE_ROLLED
     )

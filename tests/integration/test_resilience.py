@@ -250,12 +250,9 @@ async def test_a_listener_killed_twice_in_quick_succession_comes_back(
             # At once again: the new connection may be mid-LISTEN (the case that ended it).
             killed.update(await terminated(pool, "application_name = 'outbox-listener'"))
         await wait_for(partial(_listening, pool, killed))
-        await wait_for(lambda: _connected(service))
+        with anyio.fail_after(30):
+            await service.wait_listening()
     assert records.events().count("listener.lost") >= 4
-
-
-async def _connected(service: Service) -> bool:
-    return service.listener_connected
 
 
 @pytest.mark.usefixtures("applied_table")

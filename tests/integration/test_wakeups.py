@@ -49,10 +49,10 @@ async def applied(pool: db.Pool) -> list[tuple[str, int]]:
     return [(r["campaign_id"], r["seq"]) for r in rows]
 
 
-async def until_applied(pool: db.Pool, n: int) -> None:
+async def until_applied(service: Service, n: int) -> None:
+    """Until the service's batches applied `n` events (its own signal, no polling)."""
     with anyio.fail_after(30):
-        while await pool.fetchval("SELECT count(*) FROM applied") < n:  # noqa: ASYNC110
-            await anyio.sleep(0.02)  # database state offers no event to await
+        await service.signals.batch_done.wait_until(lambda: service.totals.applied >= n)
 
 
 @asynccontextmanager
@@ -72,13 +72,12 @@ async def test_a_notify_wakes_an_idle_loop(pool: db.Pool, dsn: str) -> None:
     settings = Settings(dsn=dsn, poll_interval=HOUR)
     async with serving(Service(Worker(recording_app(settings), pool), dsn)) as service:
         with anyio.fail_after(30):
-            while not service.listener_connected:  # noqa: ASYNC110
-                await anyio.sleep(0.02)  # the listener offers no event to await
+            await service.wait_listening()
         await append(pool, "first", ticks(1), settings=settings)
-        await until_applied(pool, 1)
+        await until_applied(service, 1)
         # The loop is idle now, for an hour unless woken: the new campaign's NOTIFY wakes it.
         await append(pool, "second", ticks(1), settings=settings)
-        await until_applied(pool, 2)
+        await until_applied(service, 2)
     assert await applied(pool) == [("first", 1), ("second", 1)]
 
 
@@ -88,7 +87,7 @@ async def test_without_notifications_the_poll_finds_the_work(pool: db.Pool, dsn:
     service = Service(Worker(recording_app(settings), pool), dsn, notifications=False)
     async with serving(service):
         await append(pool, "c", ticks(3), settings=settings)
-        await until_applied(pool, 3)
+        await until_applied(service, 3)
         assert not service.listener_connected
     assert await applied(pool) == [("c", 1), ("c", 2), ("c", 3)]
 
@@ -100,7 +99,7 @@ async def test_a_loop_keeps_claiming_while_batches_come_back_full(pool: db.Pool,
         await append(pool, f"c{c:02}", ticks(1), settings=settings)
     service = Service(Worker(recording_app(settings), pool), dsn, notifications=False)
     async with serving(service):
-        await until_applied(pool, 25)
+        await until_applied(service, 25)
     assert service.totals.claimed == 25
 
 
@@ -113,7 +112,7 @@ async def test_a_loop_claims_again_while_campaigns_are_left_due(pool: db.Pool, d
     await append(pool, "one", ticks(1), settings=settings)
     service = Service(Worker(recording_app(settings), pool), dsn, notifications=False)
     async with serving(service):
-        await until_applied(pool, 31)
+        await until_applied(service, 31)
     hot = [seq for cid, seq in await applied(pool) if cid == "hot"]
     assert hot == list(range(1, 31))
 

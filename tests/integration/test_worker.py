@@ -14,6 +14,7 @@ from functools import partial
 import anyio
 import pytest
 
+from helpers import queue_count
 from outbox import Event, PermanentError, Settings, append, db, wait_applied
 from outbox.errors import TransientBatchError
 from outbox.examples import campaigns as c
@@ -343,7 +344,7 @@ async def test_concurrent_loops_keep_campaign_order_and_apply_exactly_once(
     sums = {r["campaign_id"]: r["n"] for r in await pool.fetch("SELECT * FROM sums")}
     assert sums == journal
     assert totals.applied == sum(journal.values())
-    assert await pool.fetchval("SELECT count(*) FROM projection_apply_outbox") == 0
+    assert await queue_count(pool) == 0
     rows = await pool.fetch("SELECT campaign_id, seq FROM applied_log ORDER BY id")
     for campaign, n in journal.items():
         assert [r["seq"] for r in rows if r["campaign_id"] == campaign] == list(range(1, n + 1))
@@ -383,10 +384,10 @@ async def test_idle_loop_wakes_when_a_retry_falls_due_not_at_the_poll(
     async with anyio.create_task_group() as tg:
         await tg.start(partial(service.run, shutdown_timeout=5))
         with anyio.fail_after(15):
-            while await pool.fetchval("SELECT count(*) FROM projection_apply_outbox"):  # noqa: ASYNC110
-                await anyio.sleep(0.05)  # polls database state; nothing else signals it
+            await service.signals.batch_done.wait_until(lambda: service.totals.applied == 1)
         service.stop()
     assert attempts == [1, 1]
+    assert await queue_count(pool) == 0
 
 
 async def test_a_running_worker_is_registered_and_signs_off(pool: db.Pool, dsn: str) -> None:

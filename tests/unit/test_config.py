@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from outbox import ConfigError, Settings
-from outbox.config import FIELDS
+from outbox.config import FIELDS, resolve_worker_mode
 
 
 def test_defaults() -> None:
@@ -122,3 +122,27 @@ def test_non_uri_dsn_is_refused_without_echoing_the_password(dsn: str) -> None:
         Settings.from_env({"OUTBOX_DSN": dsn})
     assert "CANARY" not in str(info.value)
     assert str(info.value).startswith("OUTBOX_DSN")
+
+
+def test_the_worker_process_knobs_are_settings_with_variables() -> None:
+    env = {
+        "OUTBOX_CONCURRENCY": "4",
+        "OUTBOX_MODE": "Shadow",
+        "OUTBOX_SHUTDOWN_TIMEOUT": "7.5",
+        "OUTBOX_METRICS_PORT": "9100",
+        "OUTBOX_METRICS_HOST": "0.0.0.0",  # noqa: S104 - a value under test, nothing binds
+    }
+    s = Settings.from_env(env)
+    assert (s.concurrency, s.mode, s.shutdown_timeout) == (4, "shadow", 7.5)
+    assert (s.metrics_port, s.metrics_host) == (9100, "0.0.0.0")  # noqa: S104
+    assert resolve_worker_mode(s).mode == "shadow"  # OUTBOX_MODE over the worker flags
+    with pytest.raises(ConfigError, match=r"OUTBOX_CONCURRENCY \(--concurrency\)"):
+        Settings.from_env({"OUTBOX_CONCURRENCY": "0"})
+    with pytest.raises(ConfigError, match=r"OUTBOX_MODE \(--mode\): expected one of"):
+        Settings.from_env({"OUTBOX_MODE": "both"})
+
+
+def test_settings_answer_park_and_ordering_once() -> None:
+    assert (Settings().park, Settings().ordered) == (False, True)
+    assert Settings(dead_policy="park").park
+    assert not Settings(ordering="none").ordered

@@ -1,4 +1,4 @@
-"""S15/S16: the backoff schedule and the error classes (pure functions, seeded randomness)."""
+"""The backoff schedule, the error classes and the failure policy (pure, seeded randomness)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from outbox import PermanentError
-from outbox.retry import ErrorClass, backoff_delay, classify, describe_error, nominal_delay
+from outbox.config import Settings
+from outbox.retry import (
+    ErrorClass,
+    FailurePolicy,
+    backoff_delay,
+    classify,
+    describe_error,
+    nominal_delay,
+)
 
 
 @pytest.mark.parametrize("attempt", range(1, 9))
@@ -101,3 +109,31 @@ def test_describe_error_is_one_bounded_line() -> None:
     assert text.startswith("ValueError: line one line two")
     assert "\n" not in text
     assert len(text) == 2000
+
+
+def test_the_policy_counts_the_attempt_and_draws_the_delay_from_its_random_source() -> None:
+    policy = FailurePolicy(max_attempts=8, backoff_base=2.0, backoff_cap=60.0, rand=lambda: 0.5)
+    failure = policy.fail("c", 4, 2, KeyError("memo"), projector="alerts")
+    assert (failure.campaign_id, failure.seq, failure.attempts, failure.dead) == ("c", 4, 3, False)
+    assert failure.delay == 0.75 * nominal_delay(3, base=2.0, cap=60.0)  # [d/2, d] at 0.5
+    assert failure.error == "projector 'alerts': KeyError: 'memo'"
+    assert failure.projector == "alerts"
+
+
+def test_the_last_attempt_and_a_permanent_error_are_dead_at_once() -> None:
+    policy = FailurePolicy(max_attempts=3, rand=lambda: 0.0)
+    assert policy.fail("c", 1, 1, ValueError("x")).dead is False
+    last = policy.fail("c", 1, 2, ValueError("x"))
+    assert (last.attempts, last.dead, last.delay) == (3, True, 0.0)
+    permanent = policy.fail("c", 1, 0, PermanentError("never"))
+    assert (permanent.attempts, permanent.dead) == (1, True)
+    assert policy.fail("c", 1, 0, ValueError("x"), permanent=True).dead
+
+
+def test_the_policy_follows_the_settings_knobs() -> None:
+    settings = Settings(max_attempts=5, backoff_base=0.5, backoff_cap=4.0)
+    policy = FailurePolicy.of(settings, rand=lambda: 0.999)
+    assert (policy.max_attempts, policy.backoff_base, policy.backoff_cap) == (5, 0.5, 4.0)
+    delays = [policy.fail("c", 1, n, ValueError("x")).delay for n in range(4)]
+    assert delays == pytest.approx([0.5, 1.0, 2.0, 4.0], rel=1e-3)
+    assert policy.fail("c", 1, 4, ValueError("x")).dead
