@@ -1,4 +1,4 @@
-"""Append idempotency keys at their edges (seed 004): a key names one request, so a retry with
+"""Append idempotency keys at their edges: a key names one request, so a retry with
 the same key and different events is refused, and the key travels with the events it wrote."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""EXPLAIN guard (DESIGN section 12): a claim never visits rows it cannot take.
+"""EXPLAIN guard (S6, docs/semantics.md): a claim never visits rows it cannot take.
 
 Three backlogs of >= 100k work rows, each with a few claimable campaigns among them:
 - `dead_and_not_due`: 100k dead rows and 100k rows not due yet, in their own campaigns;

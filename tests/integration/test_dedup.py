@@ -1,4 +1,4 @@
-"""The consumer dedup guard (DESIGN section 8) against a real PostgreSQL."""
+"""The consumer dedup guard against a real PostgreSQL."""
 
 from __future__ import annotations
 

@@ -49,11 +49,15 @@ def test_every_flag_combination_resolves_as_documented(
             resolve_worker_mode(settings, requested)  # type: ignore[arg-type]
         expected = "OUTBOX_ENABLED is off" if "enqueueing" in outcome else "no worker is enabled"
         assert expected in str(info.value)
-        assert settings.resolved_mode() == "off" or requested is not None
+        # Every refusal is one a worker started without --mode meets too: the report says off.
+        assert settings.resolved_mode() == "off"
         return
     resolution = resolve_worker_mode(settings, requested)  # type: ignore[arg-type]
     assert f"{resolution.mode} worker" == outcome.split(",")[0]
     assert (resolution.warning is not None) == ("warning" in outcome)
+    # OUTBOX_MODE (Settings.mode) is the same request as --mode.
+    as_setting = resolve_worker_mode(settings.replace(mode=requested))
+    assert (as_setting.mode, as_setting.warning) == (resolution.mode, resolution.warning)
 
 
 def test_cli_refuses_without_enqueueing_and_warns_when_both_workers_are_on(dsn: str) -> None:

@@ -7,7 +7,7 @@ key gets the first append's result (`duplicate=True`) and writes nothing; a conc
 waits for the first and gets the same answer; a retry with the same key but different events
 is refused (`outbox.IdempotencyKeyConflict`). The key reaches every projector in
 `event.metadata["idempotency_key"]`, to pass on to external systems. Keys are scoped to one
-campaign and expire after OUTBOX_APPEND_KEY_TTL (seed 004).
+campaign and expire after OUTBOX_APPEND_KEY_TTL.
 """
 
 from __future__ import annotations

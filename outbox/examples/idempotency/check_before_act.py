@@ -4,7 +4,7 @@ A deposit adds to the balance, which is not idempotent. The account keeps the id
 deposits it has booked (`ex_ledger_entries`, part of the aggregate): the handler locks the
 account row, checks whether this deposit is booked, and books it only if not. The lock makes
 the check and the act one step: without `FOR UPDATE`, two concurrent deliveries both see
-"not booked" and both add (seed 001, "check-before-act").
+"not booked" and both add (docs/idempotency.md, "check-before-act").
 """
 
 from __future__ import annotations

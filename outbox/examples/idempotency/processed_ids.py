@@ -5,7 +5,7 @@ worker reserves `(projector, campaign_id, seq)` in the projection's own transact
 reservation that already exists skips the projector. A concurrent second application waits
 for the first transaction and then skips. The markers are pruned after
 `maintenance cleanup --markers-retention-hours` (168 by default): a duplicate older than that
-is not caught (seed 001, "track processed event ids").
+is not caught (docs/idempotency.md, "track processed event ids").
 
 Here a delivery is one application of the journaled event
 (`outbox.projection.guards.apply_event`), as the worker, a replay or a repeated rebuild would

@@ -2,7 +2,7 @@
 
 `email.changed` sets the address, `account.opened` inserts the profile only if it is missing.
 Running either twice leaves the same row, so no guard is needed. Prefer this whenever the
-read model can be stated as "the value is X" rather than "add X" (seed 001, strategy 1).
+read model can be stated as "the value is X" rather than "add X" (docs/idempotency.md, set-based).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ claims unsent rows with `FOR UPDATE SKIP LOCKED`, calls the service with the row
 idempotency key and marks the row sent; several senders may run at once. No lock is held by
 the handler across an external call, and the handler never fails because the service is
 down. A sender that crashes after the call and before its commit calls again with the same
-key (at-least-once towards the service; the key makes it once) (seed 001, "the outbox
+key (at-least-once towards the service; the key makes it once) (docs/idempotency.md, "the outbox
 pattern").
 """
 

@@ -3,7 +3,7 @@
 Freezing counts towards `freezes` (an additive effect), but only an open account can be
 frozen and only a frozen one unfrozen. The guard is the `WHERE state = ...` of the UPDATE:
 PostgreSQL re-checks it on the row's newest version after waiting for a concurrent writer,
-so two concurrent deliveries of one freeze make one transition (seed 001, "state machine
+so two concurrent deliveries of one freeze make one transition (docs/idempotency.md, "state machine
 guard"). The guard knows states, not events: a freeze redelivered after the account was
 unfrozen again would freeze it again. Use it where duplicates arrive before the next event of
 the aggregate (in-order redelivery), or pair it with a stream position (stream_position.py).

@@ -6,7 +6,7 @@ it, and sends only while its status is `pending`; the status turns `sent` in the
 transaction. A concurrent second delivery waits on the lock and then finds `sent`. The row
 lock is held across the call, so keep the call short (or use side_effect_outbox.py). A crash
 after the send and before the commit sends again: pass the notification id as the external
-service's idempotency key, so the service absorbs it (seed 001, "status flags").
+service's idempotency key, so the service absorbs it (docs/idempotency.md, "status flags").
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ An ordered projector keeps `applied_seq` per campaign in the projection's own tr
 seq = applied_seq + 1 applies, anything at or below it is a duplicate and skipped, anything
 beyond is a gap and fails. One integer per campaign catches every duplicate for ever, and
 the order is part of the guarantee; the price is that events of a campaign apply one after
-another (seed 001, "use event sequence numbers"). Renaming the projector starts a new
+another (docs/idempotency.md, "use event sequence numbers"). Renaming the projector starts a new
 checkpoint at 0: the rename re-applies the whole journal (docs/idempotency.md, hazards).
 
 Here a running balance (additive) counts every event it applied; a delivery is one

@@ -4,7 +4,8 @@ Each deposit becomes a row of `ex_deposit_history` keyed by the deposit's id; a 
 delivery finds the row and writes the same values again. `INSERT ... ON CONFLICT DO UPDATE`
 is atomic under concurrency: the second of two concurrent inserts waits for the first, then
 updates (a "check if it exists, then insert" in two statements would race and fail or
-duplicate). Totals are read from the rows, never kept as a running sum (seed 001, "upsert").
+duplicate). Totals are read from the rows, never kept as a running sum (docs/idempotency.md,
+"upsert").
 """
 
 from __future__ import annotations
