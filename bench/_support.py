@@ -21,6 +21,7 @@ import asyncpg
 import orjson
 
 from outbox.localpg import LocalCluster
+from outbox.queue.settle import refresh_campaigns
 from outbox.schema import migrate
 
 # The read model every contender maintains: events and amount per campaign.
@@ -50,7 +51,7 @@ SET events = t.events + 1, amount = t.amount + excluded.amount
 EVENT_TYPE = "bench.tick"
 
 # A backlog of $2 events over $1 campaigns, enqueued oldest first across campaigns, the way
-# appends leave it (heads, journal, work rows; the work rows' trigger queues the campaigns).
+# appends leave it (heads, journal, work rows; `load_backlog` then queues the campaigns).
 LOAD_BACKLOG = """
 WITH heads AS (
     INSERT INTO campaign_heads (campaign_id, last_seq)
@@ -113,6 +114,9 @@ async def bench_database(*, commit_timestamps: bool = False) -> AsyncIterator[st
 async def load_backlog(conn: asyncpg.Connection, *, campaigns: int, events: int) -> None:
     await conn.execute(CLEAR)
     await conn.execute(LOAD_BACKLOG, campaigns, events)
+    # Queue the campaigns, as the append does for each (rows written around it need this).
+    ids = [f"c-{c}" for c in range(min(campaigns, events))]
+    await refresh_campaigns(conn, ids, park=False, removable=())
     await conn.execute("ANALYZE projection_apply_outbox")
     await conn.execute("ANALYZE projection_apply_campaigns")
     await conn.execute("ANALYZE event_journal")

@@ -6,7 +6,8 @@ module is the public API: everything in `__all__` is kept stable; the subpackage
 implementation (docs/architecture.md draws them).
 """
 
-from outbox.append.journal import append
+from outbox import sync
+from outbox.append.api import append
 from outbox.config import Settings
 from outbox.db import Connection, Executor, Pool, create_pool
 from outbox.errors import (
@@ -66,6 +67,7 @@ __all__ = [
     "create_pool",
     "drain_now",
     "running_worker",
+    "sync",
     "wait_applied",
 ]
 

@@ -43,6 +43,7 @@ __all__ = [
     "database_error",
     "dsn_secrets",
     "in_transaction",
+    "is_executor",
     "is_pool",
     "lock_not_available",
     "prune",
@@ -180,6 +181,13 @@ async def create_pool(
 def is_pool(executor: object) -> TypeGuard[Pool]:
     """Whether `executor` is a pool (each statement on its own connection and transaction)."""
     return isinstance(executor, asyncpg.Pool)
+
+
+def is_executor(x: object) -> TypeGuard[Executor]:
+    """Whether `x` is an asyncpg pool or connection (a pool's proxy included)."""
+    from asyncpg.pool import PoolConnectionProxy
+
+    return isinstance(x, asyncpg.Pool | asyncpg.Connection | PoolConnectionProxy)
 
 
 def in_transaction(executor: Executor) -> bool:

@@ -121,3 +121,14 @@ async def projector_is_waiting(pool: db.Pool) -> bool:
         "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
     )
     return bool(n)
+
+
+async def queue_campaigns(executor: db.Executor) -> None:
+    """Queue the campaigns of work rows a test inserted by hand, as `maintenance reconcile`
+    does for rows written around the append (the append queues its own campaign)."""
+    from outbox.queue.repair import list_unqueued_campaigns
+    from outbox.queue.settle import refresh_campaigns
+
+    async with db.acquire(executor) as conn:
+        orphans = await list_unqueued_campaigns(conn, None)
+        await refresh_campaigns(conn, orphans, park=True, removable=())

@@ -1,15 +1,15 @@
-"""The journal: the append (allocate gap-free seqs, journal, enqueue, wake) and its reads.
+"""The journal: the append on asyncpg, and the journal's reads.
 
-`append()` takes an executor first: a pool (the append runs in its own transaction) or a
-connection (inside the caller's transaction when one is open, so the append joins the caller's
-write unit). Without an idempotency key the whole append is one statement, atomic on its own;
-with a key it is two statements in a transaction or savepoint, so a failed append leaves no key.
-The append's statement also inserts the events' work rows (one round trip; the work rows'
-trigger queues their campaign and wakes the workers): it is the only statement outside
-`outbox.queue` that writes them.
+`append()` takes an asyncpg executor first: a pool (the append runs in its own transaction) or
+a connection (inside the caller's transaction when one is open, so the append joins the
+caller's write unit). Either way it is one statement, the append function's call (`call`),
+atomic on its own: the function allocates seqs, journals, enqueues (the only writer of work
+rows outside `outbox.queue`), keeps the key and wakes the workers. Other drivers make the same
+call through `outbox.append.api` and `outbox.sync`.
 
-It owns every statement on `event_journal`, `campaign_heads` and `append_idempotency_keys`,
-and decoding a journal row into the `StoredEvent` projectors see. It never runs projectors.
+It owns the reads of `event_journal` and `campaign_heads`, the pruning of
+`append_idempotency_keys`, and decoding a journal row into the `StoredEvent` projectors see.
+It never runs projectors.
 """
 
 from __future__ import annotations
@@ -22,40 +22,30 @@ from typing import TYPE_CHECKING
 import orjson
 
 from outbox import db
-from outbox.append.validate import Batch, prepare
+from outbox.append import call
+from outbox.append.validate import prepare
 from outbox.config import Settings
-from outbox.errors import (
-    AppendOutcomeUnknown,
-    ConcurrencyError,
-    DuplicateAppendError,
-    EventUnavailable,
-    IdempotencyKeyConflict,
-    ValidationError,
-)
+from outbox.errors import EventUnavailable
 from outbox.model import AppendResult, Event, StoredEvent
 from outbox.queries import Queries
-from outbox.retry import describe_error
 
 if TYPE_CHECKING:
     from outbox.db import Connection, Executor
 
 __all__ = [
     "append",
+    "append_failures",
     "decode_event",
     "decode_record",
     "get_campaign_head",
     "list_campaigns",
     "load_events",
-    "outcome_unknown_on_connection_loss",
     "prune_append_keys",
     "rebuild_events",
 ]
 
 
 class JournalQueries(Queries):
-    append_events: str
-    claim_append_key: str
-    get_append_key: str
     get_campaign_head: str
     load_events: str
     list_campaigns: str
@@ -75,87 +65,31 @@ async def append(
     idempotency_key: str | None = None,
     raise_on_duplicate: bool = False,
     settings: Settings | None = None,
-    apply_inline: bool | None = None,
 ) -> AppendResult:
-    """Append `events` to `campaign_id`'s journal and enqueue their work rows.
-
-    `expected_seq` is the head the caller saw (0 for a new campaign); a mismatch raises
-    `ConcurrencyError` and writes nothing. A retried `idempotency_key` returns the first result
-    with `duplicate=True` and writes nothing, or raises `DuplicateAppendError` when
-    `raise_on_duplicate`. A connection that fails mid-append raises `AppendOutcomeUnknown`:
-    retry with the same key (docs/append.md). `settings` default to the environment
-    (`OUTBOX_ENABLED`, `OUTBOX_APPEND_KEY_TTL`). Inline apply needs the projectors: use
-    `Outbox.append`.
-    """
-    if apply_inline:
-        raise ValidationError(
-            "apply_inline", "inline apply needs the app's projectors: call app.append(...)"
-        )
+    """Append `events` to `campaign_id`'s journal and enqueue their work rows, on an asyncpg
+    pool (a transaction of its own) or connection (inside the caller's transaction when one is
+    open): one call of the append function. See `outbox.append.api.append` for the rules."""
     batch = prepare(campaign_id, events, expected_seq, idempotency_key)
     settings = settings if settings is not None else Settings.from_env()
-    with outcome_unknown_on_connection_loss(batch.campaign_id):
+    with append_failures(batch.campaign_id):
         async with db.acquire(executor) as conn:
-            if batch.idempotency_key is None:
-                result = await _insert(conn, batch, settings)
-            else:
-                # A transaction of its own, or a savepoint inside the caller's: a failed append
-                # must take its key with it.
-                async with conn.transaction():
-                    result = await _insert_once(conn, batch, batch.idempotency_key, settings)
-    if result.duplicate and raise_on_duplicate:
-        raise DuplicateAppendError(result)
-    return result
+            row = await conn.fetchrow(call.STATEMENT, *call.arguments(batch, settings))
+    return call.result(
+        batch, None if row is None else tuple(row), raise_on_duplicate=raise_on_duplicate
+    )
 
 
 @contextmanager
-def outcome_unknown_on_connection_loss(campaign_id: str) -> Iterator[None]:
-    """Turn a lost connection during an append into AppendOutcomeUnknown (one documented error
-    for "retry with the same idempotency key"); every other error passes unchanged."""
+def append_failures(campaign_id: str) -> Iterator[None]:
+    """A lost connection during an append becomes AppendOutcomeUnknown (retry with the same
+    key), a database without the append function SchemaNotReady; other errors pass."""
     try:
         yield
     except Exception as exc:
-        if not db.connection_lost(exc):
+        meaning = call.failure(campaign_id, exc, lost=db.connection_lost(exc))
+        if meaning is None:
             raise
-        raise AppendOutcomeUnknown(
-            f"campaign {campaign_id!r}: the connection failed during the append "
-            f"({describe_error(exc)}); whether it committed is unknown: retry with the same "
-            "idempotency key"
-        ) from exc
-
-
-async def _insert_once(
-    conn: Connection, batch: Batch, key: str, settings: Settings
-) -> AppendResult:
-    claimed = await conn.fetchval(
-        Q.claim_append_key, batch.campaign_id, key, settings.append_key_ttl, batch.fingerprint
-    )
-    if not claimed:
-        row = await conn.fetchrow(Q.get_append_key, batch.campaign_id, key)
-        if row is None or row["first_seq"] is None:  # pragma: no cover - key rows commit filled
-            raise RuntimeError(f"idempotency key {key!r} has no recorded result")
-        first = AppendResult(batch.campaign_id, row["first_seq"], row["last_seq"], duplicate=True)
-        if row["fingerprint"] is not None and row["fingerprint"] != batch.fingerprint:
-            raise IdempotencyKeyConflict(key, first)
-        return first
-    return await _insert(conn, batch, settings)
-
-
-async def _insert(conn: Connection, batch: Batch, settings: Settings) -> AppendResult:
-    row = await conn.fetchrow(
-        Q.append_events,
-        batch.campaign_id,
-        batch.types,
-        batch.payloads,
-        batch.metadata,
-        batch.expected_seq,
-        settings.enabled,
-        batch.idempotency_key,
-    )
-    if row is None:
-        actual = await conn.fetchval(Q.get_campaign_head, batch.campaign_id)
-        raise ConcurrencyError(batch.campaign_id, batch.expected_seq or 0, actual or 0)
-    last_seq: int = row["last_seq"]
-    return AppendResult(batch.campaign_id, last_seq - len(batch.types) + 1, last_seq)
+        raise meaning from exc
 
 
 def decode_event(

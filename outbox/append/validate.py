@@ -1,14 +1,16 @@
 """Append input checked before anything is written: ids, types, keys, payloads, metadata.
 
-`prepare()` turns an append's arguments into a `Batch` (payloads encoded as JSON text, the
-idempotency key copied into each event's metadata, the events' fingerprint) or raises a
-`ValidationError` naming the field. Pure: no I/O, no database. `check_identifier` also serves
-the dedup guard's ids.
+`prepare()` turns an append's arguments into a `Batch`: the append function's arguments, the
+events encoded as one JSON array. The append function (`outbox_try_append`, migration 0006)
+enforces every rule for every client; this module checks the same rules first, so a bad call
+from Python costs no round trip, raises a `ValidationError` naming the field, and leaves the
+caller's transaction usable. It also refuses what cannot reach the server as it is: values
+JSON cannot carry (NaN, non-string keys), NUL characters. A test runs every bad input through
+both and compares. Pure: no I/O. `check_identifier` also serves the dedup guard's ids.
 """
 
 from __future__ import annotations
 
-import hashlib
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -43,15 +45,14 @@ KEY_METADATA = "idempotency_key"
 
 @dataclass(frozen=True, slots=True)
 class Batch:
-    """An append, validated and encoded: what the journal write sends."""
+    """An append, checked and encoded: the arguments of the append function
+    (`outbox_try_append`), the events as one JSON array of {type, payload, metadata}."""
 
     campaign_id: str
-    types: list[str]
-    payloads: list[str]
-    metadata: list[str]
+    events: str
+    count: int
     expected_seq: int | None
     idempotency_key: str | None
-    fingerprint: bytes | None
 
 
 # jsonb cannot store U+0000; orjson writes it as \u0000 (an even run of backslashes before it
@@ -123,34 +124,25 @@ def prepare(
     key: str | None = None
     if idempotency_key is not None:
         key = check_identifier("idempotency_key", idempotency_key, MAX_KEY_LENGTH)
-    types: list[str] = []
-    payloads: list[str] = []
-    metadata: list[str] = []
-    given: list[tuple[str, Any, dict[str, Any]]] = []
+    encoded: list[str] = []
     for i, event in enumerate(events):
         if not isinstance(event, Event):
             raise ValidationError(
                 f"events[{i}]", f"expected outbox.Event, got {type(event).__name__}"
             )
-        types.append(check_identifier(f"events[{i}].type", event.type, MAX_TYPE_LENGTH))
-        payloads.append(_encode(f"events[{i}].payload", event.payload))
+        kind = check_identifier(f"events[{i}].type", event.type, MAX_TYPE_LENGTH)
+        payload = _encode(f"events[{i}].payload", event.payload)
         if event.metadata is not None and not isinstance(event.metadata, Mapping):
             raise ValidationError(f"events[{i}].metadata", "expected a mapping or None")
         meta = dict(event.metadata or {})
-        if key is not None:
-            if meta.setdefault(KEY_METADATA, key) != key:
-                raise ValidationError(
-                    f"events[{i}].metadata",
-                    f"{KEY_METADATA!r} is set by the append from its idempotency_key; got a "
-                    "different value",
-                )
-            given.append((event.type, event.payload, meta))
-        metadata.append(_encode(f"events[{i}].metadata", meta))
-    fingerprint = None if key is None else _fingerprint(given)
-    return Batch(campaign, types, payloads, metadata, expected, key, fingerprint)
-
-
-def _fingerprint(events: list[tuple[str, Any, dict[str, Any]]]) -> bytes:
-    """What a keyed append appended, independent of key order inside objects (as jsonb is): a
-    retry with the same key must carry the same events."""
-    return hashlib.sha256(orjson.dumps(events, option=orjson.OPT_SORT_KEYS)).digest()
+        if key is not None and meta.get(KEY_METADATA, key) != key:
+            raise ValidationError(
+                f"events[{i}].metadata",
+                f"{KEY_METADATA!r} is set by the append from its idempotency_key; got a "
+                "different value",
+            )
+        metadata = _encode(f"events[{i}].metadata", meta)
+        encoded.append(
+            f'{{"type":{orjson.dumps(kind).decode()},"payload":{payload},"metadata":{metadata}}}'
+        )
+    return Batch(campaign, f"[{','.join(encoded)}]", len(encoded), expected, key)

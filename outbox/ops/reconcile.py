@@ -5,7 +5,8 @@ unless they count as applied (`guards.applied_events`: every subscribed projecto
 them, or their type is declared ignored). A type this app does not know is enqueued: the worker
 fails it visibly rather than anyone dropping it. Keys are `(campaign_id, seq)` throughout,
 never a global position, and running it twice enqueues nothing the second time. Work rows that
-have no campaign in the campaign queue (inserted with triggers off) get one.
+have no campaign in the campaign queue (written around the append: by hand, by a tool, a
+restore) get one.
 """
 
 from __future__ import annotations

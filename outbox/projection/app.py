@@ -9,18 +9,16 @@ apply in `inline`, rebuilds in `rebuild`.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, TypeVar
+from typing import Any, TypeVar
 
-from outbox.append.journal import append
+from outbox import db
+from outbox.append.api import append
 from outbox.config import Settings
 from outbox.errors import ConfigError
 from outbox.model import AppendResult, Event
 from outbox.projection.inline import append_inline
 from outbox.projection.registry import Projector, Registry, ResetFn
 from outbox.retry import FailurePolicy
-
-if TYPE_CHECKING:
-    from outbox.db import Executor
 
 __all__ = ["Outbox"]
 
@@ -102,7 +100,7 @@ class Outbox:
 
     async def append(
         self,
-        executor: Executor,
+        executor: Any,
         campaign_id: str,
         events: Sequence[Event],
         *,
@@ -111,7 +109,8 @@ class Outbox:
         raise_on_duplicate: bool = False,
         apply_inline: bool | None = None,
     ) -> AppendResult:
-        """`outbox.append` with this app's settings, and the inline fast path when
+        """`outbox.append` (any driver it takes) with this app's settings, and the inline fast
+        path (asyncpg only) when
         `apply_inline` (default: OUTBOX_INLINE_APPLY) and enqueueing are on (see
         `outbox.projection.inline`): the new events are applied inside the append's own
         transaction, or left to a worker when that cannot be done in order."""
@@ -120,7 +119,7 @@ class Outbox:
         if leased and any(getattr(e, "type", None) in leased for e in events):
             inline = False
         if not (inline and self.settings.enabled):
-            return await append(
+            return await append(  # any driver `outbox.append` takes
                 executor,
                 campaign_id,
                 events,
@@ -128,6 +127,12 @@ class Outbox:
                 idempotency_key=idempotency_key,
                 raise_on_duplicate=raise_on_duplicate,
                 settings=self.settings,
+            )
+        if not db.is_executor(executor):
+            raise ConfigError(
+                "inline apply runs the projectors on an asyncpg connection: pass an asyncpg pool "
+                f"or connection, not {type(executor).__name__}, or turn OUTBOX_INLINE_APPLY off "
+                "(a worker applies the events)"
             )
         return await append_inline(
             executor,

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from outbox import db
-from outbox.append.journal import append, load_events, outcome_unknown_on_connection_loss
+from outbox.append.journal import append, append_failures, load_events
 from outbox.config import Settings
 from outbox.model import AppendResult, Event
 from outbox.projection.guards import Dispatch, GroupFailed
@@ -42,7 +42,7 @@ async def append_inline(
     raise_on_duplicate: bool = False,
 ) -> AppendResult:
     """Append, then apply the new events in the same transaction (see the module docstring)."""
-    with outcome_unknown_on_connection_loss(campaign_id):
+    with append_failures(campaign_id):
         async with db.acquire(executor) as conn, conn.transaction():
             result = await append(
                 conn,

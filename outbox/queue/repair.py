@@ -104,7 +104,7 @@ async def list_unqueued_events(
 
 
 async def list_unqueued_campaigns(conn: Connection, campaign_id: str | None) -> list[str]:
-    """Campaigns with live work rows but no campaign row (rows inserted with triggers off)."""
+    """Campaigns with live work rows but no campaign row (rows written around the append)."""
     return [r["campaign_id"] for r in await conn.fetch(Q.list_unqueued_campaigns, campaign_id)]
 
 
@@ -116,6 +116,6 @@ async def enqueue(conn: Connection, events: Sequence[tuple[str, int, str]]) -> N
         [e[1] for e in events],
         [e[2] for e in events],
     )
-    # A row enqueued before a campaign's head moves the head back (the insert trigger only
-    # creates missing campaign rows). Never blocked: see requeue_dead.
+    # Queue their campaigns (an existing campaign row moves back to a row enqueued before its
+    # head). Never blocked: see requeue_dead.
     await refresh_campaigns(conn, sorted({e[0] for e in events}), park=True, removable=())

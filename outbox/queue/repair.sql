@@ -55,9 +55,9 @@ SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[])
 ON CONFLICT (campaign_id, seq) DO NOTHING
 
 -- name: list_unqueued_campaigns
--- Campaigns ($1, or all) with live work rows but no campaign row: rows inserted with triggers
--- off (session_replication_role = replica, a restore with --disable-triggers). Scans the work
--- rows: a repair, never a worker's statement.
+-- Campaigns ($1, or all) with live work rows but no campaign row: rows written around the
+-- append function (by hand, by a tool, a partial restore). Scans the work rows: a repair,
+-- never a worker's statement.
 SELECT DISTINCT o.campaign_id
 FROM projection_apply_outbox o
 WHERE o.status IN ('pending', 'failed')

@@ -35,8 +35,8 @@ __all__ = [
     "unblock_campaigns",
 ]
 
-# The LISTEN/NOTIFY channel that wakes the workers: payload-free, sent by the work rows' trigger
-# when a campaign gets queued work (sql/0003_campaign_queue.sql names it too).
+# The LISTEN/NOTIFY channel that wakes the workers: payload-free, sent by the append function
+# when a campaign gets queued work (sql/0006_append_function.sql names it too).
 WORK_CHANNEL = "outbox_work"
 
 

@@ -17,7 +17,16 @@ import orjson
 import pytest
 from anyio.abc import Process
 
-from helpers import TESTS, WORKER, frozen, projector_is_waiting, queue_count, wait_for, worker_env
+from helpers import (
+    TESTS,
+    WORKER,
+    frozen,
+    projector_is_waiting,
+    queue_campaigns,
+    queue_count,
+    wait_for,
+    worker_env,
+)
 from outbox import Event, Settings, append, db
 from outbox.examples.app import install
 
@@ -351,6 +360,7 @@ async def test_poll_applies_rows_that_came_without_a_notify(pool: db.Pool, dsn: 
             "INSERT INTO projection_apply_outbox (campaign_id, seq, event_type) "
             "VALUES ('p', 1, 'dice.rolled')"
         )
+        await queue_campaigns(pool)  # queued, as reconcile would: still no NOTIFY
         await wait_for(lambda: _queue_empty(pool), within=15)
     assert await pool.fetchval("SELECT total FROM demo_dice_totals") == 4
 

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 import pytest
 
+from helpers import queue_campaigns
 from outbox import Event, PermanentError, Settings, append, db
 from outbox.errors import CheckpointGap
 from outbox.model import StoredEvent
@@ -96,6 +97,7 @@ async def test_redelivered_events_are_skipped_set_wise(pool: db.Pool, dsn: str) 
             "INSERT INTO projection_apply_outbox (campaign_id, seq, event_type) "
             "SELECT campaign_id, seq, event_type FROM event_journal"
         )
+        await queue_campaigns(pool)
         counts = await Worker(app, pool).drain()
         assert (counts.applied, counts.skipped) == (0, 12)
         assert await totals(pool) == expected

@@ -19,6 +19,7 @@ from typing import Any
 import orjson
 import pytest
 
+from helpers import queue_campaigns
 from outbox import db
 from outbox.queue.claim import Q
 from outbox.queue.settle import refresh_campaigns
@@ -105,6 +106,7 @@ async def test_claims_never_visit_the_backlog(pool: db.Pool, layout: str) -> Non
     hot = layout == "hot_campaigns"
     if not hot:
         await pool.execute(FRESH)
+        await queue_campaigns(pool)  # fresh work, queued as new campaigns are
     await pool.execute(REFRESH)
     for mode in ("force_custom_plan", "force_generic_plan"):
         async with pool.acquire() as conn:

@@ -10,8 +10,9 @@ import anyio
 import asyncpg
 import pytest
 
+import outbox
 from helpers import ROOT
-from outbox import MigrationError, SchemaNotReady, db
+from outbox import Event, MigrationError, SchemaNotReady, db
 from outbox.schema import check_current, load_migrations, migrate, status
 
 SQL_DIR = ROOT / "sql"
@@ -187,3 +188,38 @@ async def test_outbox_table_shape(pool: db.Pool) -> None:
             "INSERT INTO projection_apply_outbox (campaign_id, seq, event_type) "
             "VALUES ('c', 2, 't')"
         )
+
+
+async def test_keys_from_before_the_append_function_still_match_their_retry(
+    fresh_db: str,
+) -> None:
+    """0006 moves the events' fingerprint into the database; keys the Python client wrote
+    under 0004..0005 (its own sha256 of the events) are recomputed from the journal, so a
+    retry of such an append after the upgrade is still a duplicate, not a conflict."""
+    shipped = load_migrations()
+    before = [m for m in shipped if m.name < "0006"]
+    conn = await db.connect(fresh_db)
+    try:
+        await migrate(conn, before)
+        # What the old client left behind: one keyed append of one event, its fingerprint
+        # computed by a different encoding than the database's.
+        await conn.execute(
+            "INSERT INTO campaign_heads (campaign_id, last_seq) VALUES ('acct', 1);"
+            "INSERT INTO event_journal (campaign_id, seq, event_type, payload, metadata) VALUES "
+            "('acct', 1, 'deposited', '{\"amount\": 5}', '{\"idempotency_key\": \"req-1\"}');"
+            "INSERT INTO append_idempotency_keys "
+            "(campaign_id, idem_key, first_seq, last_seq, expires_at, fingerprint) VALUES "
+            "('acct', 'req-1', 1, 1, clock_timestamp() + interval '1 hour', "
+            "sha256('the old client''s encoding'))"
+        )
+        assert await migrate(conn, shipped) == ["0006_append_function.sql"]
+        again = await outbox.append(
+            conn, "acct", [Event("deposited", {"amount": 5})], idempotency_key="req-1"
+        )
+        assert (again.first_seq, again.last_seq, again.duplicate) == (1, 1, True)
+        with pytest.raises(outbox.IdempotencyKeyConflict):
+            await outbox.append(
+                conn, "acct", [Event("deposited", {"amount": 6})], idempotency_key="req-1"
+            )
+    finally:
+        await conn.close()

@@ -8,7 +8,7 @@ from typing import Any
 import anyio
 import orjson
 
-from helpers import queue_count, run_cli
+from helpers import queue_campaigns, queue_count, run_cli
 from outbox import Event, Outbox, Settings, append, db
 from outbox.append.journal import list_campaigns
 from outbox.examples import campaigns as c
@@ -92,6 +92,7 @@ async def test_replay_of_an_already_applied_event_is_skipped(
         "INSERT INTO projection_apply_outbox (campaign_id, seq, event_type) VALUES ('a', 1, $1)",
         c.DICE_ROLLED,
     )
+    await queue_campaigns(pool)
     proc = cli("outbox-replay", "--app", APP, "--campaign-id", "a", "--seq", "1", dsn=dsn)
     assert proc.returncode == 0, proc.stderr
     assert "skipped" in proc.stdout

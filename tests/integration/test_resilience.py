@@ -17,7 +17,7 @@ import anyio
 import asyncpg
 import pytest
 
-from helpers import wait_for
+from helpers import queue_campaigns, wait_for
 from outbox import AppendOutcomeUnknown, Event, Settings, append, db
 from outbox.db import connection_lost
 from outbox.errors import EventUnavailable, TransientBatchError
@@ -397,6 +397,7 @@ async def test_an_undecodable_payload_fails_its_row_alone(
     app = counting_app(settings)
     await append(pool, "good", [Event("tick", {})] * 3, settings=settings)
     await pool.execute(POISON)
+    await queue_campaigns(pool)
     await append(pool, "later", [Event("tick", {})], settings=settings)
     counts = await Worker(app, pool).drain()
     assert counts.dead == 1

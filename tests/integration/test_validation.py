@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
 import pytest
 
 import outbox
 from helpers import counts
 from outbox import Event, Settings, append, db
+from outbox.append.validate import prepare
 
 CASES: list[tuple[dict[str, Any], str]] = [
     ({"campaign_id": ""}, "campaign_id"),
@@ -70,4 +72,50 @@ async def test_validation_happens_before_the_settings_are_read(
         await append(pool, "", [Event("t", {})])
     with pytest.raises(outbox.ConfigError, match="OUTBOX_ENABLED"):
         await append(pool, "c", [Event("t", {})])
+    assert set((await counts(pool)).values()) == {0}
+
+
+# Bad inputs both sides can express (ids, counts, types, keys, metadata, sizes): Python's
+# pre-checks and the append function must refuse each with the same field and message.
+PARITY: list[tuple[str, list[dict[str, Any]], int | None, str | None]] = [
+    ("", [{"type": "t", "payload": {}}], None, None),
+    ("   ", [{"type": "t", "payload": {}}], None, None),
+    ("x" * 257, [{"type": "t", "payload": {}}], None, None),
+    ("c", [], None, None),
+    ("c", [{"type": "t", "payload": {}}] * 10_001, None, None),
+    ("c", [{"type": "ok", "payload": {}}, {"type": "", "payload": {}}], None, None),
+    ("c", [{"type": "t" * 257, "payload": {}}], None, None),
+    ("c", [{"type": "t", "payload": "x" * (1 << 20)}], None, None),
+    ("c", [{"type": "t", "payload": {}}], -1, None),
+    ("c", [{"type": "t", "payload": {}}], None, ""),
+    ("c", [{"type": "t", "payload": {}}], None, "k" * 257),
+    ("c", [{"type": "t", "payload": {}, "metadata": {"idempotency_key": "other"}}], None, "k"),
+]
+
+
+@pytest.mark.parametrize(
+    ("campaign_id", "events", "expected_seq", "key"),
+    PARITY,
+    ids=[f"{i}" for i in range(len(PARITY))],
+)
+async def test_python_and_the_append_function_refuse_alike(
+    pool: db.Pool,
+    campaign_id: str,
+    events: list[dict[str, Any]],
+    expected_seq: int | None,
+    key: str | None,
+) -> None:
+    as_events = [Event(e["type"], e["payload"], e.get("metadata")) for e in events]
+    with pytest.raises(outbox.ValidationError) as python:
+        prepare(campaign_id, as_events, expected_seq, key)
+    row = await pool.fetchrow(
+        "SELECT refusal, field, message FROM outbox_try_append($1, $2::text::jsonb, $3, $4)",
+        campaign_id,
+        orjson.dumps(events).decode(),
+        expected_seq,
+        key,
+    )
+    assert row is not None
+    assert (row["refusal"], row["field"]) == ("invalid", python.value.field)
+    assert f"{row['field']}: {row['message']}" == str(python.value)
     assert set((await counts(pool)).values()) == {0}

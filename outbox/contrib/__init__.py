@@ -1,0 +1,1 @@
+"""Helpers for frameworks (optional extras): `django` (`pip install outbox[django]`)."""

@@ -1,0 +1,265 @@
+-- The append as SQL functions, so every client appends in its own transaction with one call:
+-- Python (asyncpg, SQLAlchemy, psycopg, Django), another language (Go with pgx), a psql script.
+--
+--   outbox_append(campaign_id, events, expected_seq, idempotency_key)
+--       -> (first_seq, last_seq, duplicate); a refusal is an error with its own SQLSTATE:
+--          OB001 invalid input (DETAIL: the field), OB002 expected_seq is not the head (DETAIL:
+--          the head), OB003 the idempotency key was used for other events (DETAIL: the first
+--          append's first_seq and last_seq). Nothing is written by a refused call.
+--   outbox_try_append(...) the same append, the refusal returned as a row instead of raised,
+--          so a caller inside its own transaction can go on after it (the Python API uses it).
+--
+-- `events` is a JSON array of {"type": text, "payload": any JSON, "metadata": object or null}.
+-- Enqueueing and the key TTL come from the arguments, else the settings `outbox.enqueue`
+-- (default on) and `outbox.append_key_ttl` (seconds, default 86400), which a deployment sets
+-- with ALTER DATABASE/ROLE ... SET or per session.
+--
+-- The work rows' trigger goes: the append creates its campaign's queue row itself, and only
+-- when the campaign has none. The trigger looked the campaign's first row up on every append,
+-- with a plan cached in the session: a queue analyzed while empty turned that lookup into a
+-- scan of the whole queue per append, exactly while a backlog grows. Reconcile and requeue
+-- refresh the campaign rows of the work rows they write; a tool that inserts work rows by hand
+-- runs `maintenance reconcile` after.
+
+DROP TRIGGER projection_apply_outbox_enqueued ON projection_apply_outbox;
+DROP FUNCTION projection_apply_enqueued();
+
+-- What a keyed append appended: [[type, payload, metadata], ...] as stored (jsonb renders
+-- objects with their keys in one order, so the key order a client sent does not matter).
+CREATE FUNCTION outbox_fingerprint(events jsonb) RETURNS bytea
+LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+AS $$ SELECT sha256(convert_to(events::text, 'UTF8')) $$;
+
+-- Keys written before this migration carry the Python client's fingerprint; recompute each
+-- live one from the journal rows it appended, so a retry after the upgrade still matches.
+UPDATE append_idempotency_keys k
+SET fingerprint = (
+    SELECT outbox_fingerprint(
+        jsonb_agg(jsonb_build_array(j.event_type, j.payload, j.metadata) ORDER BY j.seq))
+    FROM event_journal j
+    WHERE j.campaign_id = k.campaign_id AND j.seq BETWEEN k.first_seq AND k.last_seq
+)
+WHERE k.fingerprint IS NOT NULL AND k.first_seq IS NOT NULL
+  AND k.expires_at > clock_timestamp();
+
+CREATE FUNCTION outbox_try_append(
+    p_campaign_id text,
+    p_events jsonb,
+    p_expected_seq bigint DEFAULT NULL,
+    p_idempotency_key text DEFAULT NULL,
+    p_enqueue boolean DEFAULT NULL,
+    p_key_ttl double precision DEFAULT NULL
+) RETURNS TABLE (
+    first_seq bigint, last_seq bigint, duplicate boolean, refusal text, field text,
+    message text
+)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    n integer;
+    bad text[];  -- {field, message} of the first rule broken
+    enqueue boolean := coalesce(
+        p_enqueue, nullif(current_setting('outbox.enqueue', true), '')::boolean, true);
+    ttl double precision := coalesce(
+        p_key_ttl, nullif(current_setting('outbox.append_key_ttl', true), '')::double precision,
+        86400);
+    appended jsonb;
+    fp bytea;
+    known_first bigint;
+    known_last bigint;
+    known_fp bytea;
+    head bigint;
+    earliest bigint;
+BEGIN
+    -- Every rule before any write; a refusal names the field (events[2].type).
+    bad := CASE
+        WHEN p_campaign_id IS NULL THEN ARRAY['campaign_id', 'expected a string']
+        WHEN btrim(p_campaign_id) = '' THEN ARRAY['campaign_id', 'must not be empty']
+        WHEN length(p_campaign_id) > 256 THEN ARRAY['campaign_id',
+            format('must be at most 256 characters, got %s', length(p_campaign_id))]
+        WHEN p_events IS NULL OR jsonb_typeof(p_events) <> 'array'
+            THEN ARRAY['events', 'expected a JSON array of events']
+        WHEN jsonb_array_length(p_events) = 0 THEN ARRAY['events', 'must not be empty']
+        WHEN jsonb_array_length(p_events) > 10000 THEN ARRAY['events',
+            format('at most 10000 per append, got %s', jsonb_array_length(p_events))]
+        WHEN p_expected_seq < 0 THEN ARRAY['expected_seq',
+            format('expected an integer >= 0, got %s', p_expected_seq)]
+        WHEN btrim(p_idempotency_key) = '' THEN ARRAY['idempotency_key', 'must not be empty']
+        WHEN length(p_idempotency_key) > 256 THEN ARRAY['idempotency_key',
+            format('must be at most 256 characters, got %s', length(p_idempotency_key))]
+    END;
+    IF bad IS NULL THEN
+        SELECT ARRAY[format('events[%s]%s', e.ord - 1, e.broken[1]), e.broken[2]] INTO bad
+        FROM (
+            SELECT ord, CASE
+                WHEN jsonb_typeof(value) <> 'object' THEN ARRAY['',
+                    'expected an object with type, payload and optional metadata']
+                WHEN EXISTS (SELECT 1 FROM jsonb_object_keys(value) k
+                             WHERE k NOT IN ('type', 'payload', 'metadata'))
+                    THEN ARRAY['', 'expected only type, payload and metadata']
+                WHEN jsonb_typeof(value -> 'type') IS DISTINCT FROM 'string'
+                    THEN ARRAY['.type', 'expected a string']
+                WHEN btrim(value ->> 'type') = '' THEN ARRAY['.type', 'must not be empty']
+                WHEN length(value ->> 'type') > 256 THEN ARRAY['.type',
+                    format('must be at most 256 characters, got %s', length(value ->> 'type'))]
+                WHEN jsonb_typeof(value -> 'metadata') NOT IN ('object', 'null')
+                    THEN ARRAY['.metadata', 'expected a mapping or None']
+                WHEN p_idempotency_key IS NOT NULL
+                  AND value -> 'metadata' ? 'idempotency_key'
+                  AND value -> 'metadata' -> 'idempotency_key' <> to_jsonb(p_idempotency_key)
+                    THEN ARRAY['.metadata', '''idempotency_key'' is set by the append from its '
+                                            'idempotency_key; got a different value']
+                WHEN octet_length((value -> 'payload')::text) > 1048576 THEN ARRAY['.payload',
+                    format('encodes to %s bytes, more than 1048576',
+                           octet_length((value -> 'payload')::text))]
+            END AS broken
+            FROM jsonb_array_elements(p_events) WITH ORDINALITY AS e(value, ord)
+        ) e
+        WHERE e.broken IS NOT NULL
+        ORDER BY e.ord
+        LIMIT 1;
+    END IF;
+    IF bad IS NOT NULL THEN
+        RETURN QUERY SELECT NULL::bigint, NULL::bigint, false, 'invalid', bad[1], bad[2];
+        RETURN;
+    END IF;
+
+    -- The events as they are stored: the key travels in each event's metadata.
+    n := jsonb_array_length(p_events);
+    SELECT jsonb_agg(jsonb_build_array(
+               value ->> 'type',
+               coalesce(value -> 'payload', 'null'::jsonb),
+               coalesce(nullif(value -> 'metadata', 'null'::jsonb), '{}'::jsonb)
+                   || CASE WHEN p_idempotency_key IS NULL THEN '{}'::jsonb
+                           ELSE jsonb_build_object('idempotency_key', p_idempotency_key) END)
+               ORDER BY ord)
+    INTO appended
+    FROM jsonb_array_elements(p_events) WITH ORDINALITY AS e(value, ord);
+
+    IF p_idempotency_key IS NOT NULL THEN
+        -- Take the key (a new one, or one whose TTL ran out); a concurrent append with the same
+        -- key waits here, so exactly one of them appends.
+        fp := outbox_fingerprint(appended);
+        INSERT INTO append_idempotency_keys AS k (campaign_id, idem_key, expires_at, fingerprint)
+        VALUES (p_campaign_id, p_idempotency_key,
+                clock_timestamp() + make_interval(secs => ttl), fp)
+        ON CONFLICT (campaign_id, idem_key) DO UPDATE
+            SET first_seq = NULL, last_seq = NULL, created_at = clock_timestamp(),
+                expires_at = excluded.expires_at, fingerprint = excluded.fingerprint
+            WHERE k.expires_at <= clock_timestamp();
+        IF NOT FOUND THEN  -- a live key: the first append's result, if the events match
+            SELECT k.first_seq, k.last_seq, k.fingerprint
+            INTO known_first, known_last, known_fp
+            FROM append_idempotency_keys k
+            WHERE k.campaign_id = p_campaign_id AND k.idem_key = p_idempotency_key;
+            IF known_fp IS NOT NULL AND known_fp <> fp THEN  -- keys from before 0004 have none
+                RETURN QUERY SELECT known_first, known_last, false, 'key_conflict',
+                    'idempotency_key'::text,
+                    format('campaign %L: idempotency key %L already appended seqs %s..%s with '
+                           'different events; a retry must send the same events, a new request '
+                           'needs a new key', p_campaign_id, p_idempotency_key,
+                           known_first, known_last);
+                RETURN;
+            END IF;
+            RETURN QUERY SELECT known_first, known_last, true, NULL::text, NULL::text,
+                NULL::text;
+            RETURN;
+        END IF;
+    END IF;
+
+    -- Seqs from the campaign head, which the append holds until commit (gap-free).
+    IF p_expected_seq > 0 THEN  -- the head must stand exactly there (re-checked after a wait)
+        UPDATE campaign_heads AS h
+        SET last_seq = h.last_seq + n, updated_at = clock_timestamp()
+        WHERE h.campaign_id = p_campaign_id AND h.last_seq = p_expected_seq
+        RETURNING h.last_seq INTO head;
+    ELSE  -- no expectation (create or advance), or expected_seq = 0 (the campaign must be new)
+        INSERT INTO campaign_heads AS h (campaign_id, last_seq)
+        VALUES (p_campaign_id, n)
+        ON CONFLICT (campaign_id) DO UPDATE
+            SET last_seq = h.last_seq + excluded.last_seq, updated_at = clock_timestamp()
+            WHERE p_expected_seq IS NULL
+        RETURNING h.last_seq INTO head;
+    END IF;
+    IF head IS NULL THEN
+        IF p_idempotency_key IS NOT NULL THEN  -- the refused append takes its key back
+            DELETE FROM append_idempotency_keys k
+            WHERE k.campaign_id = p_campaign_id AND k.idem_key = p_idempotency_key;
+        END IF;
+        SELECT coalesce(max(h.last_seq), 0) INTO head
+        FROM campaign_heads h WHERE h.campaign_id = p_campaign_id;
+        RETURN QUERY SELECT NULL::bigint, head, false, 'expected_seq', 'expected_seq'::text,
+            format('campaign %L: expected seq %s, head is %s',
+                   p_campaign_id, p_expected_seq, head);
+        RETURN;
+    END IF;
+
+    WITH journal AS (
+        INSERT INTO event_journal (campaign_id, seq, event_type, payload, metadata)
+        SELECT p_campaign_id, head - n + e.ord, e.value ->> 0, e.value -> 1, e.value -> 2
+        FROM jsonb_array_elements(appended) WITH ORDINALITY AS e(value, ord)
+        RETURNING campaign_id, seq, event_type
+    )
+    INSERT INTO projection_apply_outbox (campaign_id, seq, event_type)
+    SELECT j.campaign_id, j.seq, j.event_type FROM journal j WHERE enqueue;
+
+    IF enqueue THEN
+        -- The campaign's queue row, unless it has one (DO NOTHING waits for no worker). A new
+        -- one starts at the campaign's first row: rows from before (dead rows stepped over,
+        -- rows a tool inserted) come first. That lookup is planned afresh (EXECUTE): a cached
+        -- plan from an empty queue would scan a grown one.
+        INSERT INTO projection_apply_campaigns AS c (campaign_id, head_seq, due_at)
+        VALUES (p_campaign_id, head - n + 1, clock_timestamp())
+        ON CONFLICT (campaign_id) DO NOTHING;
+        IF FOUND THEN
+            EXECUTE 'SELECT min(o.seq) FROM projection_apply_outbox o '
+                    'WHERE o.campaign_id = $1 AND o.seq < $2'
+                INTO earliest USING p_campaign_id, head - n + 1;
+            IF earliest IS NOT NULL THEN
+                UPDATE projection_apply_campaigns c SET head_seq = earliest
+                WHERE c.campaign_id = p_campaign_id;
+            END IF;
+            -- A campaign the workers did not know has work: wake them (payload-free, at most
+            -- once per append).
+            PERFORM pg_notify('outbox_work', '');
+        END IF;
+    END IF;
+
+    IF p_idempotency_key IS NOT NULL THEN
+        UPDATE append_idempotency_keys k
+        SET first_seq = head - n + 1, last_seq = head
+        WHERE k.campaign_id = p_campaign_id AND k.idem_key = p_idempotency_key;
+    END IF;
+    RETURN QUERY SELECT head - n + 1, head, false, NULL::text, NULL::text, NULL::text;
+END
+$$;
+
+CREATE FUNCTION outbox_append(
+    campaign_id text,
+    events jsonb,
+    expected_seq bigint DEFAULT NULL,
+    idempotency_key text DEFAULT NULL
+) RETURNS TABLE (first_seq bigint, last_seq bigint, duplicate boolean)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    r record;
+BEGIN
+    SELECT * INTO r FROM outbox_try_append($1, $2, $3, $4);
+    IF r.refusal = 'invalid' THEN
+        RAISE EXCEPTION USING ERRCODE = 'OB001', MESSAGE = r.field || ': ' || r.message,
+            DETAIL = r.field;
+    ELSIF r.refusal = 'expected_seq' THEN
+        RAISE EXCEPTION USING ERRCODE = 'OB002', MESSAGE = r.message, DETAIL = r.last_seq::text;
+    ELSIF r.refusal = 'key_conflict' THEN
+        RAISE EXCEPTION USING ERRCODE = 'OB003', MESSAGE = r.message,
+            DETAIL = r.first_seq || '..' || r.last_seq;
+    END IF;
+    RETURN QUERY SELECT r.first_seq, r.last_seq, r.duplicate;
+END
+$$;
+
+COMMENT ON FUNCTION outbox_append(text, jsonb, bigint, text) IS
+    'Append events to a campaign and enqueue their work rows, in the caller''s transaction. '
+    'SQLSTATE OB001 invalid input, OB002 expected_seq mismatch, OB003 idempotency key reused '
+    'for other events.';
