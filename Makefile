@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.install-stamp
-LINT_PATHS := outbox tests bench cmd
+LINT_PATHS := outbox tests bench cmd docs/examples
 
 .DEFAULT_GOAL := help
 .PHONY: help install test test-unit test-faults lint demo bench clean

@@ -32,12 +32,13 @@ from outbox.errors import (
 )
 from outbox.model import AppendResult, BatchCounts, Event, StoredEvent
 from outbox.projection.app import Outbox
-from outbox.queue.inspect import wait_applied
+from outbox.queue.inspect import Applied, wait_applied
 from outbox.worker.runtime import drain_now, running_worker
 
 __all__ = [
     "AppendOutcomeUnknown",
     "AppendResult",
+    "Applied",
     "BatchCounts",
     "CheckpointGap",
     "ConcurrencyError",

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias, TypeGuard
 import asyncpg
 import orjson
 
+from outbox.config import Session
 from outbox.errors import DatabaseUnavailable
 from outbox.obs import log
 from outbox.queries import Queries
@@ -42,6 +43,7 @@ __all__ = [
     "create_pool",
     "database_error",
     "dsn_secrets",
+    "ensure_session",
     "in_transaction",
     "is_executor",
     "is_pool",
@@ -66,6 +68,19 @@ def _decode_jsonb(data: bytes) -> Any:
 
 class SessionQueries(Queries):
     apply_session_defaults: str
+    apply_session_settings: str
+
+
+async def ensure_session(conn: Connection, session: Session) -> None:
+    """Apply `session` unless it is in effect: the server reports `application_name` on every
+    change, so a connection still named ours kept our settings (a pool's `RESET ALL` on release
+    resets the name too). Free on the worker's own pools, one statement after a reset."""
+    if conn.get_settings().application_name == session.application_name:
+        return
+    names = ["application_name", *session.explicit, *session.fallback]
+    values = [session.application_name, *session.explicit.values(), *session.fallback.values()]
+    flags = [False] * (1 + len(session.explicit)) + [True] * len(session.fallback)
+    await conn.fetch(SessionQueries.apply_session_settings, names, values, flags)
 
 
 async def apply_session_defaults(conn: Connection, defaults: Mapping[str, str]) -> None:
@@ -196,8 +211,11 @@ def in_transaction(executor: Executor) -> bool:
 
 
 @asynccontextmanager
-async def acquire(executor: Executor) -> AsyncIterator[Connection]:
-    """Yield a connection: the executor itself, or one borrowed from the pool for the block.
+async def acquire(
+    executor: Executor, *, session: Session | None = None
+) -> AsyncIterator[Connection]:
+    """Yield a connection: the executor itself, or one borrowed from the pool for the block
+    (with `session` in effect on it, whoever made the pool: `ensure_session`).
 
     A borrowed connection that a lost-connection error came out of is terminated before it goes
     back, so the pool never hands out (or tries to reset) a broken one; a failure while handing
@@ -209,6 +227,8 @@ async def acquire(executor: Executor) -> AsyncIterator[Connection]:
         return
     conn = await executor.acquire()
     try:
+        if session is not None:
+            await ensure_session(conn, session)
         yield conn
     except BaseException as exc:
         if connection_lost(exc) or conn.is_closed():

@@ -8,3 +8,12 @@ SELECT s.name, set_config(s.name, d.value, false) AS value
 FROM unnest($1::text[], $2::text[]) AS d(name, value)
 JOIN pg_settings s ON s.name = d.name
 WHERE s.source = 'default'
+
+-- name: apply_session_settings
+-- A worker's session on a borrowed connection: each parameter ($1) set to its value ($2),
+-- unconditionally where $3 is false (application_name, OUTBOX_* timeouts), only where nothing
+-- else gave it a value (source 'default') where $3 is true (the timeouts' fallbacks).
+SELECT s.name, set_config(s.name, d.value, false) AS value
+FROM unnest($1::text[], $2::text[], $3::boolean[]) AS d(name, value, fallback)
+JOIN pg_settings s ON s.name = d.name
+WHERE NOT d.fallback OR s.source = 'default'

@@ -21,11 +21,13 @@ __all__ = [
     "Key",
     "Ordering",
     "StoredEvent",
+    "Unsubscribed",
     "WorkerMode",
 ]
 
 Ordering = Literal["campaign", "none"]
 DeadPolicy = Literal["block", "park"]
+Unsubscribed = Literal["skip", "retry"]
 WorkerMode = Literal["apply", "shadow"]
 
 # A work row, a journal event: (campaign_id, seq).

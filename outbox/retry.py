@@ -146,17 +146,28 @@ class FailurePolicy:
 
 
 def log_failure(failure: Failure, exc: BaseException, **extra: object) -> None:
-    """One line per failed attempt, with the traceback as a field: at debug while retries
-    remain, at warning when the row goes dead (the dead-letter an operator must act on)."""
+    """One line per failed attempt: at debug while retries remain, at warning when the row goes
+    dead (the dead-letter an operator must act on). The message itself names the campaign, seq,
+    projector, attempt and error, so an application's own log format shows them; with
+    `outbox.obs.log` formatting the line is `event` plus those fields and the traceback."""
     level = logging.WARNING if failure.dead else logging.DEBUG
     if not _logger.isEnabledFor(level):
         return
+    event = "apply.dead" if failure.dead else "apply.failed"
     _logger.log(
         level,
-        "apply.dead" if failure.dead else "apply.failed",
+        "%s campaign_id=%r seq=%s projector=%r attempt=%s error=%s",
+        event,
+        failure.campaign_id,
+        failure.seq,
+        failure.projector,
+        failure.attempts,
+        failure.error,
         extra={
+            "event": event,
             "campaign_id": failure.campaign_id,
             "seq": failure.seq,
+            "projector": failure.projector,
             "attempt": failure.attempts,
             "dead": failure.dead,
             "error": failure.error,

@@ -6,13 +6,14 @@ validation and the worker-mode rules. Everything is re-exported here.
 """
 
 from outbox.config.fields import FIELDS, SESSION_TIMEOUTS, FieldSpec, parse_bool, shorten
-from outbox.config.settings import ModeResolution, Settings, resolve_worker_mode
+from outbox.config.settings import ModeResolution, Session, Settings, resolve_worker_mode
 
 __all__ = [
     "FIELDS",
     "SESSION_TIMEOUTS",
     "FieldSpec",
     "ModeResolution",
+    "Session",
     "Settings",
     "parse_bool",
     "resolve_worker_mode",

@@ -187,6 +187,13 @@ FIELDS: dict[str, FieldSpec] = {
         high=366 * 86_400,
         cli=False,
     ),
+    "unsubscribed": FieldSpec(
+        "OUTBOX_UNSUBSCRIBED",
+        _parse_word,
+        "events no projector subscribes to: `skip` (complete them, applied nowhere) or `retry` "
+        "(fail them until a projector is deployed)",
+        choices=("skip", "retry"),
+    ),
     "lease_seconds": FieldSpec(
         "OUTBOX_LEASE_SECONDS",
         _parse_float,

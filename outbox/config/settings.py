@@ -21,10 +21,21 @@ from typing import Any, Literal
 
 from outbox.config.fields import DSN_SCHEMES, FIELDS, SESSION_TIMEOUTS, shorten
 from outbox.errors import ConfigError
-from outbox.model import DeadPolicy, Ordering, WorkerMode
+from outbox.model import DeadPolicy, Ordering, Unsubscribed, WorkerMode
 from outbox.redact import redact_dsn
 
-__all__ = ["ModeResolution", "Settings", "resolve_worker_mode"]
+__all__ = ["ModeResolution", "Session", "Settings", "resolve_worker_mode"]
+
+
+@dataclass(frozen=True, slots=True)
+class Session:
+    """The session a worker needs on every connection it borrows, whoever made the pool:
+    `application_name`, the `explicit` parameters, and `fallback` ones applied only where the
+    server gives no value (`outbox.db.ensure_session`)."""
+
+    application_name: str
+    explicit: Mapping[str, str]
+    fallback: Mapping[str, str]
 
 
 @dataclass(frozen=True, slots=True, repr=False)
@@ -41,6 +52,7 @@ class Settings:
     max_attempts: int = 8
     ordering: Ordering = "campaign"
     dead_policy: DeadPolicy = "block"
+    unsubscribed: Unsubscribed = "skip"
     append_key_ttl: int = 86_400
     lease_seconds: float = 120.0
     dedup_scope: str | None = None
@@ -128,6 +140,11 @@ class Settings:
         frozen worker must release its rows, so the timeouts always hold some value."""
         explicit, fallback = self.session_timeouts()
         return {"application_name": application_name, **explicit}, fallback
+
+    def worker_session(self, application_name: str = "outbox-worker") -> Session:
+        """The same session, for connections the worker borrows from a pool it did not make."""
+        explicit, fallback = self.session_timeouts()
+        return Session(application_name, explicit, fallback)
 
     def validate(self) -> Settings:
         for name, spec in FIELDS.items():

@@ -93,6 +93,13 @@ class Metrics:
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 3600),
             registry=r,
         )
+        self.unsubscribed = Counter(
+            "outbox_unsubscribed_events",
+            "Events no projector subscribes to, completed unapplied (OUTBOX_UNSUBSCRIBED=skip), "
+            "by type.",
+            ["event_type"],
+            registry=r,
+        )
         self.transient_errors = Counter(
             "outbox_transient_errors",
             "Batches rolled back by a transient database error, by SQLSTATE (`connection`: the "
@@ -148,6 +155,11 @@ class Metrics:
             self.apply_duration.labels(projector).observe(seconds)
         for age in ages:
             self.append_to_apply.observe(age)
+
+    def record_unsubscribed(self, by_type: Mapping[str, int]) -> None:
+        """Events a committed batch completed unapplied, per type."""
+        for event_type, n in by_type.items():
+            self.unsubscribed.labels(event_type).inc(n)
 
     def set_queue(
         self,

@@ -28,7 +28,8 @@ from typing import TYPE_CHECKING
 
 from outbox import db
 from outbox.errors import CheckpointGap, UnknownEventType
-from outbox.model import Key, StoredEvent
+from outbox.model import Key, StoredEvent, Unsubscribed
+from outbox.obs import log
 from outbox.projection.registry import Projector, Registry
 from outbox.queries import Queries
 from outbox.queue.settle import settle
@@ -63,11 +64,29 @@ class GuardsQueries(Queries):
 
 Q = GuardsQueries
 
+_logger = log.get_logger("outbox.worker")
+# Event types this process completed unsubscribed and said so (once per type).
+_announced: set[str] = set()
+
+
+def _announce(event_type: str) -> None:
+    if event_type not in _announced:
+        _announced.add(event_type)
+        _logger.info(
+            "apply.unsubscribed",
+            extra={
+                "event_type": event_type,
+                "hint": "no projector subscribes: its events complete unapplied "
+                "(OUTBOX_UNSUBSCRIBED=skip); a projector added later rebuilds from the journal",
+            },
+        )
+
 
 class ApplyOutcome(enum.Enum):
     APPLIED = "applied"  # at least one projector ran
     DUPLICATE = "duplicate"  # every subscribed projector had already applied it
     IGNORED = "ignored"  # the app declared the type as needing no projection
+    UNSUBSCRIBED = "unsubscribed"  # no projector subscribes, and OUTBOX_UNSUBSCRIBED=skip
 
 
 class GroupFailed(Exception):
@@ -96,12 +115,17 @@ class Dispatch:
 
     conn: Connection
     registry: Registry
+    # What happens to an event no projector subscribes to (OUTBOX_UNSUBSCRIBED): `skip`
+    # completes it, `retry` fails it (UnknownEventType) until a projector for it is deployed.
+    unsubscribed: Unsubscribed = "skip"
     checkpoints: dict[CheckpointKey, int] = field(default_factory=dict)
     moved: set[CheckpointKey] = field(default_factory=set)
     # For metrics: events per (projector, outcome) of the groups that applied ("applied", or
     # "skipped" by the projector's guard) plus each failure ("failed"), and every call's time.
     tally: Counter[tuple[str, str]] = field(default_factory=Counter)
     durations: list[tuple[str, float]] = field(default_factory=list)
+    # Events completed unsubscribed, per type (for the metric).
+    skipped_types: Counter[str] = field(default_factory=Counter)
 
     async def load(self, campaigns: Sequence[str], *, held: bool = False) -> None:
         """Lock and read the ordered projectors' checkpoints of `campaigns` (one statement).
@@ -141,7 +165,8 @@ class Dispatch:
         outcomes: list[ApplyOutcome] = []
         for index, event in enumerate(events):
             subscribed = registry.subscribers(event.type)
-            if not subscribed and event.type not in registry.ignored:
+            unsubscribed = not subscribed and event.type not in registry.ignored
+            if unsubscribed and self.unsubscribed == "retry":
                 raise GroupFailed(
                     UnknownEventType(f"no projector subscribes to event type {event.type!r}"),
                     index,
@@ -164,7 +189,13 @@ class Dispatch:
                     )
             # Non-transactional projectors run under a lease, outside this transaction (S13).
             runs.append([p for p in subscribed if p.transactional and p.name not in duplicate])
-            outcomes.append(ApplyOutcome.APPLIED if subscribed else ApplyOutcome.IGNORED)
+            outcomes.append(
+                ApplyOutcome.APPLIED
+                if subscribed
+                else ApplyOutcome.UNSUBSCRIBED
+                if unsubscribed
+                else ApplyOutcome.IGNORED
+            )
         await self._reserve_markers(events, runs)
         try:
             await self._run(events, runs)
@@ -174,6 +205,9 @@ class Dispatch:
             raise
         tally = self.tally
         for index, (event, run) in enumerate(zip(events, runs, strict=True)):
+            if outcomes[index] is ApplyOutcome.UNSUBSCRIBED:
+                self.skipped_types[event.type] += 1
+                _announce(event.type)
             if not run and outcomes[index] is ApplyOutcome.APPLIED:
                 outcomes[index] = ApplyOutcome.DUPLICATE
             for p in registry.subscribers(event.type):
@@ -238,10 +272,16 @@ class Dispatch:
         return moved
 
 
-async def apply_event(conn: Connection, registry: Registry, event: StoredEvent) -> ApplyOutcome:
+async def apply_event(
+    conn: Connection,
+    registry: Registry,
+    event: StoredEvent,
+    *,
+    unsubscribed: Unsubscribed = "skip",
+) -> ApplyOutcome:
     """Apply one event with its guards and move the checkpoints (inside a transaction); raise
     what failed. For callers that hold a single event: tests, tools."""
-    dispatch = Dispatch(conn, registry)
+    dispatch = Dispatch(conn, registry, unsubscribed)
     await dispatch.load([event.campaign_id])
     try:
         (outcome,) = await dispatch.apply([event])
@@ -252,12 +292,16 @@ async def apply_event(conn: Connection, registry: Registry, event: StoredEvent) 
 
 
 async def applied_events(
-    conn: Connection, registry: Registry, events: Sequence[tuple[str, int, str]]
+    conn: Connection,
+    registry: Registry,
+    events: Sequence[tuple[str, int, str]],
+    *,
+    unsubscribed: Unsubscribed = "retry",
 ) -> set[Key]:
-    """Which of `(campaign_id, seq, type)` count as applied: the type is declared ignored, or
-    every projector subscribed to it applied the event (checkpoint at or past its seq, or its
-    processed marker). Unguarded projectors cannot tell, so their events never count as applied;
-    nor do types the app does not know."""
+    """Which of `(campaign_id, seq, type)` count as applied: the type is declared ignored (or
+    no projector subscribes to it, under `unsubscribed="skip"`), or every projector subscribed
+    to it applied the event (checkpoint at or past its seq, or its processed marker).
+    Unguarded projectors cannot tell, so their events never count as applied."""
     if not events:
         return set()
     checkpoints = {
@@ -272,7 +316,7 @@ async def applied_events(
     for campaign_id, seq, event_type in events:
         subscribed = registry.subscribers(event_type)
         if not subscribed:
-            if event_type in registry.ignored:
+            if event_type in registry.ignored or unsubscribed == "skip":
                 applied.add((campaign_id, seq))
             continue
         if all(

@@ -69,7 +69,7 @@ async def _apply(
     if await outstanding_upto(conn, cid, result.first_seq - 1):
         return  # earlier work of this campaign comes first: the worker takes these too
     stored = await load_events(conn, cid, result.first_seq, result.last_seq)
-    dispatch = Dispatch(conn, registry)
+    dispatch = Dispatch(conn, registry, settings.unsubscribed)
     try:
         async with conn.transaction():
             await dispatch.load([cid], held=True)  # the append holds the head
@@ -83,6 +83,7 @@ async def _apply(
                 done=[(cid, seq) for seq in result.seqs],
                 campaigns=[CampaignWrite(cid, after, None, blocked=False, gone=True)],
                 checkpoints=dispatch.moves(),
+                notify_applied=False,  # applied before the append returns: nobody waits yet
             )
     except GroupFailed as failed:
         exc, current = failed.cause, stored[failed.index or 0]

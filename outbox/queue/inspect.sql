@@ -105,3 +105,14 @@ END - clock_timestamp())::double precision
 SELECT EXISTS (
     SELECT 1 FROM projection_apply_outbox WHERE campaign_id = $1::text AND seq <= $2::bigint
 )
+
+-- name: get_first_outstanding
+-- The first work row of campaign $1 at or below seq $2 still outstanding (no row: all are
+-- applied), with what holds it: status, attempts, last error, next attempt, and the seconds
+-- until that attempt by the database clock.
+SELECT seq, status, attempt_count, last_error, next_attempt_at,
+       extract(epoch FROM next_attempt_at - clock_timestamp())::double precision AS due_in
+FROM projection_apply_outbox
+WHERE campaign_id = $1::text AND seq <= $2::bigint
+ORDER BY seq
+LIMIT 1

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from outbox.db import Connection, Executor
 
 __all__ = [
+    "APPLIED_CHANNEL",
     "WORK_CHANNEL",
     "CampaignWrite",
     "Settled",
@@ -38,6 +39,9 @@ __all__ = [
 # The LISTEN/NOTIFY channel that wakes the workers: payload-free, sent by the append function
 # when a campaign gets queued work (sql/0006_append_function.sql names it too).
 WORK_CHANNEL = "outbox_work"
+# The channel that wakes readers waiting for their writes (`wait_applied`): payload-free, sent
+# when a batch (or a lease's end) deleted work rows.
+APPLIED_CHANNEL = "outbox_applied"
 
 
 class SettleQueries(Queries):
@@ -82,9 +86,12 @@ async def settle(
     campaigns: Sequence[CampaignWrite] = (),
     checkpoints: Sequence[tuple[str, str, int]] = (),
     now: datetime | None = None,
+    notify_applied: bool = True,
 ) -> Settled:
     """Delete `done`, record `failures`, write `campaigns` and move `checkpoints` (campaign,
-    projector, applied_seq; sorted) in one statement."""
+    projector, applied_seq; sorted) in one statement; with `notify_applied` and rows deleted,
+    wake the readers waiting for their writes (inline apply needs not: its append has not
+    returned yet)."""
     if not (done or failures or campaigns or checkpoints):
         return Settled()
     row = await conn.fetchrow(
@@ -106,6 +113,8 @@ async def settle(
         [k[0] for k in checkpoints],
         [k[1] for k in checkpoints],
         [k[2] for k in checkpoints],
+        notify_applied,
+        APPLIED_CHANNEL,
     )
     if row is None:  # pragma: no cover - the statement always returns one row
         return Settled()
@@ -138,9 +147,10 @@ async def unblock_campaigns(executor: Executor) -> int:
     return int(status.rsplit(" ", 1)[-1])
 
 
-async def notify_work(conn: Connection) -> None:
-    """Wake the workers now (payload-free, like an append's NOTIFY)."""
-    await conn.execute(Q.notify_work, WORK_CHANNEL)
+async def notify_work(conn: Connection, channel: str = WORK_CHANNEL) -> None:
+    """Wake the workers now (payload-free, like an append's NOTIFY), or those listening on
+    `channel`."""
+    await conn.execute(Q.notify_work, channel)
 
 
 async def record_observations(

@@ -8,12 +8,14 @@
 -- error. Write each campaign's row ($10..$14): delete it when the batch left it nothing live
 -- (gone: its append head is held, and no row at or past head_seq, the first seq the batch did
 -- not see, exists now), else set its head, blocked flag and due time (the failure's next
--- attempt when the head is a row this batch failed, else the given instant, else now). Move the checkpoints
--- of ordered projectors ($15..$17, sorted: a fixed lock order): the one statement that
--- writes a checkpoint's value (rebuilds reset and set theirs through it too). Returns how many
--- campaigns are left due now with a head to take (head 0: waiting for an append in flight),
--- so the worker claims again instead of sleeping, and the seconds each deleted row waited
--- since it was enqueued (for the append-to-apply metric). $9 = now.
+-- attempt when the head is a row this batch failed, else the given instant, else now). Move
+-- the checkpoints of ordered projectors ($15..$17, sorted: a fixed lock order): the one
+-- statement that writes a checkpoint's value (rebuilds reset and set theirs through it too).
+-- With $18 and rows deleted, one payload-free NOTIFY on $19 (the applied channel: readers
+-- waiting for their writes look again). Returns how many campaigns are left due now with a head
+-- to take (head 0: waiting for an append in flight), so the worker claims again instead of
+-- sleeping, and the seconds each deleted row waited since it was enqueued (for the
+-- append-to-apply metric). $9 = now.
 WITH done AS (
     DELETE FROM projection_apply_outbox o
     USING unnest($1::text[], $2::bigint[]) AS d(campaign_id, seq)
@@ -71,7 +73,9 @@ SELECT (
     SELECT count(*) FROM kept
     WHERE head_seq > 0 AND NOT blocked AND due_at <= coalesce($9::timestamptz, clock_timestamp())
 ) AS due,
-(SELECT array_agg(age) FROM done) AS ages
+(SELECT array_agg(age) FROM done) AS ages,
+(SELECT count(pg_notify($19::text, '')) FROM (SELECT 1 FROM done LIMIT 1) d WHERE $18::boolean)
+    AS notified
 
 -- name: refresh_campaigns
 -- Campaign rows ($1) brought in line with their work rows, for paths that change rows without
@@ -115,7 +119,8 @@ UPDATE projection_apply_campaigns SET blocked = false, updated_at = clock_timest
 WHERE blocked
 
 -- name: notify_work
--- Wake the workers (after a requeue or a reconcile; appends notify in their own statement).
+-- A payload-free NOTIFY on channel $1: the workers' (after a requeue or a reconcile; appends
+-- notify in their own statement), or the applied one (after a lease completes).
 SELECT pg_notify($1::text, '')
 
 -- name: record_observations

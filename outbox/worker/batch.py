@@ -51,6 +51,7 @@ class AfterCommit:
     tally: Counter[tuple[str, str]] = field(default_factory=Counter)
     durations: list[tuple[str, float]] = field(default_factory=list)
     ages: list[float] = field(default_factory=list)
+    unsubscribed: Counter[str] = field(default_factory=Counter)  # completed unapplied, per type
 
 
 def _transient_cause(exc: BaseException) -> TransientBatchError | None:
@@ -127,6 +128,7 @@ class Worker:
             raise transient from exc
         if self.metrics is not None:
             self.metrics.record_apply(after.tally, after.durations, after.ages)
+            self.metrics.record_unsubscribed(after.unsubscribed)
         if after.leases:  # committed with the batch: run them outside any queue transaction
             runner = LeaseRunner(
                 self.pool,
@@ -142,7 +144,8 @@ class Worker:
     async def _batch(self, after: AfterCommit) -> BatchCounts:
         """One transaction: claim, hand the campaigns to `_handle`, commit."""
         now = self.now()
-        async with db.acquire(self.pool) as conn, conn.transaction():
+        session = self.app.settings.worker_session()
+        async with db.acquire(self.pool, session=session) as conn, conn.transaction():
             campaigns = await claim(
                 conn,
                 limit=self.app.settings.batch_size,
@@ -205,7 +208,7 @@ class Worker:
             work = [r for r in work if r.key not in leasing]
         if not campaigns:
             return counts
-        dispatch = Dispatch(conn, self.app.registry)
+        dispatch = Dispatch(conn, self.app.registry, self.app.settings.unsubscribed)
         done: list[Key] = []
         failures: list[Failure] = []
         if work:
@@ -217,6 +220,7 @@ class Worker:
                 await dispatch.load(sorted({r.campaign_id for r in work}))
             await self._apply(dispatch, work, done, failures, counts)
             after.tally, after.durations = dispatch.tally, dispatch.durations
+            after.unsubscribed = dispatch.skipped_types
         if to_lease:
             await self._lease(conn, to_lease, failures, counts, after.leases, now)
         writes = (
@@ -371,7 +375,9 @@ class ShadowWorker(Worker):
         # worker's next claim of them corrects.
         rows = [r for c in campaigns for r in c.rows]
         events = [(r.campaign_id, r.seq, r.event.type) for r in rows if r.event is not None]
-        done = await applied_events(conn, self.app.registry, events)
+        done = await applied_events(
+            conn, self.app.registry, events, unsubscribed=self.app.settings.unsubscribed
+        )
         seen = [r.key for r in rows if r.key not in done]
         await settle(conn, done=sorted(done))
         await record_observations(

@@ -36,7 +36,7 @@ from outbox.projection.registry import Registry
 from outbox.queue import lease as statements
 from outbox.queue.claim import ClaimedRow, hold_campaign
 from outbox.queue.lease import Lease
-from outbox.queue.settle import notify_work, refresh_campaigns, settle
+from outbox.queue.settle import APPLIED_CHANNEL, notify_work, refresh_campaigns, settle
 from outbox.retry import (
     ErrorClass,
     FailurePolicy,
@@ -112,7 +112,7 @@ class LeaseRunner:
 
     async def run(self, leases: list[Lease], counts: Counts) -> None:
         live: Live = {lease.key: (lease, anyio.CancelScope()) for lease in leases}
-        async with db.acquire(self.pool) as conn:
+        async with db.acquire(self.pool, session=self.settings.worker_session()) as conn:
             heartbeat = _Heartbeat(conn, self.pool, self.owner, self.settings.lease_seconds, live)
             await heartbeat.beat()  # ready (connected, statement prepared) before any projector
             async with anyio.create_task_group() as beat:
@@ -174,17 +174,21 @@ class LeaseRunner:
         cid = lease.row.campaign_id
         for attempt in range(1, END_RETRIES + 1):
             try:
-                async with db.acquire(self.pool) as conn, conn.transaction():
+                async with (
+                    db.acquire(self.pool, session=self.settings.worker_session()) as conn,
+                    conn.transaction(),
+                ):
                     await hold_campaign(conn, cid)
                     age = await statements.complete_lease(conn, lease, self.owner)
                     if age is None:
                         self._fenced(lease, "completion", counts)
                         return None
-                    dispatch = Dispatch(conn, self.registry)
+                    dispatch = Dispatch(conn, self.registry, self.settings.unsubscribed)
                     await dispatch.load([cid])
                     await dispatch.apply([event])
                     await settle(conn, checkpoints=dispatch.moves())
                     await self._requeue(conn, cid)
+                    await notify_work(conn, APPLIED_CHANNEL)
             except GroupFailed as failed:
                 if classify(failed.cause) is not ErrorClass.TRANSIENT:
                     return failed
@@ -222,7 +226,10 @@ class LeaseRunner:
 
     async def _end(self, lease: Lease, end: EndFn, *failure: Failure) -> bool:
         """One fenced end of a lease (failure, release) and its campaign row's refresh."""
-        async with db.acquire(self.pool) as conn, conn.transaction():
+        async with (
+            db.acquire(self.pool, session=self.settings.worker_session()) as conn,
+            conn.transaction(),
+        ):
             await hold_campaign(conn, lease.row.campaign_id)
             ended = await end(conn, lease, self.owner, *failure)
             if ended:

@@ -9,11 +9,14 @@ flags), concurrency, shutdown timeout, metrics address, LISTEN wake-ups when a D
 
     counts = await outbox.drain_now(app, pool)  # tests: apply what is due now, then return
 
-`running_worker` runs the same service as `outbox-worker` (claim loops, LISTEN wake-ups when
-the app's settings carry a DSN, the registry heartbeat, lease mode) in a task group of its
-own, and on exit stops it the way SIGTERM does: loops finish their batch within the shutdown
-timeout, then the transaction in flight is rolled back and nothing is lost. It installs no
-signal handler and no logging: the application owns both.
+`running_worker` runs the same service as `outbox-worker` (claim loops, LISTEN wake-ups, the
+registry heartbeat, lease mode) in a task group of its own, on the application's pool: one of
+its connections is held for LISTEN (without a DSN to open one), and every connection the
+worker borrows carries the worker's session (`statement_timeout`, `lock_timeout`,
+`idle_in_transaction_session_timeout`, `application_name`), whoever made the pool. On exit it
+stops the way SIGTERM does: loops finish their batch within the shutdown timeout, then the
+transaction in flight is rolled back and nothing is lost. It installs no signal handler and no
+logging: the application owns both.
 """
 
 from __future__ import annotations
@@ -83,7 +86,6 @@ def build_service(
         metrics_host=settings.metrics_host,
         until_idle=until_idle,
         wait_out_backoff=wait_out_backoff,
-        notifications=bool(dsn),
     )
 
 
@@ -101,8 +103,8 @@ async def running_worker(
 
     Checks the app against its settings and the schema before starting (ConfigError,
     SchemaNotReady). `concurrency`, `mode` and `shutdown_timeout` override the app's settings
-    (OUTBOX_CONCURRENCY, OUTBOX_MODE, OUTBOX_SHUTDOWN_TIMEOUT). Without a DSN in
-    `app.settings` the loops poll (OUTBOX_POLL_INTERVAL) instead of LISTENing.
+    (OUTBOX_CONCURRENCY, OUTBOX_MODE, OUTBOX_SHUTDOWN_TIMEOUT). It LISTENs on a connection
+    of `pool` (or of `app.settings.dsn` when set), so wake-ups need no environment variable.
     """
     app.validate()
     settings = app.settings.replace(concurrency=concurrency, shutdown_timeout=shutdown_timeout)

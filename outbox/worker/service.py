@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import dataclasses
 import signal
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
 import anyio
@@ -201,38 +203,52 @@ class Service:
         due_in = await self._due_in()
         return self.worker.app.settings.poll_interval if due_in is None else due_in
 
+    @asynccontextmanager
+    async def _listener_connection(self) -> AsyncIterator[db.Connection]:
+        """A connection of its own for LISTEN: from the DSN when one is known (the CLI), else
+        one held from the worker's pool (an application's `running_worker`)."""
+        settings = self.worker.app.settings
+        if not self.dsn:
+            session = settings.worker_session("outbox-listener")
+            async with db.acquire(self.worker.pool, session=session) as conn:
+                yield conn
+            return
+        sent, _ = settings.session_settings("outbox-listener")
+        conn = await db.connect(self.dsn, server_settings=sent, codecs=False)
+        try:
+            yield conn
+        finally:
+            conn.terminate()
+
     async def listen(self) -> None:
         """Keep a LISTEN connection, reconnecting with backoff; never needed for correctness,
         the poll interval bounds every wait. Any failure of it is logged and retried."""
         attempt = 0
-        settings, _ = self.worker.app.settings.session_settings("outbox-listener")
         while True:
-            try:
-                conn = await db.connect(self.dsn, server_settings=settings, codecs=False)
-            except Exception as exc:
-                attempt += 1
-                _logger.warning("listener.connect_failed", extra={"error": describe_error(exc)})
-                await anyio.sleep(self._backoff(attempt))
-                continue
             error = "connection closed"
+            connected = False
             try:
-                lost = anyio.Event()
-                conn.add_termination_listener(lambda _conn, lost=lost: lost.set())
-                await conn.add_listener(WORK_CHANNEL, lambda *_: self.doorbell.ring())
-                self.listener_connected, attempt = True, 0
-                self.metrics.listener_connected.set(1)
-                _logger.info("listener.connected")
-                self.signals.listening.fire()
-                self.doorbell.ring()  # whatever was appended while we were away
-                await self._watch(conn, lost)
-            except Exception as exc:  # lost between connect and LISTEN, or while watching
+                async with self._listener_connection() as conn:
+                    connected = True
+                    lost = anyio.Event()
+                    conn.add_termination_listener(lambda _conn, lost=lost: lost.set())
+                    await conn.add_listener(WORK_CHANNEL, lambda *_: self.doorbell.ring())
+                    self.listener_connected, attempt = True, 0
+                    self.metrics.listener_connected.set(1)
+                    _logger.info("listener.connected")
+                    self.signals.listening.fire()
+                    self.doorbell.ring()  # whatever was appended while we were away
+                    await self._watch(conn, lost)
+            except Exception as exc:  # could not connect, lost before LISTEN, or while watching
                 error = describe_error(exc)
+                if not connected:
+                    _logger.warning("listener.connect_failed", extra={"error": error})
             finally:
                 self.listener_connected = False
                 self.metrics.listener_connected.set(0)
-                conn.terminate()
             attempt += 1
-            _logger.warning("listener.lost", extra={"error": error})
+            if connected:
+                _logger.warning("listener.lost", extra={"error": error})
             await anyio.sleep(self._backoff(attempt))
 
     async def _watch(self, conn: db.Connection, lost: anyio.Event) -> None:

@@ -225,6 +225,8 @@ async def _poison(policy: str, pool: db.Pool, dsn: str, fleet: Fleet) -> None:
         )
     fleet.env |= FAST | {
         "OUTBOX_DEAD_POLICY": policy,
+        # The unknown type is poison here (a writer deployed before its projector), not skipped.
+        "OUTBOX_UNSUBSCRIBED": "retry",
         "OUTBOX_MAX_ATTEMPTS": "2",
         "OUTBOX_BACKOFF_BASE": "0.05",
         "OUTBOX_BACKOFF_CAP": "0.1",

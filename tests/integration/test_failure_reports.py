@@ -49,13 +49,19 @@ async def test_the_dead_letter_logs_its_traceback_at_warning(
         await pool.execute("UPDATE projection_apply_outbox SET next_attempt_at = now()")
         await pool.execute("UPDATE projection_apply_campaigns SET due_at = now()")
         await worker.run_once()  # attempt 2: dead, warning
-    lines = [r for r in caplog.records if r.getMessage() in ("apply.failed", "apply.dead")]
-    assert [(r.getMessage(), r.levelno) for r in lines] == [
+    lines = [r for r in caplog.records if getattr(r, "event", "") in ("apply.failed", "apply.dead")]
+    assert [(r.__dict__["event"], r.levelno) for r in lines] == [
         ("apply.failed", logging.DEBUG),
         ("apply.dead", logging.WARNING),
     ]
     dead = lines[1].__dict__
     assert dead["error"] == "projector 'alerts': KeyError: 'memo'"
+    assert (dead["campaign_id"], dead["seq"], dead["projector"]) == ("acct", 1, "alerts")
+    # Whatever format the application logs with, the line itself says what failed and where.
+    assert lines[1].getMessage() == (
+        "apply.dead campaign_id='acct' seq=1 projector='alerts' attempt=2 "
+        "error=projector 'alerts': KeyError: 'memo'"
+    )
     assert dead["traceback"].startswith("Traceback (most recent call last):")
     assert "fields[event.payload" in dead["traceback"]
     assert dead["traceback"].endswith("KeyError: 'memo'")

@@ -101,7 +101,9 @@ async def test_unknown_type_fails_and_ignored_type_completes(pool: db.Pool) -> N
     app = make_app([])
     async with pool.acquire() as conn:
         with pytest.raises(UnknownEventType, match=r"w\.unheard"):
-            await apply_event(conn, app.registry, stored(1, "w.unheard"))
+            await apply_event(conn, app.registry, stored(1, "w.unheard"), unsubscribed="retry")
+        unheard = await apply_event(conn, app.registry, stored(1, "w.unheard"))
+        assert unheard is ApplyOutcome.UNSUBSCRIBED  # the default: skip
         assert await apply_event(conn, app.registry, stored(1, "v.noise")) is ApplyOutcome.IGNORED
 
 

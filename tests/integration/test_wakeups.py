@@ -158,3 +158,48 @@ async def test_wait_applied_is_false_when_its_timeout_runs_out(
     assert not await wait_applied(pool, "c", result.last_seq, timeout=0.3)
     assert not await wait_applied(pool, "c", 1, timeout=0.3)
     assert await wait_applied(pool, "other", 1, timeout=0.3)  # nothing outstanding
+
+
+@pytest.mark.usefixtures("applied_table")
+async def test_wait_applied_says_what_holds_the_events(
+    pool: db.Pool, dsn: str, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    result = await append(pool, "c", ticks(3), settings=settings)
+    pending = await wait_applied(pool, "c", 2, timeout=0.05)  # no worker runs
+    assert (bool(pending), pending.state, pending.seq, pending.blocked) == (
+        False,
+        "pending",
+        1,
+        False,
+    )
+    await pool.execute(
+        "UPDATE projection_apply_outbox SET status = 'dead', attempt_count = 8, "
+        "last_error = 'projector ''x'': KeyError: ''k''' WHERE seq = 1"
+    )
+    with anyio.fail_after(10):  # a dead head: no point waiting out the minute
+        dead = await wait_applied(pool, "c", result.last_seq, timeout=60)
+    assert (dead.state, dead.seq, dead.attempts, dead.blocked) == ("dead", 1, 8, True)
+    assert dead.last_error == "projector 'x': KeyError: 'k'"
+    await pool.execute(
+        "UPDATE projection_apply_outbox SET status = 'failed', attempt_count = 2, "
+        "next_attempt_at = clock_timestamp() + interval '1 hour' WHERE seq = 1"
+    )
+    with anyio.fail_after(10):  # its retry falls due after the timeout: said at once
+        failed = await wait_applied(pool, "c", result.last_seq, timeout=60)
+    assert (failed.state, failed.attempts, failed.next_attempt_at is not None) == (
+        "failed",
+        2,
+        True,
+    )
+    # Woken by the workers' notification alone: no look again for an hour.
+    monkeypatch.setattr("outbox.queue.inspect.RECHECK", 3600.0)
+    await pool.execute(
+        "UPDATE projection_apply_outbox "
+        "SET status = 'pending', attempt_count = 0, next_attempt_at = clock_timestamp()"
+    )
+    await pool.execute("UPDATE projection_apply_campaigns SET due_at = clock_timestamp()")
+    fast = settings.replace(poll_interval=0.05)
+    async with serving(Service(Worker(recording_app(fast), pool), dsn)):
+        with anyio.fail_after(30):
+            applied = await wait_applied(pool, "c", result.last_seq, timeout=60)
+    assert (bool(applied), applied.state) == (True, "applied")

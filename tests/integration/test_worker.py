@@ -6,6 +6,7 @@ place of the database clock); the random source is seeded. Nothing sleeps.
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 from datetime import UTC, datetime, timedelta
@@ -20,6 +21,7 @@ from outbox.errors import TransientBatchError
 from outbox.examples import campaigns as c
 from outbox.examples.app import build_app, install
 from outbox.model import BatchCounts, StoredEvent
+from outbox.obs.metrics import Metrics
 from outbox.projection.app import Outbox
 from outbox.projection.guards import apply_event
 from outbox.worker.batch import Worker
@@ -273,7 +275,7 @@ async def test_duplicates_are_skipped_by_checkpoint_and_marker(
 async def test_unknown_type_fails_and_ignored_type_completes(
     pool: db.Pool, settings: Settings
 ) -> None:
-    app = Outbox(settings)
+    app = Outbox(settings.replace(unsubscribed="retry"))  # writers deployed before workers
     app.ignore(["noise"])
     await append(pool, "a", [Event("noise", {})], settings=settings)
     await append(pool, "b", [Event("from.a.newer.deploy", {})], settings=settings)
@@ -283,6 +285,30 @@ async def test_unknown_type_fails_and_ignored_type_completes(
     assert "from.a.newer.deploy" in await pool.fetchval(
         "SELECT last_error FROM projection_apply_outbox"
     )
+
+
+async def test_unsubscribed_events_are_skipped_counted_and_announced_once(
+    pool: db.Pool, settings: Settings, caplog: pytest.LogCaptureFixture
+) -> None:
+    app = Outbox(settings)  # OUTBOX_UNSUBSCRIBED=skip, the default
+
+    @app.projector("orders", events=["order.placed"])
+    async def orders(tx: db.Connection, event: StoredEvent) -> None:
+        await tx.execute("SELECT 1")
+
+    for campaign in ("a", "b"):
+        await append(pool, campaign, [Event("audit.noted", {})] * 2, settings=settings)
+        await append(pool, campaign, [Event("order.placed", {})], settings=settings)
+    metrics = Metrics()
+    worker = Worker(app, pool, metrics=metrics)
+    with caplog.at_level(logging.INFO, logger="outbox"):
+        counts = await worker.drain()
+    assert (counts.applied, counts.skipped, counts.failed, counts.dead) == (2, 4, 0, 0)
+    assert await statuses(pool) == {}
+    by_type = {"event_type": "audit.noted"}
+    assert metrics.registry.get_sample_value("outbox_unsubscribed_events_total", by_type) == 4
+    announced = [r for r in caplog.records if getattr(r, "event", r.msg) == "apply.unsubscribed"]
+    assert len(announced) <= 1  # once per type per process (another test may have said it)
 
 
 async def test_concurrent_loops_keep_campaign_order_and_apply_exactly_once(

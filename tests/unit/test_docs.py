@@ -45,3 +45,9 @@ def test_every_test_the_semantics_cite_exists() -> None:
             assert cited in defined, cited
     for path in re.findall(r"`((?:\w+/)?test_\w+\.py)", text):
         assert path.rsplit("/", 1)[-1] in sources, path
+
+
+def test_the_worker_docs_show_the_fastapi_example_as_it_is() -> None:
+    """docs/worker.md carries docs/examples/fastapi_app.py verbatim (the tests run the file)."""
+    example = (ROOT / "docs" / "examples" / "fastapi_app.py").read_text()
+    assert f"```python\n{example}```" in (ROOT / "docs" / "worker.md").read_text()
