@@ -13,7 +13,6 @@ import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 import anyio
 
@@ -33,14 +32,6 @@ TABLES = (
     "projection_apply_outbox",
     "append_idempotency_keys",
 )
-
-
-def with_database(dsn: str, name: str) -> str:
-    """The same server and credentials, another database."""
-    if "://" in dsn:
-        parts = urlsplit(dsn)
-        return urlunsplit(parts._replace(path=f"/{name}"))
-    return f"{dsn} dbname={name}"
 
 
 async def counts(executor: db.Executor) -> dict[str, int]:

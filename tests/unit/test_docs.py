@@ -51,3 +51,8 @@ def test_the_worker_docs_show_the_fastapi_example_as_it_is() -> None:
     """docs/worker.md carries docs/examples/fastapi_app.py verbatim (the tests run the file)."""
     example = (ROOT / "docs" / "examples" / "fastapi_app.py").read_text()
     assert f"```python\n{example}```" in (ROOT / "docs" / "worker.md").read_text()
+
+
+def test_the_testing_docs_show_the_example_tests_as_they_are() -> None:
+    example = (ROOT / "docs" / "examples" / "test_fastapi_app.py").read_text()
+    assert f"```python\n{example}```" in (ROOT / "docs" / "testing.md").read_text()
