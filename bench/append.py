@@ -2,29 +2,40 @@
 """Append cost of enqueueing: appends/s and latency with enqueueing off, on, and on with inline
 apply, 8 writers of 1-event appends, on one durable server, in one run.
 
-Usage: python bench/append.py [--writers N] [--appends N]
-Cases (every append is its own transaction, as `outbox.append` on a pool runs it):
+Usage: python bench/append.py [--writers N] [--appends N] [--rounds N]
+Every append is one call of the append function (`outbox_try_append`). Cases (each append its
+own transaction, as `outbox.append` on a pool runs it):
 - off: journal only (OUTBOX_ENABLED=false), the baseline;
 - on: journal + work row; the campaign already has queued work (a backlog, or a busy
   campaign), so no wake-up is sent;
-- on, cold campaigns: every append goes to a campaign with no queued work, so its trigger
+- on, cold campaigns: every append goes to a campaign with no queued work, so the append
   creates the campaign row and sends the (payload-free) NOTIFY: the worst case of the chosen
   wake-up design;
 - on, NOTIFY every append: the previous design (one NOTIFY per append transaction), measured
   by adding a statement trigger that notifies on every enqueue, for comparison;
 - on + inline apply: the per-event upsert projector applied in the append's transaction.
-Prints appends/s, p50/p95/p99 and ratios against `off`, and one JSON line.
+Then the adapters, each append in the caller's own transaction (BEGIN, the append, COMMIT: what
+a domain write with its events costs), enqueueing on, against asyncpg doing the same:
+- asyncpg, own transaction: `async with conn.transaction(): await outbox.append(conn, ...)`;
+- SQLAlchemy async session: `async with AsyncSession(engine) as s, s.begin(): ...`;
+- psycopg async: `async with conn.transaction(): ...` on a psycopg AsyncConnection per writer.
+Prints appends/s, p50/p95/p99 and ratios against `off` (adapters: against asyncpg's own
+transaction), and one JSON line.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import statistics
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AsyncExitStack, asynccontextmanager
 
+import psycopg
 from _apps import outbox_app
 from _support import CLEAR, EVENT_TYPE, bench_database, percentiles, print_json
+from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 
 from outbox import Event, Settings, append, db
 
@@ -39,7 +50,9 @@ CREATE TRIGGER bench_notify_always AFTER INSERT ON projection_apply_outbox
 """
 DROP_NOTIFY_ALWAYS = "DROP TRIGGER bench_notify_always ON projection_apply_outbox"
 
-Appender = Callable[[str, int], Awaitable[object]]
+# An append by writer `w` to `campaign`, its `i`-th.
+Appender = Callable[[int, str, int], Awaitable[object]]
+ADAPTERS = ("asyncpg, own transaction", "SQLAlchemy async session", "psycopg async")
 
 
 async def run_case(
@@ -52,7 +65,7 @@ async def run_case(
         for i in range(appends):
             campaign = f"w{w}-{i}" if cold else f"w{w}-{i % 50}"
             started = time.perf_counter()
-            await appender(campaign, i)
+            await appender(w, campaign, i)
             latencies.append(time.perf_counter() - started)
 
     started = time.perf_counter()
@@ -61,67 +74,130 @@ async def run_case(
     return {"appends_per_s": rate, **percentiles(latencies)}
 
 
-async def main(writers: int, appends: int) -> None:
-    results: dict[str, dict[str, float]] = {}
+def tick(i: int) -> list[Event]:
+    return [Event(EVENT_TYPE, {"amount": i % 7})]
+
+
+@asynccontextmanager
+async def appenders(dsn: str, pool: db.Pool, writers: int) -> AsyncIterator[dict[str, Appender]]:
+    """Every case's appender, by name, with the drivers' connections they need."""
+    off = Settings(dsn=dsn, enabled=False)
+    on = Settings(dsn=dsn, enabled=True)
+    inline = outbox_app(Settings(dsn=dsn, enabled=True, inline_apply=True), batch=False)
+    async with AsyncExitStack() as stack:
+        engine = create_async_engine(
+            "postgresql+asyncpg://" + dsn.split("://", 1)[1], pool_size=writers, max_overflow=0
+        )
+        stack.push_async_callback(engine.dispose)
+        psycopgs = [
+            await stack.enter_async_context(await psycopg.AsyncConnection.connect(dsn))
+            for _ in range(writers)
+        ]
+
+        def plain(settings: Settings) -> Appender:
+            async def go(w: int, campaign: str, i: int) -> object:
+                return await append(pool, campaign, tick(i), settings=settings)
+
+            return go
+
+        async def inline_append(w: int, campaign: str, i: int) -> object:
+            return await inline.append(pool, campaign, tick(i))
+
+        async def asyncpg_tx(w: int, campaign: str, i: int) -> object:
+            async with pool.acquire() as conn, conn.transaction():
+                return await append(conn, campaign, tick(i), settings=on)
+
+        async def sqlalchemy_tx(w: int, campaign: str, i: int) -> object:
+            async with AsyncSession(engine) as session, session.begin():
+                return await append(session, campaign, tick(i), settings=on)
+
+        async def psycopg_tx(w: int, campaign: str, i: int) -> object:
+            conn = psycopgs[w]
+            async with conn.transaction():
+                return await append(conn, campaign, tick(i), settings=on)
+
+        yield {
+            "off": plain(off),
+            "on": plain(on),
+            "on, cold campaigns": plain(on),
+            "on, NOTIFY every append": plain(on),
+            "on + inline apply": inline_append,
+            ADAPTERS[0]: asyncpg_tx,
+            ADAPTERS[1]: sqlalchemy_tx,
+            ADAPTERS[2]: psycopg_tx,
+        }
+
+
+def base_of(name: str) -> str:
+    return ADAPTERS[0] if name in ADAPTERS else "off"
+
+
+async def main(writers: int, appends: int, rounds: int) -> None:
+    runs: dict[str, list[dict[str, float]]] = {}
     async with bench_database() as dsn:
         pool = await db.create_pool(dsn, min_size=writers, max_size=writers)
         try:
-            off = Settings(dsn=dsn, enabled=False)
-            on = Settings(dsn=dsn, enabled=True)
-            inline = outbox_app(Settings(dsn=dsn, enabled=True, inline_apply=True), batch=False)
-
-            def plain(settings: Settings) -> Appender:
-                async def go(campaign: str, i: int) -> object:
-                    return await append(
-                        pool, campaign, [Event(EVENT_TYPE, {"amount": i % 7})], settings=settings
-                    )
-
-                return go
-
-            async def inline_append(campaign: str, i: int) -> object:
-                return await inline.append(pool, campaign, [Event(EVENT_TYPE, {"amount": i % 7})])
-
-            cases: list[tuple[str, Appender, bool]] = [
-                ("off", plain(off), False),
-                ("on", plain(on), False),
-                ("on, cold campaigns", plain(on), True),
-                ("on, NOTIFY every append", plain(on), False),
-                ("on + inline apply", inline_append, False),
-            ]
-            print(f"append: {writers} writers x {appends} one-event appends, durable server")
-            for _ in range(2):  # two rounds, interleaved; the better of each is kept
-                for name, appender, cold in cases:
-                    if name == "on, NOTIFY every append":
-                        await pool.execute(NOTIFY_ALWAYS)
-                    try:
-                        figures = await run_case(
-                            pool, appender, writers=writers, appends=appends, cold=cold
-                        )
-                    finally:
-                        if name == "on, NOTIFY every append":
-                            await pool.execute(DROP_NOTIFY_ALWAYS)
-                    best = results.get(name)
-                    if best is None or figures["appends_per_s"] > best["appends_per_s"]:
-                        results[name] = figures
+            async with appenders(dsn, pool, writers) as cases:
+                print(
+                    f"append: {writers} writers x {appends} one-event appends, durable server,"
+                    f" {rounds} interleaved rounds (medians; ratios paired within a round)"
+                )
+                for _ in range(rounds):
+                    for name, appender in cases.items():
+                        notify = name == "on, NOTIFY every append"
+                        if notify:
+                            await pool.execute(NOTIFY_ALWAYS)
+                        try:
+                            figures = await run_case(
+                                pool,
+                                appender,
+                                writers=writers,
+                                appends=appends,
+                                cold=name == "on, cold campaigns",
+                            )
+                        finally:
+                            if notify:
+                                await pool.execute(DROP_NOTIFY_ALWAYS)
+                        runs.setdefault(name, []).append(figures)
         finally:
             await pool.close()
-    base = results["off"]
-    for name, f in results.items():
-        rate, p95 = f["appends_per_s"], f["p95_ms"]
+
+    def median(name: str, metric: str) -> float:
+        return statistics.median(r[metric] for r in runs[name])
+
+    def ratio(name: str, metric: str) -> float:
+        """The median over rounds of the case against its baseline in the same round."""
+        pairs = zip(runs[name], runs[base_of(name)], strict=True)
+        return statistics.median(r[metric] / b[metric] for r, b in pairs)
+
+    cases_out: dict[str, dict[str, float]] = {}
+    for name in runs:
+        if name == ADAPTERS[0]:
+            print("  adapters, each append in the caller's transaction, enqueueing on:")
+        rate, p95 = median(name, "appends_per_s"), median(name, "p95_ms")
+        rate_x, p95_x = ratio(name, "appends_per_s"), ratio(name, "p95_ms")
         print(
-            f"  {name:<26} {rate:>8,.0f} appends/s ({rate / base['appends_per_s']:4.2f}x)"
-            f"  p50 {f['p50_ms']:6.2f}  p95 {p95:6.2f} ({p95 / base['p95_ms']:4.2f}x)"
-            f"  p99 {f['p99_ms']:6.2f} ms",
+            f"  {name:<26} {rate:>8,.0f} appends/s ({rate_x:4.2f}x)"
+            f"  p50 {median(name, 'p50_ms'):6.2f}  p95 {p95:6.2f} ({p95_x:4.2f}x)"
+            f"  p99 {median(name, 'p99_ms'):6.2f} ms",
             flush=True,
         )
+        cases_out[name] = {
+            **{m: round(median(name, m), 3) for m in runs[name][0]},
+            "rate_vs_base": round(rate_x, 3),
+            "p95_vs_base": round(p95_x, 3),
+        }
     print_json(
         "append",
         {
             "writers": writers,
             "appends_per_writer": appends,
-            "cases": {k: {m: round(v, 3) for m, v in f.items()} for k, f in results.items()},
-            "on_vs_off": round(results["on"]["appends_per_s"] / base["appends_per_s"], 3),
-            "on_p95_vs_off": round(results["on"]["p95_ms"] / base["p95_ms"], 3),
+            "rounds": rounds,
+            "cases": cases_out,
+            "on_vs_off": cases_out["on"]["rate_vs_base"],
+            "on_p95_vs_off": cases_out["on"]["p95_vs_base"],
+            "sqlalchemy_vs_asyncpg": cases_out[ADAPTERS[1]]["rate_vs_base"],
+            "psycopg_vs_asyncpg": cases_out[ADAPTERS[2]]["rate_vs_base"],
         },
     )
 
@@ -129,6 +205,7 @@ async def main(writers: int, appends: int) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--writers", type=int, default=8)
-    parser.add_argument("--appends", type=int, default=500)
+    parser.add_argument("--appends", type=int, default=300)
+    parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
-    asyncio.run(main(args.writers, args.appends))
+    asyncio.run(main(args.writers, args.appends, args.rounds))

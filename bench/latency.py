@@ -8,8 +8,10 @@ that inserts one row per event. The latency of an event is the commit timestamp 
 projection row minus the commit timestamp of its append (track_commit_timestamp: the server's
 own clock, no client in between). The baseline is a raw loop in its own process: the producer
 inserts a queue row and NOTIFYs in one statement; the loop LISTENs, and on each notification
-deletes queued rows (SKIP LOCKED, 100 at a time) into a visible table. Prints p50/p95/p99 of
-both and one JSON line. BENCH_WORKER_LOG=path keeps the worker's log lines.
+deletes queued rows (SKIP LOCKED, 100 at a time) into a visible table. Every 10th outbox append
+is also followed by `outbox.wait_applied` (read-your-writes): its figure is the wall-clock time
+it returns minus the commit timestamp of the projection row it waited for. Prints p50/p95/p99
+of each and one JSON line. BENCH_WORKER_LOG=path keeps the worker's log lines.
 """
 
 from __future__ import annotations
@@ -22,14 +24,14 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 
 import asyncpg
 from _apps import VISIBLE
 from _support import EVENT_TYPE, bench_database, percentiles, print_json
 
-from outbox import Event, Settings, append
+from outbox import Event, Settings, append, wait_applied
 
 HERE = Path(__file__).resolve().parent
 WORKER = Path(sys.executable).parent / "outbox-worker"
@@ -57,6 +59,13 @@ SELECT extract(
 )::float8
 FROM bench_visible v JOIN event_journal j USING (campaign_id, seq)
 """
+# The projection's commit, per waited-for (campaign, seq), against when wait_applied returned.
+WAIT_LATENCY = """
+SELECT w.returned_at - extract(epoch FROM pg_xact_commit_timestamp(v.xmin))::float8
+FROM unnest($1::text[], $2::bigint[], $3::float8[]) AS w(campaign_id, seq, returned_at)
+JOIN bench_visible v USING (campaign_id, seq)
+"""
+WAIT_EVERY = int(os.environ.get("BENCH_WAIT_EVERY", "10"))
 RAW_LATENCY = """
 SELECT extract(
     epoch FROM pg_xact_commit_timestamp(xmin) - pg_xact_commit_timestamp(queued_xid)
@@ -81,9 +90,11 @@ async def raw_listener(dsn: str) -> None:
             pass
 
 
-async def paced(rate: int, seconds: float, send: Callable[[int], Awaitable[object]]) -> None:
+async def paced(
+    rate: int, seconds: float, send: Callable[[int], Coroutine[None, None, object]]
+) -> None:
     """Start send(i) at t0 + i / rate, each in its own task, and wait for all of them."""
-    tasks = []
+    tasks: list[asyncio.Task[object]] = []
     started = time.perf_counter()
     for i in range(int(rate * seconds)):
         delay = started + i / rate - time.perf_counter()
@@ -120,6 +131,8 @@ async def main(rate: int, seconds: float) -> None:
         await conn.execute(VISIBLE)
         await conn.execute(RAW_SCHEMA)
         pool = await asyncpg.create_pool(dsn, min_size=8, max_size=16)
+        waiters = await asyncpg.create_pool(dsn, min_size=4, max_size=8)
+        waited: list[tuple[str, int, float]] = []
         settings = Settings(dsn=dsn)
         figures: dict[str, dict[str, float]] = {}
         try:
@@ -128,12 +141,22 @@ async def main(rate: int, seconds: float) -> None:
 
             async def send_outbox(i: int) -> object:
                 event = Event(EVENT_TYPE, {"amount": i % 7})
-                return await append(pool, f"c-{i % 1000}", [event], settings=settings)
+                campaign = f"c-{i % 1000}"
+                result = await append(pool, campaign, [event], settings=settings)
+                if WAIT_EVERY and i % WAIT_EVERY == 0:
+                    if not await wait_applied(waiters, campaign, result.last_seq, 30):
+                        raise SystemExit(f"bench: {campaign}/{result.last_seq} not applied")
+                    waited.append((campaign, result.last_seq, time.time()))
+                return result
 
             await paced(rate, seconds, send_outbox)
             await wait_until(conn, "SELECT count(*) FROM bench_visible", total, 60)
             stop(worker)
             figures["outbox"] = percentiles([r[0] for r in await conn.fetch(OUTBOX_LATENCY)])
+            columns = [list(c) for c in zip(*waited, strict=True)] or [[], [], []]
+            if waited:
+                waits = await conn.fetch(WAIT_LATENCY, *columns)
+                figures["wait_applied"] = percentiles([r[0] for r in waits])
 
             raw = start([sys.executable, str(HERE / "latency.py"), "--raw-listener", dsn], dsn)
             await asyncio.sleep(2)
@@ -147,11 +170,17 @@ async def main(rate: int, seconds: float) -> None:
             figures["raw_listen"] = percentiles([r[0] for r in await conn.fetch(RAW_LATENCY)])
         finally:
             await pool.close()
+            await waiters.close()
             await conn.close()
     print(f"append commit -> visible at {rate} events/s for {seconds:g}s, durable server")
+    labels = {
+        "outbox": "outbox",
+        "wait_applied": "wait_applied returns, after the projection's commit",
+        "raw_listen": "raw LISTEN loop",
+    }
     for name, f in figures.items():
         p50, p95, p99 = f["p50_ms"], f["p95_ms"], f["p99_ms"]
-        print(f"  {name:<11} p50 {p50:6.2f}  p95 {p95:6.2f}  p99 {p99:6.2f} ms")
+        print(f"  {labels[name]:<52} p50 {p50:6.2f}  p95 {p95:6.2f}  p99 {p99:6.2f} ms")
     print_json("latency", {"rate": rate, "seconds": seconds, "latency": figures})
 
 

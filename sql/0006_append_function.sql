@@ -58,6 +58,8 @@ LANGUAGE plpgsql AS $$
 DECLARE
     n integer;
     bad text[];  -- {field, message} of the first rule broken
+    bad_field text;
+    bad_message text;
     enqueue boolean := coalesce(
         p_enqueue, nullif(current_setting('outbox.enqueue', true), '')::boolean, true);
     ttl double precision := coalesce(
@@ -89,13 +91,25 @@ BEGIN
             format('must be at most 256 characters, got %s', length(p_idempotency_key))]
     END;
     IF bad IS NULL THEN
-        SELECT ARRAY[format('events[%s]%s', e.ord - 1, e.broken[1]), e.broken[2]] INTO bad
+        -- One pass over the events: the first broken rule, and the events as they are stored
+        -- (the key travels in each event's metadata).
+        SELECT jsonb_agg(jsonb_build_array(
+                   value ->> 'type',
+                   coalesce(value -> 'payload', 'null'::jsonb),
+                   coalesce(nullif(value -> 'metadata', 'null'::jsonb), '{}'::jsonb)
+                       || CASE WHEN p_idempotency_key IS NULL THEN '{}'::jsonb
+                               ELSE jsonb_build_object('idempotency_key', p_idempotency_key)
+                          END)
+                   ORDER BY ord),
+               (array_agg(format('events[%s]%s', ord - 1, broken[1]) ORDER BY ord)
+                   FILTER (WHERE broken IS NOT NULL))[1],
+               (array_agg(broken[2] ORDER BY ord) FILTER (WHERE broken IS NOT NULL))[1]
+        INTO appended, bad_field, bad_message
         FROM (
-            SELECT ord, CASE
+            SELECT value, ord, CASE
                 WHEN jsonb_typeof(value) <> 'object' THEN ARRAY['',
                     'expected an object with type, payload and optional metadata']
-                WHEN EXISTS (SELECT 1 FROM jsonb_object_keys(value) k
-                             WHERE k NOT IN ('type', 'payload', 'metadata'))
+                WHEN value - ARRAY['type', 'payload', 'metadata'] <> '{}'::jsonb
                     THEN ARRAY['', 'expected only type, payload and metadata']
                 WHEN jsonb_typeof(value -> 'type') IS DISTINCT FROM 'string'
                     THEN ARRAY['.type', 'expected a string']
@@ -114,27 +128,14 @@ BEGIN
                            octet_length((value -> 'payload')::text))]
             END AS broken
             FROM jsonb_array_elements(p_events) WITH ORDINALITY AS e(value, ord)
-        ) e
-        WHERE e.broken IS NOT NULL
-        ORDER BY e.ord
-        LIMIT 1;
+        ) e;
+        bad := CASE WHEN bad_field IS NOT NULL THEN ARRAY[bad_field, bad_message] END;
     END IF;
     IF bad IS NOT NULL THEN
         RETURN QUERY SELECT NULL::bigint, NULL::bigint, false, 'invalid', bad[1], bad[2];
         RETURN;
     END IF;
-
-    -- The events as they are stored: the key travels in each event's metadata.
     n := jsonb_array_length(p_events);
-    SELECT jsonb_agg(jsonb_build_array(
-               value ->> 'type',
-               coalesce(value -> 'payload', 'null'::jsonb),
-               coalesce(nullif(value -> 'metadata', 'null'::jsonb), '{}'::jsonb)
-                   || CASE WHEN p_idempotency_key IS NULL THEN '{}'::jsonb
-                           ELSE jsonb_build_object('idempotency_key', p_idempotency_key) END)
-               ORDER BY ord)
-    INTO appended
-    FROM jsonb_array_elements(p_events) WITH ORDINALITY AS e(value, ord);
 
     IF p_idempotency_key IS NOT NULL THEN
         -- Take the key (a new one, or one whose TTL ran out); a concurrent append with the same
