@@ -19,6 +19,8 @@ a domain write with its events costs), enqueueing on, against asyncpg doing the 
 - asyncpg, own transaction: `async with conn.transaction(): await outbox.append(conn, ...)`;
 - SQLAlchemy async session: `async with AsyncSession(engine) as s, s.begin(): ...`;
 - psycopg async: `async with conn.transaction(): ...` on a psycopg AsyncConnection per writer.
+And each stack's own floor: the same transaction with `SELECT 1` in place of the append, so a
+stack's overhead (SQLAlchemy's session, psycopg's protocol) is told apart from the append's.
 Prints appends/s, p50/p95/p99 and ratios against `off` (adapters: against asyncpg's own
 transaction), and one JSON line.
 """
@@ -35,6 +37,7 @@ from contextlib import AsyncExitStack, asynccontextmanager
 import psycopg
 from _apps import outbox_app
 from _support import CLEAR, EVENT_TYPE, bench_database, percentiles, print_json
+from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 
 from outbox import Event, Settings, append, db
@@ -49,10 +52,12 @@ CREATE TRIGGER bench_notify_always AFTER INSERT ON projection_apply_outbox
     FOR EACH STATEMENT EXECUTE FUNCTION bench_notify_always();
 """
 DROP_NOTIFY_ALWAYS = "DROP TRIGGER bench_notify_always ON projection_apply_outbox"
+SELECT_1 = text("SELECT 1")
 
 # An append by writer `w` to `campaign`, its `i`-th.
 Appender = Callable[[int, str, int], Awaitable[object]]
 ADAPTERS = ("asyncpg, own transaction", "SQLAlchemy async session", "psycopg async")
+FLOORS = ("asyncpg, SELECT 1 instead", "SQLAlchemy, SELECT 1 instead", "psycopg, SELECT 1 instead")
 
 
 async def run_case(
@@ -116,6 +121,20 @@ async def appenders(dsn: str, pool: db.Pool, writers: int) -> AsyncIterator[dict
             async with conn.transaction():
                 return await append(conn, campaign, tick(i), settings=on)
 
+        async def asyncpg_floor(w: int, campaign: str, i: int) -> object:
+            async with pool.acquire() as conn, conn.transaction():
+                return await conn.fetchval("SELECT 1")
+
+        async def sqlalchemy_floor(w: int, campaign: str, i: int) -> object:
+            async with AsyncSession(engine) as session, session.begin():
+                return (await session.execute(SELECT_1)).scalar()
+
+        async def psycopg_floor(w: int, campaign: str, i: int) -> object:
+            conn = psycopgs[w]
+            async with conn.transaction(), conn.cursor() as cur:
+                await cur.execute("SELECT 1")
+                return await cur.fetchone()
+
         yield {
             "off": plain(off),
             "on": plain(on),
@@ -125,10 +144,15 @@ async def appenders(dsn: str, pool: db.Pool, writers: int) -> AsyncIterator[dict
             ADAPTERS[0]: asyncpg_tx,
             ADAPTERS[1]: sqlalchemy_tx,
             ADAPTERS[2]: psycopg_tx,
+            FLOORS[0]: asyncpg_floor,
+            FLOORS[1]: sqlalchemy_floor,
+            FLOORS[2]: psycopg_floor,
         }
 
 
 def base_of(name: str) -> str:
+    if name in FLOORS:
+        return FLOORS[0]
     return ADAPTERS[0] if name in ADAPTERS else "off"
 
 
@@ -170,10 +194,18 @@ async def main(writers: int, appends: int, rounds: int) -> None:
         pairs = zip(runs[name], runs[base_of(name)], strict=True)
         return statistics.median(r[metric] / b[metric] for r, b in pairs)
 
+    def extra(names: tuple[str, ...], i: int) -> float:
+        """Milliseconds per transaction stack `i` spends beyond asyncpg (1000 / rate)."""
+        return round(
+            1e3 / median(names[i], "appends_per_s") - 1e3 / median(names[0], "appends_per_s"), 3
+        )
+
     cases_out: dict[str, dict[str, float]] = {}
     for name in runs:
         if name == ADAPTERS[0]:
             print("  adapters, each append in the caller's transaction, enqueueing on:")
+        if name == FLOORS[0]:
+            print("  each stack alone, SELECT 1 in place of the append:")
         rate, p95 = median(name, "appends_per_s"), median(name, "p95_ms")
         rate_x, p95_x = ratio(name, "appends_per_s"), ratio(name, "p95_ms")
         print(
@@ -187,6 +219,11 @@ async def main(writers: int, appends: int, rounds: int) -> None:
             "rate_vs_base": round(rate_x, 3),
             "p95_vs_base": round(p95_x, 3),
         }
+    for i, stack in ((1, "SQLAlchemy"), (2, "psycopg")):
+        print(
+            f"  {stack}: {extra(ADAPTERS, i):+.2f} ms per append beyond asyncpg;"
+            f" the stack alone {extra(FLOORS, i):+.2f} ms per transaction"
+        )
     print_json(
         "append",
         {
@@ -198,6 +235,10 @@ async def main(writers: int, appends: int, rounds: int) -> None:
             "on_p95_vs_off": cases_out["on"]["p95_vs_base"],
             "sqlalchemy_vs_asyncpg": cases_out[ADAPTERS[1]]["rate_vs_base"],
             "psycopg_vs_asyncpg": cases_out[ADAPTERS[2]]["rate_vs_base"],
+            # Each stack's time per transaction beyond asyncpg's (8 writers, ms): with the
+            # append, and alone. Equal figures: the adapter adds nothing the stack does not.
+            "sqlalchemy_extra_ms": {"append": extra(ADAPTERS, 1), "alone": extra(FLOORS, 1)},
+            "psycopg_extra_ms": {"append": extra(ADAPTERS, 2), "alone": extra(FLOORS, 2)},
         },
     )
 

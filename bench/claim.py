@@ -72,12 +72,13 @@ async def load(conn: asyncpg.Connection, layout: str, rows: int) -> None:
     campaigns = 10 if layout == "hot" else max(10, rows // 1000)
     await conn.execute(JOURNAL, rows, campaigns)
     await conn.execute(LAYOUTS[layout])
-    ids = [r[0] for r in await conn.fetch("SELECT DISTINCT campaign_id FROM event_journal")]
-    # Campaign rows as workers leave them (heads found, blocked ones marked).
-    for i in range(0, len(ids), 5000):
-        await refresh_campaigns(conn, ids[i : i + 5000], park=False, removable=())
     if layout != "hot":
         await conn.execute(FRESH)
+    ids = [r[0] for r in await conn.fetch("SELECT DISTINCT campaign_id FROM event_journal")]
+    # Campaign rows as workers leave them (heads found, blocked ones marked); rows inserted
+    # by hand get theirs here, as `maintenance reconcile` gives them.
+    for i in range(0, len(ids), 5000):
+        await refresh_campaigns(conn, ids[i : i + 5000], park=False, removable=())
     for table in ("projection_apply_outbox", "projection_apply_campaigns", "event_journal"):
         await conn.execute(f"VACUUM ANALYZE {table}")
 
