@@ -15,9 +15,10 @@ found nothing due (`idle`). Building a service from settings is `runtime`'s job.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import signal
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
@@ -231,14 +232,25 @@ class Service:
                 async with self._listener_connection() as conn:
                     connected = True
                     lost = anyio.Event()
-                    conn.add_termination_listener(lambda _conn, lost=lost: lost.set())
-                    await conn.add_listener(WORK_CHANNEL, lambda *_: self.doorbell.ring())
-                    self.listener_connected, attempt = True, 0
-                    self.metrics.listener_connected.set(1)
-                    _logger.info("listener.connected")
-                    self.signals.listening.fire()
-                    self.doorbell.ring()  # whatever was appended while we were away
-                    await self._watch(conn, lost)
+
+                    def on_lost(_conn: object, lost: anyio.Event = lost) -> None:
+                        lost.set()
+
+                    def on_work(*_: object) -> None:
+                        self.doorbell.ring()
+
+                    conn.add_termination_listener(on_lost)
+                    await conn.add_listener(WORK_CHANNEL, on_work)
+                    try:
+                        self.listener_connected, attempt = True, 0
+                        self.metrics.listener_connected.set(1)
+                        _logger.info("listener.connected")
+                        self.signals.listening.fire()
+                        self.doorbell.ring()  # whatever was appended while we were away
+                        await self._watch(conn, lost)
+                    finally:
+                        if not self.dsn:  # borrowed from the application's pool: back clean
+                            await _unlisten(conn, on_work, on_lost)
             except Exception as exc:  # could not connect, lost before LISTEN, or while watching
                 error = describe_error(exc)
                 if not connected:
@@ -366,3 +378,14 @@ async def _stop_on_signal(service: Service) -> None:
             _logger.info("worker.stopping", extra={"signal": signal.Signals(signum).name})
             service.stop()
             return
+
+
+async def _unlisten(
+    conn: db.Connection, on_work: Callable[..., None], on_lost: Callable[[object], None]
+) -> None:
+    """Take the listener's callbacks and its LISTEN off a connection borrowed from the
+    application's pool before it goes back, also when shutting down; a connection that is gone
+    or slow to answer is left as it is (the pool discards a dead one)."""
+    conn.remove_termination_listener(on_lost)
+    with anyio.move_on_after(1, shield=True), contextlib.suppress(Exception):
+        await conn.remove_listener(WORK_CHANNEL, on_work)
