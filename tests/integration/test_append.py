@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
 import anyio
 import pytest
 
@@ -217,9 +220,11 @@ async def test_conflict_inside_callers_transaction_keeps_the_transaction_usable(
     assert await journal_seqs(pool, "c") == [1, 2]
 
 
-async def test_one_payload_free_notify_per_append_transaction(
-    pool: db.Pool, dsn: str, settings: Settings
-) -> None:
+@asynccontextmanager
+async def work_notifications(pool: db.Pool, dsn: str) -> AsyncIterator[list[object]]:
+    """The payloads of the work channel's notifications that what the block commits sends
+    (complete when the block ends: notifications arrive in commit order, and a sentinel sent
+    after the block marks the end of ours)."""
     received: list[object] = []
     sentinel = anyio.Event()
 
@@ -232,36 +237,26 @@ async def test_one_payload_free_notify_per_append_transaction(
     listener = await db.connect(dsn)
     try:
         await listener.add_listener(WORK_CHANNEL, on_notify)
+        yield received
+        await pool.execute("SELECT pg_notify($1, 'sentinel')", WORK_CHANNEL)
+        with anyio.fail_after(10):
+            await sentinel.wait()
+    finally:
+        await listener.close()
+
+
+async def test_one_payload_free_notify_per_append_transaction(
+    pool: db.Pool, dsn: str, settings: Settings
+) -> None:
+    async with work_notifications(pool, dsn) as received:
         async with pool.acquire() as conn, conn.transaction():
             for i in range(3):
                 await append(conn, f"c-{i}", [ev(), ev()], settings=settings)
         await append(pool, "solo", [ev()], settings=settings)
-        # Notifications arrive in commit order: the sentinel marks the end of ours.
-        await pool.execute("SELECT pg_notify($1, 'sentinel')", WORK_CHANNEL)
-        with anyio.fail_after(10):
-            await sentinel.wait()
-    finally:
-        await listener.close()
     assert received == ["", ""]
 
 
 async def test_enqueue_off_sends_no_notify(pool: db.Pool, dsn: str) -> None:
-    received: list[object] = []
-    sentinel = anyio.Event()
-
-    def on_notify(_conn: object, _pid: int, _channel: str, payload: object) -> None:
-        if payload == "sentinel":
-            sentinel.set()
-        else:
-            received.append(payload)
-
-    listener = await db.connect(dsn)
-    try:
-        await listener.add_listener(WORK_CHANNEL, on_notify)
+    async with work_notifications(pool, dsn) as received:
         await append(pool, "c", [ev()], settings=Settings(dsn=dsn, enabled=False))
-        await pool.execute("SELECT pg_notify($1, 'sentinel')", WORK_CHANNEL)
-        with anyio.fail_after(10):
-            await sentinel.wait()
-    finally:
-        await listener.close()
     assert received == []

@@ -1,5 +1,5 @@
-"""The DSN password never appears in a log line or a connection error (DSN forms in
-`unit/test_redaction_rules.py`, which also checks the rules themselves)."""
+"""The DSN password never appears in a log line or a connection error (the DSN forms are
+`helpers.DSNS`; `unit/test_redaction_rules.py` checks the rules themselves)."""
 
 from __future__ import annotations
 
@@ -13,19 +13,9 @@ from urllib.parse import quote
 import orjson
 import pytest
 
-from helpers import ROOT
+from helpers import CANARY, DSNS, ROOT
 from outbox import DatabaseUnavailable, db
 from outbox.obs import log
-
-CANARY = "CANARY-9f3e"
-# Closed loopback port: the connection is refused at once.
-DSNS = {
-    "userinfo": f"postgresql://app:{CANARY}@127.0.0.1:1/db",
-    "at_sign": f"postgresql://app:pa@ss-{CANARY}@127.0.0.1:1/db",
-    "query": f"postgresql://app@127.0.0.1:1/db?sslmode=disable&password={CANARY}",
-    "query_first": f"postgresql://app@127.0.0.1:1/db?password={CANARY}&sslmode=disable",
-    "percent_encoded": "postgresql://app:" + quote(f"p@ss/{CANARY}", safe="") + "@127.0.0.1:1/db",
-}
 
 
 @pytest.mark.parametrize("dsn", DSNS.values(), ids=DSNS.keys())

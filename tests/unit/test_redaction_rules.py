@@ -8,18 +8,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from helpers import CANARY, DSNS
 from outbox import Settings
 from outbox.redact import dsn_secrets, redact_dsn, scrub
-
-CANARY = "CANARY-9f3e"
-# Closed loopback port: the connection is refused at once.
-DSNS = {
-    "userinfo": f"postgresql://app:{CANARY}@127.0.0.1:1/db",
-    "at_sign": f"postgresql://app:pa@ss-{CANARY}@127.0.0.1:1/db",
-    "query": f"postgresql://app@127.0.0.1:1/db?sslmode=disable&password={CANARY}",
-    "query_first": f"postgresql://app@127.0.0.1:1/db?password={CANARY}&sslmode=disable",
-    "percent_encoded": "postgresql://app:" + quote(f"p@ss/{CANARY}", safe="") + "@127.0.0.1:1/db",
-}
 
 
 @pytest.mark.parametrize("dsn", DSNS.values(), ids=DSNS.keys())
