@@ -1,5 +1,6 @@
 """The bench's outbox apps: the same per-campaign totals as every contender, kept by a batch
-projector (one upsert per batch) or a per-event projector (one upsert per event).
+projector (one upsert per batch), a per-event projector (one upsert per event) or a statement
+projector (the per-event upsert, pipelined).
 
 `outbox-worker --app _apps:batch_app` (run from bench/) builds them from the environment.
 """
@@ -12,10 +13,14 @@ from _support import EVENT_TYPE, UPSERT_MANY, UPSERT_ONE
 
 from outbox import Outbox, Settings, StoredEvent, db
 
+# The ways a projector can keep the totals: one upsert per batch, one upsert per event
+# (awaited one by one), one upsert statement per event sent together (`app.statement`).
+KINDS = ("batch", "per-event", "statement")
 
-def outbox_app(settings: Settings | None = None, *, batch: bool) -> Outbox:
+
+def outbox_app(settings: Settings | None = None, *, kind: str) -> Outbox:
     app = Outbox(settings)
-    if batch:
+    if kind == "batch":
 
         @app.projector("totals", events=[EVENT_TYPE], batch=True)
         async def totals_batch(tx: db.Connection, events: Sequence[StoredEvent]) -> None:
@@ -25,20 +30,27 @@ def outbox_app(settings: Settings | None = None, *, batch: bool) -> Outbox:
                 [e.payload["amount"] for e in events],
             )
 
-    else:
+    elif kind == "per-event":
 
         @app.projector("totals", events=[EVENT_TYPE])
         async def totals_one(tx: db.Connection, event: StoredEvent) -> None:
             await tx.execute(UPSERT_ONE, event.campaign_id, event.payload["amount"])
 
+    else:
+
+        @app.statement("totals", events=[EVENT_TYPE], sql=UPSERT_ONE)
+        def totals_args(event: StoredEvent) -> tuple[str, int]:
+            return (event.campaign_id, event.payload["amount"])
+
     return app
 
 
 def __getattr__(name: str) -> Outbox:
-    """`batch_app`, `per_event_app`, `visible` (built on first use: the settings come from the
-    environment the worker process was started with)."""
-    if name in ("batch_app", "per_event_app"):
-        return outbox_app(batch=name == "batch_app")
+    """`batch_app`, `per_event_app`, `statement_app`, `visible` (built on first use: the
+    settings come from the environment the worker process was started with)."""
+    kinds = {"batch_app": "batch", "per_event_app": "per-event", "statement_app": "statement"}
+    if name in kinds:
+        return outbox_app(kind=kinds[name])
     if name == "visible":
         return visible_app()
     raise AttributeError(name)

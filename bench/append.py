@@ -88,7 +88,7 @@ async def appenders(dsn: str, pool: db.Pool, writers: int) -> AsyncIterator[dict
     """Every case's appender, by name, with the drivers' connections they need."""
     off = Settings(dsn=dsn, enabled=False)
     on = Settings(dsn=dsn, enabled=True)
-    inline = outbox_app(Settings(dsn=dsn, enabled=True, inline_apply=True), batch=False)
+    inline = outbox_app(Settings(dsn=dsn, enabled=True, inline_apply=True), kind="per-event")
     async with AsyncExitStack() as stack:
         engine = create_async_engine(
             "postgresql+asyncpg://" + dsn.split("://", 1)[1], pool_size=writers, max_overflow=0

@@ -8,9 +8,10 @@ checked against the generator's own sums after every case (exactly once). Conten
 - raw: the ceiling, a minimal asyncpg loop on 4 connections, one transaction per batch: claim
   with FOR UPDATE SKIP LOCKED and a literal LIMIT, load the journal rows, upsert the totals
   set-wise from unnest arrays, delete, commit; no per-campaign ordering;
-- outbox batch / outbox per-event: the worker (ordering by campaign, checkpoints) with a batch
-  projector running the raw loop's upsert, or a per-event projector running one upsert per event,
-  at batch 10 and 100 with 1, 2 and 4 claim loops;
+- outbox batch / per-event / statement: the worker (ordering by campaign, checkpoints) with a
+  batch projector running the raw loop's upsert, a per-event projector running one upsert per
+  event, or the same upsert as a statement projector (`app.statement`: the batch's statements
+  pipelined), at batch 10 and 100 with 1, 2 and 4 claim loops;
 - pgqueuer (the `bench` extra) with the per-event upsert in each job, and with a no-op job, on
   fewer events (it is slower; rates are per second either way).
 Prints a table, ratios against the raw ceiling at the same batch size, the bench process's peak
@@ -26,7 +27,7 @@ import time
 from typing import Any
 
 import asyncpg
-from _apps import outbox_app
+from _apps import KINDS, outbox_app
 from _support import (
     UPSERT_MANY,
     UPSERT_ONE,
@@ -86,11 +87,11 @@ async def raw_drain(dsn: str, batch: int) -> None:
     await asyncio.gather(*(loop() for _ in range(RAW_CONNECTIONS)))
 
 
-async def outbox_drain(dsn: str, batch: int, loops: int, *, batch_projector: bool) -> None:
+async def outbox_drain(dsn: str, batch: int, loops: int, *, kind: str) -> None:
     settings = Settings(dsn=dsn, batch_size=batch)
     pool = await open_pool(settings, max_size=loops + 1)
     try:
-        app = outbox_app(settings, batch=batch_projector)
+        app = outbox_app(settings, kind=kind)
         counts = await drain_now(app, pool, concurrency=loops)
         assert counts.failed == counts.dead == 0, counts
     finally:
@@ -159,8 +160,8 @@ async def main(campaigns: int, events: int, pgq_events: int, skip_pgqueuer: bool
         for batch in BATCHES:
             await case(f"raw batch={batch}", raw_drain(dsn, batch))
             for loops in LOOPS:
-                for kind in ("batch", "per-event"):
-                    run = outbox_drain(dsn, batch, loops, batch_projector=kind == "batch")
+                for kind in KINDS:
+                    run = outbox_drain(dsn, batch, loops, kind=kind)
                     await case(f"outbox {kind} batch={batch} loops={loops}", run)
         rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         await conn.close()
@@ -176,7 +177,7 @@ async def main(campaigns: int, events: int, pgq_events: int, skip_pgqueuer: bool
     ratios: dict[str, float] = {}
     for batch in BATCHES:
         ceiling = results[f"raw batch={batch}"]
-        for kind in ("batch", "per-event"):
+        for kind in KINDS:
             best = max(results[f"outbox {kind} batch={batch} loops={n}"] for n in LOOPS)
             ratios[f"{kind}_vs_raw_batch{batch}"] = best / ceiling
             print(f"  outbox {kind:<9} batch={batch:<3} / raw      {best / ceiling:5.2f}x")

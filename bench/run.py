@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""`make bench`: run every benchmark script in bench/ and let each print its figures."""
+"""`make bench`: run every benchmark script in bench/ and let each print its figures (the
+profiling tool `profile_drain.py` is run by hand, under py-spy)."""
 
 from __future__ import annotations
 
@@ -8,11 +9,13 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+# Tools, not benchmarks: they print no figure against a baseline.
+TOOLS = {"run.py", "profile_drain.py"}
 
 if __name__ == "__main__":
     failed = 0
     for script in sorted(HERE.glob("*.py")):
-        if script.name == "run.py" or script.name.startswith("_"):
+        if script.name in TOOLS or script.name.startswith("_"):
             continue
         print(f"== {script.name}", flush=True)
         failed |= subprocess.run(

@@ -7,11 +7,13 @@ Cases, each a worker with one connection and `outbox.Worker.run_once()` per batc
   (the path of a single event's commit -> visible);
 - backlog, batch 1 / 10 / 100: 1,000 campaigns of 100 events, so each batch applies `batch`
   events of one or a few campaigns.
-Each with the batch projector (one statement per batch) and the per-event projector (one per
-event). asyncpg's query logger sees every statement the worker sends on the pool the worker
-process opens (`open_pool`). A first batch (statements prepared) is not counted. Prints a
-table, the statement sequence of one trickle batch, and one JSON line. The figure the apply
-path is judged by: statements per batch, and per event.
+Each with the batch projector (one statement per batch), the per-event projector (one per
+event) and the statement projector (the per-event statement for the whole batch in one
+pipelined `executemany`: one round trip, logged once). asyncpg's query logger sees every
+statement the worker sends on the pool the worker process opens (`open_pool`). A first batch
+(statements prepared) is not counted. Prints a table, the statement sequence of one trickle
+batch, and one JSON line. The figure the apply path is judged by: statements per batch, and per
+event.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import asyncio
 from collections import Counter
 
 import asyncpg
-from _apps import outbox_app
+from _apps import KINDS, outbox_app
 from _support import bench_database, load_backlog, print_json
 
 from outbox import Settings
@@ -42,7 +44,7 @@ def label(query: str) -> str:
 
 
 async def count(
-    dsn: str, campaigns: int, events: int, batch: int, *, batch_projector: bool, batches: int
+    dsn: str, campaigns: int, events: int, batch: int, *, kind: str, batches: int
 ) -> tuple[float, float, list[str]]:
     """(statements per batch, events per batch, the statements of the last batch)."""
     admin = await asyncpg.connect(dsn)
@@ -56,7 +58,7 @@ async def count(
         seen: list[str] = []
         async with pool.acquire() as conn:
             conn.add_query_logger(lambda record: seen.append(label(record.query)))
-        worker = Worker(outbox_app(settings, batch=batch_projector), pool)
+        worker = Worker(outbox_app(settings, kind=kind), pool)
         await worker.run_once()  # prepares the statements
         seen.clear()
         applied = 0
@@ -77,14 +79,9 @@ async def main(batches: int) -> None:
     async with bench_database() as dsn:
         print(f"statements per batch (each one round trip), {batches} batches per case")
         for name, campaigns, events, batch in CASES:
-            for projector in ("batch", "per-event"):
+            for projector in KINDS:
                 per_batch, per_events, last = await count(
-                    dsn,
-                    campaigns,
-                    events,
-                    batch,
-                    batch_projector=projector == "batch",
-                    batches=batches,
+                    dsn, campaigns, events, batch, kind=projector, batches=batches
                 )
                 if name == "trickle" and projector == "batch":
                     sequence = last

@@ -1,22 +1,18 @@
 -- The exactly-once guards: checkpoints of ordered projectors, processed markers of idempotent
 -- ones, each read or written for a whole group of events in one statement. An ordered claim
--- locks the checkpoints in its own statement (it includes `locked_checkpoints`), and every
--- checkpoint move is written by the batch's settle (queue/settle.sql, `settle_batch`), so a
--- worker's batch pays no statement of its own for them.
+-- locks the checkpoints in its own call (`outbox_claim`), and every checkpoint move is
+-- written by the batch's settle (`outbox_settle`), so a worker's batch pays no statement of
+-- its own for them.
 
--- fragment: locked_checkpoints
+-- name: lock_checkpoints
 -- The checkpoints of the ordered projectors ($2) in the campaigns ($1), locked in a fixed
--- order until the transaction ends; a missing row means 0.
+-- order until the transaction ends; a missing row means 0. One statement per group: the
+-- verdicts (apply / duplicate / gap) of every event follow from these values and the seqs.
 SELECT k.campaign_id, k.projector, k.applied_seq
 FROM projection_checkpoints k
 WHERE k.campaign_id = ANY ($1::text[]) AND k.projector = ANY ($2::text[])
 ORDER BY k.campaign_id, k.projector
 FOR UPDATE
-
--- name: lock_checkpoints
--- One statement per group: the verdicts (apply / duplicate / gap) of every event follow from
--- these values and the seqs.
--- include: locked_checkpoints
 
 -- name: create_checkpoints
 -- Checkpoint rows at 0 for the pairs of campaigns ($1) and ordered projectors ($2) that have

@@ -2,11 +2,11 @@
 
 Under campaign ordering a claim locks due campaigns from the campaign queue (oldest due
 first, `SKIP LOCKED`), then reads each one's rows from its head with their events and the
-ordered projectors' checkpoints, locked. The campaign's holder owns its rows until it commits.
-Under ordering `none` it locks due rows directly. Operators' tools lock one row without waiting
-(`claim_one`); paths that must keep every applier out of a campaign hold its queue row
-(`hold_campaign`) or all its rows (`lock_campaign_rows`). Nothing here decides which rows to
-apply, or applies anything.
+ordered projectors' checkpoints, locked: one call of the server-side `outbox_claim`. The
+campaign's holder owns its rows until it commits. Under ordering `none` it locks due rows
+directly. Operators' tools lock one row without waiting (`claim_one`); paths that must keep
+every applier out of a campaign hold its queue row (`hold_campaign`) or all its rows
+(`lock_campaign_rows`). Nothing here decides which rows to apply, or applies anything.
 """
 
 from __future__ import annotations
@@ -37,8 +37,7 @@ __all__ = [
 
 
 class ClaimQueries(Queries):
-    claim_campaigns: str
-    load_campaigns: str
+    claim_batch: str
     claim_due_rows: str
     claim_one: str
     lock_heads: str
@@ -99,24 +98,15 @@ async def claim(
     projectors: Sequence[str] = (),
     now: datetime | None = None,
 ) -> list[ClaimedCampaign]:
-    """Lock up to `limit` rows: under campaign ordering, due campaigns (one statement), then
-    the rows from their heads (the campaign's rows are the holder's alone) and the checkpoints
-    of the ordered `projectors` (a second statement, whose snapshot sees every commit of the
-    campaigns' previous holders); else due rows, each locked, one pseudo-campaign per row's
-    campaign (no checkpoints read). Campaigns sorted by id, rows by seq. `campaigns`: how many
-    campaigns an ordered claim takes at most (default `limit`), the rows shared among them."""
+    """Lock up to `limit` rows: under campaign ordering, due campaigns and the rows from their
+    heads (the campaign's rows are the holder's alone) with the checkpoints of the ordered
+    `projectors`, in one call whose second statement sees every commit of the campaigns'
+    previous holders; else due rows, each locked, one pseudo-campaign per row's campaign (no
+    checkpoints read). Campaigns sorted by id, rows by seq. `campaigns`: how many campaigns an
+    ordered claim takes at most (default `limit`), the rows shared among them."""
     if ordered:
-        held = await conn.fetch(Q.claim_campaigns, min(campaigns or limit, limit), now)
-        if not held:
-            return []
-        per = -(-limit // len(held))  # the budget shared among them, rounded up
         records = await conn.fetch(
-            Q.load_campaigns,
-            [r["campaign_id"] for r in held],
-            list(projectors),
-            [r["head_seq"] for r in held],
-            per,
-            now,
+            Q.claim_batch, min(campaigns or limit, limit), limit, list(projectors), now
         )
     else:
         records = await conn.fetch(Q.claim_due_rows, limit, now)

@@ -1,8 +1,9 @@
 """The end of a batch, and the campaign queue kept in line with the work rows.
 
-`settle()` ends a batch in one statement: completed rows deleted, failures recorded (as the
-failure policy decided them), each held campaign's row rewritten (as the walk decided it), and
-the moved checkpoints written. It is the one statement that writes a checkpoint's value.
+`settle()` ends a batch in one call (the server-side `outbox_settle`): the append heads of
+campaigns the batch emptied held, completed rows deleted, failures recorded (as the failure
+policy decided them), each held campaign's row rewritten (as the walk decided it), and the
+moved checkpoints written. It is the one statement that writes a checkpoint's value.
 `refresh_campaigns()` brings campaign rows back in line for paths that change work rows without
 a claim (requeue, reconcile, replay, inline apply, lease ends). Nothing here decides a policy:
 what to delete, what delay, when dead or what a campaign row becomes all come in as arguments.
@@ -59,8 +60,9 @@ Q = SettleQueries
 class CampaignWrite:
     """What a campaign row becomes when a batch settles: its head, blocked flag and due time
     (None: the failure's next attempt when the head failed in this batch, else now); or, with
-    `gone` (nothing live is left up to `head_seq - 1` and the append head is held), deleted
-    unless a row at or past `head_seq` exists by then, in which case it is kept due now."""
+    `gone` (nothing live is left up to `head_seq - 1`), deleted if the settle holds the
+    campaign's append head and no row at or past `head_seq` exists by then; else kept due
+    now."""
 
     campaign_id: str
     head_seq: int
@@ -89,7 +91,7 @@ async def settle(
     notify_applied: bool = True,
 ) -> Settled:
     """Delete `done`, record `failures`, write `campaigns` and move `checkpoints` (campaign,
-    projector, applied_seq; sorted) in one statement; with `notify_applied` and rows deleted,
+    projector, applied_seq; sorted) in one call; with `notify_applied` and rows deleted,
     wake the readers waiting for their writes (inline apply needs not: its append has not
     returned yet)."""
     if not (done or failures or campaigns or checkpoints):

@@ -1,81 +1,23 @@
 -- The end of a batch and the campaign queue's upkeep: settle (deletes, failures, campaign rows,
--- checkpoint moves in one statement), refresh, unblock, wake-ups, shadow sightings.
+-- checkpoint moves in one call), refresh, unblock, wake-ups, shadow sightings.
 -- Instants come from the database: coalesce($now, clock_timestamp()).
 
 -- name: settle_batch
--- The end of a batch in one statement. Delete completed rows ($1, $2). Record failures from
--- arrays ($3..$8): attempts, status (failed or dead), the next attempt at now + delay, the
--- error. Write each campaign's row ($10..$14): delete it when the batch left it nothing live
--- (gone: its append head is held, and no row at or past head_seq, the first seq the batch did
--- not see, exists now), else set its head, blocked flag and due time (the failure's next
--- attempt when the head is a row this batch failed, else the given instant, else now). Move
--- the checkpoints of ordered projectors ($15..$17, sorted: a fixed lock order): the one
--- statement that writes a checkpoint's value (rebuilds reset and set theirs through it too).
--- With $18 and rows deleted, one payload-free NOTIFY on $19 (the applied channel: readers
--- waiting for their writes look again). Returns how many campaigns are left due now with a head
--- to take (head 0: waiting for an append in flight), so the worker claims again instead of
--- sleeping, and the seconds each deleted row waited since it was enqueued (for the
--- append-to-apply metric). $9 = now.
-WITH done AS (
-    DELETE FROM projection_apply_outbox o
-    USING unnest($1::text[], $2::bigint[]) AS d(campaign_id, seq)
-    WHERE o.campaign_id = d.campaign_id AND o.seq = d.seq
-    RETURNING extract(epoch FROM clock_timestamp() - o.enqueued_at)::double precision AS age
-), failed AS (
-    UPDATE projection_apply_outbox o
-    SET status = CASE WHEN f.dead THEN 'dead' ELSE 'failed' END,
-        attempt_count = f.attempts,
-        next_attempt_at = coalesce($9::timestamptz, clock_timestamp())
-            + make_interval(secs => f.delay),
-        last_error = f.error,
-        updated_at = clock_timestamp()
-    FROM unnest($3::text[], $4::bigint[], $5::integer[], $6::double precision[], $7::text[],
-                $8::boolean[]) AS f(campaign_id, seq, attempts, delay, error, dead)
-    WHERE o.campaign_id = f.campaign_id AND o.seq = f.seq
-    RETURNING o.campaign_id, o.seq, o.next_attempt_at
-), moved AS (
-    INSERT INTO projection_checkpoints AS k (campaign_id, projector, applied_seq)
-    SELECT m.campaign_id, m.projector, m.applied_seq
-    FROM unnest($15::text[], $16::text[], $17::bigint[]) AS m(campaign_id, projector, applied_seq)
-    ON CONFLICT (campaign_id, projector)
-    DO UPDATE SET applied_seq = excluded.applied_seq, updated_at = clock_timestamp()
-), target AS (
-    SELECT t.campaign_id, t.head_seq, t.due_at, t.blocked, t.gone
-    FROM unnest($10::text[], $11::bigint[], $12::timestamptz[], $13::boolean[], $14::boolean[])
-        AS t(campaign_id, head_seq, due_at, blocked, gone)
-), beyond AS (
-    -- Campaigns the batch saw to their end that have rows past what it saw after all: an
-    -- append committed before the heads were held (this statement's snapshot shows it).
-    SELECT t.campaign_id FROM target t
-    WHERE t.gone AND EXISTS (
-        SELECT 1 FROM projection_apply_outbox o
-        WHERE o.campaign_id = t.campaign_id AND o.seq >= t.head_seq
-    )
-), gone AS (
-    DELETE FROM projection_apply_campaigns c
-    USING target t
-    WHERE t.gone AND c.campaign_id = t.campaign_id
-      AND t.campaign_id NOT IN (SELECT campaign_id FROM beyond)
-), kept AS (
-    -- The batch holds these rows (its claim locked them): an update, no insert.
-    UPDATE projection_apply_campaigns c
-    SET head_seq = t.head_seq,
-        due_at = coalesce(f.next_attempt_at, t.due_at, $9::timestamptz, clock_timestamp()),
-        blocked = t.blocked,
-        updated_at = clock_timestamp()
-    FROM target t
-    LEFT JOIN failed f ON f.campaign_id = t.campaign_id AND f.seq = t.head_seq
-    WHERE c.campaign_id = t.campaign_id
-      AND (NOT t.gone OR t.campaign_id IN (SELECT campaign_id FROM beyond))
-    RETURNING c.head_seq, c.due_at, c.blocked
+-- The end of a batch in one call (`outbox_settle`, sql/0007_batch_functions.sql): the append
+-- heads of campaigns it left with nothing live held ($14 marks them), then, in a statement
+-- that sees every append committed before that: completed rows ($1, $2) deleted, failures
+-- ($3..$8) recorded, the campaign rows ($10..$14) and the moved checkpoints ($15..$17, sorted)
+-- written, and with $18 and rows deleted one NOTIFY on $19. Returns the campaigns left due now
+-- and each deleted row's seconds since it was enqueued. $9 = now.
+SELECT due, ages
+FROM outbox_settle(
+    $1::text[], $2::bigint[],
+    $3::text[], $4::bigint[], $5::integer[], $6::double precision[], $7::text[], $8::boolean[],
+    $9::timestamptz,
+    $10::text[], $11::bigint[], $12::timestamptz[], $13::boolean[], $14::boolean[],
+    $15::text[], $16::text[], $17::bigint[],
+    $18::boolean, $19::text
 )
-SELECT (
-    SELECT count(*) FROM kept
-    WHERE head_seq > 0 AND NOT blocked AND due_at <= coalesce($9::timestamptz, clock_timestamp())
-) AS due,
-(SELECT array_agg(age) FROM done) AS ages,
-(SELECT count(pg_notify($19::text, '')) FROM (SELECT 1 FROM done LIMIT 1) d WHERE $18::boolean)
-    AS notified
 
 -- name: refresh_campaigns
 -- Campaign rows ($1) brought in line with their work rows, for paths that change rows without

@@ -1,6 +1,7 @@
 """The apply worker: claims due work, applies it with the app's projectors, settles it.
 
-- `batch`: one batch in one transaction (`Worker.run_once`), and the shadow worker;
+- `batch`: one batch in one transaction (`Worker.run_once`);
+- `shadow`: the shadow worker (claims and sights, applies nothing);
 - `walk`: which claimed rows a batch takes, and what it leaves in the campaign queue;
 - `lease`: lease mode, for projectors that cannot share the queue's transaction;
 - `service`: the long-running loops, LISTEN wake-ups, heartbeat, metrics, shutdown;

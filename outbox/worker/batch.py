@@ -1,12 +1,16 @@
 """The apply worker's batch: claim, apply the batch as one group, isolate failures, settle.
 
 `Worker.run_once()` is one batch in one transaction and returns its counts; `drain()` repeats
-it until nothing is due. A batch that meets a transient database error (a lost connection
-included) is rolled back whole: no row changes and no attempt is consumed, and the connection
-it ran on is discarded. The worker never decides what a projector does; it dispatches
-(`outbox.projection.guards`), walks the claim (`walk`), asks the failure policy
-(`outbox.retry`) what a failure costs, and runs the queue's statements (`outbox.queue`). The
-long-running service around it (loops, LISTEN, signals, heartbeat) lives in `service`.
+it until nothing is due. The happy path is five round trips whatever the batch's size: BEGIN,
+the claim (one call), the projectors, the settle (one call), COMMIT. A group runs without a
+savepoint; when one fails, the batch is rolled back and claimed again with a savepoint per
+group, so the failing event records its attempt and its neighbours apply (S6). A batch that
+meets a transient database error (a lost connection included) is rolled back whole: no row
+changes and no attempt is consumed, and the connection it ran on is discarded. The worker never
+decides what a projector does; it dispatches (`outbox.projection.guards`), walks the claim
+(`walk`), asks the failure policy (`outbox.retry`) what a failure costs, and runs the queue's
+statements (`outbox.queue`). The long-running service around it (loops, LISTEN, signals,
+heartbeat) lives in `service`.
 """
 
 from __future__ import annotations
@@ -24,10 +28,10 @@ from outbox.model import BatchCounts, Failure, Key
 from outbox.obs import log
 from outbox.obs.metrics import Metrics
 from outbox.projection.app import Outbox
-from outbox.projection.guards import ApplyOutcome, Dispatch, GroupFailed, applied_events
+from outbox.projection.guards import ApplyOutcome, Dispatch, GroupFailed
 from outbox.queue.claim import ClaimedCampaign, ClaimedRow, claim
 from outbox.queue.lease import Lease, lease_rows
-from outbox.queue.settle import record_observations, settle
+from outbox.queue.settle import settle
 from outbox.retry import ErrorClass, FailurePolicy, classify, describe_error, log_failure
 from outbox.worker.lease import LeaseRunner, choose_leases
 from outbox.worker.registration import new_worker_id
@@ -36,7 +40,7 @@ from outbox.worker.walk import campaign_writes, walk
 if TYPE_CHECKING:
     from outbox.db import Connection, Pool
 
-__all__ = ["ShadowWorker", "Worker"]
+__all__ = ["Worker"]
 
 _logger = log.get_logger("outbox.worker")
 
@@ -71,6 +75,23 @@ def _transient_cause(exc: BaseException) -> TransientBatchError | None:
     if found is not None and lost:
         found.connection_lost = True
     return found
+
+
+def _raise_transient(failed: GroupFailed, *, closed: bool) -> None:
+    """A transient cause (also one inside a projector's task group) or a connection that died
+    under the projector is the batch's failure, not the event's: raised as
+    TransientBatchError."""
+    causes = _leaves(failed.cause)
+    if closed or any(classify(c) is ErrorClass.TRANSIENT for c in causes):
+        lost = closed or any(db.connection_lost(c) for c in causes)
+        raise TransientBatchError(
+            describe_error(failed.cause), connection_lost=lost
+        ) from failed.cause
+
+
+class _Isolate(Exception):
+    """A batch applied without savepoints met a failing event: roll it back and run it again
+    with a savepoint per group, which isolates the event."""
 
 
 def _leaves(exc: BaseException) -> list[BaseException]:
@@ -120,7 +141,12 @@ class Worker:
         """
         after = AfterCommit()
         try:
-            counts = await self._batch(after)
+            try:
+                counts = await self._batch(after, careful=False)
+            except _Isolate as isolate:
+                _logger.debug("batch.isolate", extra={"error": str(isolate)})
+                after = AfterCommit()
+                counts = await self._batch(after, careful=True)
         except Exception as exc:
             transient = _transient_cause(exc)
             if transient is None:
@@ -141,8 +167,9 @@ class Worker:
             await runner.run(after.leases, counts)
         return counts
 
-    async def _batch(self, after: AfterCommit) -> BatchCounts:
-        """One transaction: claim, hand the campaigns to `_handle`, commit."""
+    async def _batch(self, after: AfterCommit, *, careful: bool) -> BatchCounts:
+        """One transaction: claim, hand the campaigns to `_handle`, commit. `careful`: a
+        savepoint around each group, so a failing event can be rolled back alone."""
         now = self.now()
         session = self.app.settings.worker_session()
         async with db.acquire(self.pool, session=session) as conn, conn.transaction():
@@ -155,7 +182,7 @@ class Worker:
                 now=now,
             )
             self._observe(campaigns)
-            return await self._handle(conn, campaigns, now, after)
+            return await self._handle(conn, campaigns, now, after, careful=careful)
 
     def _campaigns_to_claim(self) -> int:
         """How many campaigns an ordered claim takes: as many as fill a batch at the depth
@@ -186,13 +213,15 @@ class Worker:
         campaigns: list[ClaimedCampaign],
         now: datetime | None,
         after: AfterCommit,
+        *,
+        careful: bool = False,
     ) -> BatchCounts:
-        """Apply the walked rows as one group in one savepoint; on a failure, roll the group
-        back and retry smaller pieces, so only the failing event records an attempt and its
-        neighbours still apply (S6). Rows of events with a non-transactional projector end
-        their campaign's walk and are leased (`after.leases`, run after the commit). Then
-        settle: delete successes, record failures and write the campaign rows, in one
-        statement."""
+        """Apply the walked rows as one group (`careful`: in a savepoint; on a failure, roll
+        the group back and retry smaller pieces, so only the failing event records an attempt
+        and its neighbours still apply, S6; else a failure raises `_Isolate`).
+        Rows of events with a non-transactional projector end their campaign's walk and are
+        leased (`after.leases`, run after the commit). Then settle: delete successes, record
+        failures and write the campaign rows, in one call."""
         leased_types = self.app.registry.leased_types()
         work = walk(
             campaigns,
@@ -218,7 +247,7 @@ class Worker:
                 )
             else:
                 await dispatch.load(sorted({r.campaign_id for r in work}))
-            await self._apply(dispatch, work, done, failures, counts)
+            await self._apply(dispatch, work, done, failures, counts, careful=careful)
             after.tally, after.durations = dispatch.tally, dispatch.durations
             after.unsubscribed = dispatch.skipped_types
         if to_lease:
@@ -253,6 +282,8 @@ class Worker:
         done: list[Key],
         failures: list[Failure],
         counts: BatchCounts,
+        *,
+        careful: bool,
     ) -> None:
         pending: deque[list[ClaimedRow]] = deque([work])
         while pending:
@@ -266,12 +297,15 @@ class Worker:
                 failures.append(self._failed(group[bad], group[bad].unavailable, counts))
                 pending.extendleft([group[bad + 1 :], group[:bad]])
                 continue
-            await dispatch.open_group()
+            if careful:
+                await dispatch.open_group()
             try:
                 outcomes = await dispatch.apply([r.stored_event() for r in group])
             except GroupFailed as failed:
-                closed = dispatch.conn.is_closed()
-                pieces = self._split(group, failed, failures, counts, closed=closed)
+                _raise_transient(failed, closed=dispatch.conn.is_closed())
+                if not careful:
+                    raise _Isolate(failed.describe()) from failed.cause
+                pieces = self._split(group, failed, failures, counts)
                 await dispatch.undo_group()
                 pending.extendleft(reversed(pieces))
                 continue
@@ -307,19 +341,9 @@ class Worker:
         failed: GroupFailed,
         failures: list[Failure],
         counts: BatchCounts,
-        *,
-        closed: bool = False,
     ) -> list[list[ClaimedRow]]:
         """The pieces to retry after `group` failed: around the failing event when it is
-        known (which records its failure), else the two halves. A transient cause (also one
-        inside a projector's task group) or a connection that died under the projector is the
-        batch's failure, not the event's: raised as TransientBatchError."""
-        causes = _leaves(failed.cause)
-        if closed or any(classify(c) is ErrorClass.TRANSIENT for c in causes):
-            lost = closed or any(db.connection_lost(c) for c in causes)
-            raise TransientBatchError(
-                describe_error(failed.cause), connection_lost=lost
-            ) from failed.cause
+        known (which records its failure), else the two halves."""
         if failed.index is None and len(group) > 1:
             half = len(group) // 2
             return [group[:half], group[half:]]
@@ -352,35 +376,3 @@ class Worker:
             total.add(counts)
             if counts.claimed == 0 and counts.more_due == 0:
                 return total
-
-
-class ShadowWorker(Worker):
-    """The shadow worker: claims due rows like the apply worker and loads their events,
-    but runs no projector. It records a sighting (count, first and last seen) and looks again a
-    poll interval later; it never consumes an attempt and never makes a row dead. Rows whose
-    event already counts as applied (inline, checkpoint, marker, or an ignored type) are
-    completed, so the queue stays bounded."""
-
-    def _claim_ordered(self) -> bool:
-        return False  # every due row, in any order: nothing is applied
-
-    async def _handle(
-        self,
-        conn: Connection,
-        campaigns: list[ClaimedCampaign],
-        now: datetime | None,
-        after: AfterCommit,
-    ) -> BatchCounts:
-        # The campaign rows are left as they are: earlier than the truth, which the apply
-        # worker's next claim of them corrects.
-        rows = [r for c in campaigns for r in c.rows]
-        events = [(r.campaign_id, r.seq, r.event.type) for r in rows if r.event is not None]
-        done = await applied_events(
-            conn, self.app.registry, events, unsubscribed=self.app.settings.unsubscribed
-        )
-        seen = [r.key for r in rows if r.key not in done]
-        await settle(conn, done=sorted(done))
-        await record_observations(
-            conn, seen, look_again_in=self.app.settings.poll_interval, now=now
-        )
-        return BatchCounts(claimed=len(rows), skipped=len(done), observed=len(seen))

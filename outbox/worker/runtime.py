@@ -31,9 +31,10 @@ from outbox import db
 from outbox.config import Settings, resolve_worker_mode
 from outbox.model import BatchCounts, WorkerMode
 from outbox.schema import check_current
-from outbox.worker.batch import ShadowWorker, Worker
+from outbox.worker.batch import Worker
 from outbox.worker.registration import new_worker_id
 from outbox.worker.service import Service
+from outbox.worker.shadow import ShadowWorker
 
 if TYPE_CHECKING:
     from outbox.db import Pool

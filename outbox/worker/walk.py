@@ -5,7 +5,8 @@ campaign queue.
 seq order, stopping where ordering says so): a pure function. `campaign_writes()` turns what
 the batch saw and did into each campaign row's new state for the settle
 (`outbox.queue.settle`). Neither applies anything nor writes work rows; only `campaign_writes`
-runs statements (the append-head lock, and a refresh of campaign rows found behind the truth).
+runs statements, and only for campaign rows found behind the truth (a refresh under the
+append-head lock): a batch's happy path runs none here.
 """
 
 from __future__ import annotations
@@ -65,8 +66,9 @@ async def campaign_writes(
     """What each held campaign's row becomes, from what the batch saw and did: its first
     remaining live row is the new head (blocked under `block` when a dead row precedes it);
     past the rows it saw, the next row is due now. A campaign left with nothing live is
-    deleted, under its append head's lock (`lock_heads`); one whose head lies before
-    what the claim read (a campaign row behind the truth) is read back from the work rows.
+    marked `gone`: the settle deletes it under its append head's lock; one whose head lies
+    before what the claim read (a campaign row behind the truth) is read back from the work
+    rows here.
     A head the batch leased is due when its lease expires (`leased`). Only for ordering
     `campaign`: under `none` the claim reads the work rows directly."""
     leased = leased or {}
@@ -100,11 +102,10 @@ async def campaign_writes(
             writes.append(CampaignWrite(cid, rows[-1].seq + 1, None, blocked))
         else:
             empty[cid] = (rows[-1].seq + 1 if rows else 0, blocked)
-    if not (empty or unknown):
-        return writes
-    held = await lock_heads(conn, [*empty, *unknown])
     for cid, (after, blocked) in empty.items():
-        # Deleted only if nothing at or past `after` exists by then (the settle checks).
-        writes.append(CampaignWrite(cid, after, None, blocked, gone=cid in held))
-    await refresh_campaigns(conn, unknown, park=park, removable=held)
+        # Deleted by the settle if it holds the append head and nothing at or past `after`
+        # exists by then.
+        writes.append(CampaignWrite(cid, after, None, blocked, gone=True))
+    if unknown:
+        await refresh_campaigns(conn, unknown, park=park, removable=await lock_heads(conn, unknown))
     return writes

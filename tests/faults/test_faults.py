@@ -58,14 +58,14 @@ async def finish(
 
 
 # Where in a batch a worker's backend is, by what pg_stat_activity shows of it.
+# The settle: heads, deletes, failures, checkpoints and campaign rows in one call.
+SETTLE = "query LIKE 'SELECT due, ages%'"
 PHASES = {
-    "claim": "state = 'active' AND (query LIKE 'SELECT c.campaign_id, c.head_seq%' "
-    "OR query LIKE 'WITH picked%')",
+    "claim": "state = 'active' AND query LIKE 'SELECT * FROM outbox_claim%'",
     "apply": "state = 'active' AND query LIKE 'INSERT INTO fault_applied%'",
-    "in_transaction": "state = 'idle in transaction' AND query NOT LIKE 'WITH done%'",
-    # The settle: deletes, failures, checkpoints and campaign rows in one statement.
-    "delete": "state = 'active' AND query LIKE 'WITH done%'",
-    "before_commit": "(state = 'idle in transaction' AND query LIKE 'WITH done%') "
+    "in_transaction": f"state = 'idle in transaction' AND NOT {SETTLE}",
+    "delete": f"state = 'active' AND {SETTLE}",
+    "before_commit": f"(state = 'idle in transaction' AND {SETTLE}) "
     "OR (state = 'active' AND query = 'COMMIT')",
     "idle_in_pool": "state = 'idle'",
 }

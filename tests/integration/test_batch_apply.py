@@ -17,6 +17,7 @@ from outbox.errors import CheckpointGap
 from outbox.model import StoredEvent
 from outbox.projection.app import Outbox
 from outbox.worker.batch import Worker
+from outbox.worker.runtime import open_pool
 
 TOTALS = """
 CREATE TABLE totals (campaign_id text PRIMARY KEY, n bigint NOT NULL, last_seq bigint NOT NULL);
@@ -181,3 +182,73 @@ async def test_one_failing_event_in_100_records_one_attempt_and_the_rest_apply_i
         seqs = [s for cid, s in applied if cid == f"c{c}"]
         assert seqs == sorted(seqs)
         assert seqs == (list(range(1, poison_seq)) if c == 3 else list(range(1, 11)))
+
+
+async def test_a_batch_that_applies_is_five_round_trips_without_a_savepoint(
+    pool: db.Pool, dsn: str
+) -> None:
+    """BEGIN, the claim, the projector, the settle, COMMIT: the claim's load and the head lock
+    of a campaign the batch empties travel inside the claim's and the settle's calls."""
+    await pool.execute(TOTALS)
+    settings = Settings(dsn=dsn, batch_size=100)
+    app = batch_app(settings, ordered=True, idempotent=False)
+    own = await open_pool(settings, max_size=1)  # the worker's one connection, logged
+    try:
+        sent: list[str] = []
+        async with own.acquire() as conn:
+            conn.add_query_logger(lambda record: sent.append(record.query.split()[0].strip(";")))
+        worker = Worker(app, own)
+        await appended(pool, settings, campaigns=3, per=5)
+        await worker.run_once()  # the driver prepares the statements (and looks types up)
+        await pool.execute("TRUNCATE totals")
+        expected = await appended(pool, settings, campaigns=3, per=5)
+        sent.clear()
+        counts = await worker.run_once()
+    finally:
+        await own.close()
+    assert counts.applied == 15
+    assert await totals(pool) == expected
+    assert await pool.fetchval("SELECT count(*) FROM projection_apply_campaigns") == 0
+    # The projector's own two statements between the claim and the settle.
+    assert sent == ["BEGIN", "SELECT", "INSERT", "INSERT", "SELECT", "COMMIT"], sent
+
+
+async def test_a_statement_projector_pipelines_and_isolates_a_failing_event(
+    pool: db.Pool, dsn: str
+) -> None:
+    """`app.statement`: one statement per event, sent together; a statement that fails is
+    isolated by halving the batch, so only its event records an attempt (S6)."""
+    await pool.execute(
+        "CREATE TABLE sums (campaign_id text PRIMARY KEY, n bigint NOT NULL CHECK (n < 1000))"
+    )
+    settings = Settings(dsn=dsn, batch_size=100)
+    app = Outbox(settings)
+
+    @app.statement(
+        "sums",
+        events=["add"],
+        sql="INSERT INTO sums VALUES ($1, $2) "
+        "ON CONFLICT (campaign_id) DO UPDATE SET n = sums.n + excluded.n",
+    )
+    def sums(event: StoredEvent) -> tuple[str, int] | None:
+        return None if event.payload["n"] == 0 else (event.campaign_id, event.payload["n"])
+
+    expected: Counter[str] = Counter()
+    for c in range(10):
+        values = [0 if s == 2 else (5000 if (c, s) == (4, 7) else c + s) for s in range(1, 11)]
+        await append(pool, f"c{c}", [Event("add", {"n": v}) for v in values], settings=settings)
+        # c4 stops at its failing seq 7 (ordering): 1..6 apply, 7 fails, 8..10 wait.
+        expected[f"c{c}"] = sum(values[:6] if c == 4 else values)
+    counts = await Worker(app, pool).run_once()
+    assert (counts.claimed, counts.applied, counts.failed) == (100, 96, 1)
+    rows = await pool.fetch("SELECT campaign_id, n FROM sums")
+    assert Counter({r["campaign_id"]: r["n"] for r in rows}) == expected
+    left = await pool.fetch(
+        "SELECT seq, status, attempt_count FROM projection_apply_outbox ORDER BY seq"
+    )
+    assert [(r["seq"], r["status"], r["attempt_count"]) for r in left] == [
+        (7, "failed", 1),
+        (8, "pending", 0),
+        (9, "pending", 0),
+        (10, "pending", 0),
+    ]

@@ -12,8 +12,9 @@ from outbox.examples import campaigns as c
 from outbox.examples.app import build_app, install
 from outbox.model import BatchCounts
 from outbox.obs.metrics import Metrics
-from outbox.worker.batch import ShadowWorker, Worker
+from outbox.worker.batch import Worker
 from outbox.worker.service import Service, refresh_gauges
+from outbox.worker.shadow import ShadowWorker
 
 
 async def test_service_metrics_count_outcomes_and_serve_them(

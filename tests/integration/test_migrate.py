@@ -212,7 +212,7 @@ async def test_keys_from_before_the_append_function_still_match_their_retry(
             "('acct', 'req-1', 1, 1, clock_timestamp() + interval '1 hour', "
             "sha256('the old client''s encoding'))"
         )
-        assert await migrate(conn, shipped) == ["0006_append_function.sql"]
+        assert (await migrate(conn, shipped))[0] == "0006_append_function.sql"
         again = await outbox.append(
             conn, "acct", [Event("deposited", {"amount": 5})], idempotency_key="req-1"
         )

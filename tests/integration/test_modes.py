@@ -18,9 +18,10 @@ from outbox.examples import campaigns as c
 from outbox.examples.app import build_app, install
 from outbox.model import StoredEvent
 from outbox.projection.guards import apply_event
-from outbox.worker.batch import ShadowWorker, Worker
+from outbox.worker.batch import Worker
 from outbox.worker.registration import live_workers
 from outbox.worker.service import Service
+from outbox.worker.shadow import ShadowWorker
 
 DOC = (ROOT / "docs" / "configuration.md").read_text()
 ROW = re.compile(r"^\| (true|false) \| (true|false) \| (true|false) \| (\S+) \| (.+) \|$", re.M)

@@ -36,13 +36,10 @@ def test_fragments_are_written_once_and_expanded_where_included() -> None:
     assert sorted(defined) == sorted(set(defined))
     for owner, name, sql in all_queries():
         assert "-- include:" not in sql, f"{owner}.{name} was not expanded"
-    # The claimed-row columns and the checkpoint lock appear in every statement that needs them.
+    # The claimed-row columns appear in every statement that needs them.
     loaded = {name: sql for _, name, sql in all_queries()}
-    for name in ("load_campaigns", "claim_due_rows", "claim_one"):
+    for name in ("claim_due_rows", "claim_one"):
         assert "j.payload::text AS payload" in loaded[name]
-    for name in ("load_campaigns", "lock_checkpoints"):
-        assert "FROM projection_checkpoints k" in loaded[name]
-        assert "FOR UPDATE" in loaded[name]
 
 
 def test_parse_queries_splits_names_descriptions_and_sql() -> None:
