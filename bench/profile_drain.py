@@ -5,10 +5,10 @@ Usage: py-spy record --format raw -r 200 -o drain.folded -- python bench/profile
            [--kind batch|per-event|statement] [--batch 100] [--loops 1] [--events 100000]
 Drains the drain bench's backlog (1,000 campaigns) with one kind of projector and prints
 events/s; no baseline runs beside it, so the rate is not a figure to quote (bench/drain.py's
-ratios are). `python bench/profile_drain.py --fold drain.folded [--events N]` then prints where the worker's
-own Python spent its samples: the share of samples by the innermost frame's module (outbox,
-asyncpg, orjson, the event loop); py-spy samples only while the process runs Python, so time
-spent waiting on the server is not in them.
+ratios are). `python bench/profile_drain.py --fold drain.folded [--events N]` then prints where
+the worker's own Python spent its samples: the share of samples by the innermost frame's module
+(outbox, asyncpg, orjson, the event loop); py-spy samples only while the process runs Python,
+so time spent waiting on the server is not in them.
 """
 
 from __future__ import annotations
@@ -77,7 +77,8 @@ def fold(path: Path, events: int, rate: int) -> None:
         shares[where(stack.split(";")[-1])] += n
     for name, n in shares.most_common(12):
         print(f"  {n / total:6.1%}  {name}")
-    print(f"  {total:,} samples in the worker's batches: {total / rate / events * 1e6:.1f} us per event")
+    per_event = total / rate / events * 1e6
+    print(f"  {total:,} samples in the worker's batches: {per_event:.1f} us per event")
 
 
 if __name__ == "__main__":
