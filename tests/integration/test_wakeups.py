@@ -82,6 +82,40 @@ async def test_a_notify_wakes_an_idle_loop(pool: db.Pool, dsn: str) -> None:
 
 
 @pytest.mark.usefixtures("applied_table")
+async def test_an_idle_loop_takes_new_work_while_the_other_is_busy(
+    pool: db.Pool, dsn: str
+) -> None:
+    """Two loops: one is held inside a projector (its batch open); a NOTIFY wakes the idle one,
+    which applies the new campaign at once, not after the busy batch."""
+    settings = Settings(dsn=dsn, poll_interval=HOUR)
+    app = Outbox(settings)
+    entered, release = anyio.Event(), anyio.Event()
+
+    @app.projector("recorder", events=["tick"], batch=True)
+    async def recorder(tx: db.Connection, events: Sequence[StoredEvent]) -> None:
+        if any(e.campaign_id == "busy" for e in events):
+            entered.set()
+            await release.wait()
+        await tx.execute(
+            "INSERT INTO applied (campaign_id, seq) SELECT * FROM unnest($1::text[], $2::bigint[])",
+            [e.campaign_id for e in events],
+            [e.seq for e in events],
+        )
+
+    async with serving(Service(Worker(app, pool), dsn, concurrency=2)) as service:
+        with anyio.fail_after(30):
+            await service.wait_listening()
+            await append(pool, "busy", ticks(1), settings=settings)
+            await entered.wait()
+            await append(pool, "new", ticks(1), settings=settings)
+        await until_applied(service, 1)
+        assert await applied(pool) == [("new", 1)]  # while the busy batch is still open
+        release.set()
+        await until_applied(service, 2)
+    assert await applied(pool) == [("new", 1), ("busy", 1)]
+
+
+@pytest.mark.usefixtures("applied_table")
 async def test_without_notifications_the_poll_finds_the_work(pool: db.Pool, dsn: str) -> None:
     settings = Settings(dsn=dsn, poll_interval=0.05)
     service = Service(Worker(recording_app(settings), pool), dsn, notifications=False)
