@@ -82,9 +82,7 @@ async def test_a_notify_wakes_an_idle_loop(pool: db.Pool, dsn: str) -> None:
 
 
 @pytest.mark.usefixtures("applied_table")
-async def test_an_idle_loop_takes_new_work_while_the_other_is_busy(
-    pool: db.Pool, dsn: str
-) -> None:
+async def test_an_idle_loop_takes_new_work_while_the_other_is_busy(pool: db.Pool, dsn: str) -> None:
     """Two loops: one is held inside a projector (its batch open); a NOTIFY wakes the idle one,
     which applies the new campaign at once, not after the busy batch."""
     settings = Settings(dsn=dsn, poll_interval=HOUR)
