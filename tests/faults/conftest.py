@@ -62,5 +62,7 @@ async def witness_table(pool: db.Pool) -> None:
 
 
 @pytest.fixture
-def fleet(dsn: str, tmp_path: Path) -> Fleet:
-    return Fleet(dsn, tmp_path)
+def fleet(dsn: str, tmp_path: Path) -> Iterator[Fleet]:
+    fleet = Fleet(dsn, tmp_path)
+    yield fleet
+    fleet.kill_all()  # a scenario that failed midway stopped none of its workers

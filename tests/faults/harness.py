@@ -76,6 +76,14 @@ class Fleet:
         proc.kill()
         proc.wait()
 
+    def kill_all(self) -> None:
+        """Kill whatever still runs: a scenario that failed before `stop()` leaves none behind."""
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        self.procs.clear()
+
     def signal(self, name: str, signum: signal.Signals) -> None:
         self.procs[name].send_signal(signum)
 
