@@ -111,10 +111,11 @@ class Outbox:
         the group without saying which event: the worker retries the halves until the event is
         alone (S6), as for a batch projector.
         """
-        if isinstance(events, str):
-            raise ConfigError(f"projector {name!r}: events must be a list of types, not a string")
         if not sql.strip():
             raise ConfigError(f"projector {name!r}: sql is empty")
+        as_batch = self.projector(
+            name, events=events, ordered=ordered, idempotent=idempotent, reset=reset, batch=True
+        )
 
         def register(fn: A) -> A:
             async def run(tx: db.Connection, batch: Sequence[StoredEvent]) -> None:
@@ -122,10 +123,7 @@ class Outbox:
                 if rows:
                     await tx.executemany(sql, rows)
 
-            guarded = True if ordered is None else ordered
-            self.registry.add(
-                Projector(name, frozenset(events), run, guarded, idempotent, reset, batch=True)
-            )
+            as_batch(run)
             return fn
 
         return register

@@ -15,7 +15,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 from outbox.model import Failure, Key
-from outbox.queue.claim import ClaimedCampaign, ClaimedRow, lock_heads
+from outbox.queue.claim import ClaimedCampaign, ClaimedRow
 from outbox.queue.settle import CampaignWrite, refresh_campaigns
 
 if TYPE_CHECKING:
@@ -74,7 +74,6 @@ async def campaign_writes(
     leased = leased or {}
     failed = {(f.campaign_id, f.seq): f for f in failures}
     writes: list[CampaignWrite] = []
-    empty: dict[str, tuple[int, bool]] = {}  # campaign -> (first seq not seen, blocked)
     unknown: list[str] = []
     for campaign in campaigns:
         cid, rows = campaign.campaign_id, campaign.rows
@@ -100,12 +99,9 @@ async def campaign_writes(
             writes.append(CampaignWrite(cid, head.seq, due_at, blocked))
         elif rows and campaign.last_seq is not None and campaign.last_seq > rows[-1].seq:
             writes.append(CampaignWrite(cid, rows[-1].seq + 1, None, blocked))
-        else:
-            empty[cid] = (rows[-1].seq + 1 if rows else 0, blocked)
-    for cid, (after, blocked) in empty.items():
-        # Deleted by the settle if it holds the append head and nothing at or past `after`
-        # exists by then.
-        writes.append(CampaignWrite(cid, after, None, blocked, gone=True))
-    if unknown:
-        await refresh_campaigns(conn, unknown, park=park, removable=await lock_heads(conn, unknown))
+        else:  # nothing live: deleted by the settle if it holds the append head and nothing
+            # at or past the first seq not seen exists by then
+            after = rows[-1].seq + 1 if rows else 0
+            writes.append(CampaignWrite(cid, after, None, blocked, gone=True))
+    await refresh_campaigns(conn, unknown, park=park)  # it holds their append heads itself
     return writes
