@@ -8,11 +8,17 @@
 -- The checkpoints of the ordered projectors ($2) in the campaigns ($1), locked in a fixed
 -- order until the transaction ends; a missing row means 0. One statement per group: the
 -- verdicts (apply / duplicate / gap) of every event follow from these values and the seqs.
-SELECT k.campaign_id, k.projector, k.applied_seq
-FROM projection_checkpoints k
-WHERE k.campaign_id = ANY ($1::text[]) AND k.projector = ANY ($2::text[])
-ORDER BY k.campaign_id, k.projector
-FOR UPDATE
+-- A probe per campaign through the primary key, whatever the statistics say (an index on the
+-- projector would read every campaign's checkpoint).
+SELECT t.campaign_id, k.projector, k.applied_seq
+FROM (SELECT DISTINCT u.c FROM unnest($1::text[]) AS u(c) ORDER BY u.c) AS t(campaign_id)
+CROSS JOIN LATERAL (
+    SELECT k.projector, k.applied_seq
+    FROM projection_checkpoints k
+    WHERE k.campaign_id = t.campaign_id AND k.projector = ANY ($2::text[])
+    ORDER BY k.projector
+    FOR UPDATE
+) k
 
 -- name: create_checkpoints
 -- Checkpoint rows at 0 for the pairs of campaigns ($1) and ordered projectors ($2) that have

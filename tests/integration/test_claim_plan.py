@@ -23,6 +23,7 @@ import pytest
 
 from helpers import queue_campaigns
 from outbox import db
+from outbox.queue import settle as settle_queries
 from outbox.queue.claim import Q
 from outbox.queue.settle import refresh_campaigns
 
@@ -181,3 +182,88 @@ def _assert_no_backlog_scan(plans: list[dict[str, Any]], what: str) -> None:
         and n.get("Relation Name") in ("projection_apply_outbox", "event_journal")
     ]
     assert not scans, f"{what}: the claim scans the work rows or the journal: {scans}"
+
+
+# A queue as a fresh deployment has it when its workers start: 40 campaigns, analyzed.
+SMALL = """
+INSERT INTO campaign_heads (campaign_id, last_seq)
+SELECT 'c-' || g, 1 FROM generate_series(1, 40) g;
+INSERT INTO event_journal (campaign_id, seq, event_type, payload)
+SELECT 'c-' || g, 1, 'tick', '{}' FROM generate_series(1, 40) g;
+INSERT INTO projection_apply_outbox (campaign_id, seq, event_type)
+SELECT campaign_id, seq, event_type FROM event_journal;
+INSERT INTO projection_checkpoints (campaign_id, projector, applied_seq)
+SELECT 'c-' || g, 'p', 0 FROM generate_series(1, 40) g;
+ANALYZE;
+"""
+# Then an outage: 100k campaigns whose rows wait for a retry, not analyzed yet (autovacuum is
+# off on these tables for the test, so no statistics refresh re-plans the cached statements).
+GROWN = """
+INSERT INTO campaign_heads (campaign_id, last_seq)
+SELECT 'old-' || g, 1 FROM generate_series(1, 100000) g;
+INSERT INTO event_journal (campaign_id, seq, event_type, payload)
+SELECT 'old-' || g, 1, 'tick', '{}' FROM generate_series(1, 100000) g;
+INSERT INTO projection_apply_outbox (campaign_id, seq, event_type, status, next_attempt_at)
+SELECT 'old-' || g, 1, 'tick', 'failed', clock_timestamp() + interval '1 day'
+FROM generate_series(1, 100000) g;
+INSERT INTO projection_checkpoints (campaign_id, projector, applied_seq)
+SELECT 'old-' || g, 'p', 0 FROM generate_series(1, 100000) g;
+"""
+SETTLE = settle_queries.Q.settle_batch
+NO_AUTOVACUUM = [
+    "campaign_heads",
+    "event_journal",
+    "projection_apply_outbox",
+    "projection_apply_campaigns",
+    "projection_checkpoints",
+]
+
+
+def _settle_args(campaigns: list[str]) -> list[object]:
+    """A settle of one applied row per campaign, each campaign left with nothing live."""
+    n = len(campaigns)
+    return [
+        campaigns, [1] * n,
+        [], [], [], [], [], [],
+        None,
+        campaigns, [2] * n, [None] * n, [False] * n, [True] * n,
+        campaigns, ["p"] * n, [1] * n,
+        False, "outbox_test",
+    ]  # fmt: skip
+
+
+@pytest.mark.slow
+async def test_plans_cached_while_small_stay_probes(pool: db.Pool) -> None:
+    """A worker session caches the claim's and the settle's plans on a tiny queue, then a
+    backlog grows: the same session's claim and settle still probe by campaign, never scanning
+    the work rows, the journal, the checkpoints or the heads (each scan would cost the whole
+    backlog per batch until a statistics refresh re-planned it)."""
+    for table in NO_AUTOVACUUM:
+        await pool.execute(f"ALTER TABLE {table} SET (autovacuum_enabled = false)")
+    await pool.execute(SMALL)
+    await queue_campaigns(pool)
+    campaigns = [f"c-{g}" for g in range(1, 11)]
+    async with pool.acquire() as conn:
+        await conn.execute("SET plan_cache_mode = force_generic_plan")
+        await _explain_everything(conn)
+        await _explained(conn, Q.claim_batch, 20, 100, ["p"], None)
+        await _explained(conn, SETTLE, *_settle_args(campaigns))
+        await pool.execute(GROWN)
+        await queue_campaigns(pool)
+        for what, sql, args in (
+            ("claim", Q.claim_batch, [20, 100, ["p"], None]),
+            ("settle", SETTLE, _settle_args(campaigns)),
+        ):
+            rows, plans = await _explained(conn, sql, *args)
+            assert plans, f"{what}: no plan was explained"
+            scans = [
+                (n["Relation Name"], n["Actual Rows"], n.get("Rows Removed by Filter", 0))
+                for plan in plans
+                for n in nodes(plan)
+                if n["Node Type"] == "Seq Scan" and n["Relation Name"] in NO_AUTOVACUUM
+            ]
+            assert not scans, f"{what}: a plan cached on the small queue scans {scans}"
+            if what == "claim":  # 20 of the 40 due campaigns, none of the backlog's
+                claimed = {r["campaign_id"] for r in rows}
+                assert len(claimed) == 20
+                assert all(c.startswith("c-") for c in claimed)
