@@ -214,11 +214,11 @@ async def shadow_observations(
     return _of(ShadowObservations, r)
 
 
-async def next_due_in(executor: Executor, *, ordered: bool) -> float | None:
+async def next_due_in(executor: Executor, *, ordered: bool, later: bool = False) -> float | None:
     """Seconds until the next claimable work is due (negative: already due); None: none
-    waits."""
+    waits. `later`: only work not due yet counts."""
     async with db.acquire(executor) as conn:
-        value: float | None = await conn.fetchval(Q.get_next_due, not ordered)
+        value: float | None = await conn.fetchval(Q.get_next_due, not ordered, later)
     return value
 
 

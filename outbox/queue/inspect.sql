@@ -92,12 +92,20 @@ WHERE $1::text IS NULL OR campaign_id = $1::text
 -- name: get_next_due
 -- Seconds until the earliest claimable work is due, by the database clock (null: nothing
 -- waits): the first unblocked campaign under ordering `campaign`, the first live row under
--- ordering `none` ($1).
+-- ordering `none` ($1). With $2, only work not due yet counts: a worker whose claim took all it
+-- could waits for the rest by time (what is due now is another batch's, or its NOTIFY rings).
+-- The bound is a stable expression, so the index scan starts at it.
 SELECT extract(epoch FROM CASE
     WHEN $1::boolean THEN (
         SELECT min(o.next_attempt_at) FROM projection_apply_outbox o
-        WHERE o.status IN ('pending', 'failed'))
-    ELSE (SELECT min(c.due_at) FROM projection_apply_campaigns c WHERE NOT c.blocked)
+        WHERE o.status IN ('pending', 'failed')
+          AND o.next_attempt_at > CASE WHEN $2::boolean THEN statement_timestamp()
+                                       ELSE '-infinity'::timestamptz END)
+    ELSE (
+        SELECT min(c.due_at) FROM projection_apply_campaigns c
+        WHERE NOT c.blocked
+          AND c.due_at > CASE WHEN $2::boolean THEN statement_timestamp()
+                              ELSE '-infinity'::timestamptz END)
 END - clock_timestamp())::double precision
 
 -- name: get_outstanding_upto

@@ -115,6 +115,9 @@ class Worker:
     worker_id: str = field(default_factory=new_worker_id)
     # Where per-projector figures go after each commit (the service attaches its own).
     metrics: Metrics | None = field(default=None, repr=False)
+    # Whether the last claim took every due campaign no other batch held (it got fewer than
+    # it asked for): what is due now and was left is held elsewhere, or came due since.
+    took_all: bool = field(default=True, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.rand is None:
@@ -173,14 +176,16 @@ class Worker:
         now = self.now()
         session = self.app.settings.worker_session()
         async with db.acquire(self.pool, session=session) as conn, conn.transaction():
+            wanted = self._campaigns_to_claim()
             campaigns = await claim(
                 conn,
                 limit=self.app.settings.batch_size,
                 ordered=self._claim_ordered(),
-                campaigns=self._campaigns_to_claim(),
+                campaigns=wanted,
                 projectors=self.app.registry.ordered_names(),
                 now=now,
             )
+            self.took_all = not self._claim_ordered() or len(campaigns) < wanted
             self._observe(campaigns)
             return await self._handle(conn, campaigns, now, after, careful=careful)
 

@@ -178,31 +178,40 @@ class Service:
                     return  # what is left never comes due by itself: dead or blocked rows
                 await self._pause(wait)
                 continue
-            if counts.claimed >= settings.batch_size:
-                continue  # a full batch: more is likely due
+            if counts.claimed >= settings.batch_size or not self.worker.took_all:
+                continue  # a full batch, or a claim that met its campaign limit: more is due
             if counts.more_due:
                 # Campaigns left due: claim again, at once when this batch did work. One that
                 # yielded nothing waits for an append still in flight: look again shortly.
                 await self._pause(0 if counts.claimed else RECHECK_DELAY)
                 continue
             if not self.until_idle:  # a drain ends at the next claim that finds nothing
-                await self._pause(await self._idle_time())
+                await self._pause(await self._idle_time(counts))
 
-    async def _due_in(self) -> float | None:
-        """Until the next outstanding work is due, at most the poll interval; None when no
-        claimable work is left (a failed lookup counts as "look again after a poll")."""
+    async def _due_in(self, *, later: bool = False) -> float | None:
+        """Until the next outstanding work is due (`later`: work not due yet), at most the poll
+        interval; None when no claimable work is left (a failed lookup counts as "look again
+        after a poll")."""
         poll = self.worker.app.settings.poll_interval
         try:
-            due_in = await inspect.next_due_in(self.worker.pool, ordered=self.worker.ordered)
+            due_in = await inspect.next_due_in(
+                self.worker.pool, ordered=self.worker.ordered, later=later
+            )
         except Exception as exc:  # the next batch meets the same problem and reports it
             _logger.debug("idle.lookup_failed", extra={"error": describe_error(exc)})
             return poll
         return None if due_in is None else min(poll, max(due_in, 0.0) + 0.01)
 
-    async def _idle_time(self) -> float:
-        """Until the next row is due (a retry in backoff), at most the poll interval."""
-        due_in = await self._due_in()
-        return self.worker.app.settings.poll_interval if due_in is None else due_in
+    async def _idle_time(self, counts: BatchCounts) -> float:
+        """How long a loop whose claim took all it could waits for a NOTIFY: until work falls
+        due by time (a retry, a lease's expiry), at most the poll interval. What is due now and
+        was left is another batch's, or came due since (its NOTIFY rings); a batch that
+        scheduled no retry and leased nothing has none of its own to wait for: no lookup."""
+        poll = self.worker.app.settings.poll_interval
+        if counts.claimed and not (counts.failed or counts.leased):
+            return poll
+        due_in = await self._due_in(later=True)
+        return poll if due_in is None else due_in
 
     @asynccontextmanager
     async def _listener_connection(self) -> AsyncIterator[db.Connection]:
@@ -237,7 +246,7 @@ class Service:
                         lost.set()
 
                     def on_work(*_: object) -> None:
-                        self.doorbell.ring()
+                        self.doorbell.ring()  # one loop: one append, one campaign
 
                     conn.add_termination_listener(on_lost)
                     await conn.add_listener(WORK_CHANNEL, on_work)
@@ -246,7 +255,7 @@ class Service:
                         self.metrics.listener_connected.set(1)
                         _logger.info("listener.connected")
                         self.signals.listening.fire()
-                        self.doorbell.ring()  # whatever was appended while we were away
+                        self.doorbell.ring_all()  # whatever was appended while we were away
                         await self._watch(conn, lost)
                     finally:
                         if not self.dsn:  # borrowed from the application's pool: back clean

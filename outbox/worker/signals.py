@@ -1,12 +1,13 @@
 """How the worker service's parts tell each other, and the outside, what happened.
 
-`Doorbell` wakes the claim loops (a NOTIFY rings it, `close()` wakes them for good). `Signal`
+`Doorbell` wakes the claim loops (a NOTIFY wakes one, `close()` wakes them all for good). `Signal`
 and `Signals` report what the service did, so tests and embedding code wait on an event rather
 than poll: a LISTEN (re)connect, a committed batch, a loop that found nothing due.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -16,23 +17,44 @@ __all__ = ["Doorbell", "Signal", "Signals"]
 
 
 class Doorbell:
-    """Wakes every waiting claim loop: NOTIFY rings it; `close()` wakes them for good."""
+    """Wakes the claim loops. `ring()` (a NOTIFY: work came due) wakes one waiting loop, or,
+    when none waits, lets the next loop that waits go at once: one wake-up per ring, so two
+    idle loops do not both claim for one append. `ring_all()` wakes every loop (anything may
+    have come due, e.g. while the LISTEN connection was down); `close()` wakes them for good."""
 
     def __init__(self) -> None:
-        self._event = anyio.Event()
+        self._waiters: deque[anyio.Event] = deque()
+        self._pending = False
         self.closed = False
 
     def ring(self) -> None:
-        self._event.set()
+        if self._waiters:
+            self._waiters.popleft().set()
+        else:
+            self._pending = True
+
+    def ring_all(self) -> None:
+        self._pending = True
+        while self._waiters:
+            self._waiters.popleft().set()
 
     def close(self) -> None:
         self.closed = True
-        self._event.set()
+        self.ring_all()
 
     async def wait(self) -> None:
-        await self._event.wait()
-        if not self.closed:
-            self._event = anyio.Event()
+        if self.closed:
+            return
+        if self._pending:
+            self._pending = False
+            return
+        rung = anyio.Event()
+        self._waiters.append(rung)
+        try:
+            await rung.wait()
+        finally:
+            if not rung.is_set():  # cancelled (a timeout): the next ring is someone else's
+                self._waiters.remove(rung)
 
 
 class Signal:

@@ -114,6 +114,35 @@ async def test_an_idle_loop_takes_new_work_while_the_other_is_busy(pool: db.Pool
 
 
 @pytest.mark.usefixtures("applied_table")
+async def test_a_retry_in_backoff_wakes_the_loop_when_it_falls_due(pool: db.Pool, dsn: str) -> None:
+    """A batch that scheduled a retry looks up when it falls due and sleeps until then: no
+    NOTIFY comes for a retry, and the poll is an hour away."""
+    settings = Settings(dsn=dsn, poll_interval=HOUR, backoff_base=0.2, backoff_cap=0.2)
+    app = Outbox(settings)
+
+    @app.projector("recorder", events=["tick"], batch=True)
+    async def recorder(tx: db.Connection, events: Sequence[StoredEvent]) -> None:
+        attempts = await tx.fetchval(
+            "SELECT attempt_count FROM projection_apply_outbox WHERE campaign_id = 'flaky'"
+        )
+        if attempts == 0:
+            raise RuntimeError("the first attempt fails")
+        await tx.execute(
+            "INSERT INTO applied (campaign_id, seq) SELECT * FROM unnest($1::text[], $2::bigint[])",
+            [e.campaign_id for e in events],
+            [e.seq for e in events],
+        )
+
+    async with serving(Service(Worker(app, pool), dsn)) as service:
+        with anyio.fail_after(30):
+            await service.wait_listening()
+        await append(pool, "flaky", ticks(1), settings=settings)
+        await until_applied(service, 1)
+    assert service.totals.failed == 1
+    assert await applied(pool) == [("flaky", 1)]
+
+
+@pytest.mark.usefixtures("applied_table")
 async def test_without_notifications_the_poll_finds_the_work(pool: db.Pool, dsn: str) -> None:
     settings = Settings(dsn=dsn, poll_interval=0.05)
     service = Service(Worker(recording_app(settings), pool), dsn, notifications=False)
