@@ -16,8 +16,16 @@
 -- that ends its campaigns was BEGIN, claim, load, SAVEPOINT, projector, head lock, settle,
 -- COMMIT; it is BEGIN, claim, projector, settle, COMMIT.
 --
--- Plans are cached per session like any prepared statement's; the claim's and the settle's
--- are plan-stable (index probes by campaign), generic or custom.
+-- Plans are cached per session like any prepared statement's, and a worker's session keeps
+-- the ones it made: plans made on a small queue (a fresh deployment, tables analyzed while
+-- nearly empty) scanned the work rows, the journal and the checkpoints once per claimed
+-- campaign after a backlog grew, until a statistics refresh happened to re-plan them. So the
+-- claim and the settle run with enable_seqscan off (it holds only while they run): every
+-- table they touch is read by campaign, through its primary key or the claim index, and on a
+-- small table a probe costs no more than the scan. The claim's checkpoint lock is a probe per
+-- campaign (a LATERAL subquery on the primary key): `campaign_id = ANY (ids) AND projector =
+-- ANY (projectors)` let the planner read every checkpoint of the projectors through their
+-- index and filter by campaign.
 
 -- The append heads of `p_campaigns` held (FOR SHARE) until the transaction ends, skipping any
 -- an append holds now. A campaign row may be deleted only under this lock: an append that
@@ -79,6 +87,7 @@ RETURNS TABLE (
     recorded_at timestamptz
 )
 LANGUAGE plpgsql VOLATILE
+SET enable_seqscan = off
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -101,11 +110,15 @@ BEGIN
     END IF;
     RETURN QUERY
     WITH checkpoints AS (
-        SELECT k.campaign_id, k.projector, k.applied_seq
-        FROM projection_checkpoints k
-        WHERE k.campaign_id = ANY (ids) AND k.projector = ANY (p_projectors)
-        ORDER BY k.campaign_id, k.projector
-        FOR UPDATE
+        SELECT t.campaign_id, k.projector, k.applied_seq
+        FROM (SELECT DISTINCT u.c FROM unnest(ids) AS u(c) ORDER BY u.c) AS t(campaign_id)
+        CROSS JOIN LATERAL (
+            SELECT k.projector, k.applied_seq
+            FROM projection_checkpoints k
+            WHERE k.campaign_id = t.campaign_id AND k.projector = ANY (p_projectors)
+            ORDER BY k.projector
+            FOR UPDATE
+        ) k
     )
     SELECT p.campaign_id,
            o.status IN ('pending', 'failed', 'processing')
@@ -169,6 +182,7 @@ CREATE FUNCTION outbox_settle(
     OUT due bigint, OUT ages double precision[]
 )
 LANGUAGE plpgsql VOLATILE
+SET enable_seqscan = off
 AS $$
 #variable_conflict use_column
 DECLARE

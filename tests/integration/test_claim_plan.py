@@ -16,6 +16,7 @@ either way.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import orjson
@@ -172,16 +173,20 @@ async def test_claims_never_visit_the_backlog(pool: db.Pool, layout: str) -> Non
                 assert claimed == [f"fresh-{i}" for i in range(1, 6)]
 
 
-def _assert_no_backlog_scan(plans: list[dict[str, Any]], what: str) -> None:
+def _assert_no_backlog_scan(
+    plans: list[dict[str, Any]],
+    what: str,
+    tables: Sequence[str] = ("projection_apply_outbox", "event_journal"),
+) -> None:
+    """No plan in `plans` scans any of `tables` (by default the work rows and the journal)."""
     assert plans, f"{what}: no plan was explained"
     scans = [
-        n
+        (n["Relation Name"], n["Actual Rows"], n.get("Rows Removed by Filter", 0))
         for plan in plans
         for n in nodes(plan)
-        if n["Node Type"] == "Seq Scan"
-        and n.get("Relation Name") in ("projection_apply_outbox", "event_journal")
+        if n["Node Type"] == "Seq Scan" and n.get("Relation Name") in tables
     ]
-    assert not scans, f"{what}: the claim scans the work rows or the journal: {scans}"
+    assert not scans, f"{what}: scans of {scans} (table, rows, rows removed)"
 
 
 # A queue as a fresh deployment has it when its workers start: 40 campaigns, analyzed.
@@ -255,14 +260,7 @@ async def test_plans_cached_while_small_stay_probes(pool: db.Pool) -> None:
             ("settle", SETTLE, _settle_args(campaigns)),
         ):
             rows, plans = await _explained(conn, sql, *args)
-            assert plans, f"{what}: no plan was explained"
-            scans = [
-                (n["Relation Name"], n["Actual Rows"], n.get("Rows Removed by Filter", 0))
-                for plan in plans
-                for n in nodes(plan)
-                if n["Node Type"] == "Seq Scan" and n["Relation Name"] in NO_AUTOVACUUM
-            ]
-            assert not scans, f"{what}: a plan cached on the small queue scans {scans}"
+            _assert_no_backlog_scan(plans, f"{what}, planned on the small queue", NO_AUTOVACUUM)
             if what == "claim":  # 20 of the 40 due campaigns, none of the backlog's
                 claimed = {r["campaign_id"] for r in rows}
                 assert len(claimed) == 20
