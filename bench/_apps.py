@@ -7,11 +7,9 @@ projector (the per-event upsert, pipelined).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from _support import EVENT_TYPE, UPSERT_MANY, UPSERT_ONE
 
-from outbox import Outbox, Settings, StoredEvent, db
+from outbox import EventBatch, Outbox, Settings, StoredEvent, db
 
 # The ways a projector can keep the totals: one upsert per batch, one upsert per event
 # (awaited one by one), one upsert statement per event sent together (`app.statement`).
@@ -23,11 +21,10 @@ def outbox_app(settings: Settings | None = None, *, kind: str) -> Outbox:
     if kind == "batch":
 
         @app.projector("totals", events=[EVENT_TYPE], batch=True)
-        async def totals_batch(tx: db.Connection, events: Sequence[StoredEvent]) -> None:
+        async def totals_batch(tx: db.Connection, events: EventBatch) -> None:
+            # The columns it needs: no object per event.
             await tx.execute(
-                UPSERT_MANY,
-                [e.campaign_id for e in events],
-                [e.payload["amount"] for e in events],
+                UPSERT_MANY, events.campaign_ids, [p["amount"] for p in events.payloads]
             )
 
     elif kind == "per-event":
@@ -74,7 +71,7 @@ def visible_app(settings: Settings | None = None) -> Outbox:
     app = Outbox(settings)
 
     @app.projector("visible", events=[EVENT_TYPE], batch=True)
-    async def visible(tx: db.Connection, events: Sequence[StoredEvent]) -> None:
-        await tx.execute(MARK_VISIBLE, [e.campaign_id for e in events], [e.seq for e in events])
+    async def visible(tx: db.Connection, events: EventBatch) -> None:
+        await tx.execute(MARK_VISIBLE, events.campaign_ids, events.seqs)
 
     return app

@@ -30,7 +30,7 @@ from outbox.errors import (
     UnknownEventType,
     ValidationError,
 )
-from outbox.model import AppendResult, BatchCounts, Event, StoredEvent
+from outbox.model import AppendResult, BatchCounts, Event, EventBatch, StoredEvent
 from outbox.projection.app import Outbox
 from outbox.queue.inspect import Applied, wait_applied
 from outbox.worker.runtime import drain_now, running_worker
@@ -48,6 +48,7 @@ __all__ = [
     "DatabaseUnavailable",
     "DuplicateAppendError",
     "Event",
+    "EventBatch",
     "EventUnavailable",
     "Executor",
     "IdempotencyKeyConflict",

@@ -1,5 +1,6 @@
 """The value types every layer shares: what an append takes and returns, what a projector
-sees, what a failed attempt records, what a batch counts.
+sees (one event, or a batch projector's events as columns), what a failed attempt records,
+what a batch counts.
 
 Plain dataclasses and names. This module imports nothing from the package and never does I/O,
 so any module may use it (errors.py included) without an import circle.
@@ -7,16 +8,17 @@ so any module may use it (errors.py included) without an import circle.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, Literal, cast, overload
 
 __all__ = [
     "AppendResult",
     "BatchCounts",
     "DeadPolicy",
     "Event",
+    "EventBatch",
     "Failure",
     "Key",
     "Ordering",
@@ -53,6 +55,116 @@ class StoredEvent:
     payload: Any
     metadata: dict[str, Any]
     recorded_at: datetime
+
+
+class EventBatch(Sequence[StoredEvent]):
+    """A batch projector's events, as columns: `campaign_ids`, `seqs`, `types`, `payloads`,
+    `metadata` and `recorded_at` are lists whose i-th items are the i-th event's.
+
+    It is a `Sequence[StoredEvent]` too: indexing or iterating it builds each event's
+    `StoredEvent` on first use (once). A projector that reads only the columns it needs builds
+    no object per event: `zip(events.campaign_ids, events.payloads)`. Read-only by contract:
+    the columns are the worker's, shared with the batch's other projectors.
+    """
+
+    __slots__ = ("_built", "campaign_ids", "metadata", "payloads", "recorded_at", "seqs", "types")
+
+    def __init__(
+        self,
+        campaign_ids: list[str],
+        seqs: list[int],
+        types: list[str],
+        payloads: list[Any],
+        metadata: list[dict[str, Any]],
+        recorded_at: list[datetime],
+    ) -> None:
+        self.campaign_ids = campaign_ids
+        self.seqs = seqs
+        self.types = types
+        self.payloads = payloads
+        self.metadata = metadata
+        self.recorded_at = recorded_at
+        self._built: list[StoredEvent | None] | None = None
+
+    @classmethod
+    def of(cls, events: Iterable[StoredEvent]) -> EventBatch:
+        """`events` as a batch (itself when it is one; its objects are kept, not rebuilt)."""
+        if isinstance(events, EventBatch):
+            return events
+        built = list(events)
+        batch = cls(
+            [e.campaign_id for e in built],
+            [e.seq for e in built],
+            [e.type for e in built],
+            [e.payload for e in built],
+            [e.metadata for e in built],
+            [e.recorded_at for e in built],
+        )
+        batch._built = list[StoredEvent | None](built)
+        return batch
+
+    def take(self, indexes: Sequence[int]) -> EventBatch:
+        """The events at `indexes` (in that order), as a batch of their own."""
+        if len(indexes) == len(self.seqs) and indexes == range(len(self.seqs)):
+            return self
+        batch = EventBatch(
+            [self.campaign_ids[i] for i in indexes],
+            [self.seqs[i] for i in indexes],
+            [self.types[i] for i in indexes],
+            [self.payloads[i] for i in indexes],
+            [self.metadata[i] for i in indexes],
+            [self.recorded_at[i] for i in indexes],
+        )
+        if self._built is not None:
+            batch._built = [self._built[i] for i in indexes]
+        return batch
+
+    def __len__(self) -> int:
+        return len(self.seqs)
+
+    @overload
+    def __getitem__(self, index: int) -> StoredEvent: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> EventBatch: ...
+
+    def __getitem__(self, index: int | slice) -> StoredEvent | EventBatch:
+        if isinstance(index, slice):
+            return self.take(range(len(self.seqs))[index])
+        built = self._built
+        if built is None:
+            built = self._built = [None] * len(self.seqs)
+        event = built[index]
+        if event is None:
+            event = built[index] = StoredEvent(
+                self.campaign_ids[index],
+                self.seqs[index],
+                self.types[index],
+                self.payloads[index],
+                self.metadata[index],
+                self.recorded_at[index],
+            )
+        return event
+
+    def __iter__(self) -> Iterator[StoredEvent]:
+        if self._built is None:  # every event at once, in one pass over the columns
+            events = list(
+                map(
+                    StoredEvent,
+                    self.campaign_ids,
+                    self.seqs,
+                    self.types,
+                    self.payloads,
+                    self.metadata,
+                    self.recorded_at,
+                )
+            )
+            self._built = cast(list[StoredEvent | None], events)
+            return iter(events)
+        return (self[index] for index in range(len(self.seqs)))
+
+    def __repr__(self) -> str:
+        return f"<EventBatch of {len(self.seqs)} events>"
 
 
 @dataclass(frozen=True, slots=True)

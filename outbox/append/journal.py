@@ -8,15 +8,17 @@ rows outside `outbox.queue`), keeps the key and wakes the workers. Other drivers
 call through `outbox.append.api` and `outbox.sync`.
 
 It owns the reads of `event_journal` and `campaign_heads`, the pruning of
-`append_idempotency_keys`, and decoding a journal row into the `StoredEvent` projectors see.
+`append_idempotency_keys`, and decoding journal rows into what projectors see: one row into a
+`StoredEvent`, a claim's rows in bulk (`decode_bulk`).
 It never runs projectors.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -32,7 +34,9 @@ if TYPE_CHECKING:
     from outbox.db import Connection, Executor
 
 __all__ = [
+    "Decoded",
     "append",
+    "decode_bulk",
     "decode_event",
     "decode_record",
     "get_campaign_head",
@@ -102,6 +106,42 @@ def decode_event(
             f"journal event {campaign_id!r} seq {seq}: metadata is not a JSON object"
         )
     return StoredEvent(campaign_id, seq, event_type, decoded_payload, decoded_metadata, recorded_at)
+
+
+@dataclass(slots=True)
+class Decoded:
+    """Journal rows' payloads and metadata, decoded (`decode_bulk`): the i-th items are the
+    i-th row's, None where `unavailable` has the row's index."""
+
+    payloads: list[Any]
+    metadata: list[dict[str, Any] | None]
+    unavailable: dict[int, EventUnavailable] = field(default_factory=dict)
+
+
+def decode_bulk(rows: Sequence[db.Record]) -> Decoded:
+    """The payloads and metadata of journal rows (columns as `decode_record` reads them) in two
+    decoder calls for all the rows: each column joined into one JSON array (a jsonb text is
+    always one whole JSON value). When a row cannot be decoded (see `decode_event`), every row
+    is decoded alone and that row's error kept in `unavailable`: it fails alone."""
+    if not rows:
+        return Decoded([], [])
+    try:
+        payloads = orjson.loads("[" + ",".join([r["payload"] for r in rows]) + "]")
+        metadata = orjson.loads("[" + ",".join([r["metadata"] for r in rows]) + "]")
+    except orjson.JSONDecodeError:
+        pass
+    else:
+        if all(type(m) is dict for m in metadata):
+            return Decoded(payloads, metadata)
+    decoded = Decoded([None] * len(rows), [None] * len(rows))
+    for index, r in enumerate(rows):
+        try:
+            event = decode_record(r)
+        except EventUnavailable as exc:
+            decoded.unavailable[index] = exc
+        else:
+            decoded.payloads[index], decoded.metadata[index] = event.payload, event.metadata
+    return decoded
 
 
 def decode_record(r: db.Record, campaign_id: str | None = None) -> StoredEvent:

@@ -12,11 +12,11 @@ The read-model tables are created by `install()` (the demo's own schema, not the
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 
 from outbox.db import Connection, Executor, acquire
 from outbox.examples import campaigns as c
-from outbox.model import StoredEvent
+from outbox.model import EventBatch, StoredEvent
 from outbox.projection.app import Outbox
 
 __all__ = ["CursedDice", "app", "build_app", "install"]
@@ -83,8 +83,9 @@ def build_app(app: Outbox | None = None) -> Outbox:
         reset=_resetter("demo_event_counts"),
         batch=True,
     )
-    async def event_counts(tx: Connection, events: Sequence[StoredEvent]) -> None:
-        # Every event of the batch this projector's checkpoints let through, in one statement.
+    async def event_counts(tx: Connection, events: EventBatch) -> None:
+        # Every event of the batch this projector's checkpoints let through, in one statement,
+        # from the batch's columns (no object per event).
         await tx.execute(
             "INSERT INTO demo_event_counts AS d (campaign_id, event_type, events) "
             "SELECT e.campaign_id, e.event_type, count(*) "
@@ -92,8 +93,8 @@ def build_app(app: Outbox | None = None) -> Outbox:
             "GROUP BY 1, 2 ORDER BY 1, 2 "
             "ON CONFLICT (campaign_id, event_type) "
             "DO UPDATE SET events = d.events + excluded.events",
-            [e.campaign_id for e in events],
-            [e.type for e in events],
+            events.campaign_ids,
+            events.types,
         )
 
     @app.projector(

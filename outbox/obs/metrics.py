@@ -9,7 +9,8 @@ the reads live with the queue, `outbox.queue.inspect`). `serve()` exposes them o
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from bisect import bisect_right
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from socketserver import ThreadingMixIn
 from typing import TYPE_CHECKING, Any
@@ -23,6 +24,9 @@ from prometheus_client import (
     Histogram,
     make_wsgi_app,
 )
+from prometheus_client.metrics_core import HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 if TYPE_CHECKING:
     from outbox.model import BatchCounts
@@ -39,6 +43,49 @@ DEDUP_CLAIMS = Counter(
     ["scope", "outcome"],
     registry=REGISTRY,
 )
+
+
+class BatchHistogram(Collector):
+    """A histogram observed a batch of values at a time: one lock and one bisect per bucket for
+    the batch, where prometheus_client's `Histogram.observe` takes locks per value (a batch of
+    100 completed rows was 9% of a worker's Python). Exposed like any histogram."""
+
+    def __init__(
+        self, name: str, documentation: str, buckets: Sequence[float], registry: CollectorRegistry
+    ) -> None:
+        self.name, self.documentation = name, documentation
+        self._bounds = [*sorted(float(b) for b in buckets), float("inf")]
+        self._cumulative = [0] * len(self._bounds)  # values <= each bound, so far
+        self._sum = 0.0
+        self._lock = threading.Lock()
+        registry.register(self)
+
+    def observe_many(self, values: Iterable[float]) -> None:
+        ordered = sorted(values)
+        if not ordered:
+            return
+        counts = [bisect_right(ordered, bound) for bound in self._bounds]
+        total = sum(ordered)
+        with self._lock:
+            self._cumulative = [a + b for a, b in zip(self._cumulative, counts, strict=True)]
+            self._sum += total
+
+    def _family(self, *, samples: bool) -> HistogramMetricFamily:
+        if not samples:
+            return HistogramMetricFamily(self.name, self.documentation)
+        with self._lock:
+            cumulative, total = list(self._cumulative), self._sum
+        labels = [floatToGoString(b) for b in self._bounds]  # type: ignore[no-untyped-call]
+        buckets = list(zip(labels, cumulative, strict=True))
+        return HistogramMetricFamily(
+            self.name, self.documentation, buckets=buckets, sum_value=total
+        )
+
+    def describe(self) -> Iterable[Metric]:
+        return [self._family(samples=False)]
+
+    def collect(self) -> Iterator[Metric]:
+        yield self._family(samples=True)
 
 
 @dataclass
@@ -86,7 +133,7 @@ class Metrics:
             buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10),
             registry=r,
         )
-        self.append_to_apply = Histogram(
+        self.append_to_apply = BatchHistogram(
             "outbox_append_to_apply_seconds",
             "Seconds from a work row's enqueue to the settle of the batch that applied it, by "
             "the database clock.",
@@ -153,8 +200,7 @@ class Metrics:
             self.apply.labels(projector, outcome).inc(n)
         for projector, seconds in durations:
             self.apply_duration.labels(projector).observe(seconds)
-        for age in ages:
-            self.append_to_apply.observe(age)
+        self.append_to_apply.observe_many(ages)
 
     def record_unsubscribed(self, by_type: Mapping[str, int]) -> None:
         """Events a committed batch completed unapplied, per type."""

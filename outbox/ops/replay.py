@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from outbox import db
 from outbox.errors import Conflict, EventUnavailable
-from outbox.projection.guards import ApplyOutcome, Dispatch, GroupFailed
+from outbox.projection.dispatch import ApplyOutcome, Dispatch, GroupFailed
 from outbox.queue.claim import claim_one
 from outbox.queue.settle import refresh_campaigns, settle
 from outbox.retry import ErrorClass, classify
@@ -56,7 +56,7 @@ async def replay(
     async with db.acquire(executor) as conn, conn.transaction():
         row, blocked_by = await claim_one(conn, campaign_id, seq, park=settings.park)
         leased = app.registry.leased_types()
-        if row.status == "processing" or (row.event is not None and row.event.type in leased):
+        if row.status == "processing" or row.event_type in leased:
             raise Conflict(
                 f"row {campaign_id!r} seq {seq} has a non-transactional projector, which runs "
                 "under a lease, never in a replay: a worker takes it (requeue it first if dead)"

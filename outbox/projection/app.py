@@ -3,8 +3,8 @@
 Applications build one `Outbox`, register projectors with `@app.projector(...)` (or
 `@app.statement(...)`, a per-event projector that is one SQL statement), and append
 with `app.append(...)`. The worker (`outbox.worker`) and the operators' tools take the app.
-Registrations live in `registry`, dispatch and the exactly-once guards in `guards`, inline
-apply in `inline`, rebuilds in `rebuild`.
+Registrations live in `registry`, dispatch in `dispatch`, the exactly-once guards in
+`guards`, inline apply in `inline`, rebuilds in `rebuild`.
 """
 
 from __future__ import annotations

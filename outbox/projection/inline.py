@@ -18,7 +18,7 @@ from outbox.append import call
 from outbox.append.journal import append, load_events
 from outbox.config import Settings
 from outbox.model import AppendResult, Event
-from outbox.projection.guards import Dispatch, GroupFailed
+from outbox.projection.dispatch import Dispatch, GroupFailed
 from outbox.projection.registry import Registry
 from outbox.queue.inspect import outstanding_upto
 from outbox.queue.settle import CampaignWrite, refresh_campaigns, settle

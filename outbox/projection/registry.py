@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from outbox.config import Settings
 from outbox.errors import ConfigError
-from outbox.model import StoredEvent
+from outbox.model import EventBatch, StoredEvent
 
 if TYPE_CHECKING:
     from outbox.db import Connection
@@ -24,8 +24,8 @@ __all__ = ["BatchProjectorFn", "Projector", "ProjectorFn", "Registry", "ResetFn"
 # instead of a transaction (lease mode).
 ProjectorFn = Callable[["Connection", StoredEvent], Awaitable[None]]
 # A batch projector: (transaction, the batch's events it subscribes to, in (campaign_id, seq)
-# order, that its guard lets through).
-BatchProjectorFn = Callable[["Connection", Sequence[StoredEvent]], Awaitable[None]]
+# order, that its guard lets through), as an EventBatch: columns, or StoredEvents on demand.
+BatchProjectorFn = Callable[["Connection", EventBatch], Awaitable[None]]
 # Clears one campaign's projection rows before a rebuild re-applies its journal.
 ResetFn = Callable[["Connection", str], Awaitable[None]]
 
@@ -43,9 +43,9 @@ class Projector:
     transactional: bool = True
 
     async def run(self, conn: Connection, events: Sequence[StoredEvent]) -> None:
-        """Call the function: once with `events` (batch), or once per event."""
+        """Call the function: once with `events` as an EventBatch (batch), or once per event."""
         if self.batch:
-            await self.fn(conn, events)  # type: ignore[arg-type]
+            await self.fn(conn, EventBatch.of(events))  # type: ignore[arg-type]
             return
         for event in events:
             await self.fn(conn, event)  # type: ignore[arg-type]

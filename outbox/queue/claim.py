@@ -3,6 +3,8 @@
 Under campaign ordering a claim locks due campaigns from the campaign queue (oldest due
 first, `SKIP LOCKED`), then reads each one's rows from its head with their events and the
 ordered projectors' checkpoints, locked: one call of the server-side `outbox_claim`. The
+events are decoded in bulk (`decode_bulk`) into the rows' fields; `event_batch` hands a group of
+rows to dispatch as columns. The
 campaign's holder owns its rows until it commits. Under ordering `none` it locks due rows
 directly. Operators' tools lock one row without waiting (`claim_one`); paths that must keep
 every applier out of a campaign hold its queue row (`hold_campaign`) or all its rows
@@ -14,12 +16,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 
 from outbox import db
-from outbox.append.journal import decode_record
+from outbox.append.journal import decode_bulk
 from outbox.errors import Conflict, EventUnavailable, NotFound
-from outbox.model import Key, StoredEvent
+from outbox.model import EventBatch, Key, StoredEvent
 from outbox.queries import Queries
 
 if TYPE_CHECKING:
@@ -30,6 +32,7 @@ __all__ = [
     "ClaimedRow",
     "claim",
     "claim_one",
+    "event_batch",
     "hold_campaign",
     "lock_campaign_rows",
     "lock_heads",
@@ -48,10 +51,13 @@ class ClaimQueries(Queries):
 Q = ClaimQueries
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ClaimedRow:
-    """A locked work row; `event` is None when its journal row is missing or undecodable, and
-    `unavailable` then says why (raised as that row's failure)."""
+    """A locked work row with its journal event's fields. `event_type` is None when the event
+    is unavailable (its journal row missing or undecodable), and `unavailable` then says why
+    (raised as that row's failure). One is built per claimed row, so it holds the event's
+    fields rather than a `StoredEvent` (built on demand, `stored_event()`), and is a plain slots
+    class: a frozen dataclass's `__init__` costs several times more. Read-only by contract."""
 
     campaign_id: str
     seq: int
@@ -59,7 +65,10 @@ class ClaimedRow:
     attempt_count: int
     next_attempt_at: datetime
     due: bool
-    event: StoredEvent | None
+    event_type: str | None
+    payload: Any = None
+    metadata: dict[str, Any] | None = None
+    recorded_at: datetime | None = None
     unavailable: EventUnavailable | None = None
     lease_owner: str | None = None  # lease mode: who last claimed it, and that claim's epoch
     claim_epoch: int | None = None
@@ -70,11 +79,31 @@ class ClaimedRow:
 
     def stored_event(self) -> StoredEvent:
         """The event, or the row's EventUnavailable."""
-        if self.event is None:
+        if self.event_type is None or self.metadata is None or self.recorded_at is None:
             raise self.unavailable or EventUnavailable(
                 f"journal event {self.campaign_id!r} seq {self.seq} is missing"
             )
-        return self.event
+        return StoredEvent(
+            self.campaign_id,
+            self.seq,
+            self.event_type,
+            self.payload,
+            self.metadata,
+            self.recorded_at,
+        )
+
+
+def event_batch(rows: Sequence[ClaimedRow]) -> EventBatch:
+    """The events of `rows` (each one available) as one batch: its columns read from the rows,
+    no `StoredEvent` built."""
+    return EventBatch(
+        [r.campaign_id for r in rows],
+        [r.seq for r in rows],
+        cast(list[str], [r.event_type for r in rows]),
+        [r.payload for r in rows],
+        cast(list[dict[str, Any]], [r.metadata for r in rows]),
+        cast(list[datetime], [r.recorded_at for r in rows]),
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +139,7 @@ async def claim(
         )
     else:
         records = await conn.fetch(Q.claim_due_rows, limit, now)
+    rows = iter(_claimed_rows([r for r in records if r["seq"] is not None]))
     claimed: list[ClaimedCampaign] = []
     for r in records:
         if not claimed or claimed[-1].campaign_id != r["campaign_id"]:
@@ -118,34 +148,48 @@ async def claim(
                 ClaimedCampaign(r["campaign_id"], [], r["first_seq"], r["last_seq"], checkpoints)
             )
         if r["seq"] is not None:
-            claimed[-1].rows.append(_claimed(r))
+            claimed[-1].rows.append(next(rows))
     return claimed
 
 
-def _claimed(r: db.Record) -> ClaimedRow:
-    event: StoredEvent | None = None
-    unavailable: EventUnavailable | None = None
-    if r["event_type"] is None:
-        unavailable = EventUnavailable(
-            f"journal event {r['campaign_id']!r} seq {r['seq']} is missing"
+def _claimed_rows(records: Sequence[db.Record]) -> list[ClaimedRow]:
+    """The claimed rows of `records` (rows with a seq), their events decoded in bulk: a missing
+    or undecodable event makes its row unavailable alone (S8)."""
+    found = [r for r in records if r["event_type"] is not None]
+    decoded = decode_bulk(found)
+    payloads, metadata, unavailable = decoded.payloads, decoded.metadata, decoded.unavailable
+    rows: list[ClaimedRow] = []
+    index = 0
+    for r in records:
+        event_type: str | None = r["event_type"]
+        if event_type is None:
+            error: EventUnavailable | None = EventUnavailable(
+                f"journal event {r['campaign_id']!r} seq {r['seq']} is missing"
+            )
+            payload = meta = None
+        else:
+            error, payload, meta = unavailable.get(index), payloads[index], metadata[index]
+            index += 1
+            if error is not None:
+                event_type = None
+        rows.append(
+            ClaimedRow(
+                r["campaign_id"],
+                r["seq"],
+                r["status"],
+                r["attempt_count"],
+                r["next_attempt_at"],
+                r["due"],
+                event_type,
+                payload,
+                meta,
+                r["recorded_at"],
+                error,
+                r["lease_owner"],
+                r["claim_epoch"],
+            )
         )
-    else:
-        try:
-            event = decode_record(r)
-        except EventUnavailable as exc:
-            unavailable = exc
-    return ClaimedRow(
-        r["campaign_id"],
-        r["seq"],
-        r["status"],
-        r["attempt_count"],
-        r["next_attempt_at"],
-        r["due"],
-        event,
-        unavailable,
-        r["lease_owner"],
-        r["claim_epoch"],
-    )
+    return rows
 
 
 async def claim_one(
@@ -164,7 +208,8 @@ async def claim_one(
         ) from None
     if r is None:
         raise NotFound(f"no queued row {campaign_id!r} seq {seq}")
-    return _claimed(r), r["blocked_by"]
+    (row,) = _claimed_rows([r])
+    return row, r["blocked_by"]
 
 
 async def hold_campaign(conn: Connection, campaign_id: str) -> None:

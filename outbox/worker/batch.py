@@ -7,7 +7,7 @@ savepoint; when one fails, the batch is rolled back and claimed again with a sav
 group, so the failing event records its attempt and its neighbours apply (S6). A batch that
 meets a transient database error (a lost connection included) is rolled back whole: no row
 changes and no attempt is consumed, and the connection it ran on is discarded. The worker never
-decides what a projector does; it dispatches (`outbox.projection.guards`), walks the claim
+decides what a projector does; it dispatches (`outbox.projection.dispatch`), walks the claim
 (`walk`), asks the failure policy (`outbox.retry`) what a failure costs, and runs the queue's
 statements (`outbox.queue`). The long-running service around it (loops, LISTEN, signals,
 heartbeat) lives in `service`.
@@ -28,8 +28,8 @@ from outbox.model import BatchCounts, Failure, Key
 from outbox.obs import log
 from outbox.obs.metrics import Metrics
 from outbox.projection.app import Outbox
-from outbox.projection.guards import ApplyOutcome, Dispatch, GroupFailed
-from outbox.queue.claim import ClaimedCampaign, ClaimedRow, claim
+from outbox.projection.dispatch import ApplyOutcome, Dispatch, GroupFailed
+from outbox.queue.claim import ClaimedCampaign, ClaimedRow, claim, event_batch
 from outbox.queue.lease import Lease, lease_rows
 from outbox.queue.settle import settle
 from outbox.retry import ErrorClass, FailurePolicy, classify, describe_error, log_failure
@@ -236,7 +236,7 @@ class Worker:
             stop_after=leased_types,
         )
         counts = BatchCounts(claimed=len(work))
-        to_lease = [r for r in work if r.event is not None and r.event.type in leased_types]
+        to_lease = [r for r in work if r.event_type in leased_types]
         if to_lease:
             leasing = {r.key for r in to_lease}
             work = [r for r in work if r.key not in leasing]
@@ -297,7 +297,7 @@ class Worker:
             group = [r for r in pending.popleft() if r.seq <= failed_at.get(r.campaign_id, r.seq)]
             if not group:
                 continue
-            bad = next((i for i, r in enumerate(group) if r.event is None), None)
+            bad = next((i for i, r in enumerate(group) if r.event_type is None), None)
             if bad is not None:  # a missing or undecodable event fails its row alone (S8)
                 failures.append(self._failed(group[bad], group[bad].unavailable, counts))
                 pending.extendleft([group[bad + 1 :], group[:bad]])
@@ -305,7 +305,7 @@ class Worker:
             if careful:
                 await dispatch.open_group()
             try:
-                outcomes = await dispatch.apply([r.stored_event() for r in group])
+                outcomes = await dispatch.apply(event_batch(group))
             except GroupFailed as failed:
                 _raise_transient(failed, closed=dispatch.conn.is_closed())
                 if not careful:
@@ -314,10 +314,10 @@ class Worker:
                 await dispatch.undo_group()
                 pending.extendleft(reversed(pieces))
                 continue
-            for row, outcome in zip(group, outcomes, strict=True):
-                done.append(row.key)
-                counts.applied += outcome is ApplyOutcome.APPLIED
-                counts.skipped += outcome is not ApplyOutcome.APPLIED
+            done.extend([(r.campaign_id, r.seq) for r in group])
+            applied = outcomes.count(ApplyOutcome.APPLIED)
+            counts.applied += applied
+            counts.skipped += len(group) - applied
 
     async def _lease(
         self,

@@ -31,7 +31,7 @@ from outbox.errors import LeaseExpired
 from outbox.model import Failure, Key, StoredEvent
 from outbox.obs import log
 from outbox.obs.metrics import Metrics
-from outbox.projection.guards import Dispatch, GroupFailed
+from outbox.projection.dispatch import Dispatch, GroupFailed
 from outbox.projection.registry import Registry
 from outbox.queue import lease as statements
 from outbox.queue.claim import ClaimedRow, hold_campaign

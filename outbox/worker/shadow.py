@@ -45,7 +45,7 @@ class ShadowWorker(Worker):
         # The campaign rows are left as they are: earlier than the truth, which the apply
         # worker's next claim of them corrects.
         rows = [r for c in campaigns for r in c.rows]
-        events = [(r.campaign_id, r.seq, r.event.type) for r in rows if r.event is not None]
+        events = [(r.campaign_id, r.seq, r.event_type) for r in rows if r.event_type is not None]
         done = await applied_events(
             conn, self.app.registry, events, unsubscribed=self.app.settings.unsubscribed
         )

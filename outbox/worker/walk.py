@@ -49,7 +49,7 @@ def walk(
                     break
                 continue
             chosen.append(row)
-            if ordered and row.event is not None and row.event.type in stop_after:
+            if ordered and row.event_type in stop_after:
                 break
     return chosen
 

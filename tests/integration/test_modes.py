@@ -17,7 +17,7 @@ from outbox.config import resolve_worker_mode
 from outbox.examples import campaigns as c
 from outbox.examples.app import build_app, install
 from outbox.model import StoredEvent
-from outbox.projection.guards import apply_event
+from outbox.projection.dispatch import apply_event
 from outbox.worker.batch import Worker
 from outbox.worker.registration import live_workers
 from outbox.worker.service import Service

@@ -13,7 +13,7 @@ from outbox import ConfigError, Settings, db
 from outbox.errors import CheckpointGap, UnknownEventType
 from outbox.model import StoredEvent
 from outbox.projection.app import Outbox
-from outbox.projection.guards import ApplyOutcome, apply_event
+from outbox.projection.dispatch import ApplyOutcome, apply_event
 
 
 def stored(seq: int, type_: str = "t.happened", campaign: str = "c") -> StoredEvent:

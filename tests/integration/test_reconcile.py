@@ -14,7 +14,7 @@ from outbox.examples.app import build_app, install
 from outbox.examples.campaigns import DemoStream
 from outbox.model import StoredEvent
 from outbox.ops.reconcile import reconcile
-from outbox.projection.guards import apply_event
+from outbox.projection.dispatch import apply_event
 from outbox.worker.batch import Worker
 
 APP = "outbox.examples.app:app"

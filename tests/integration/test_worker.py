@@ -23,7 +23,7 @@ from outbox.examples.app import build_app, install
 from outbox.model import BatchCounts, StoredEvent
 from outbox.obs.metrics import Metrics
 from outbox.projection.app import Outbox
-from outbox.projection.guards import apply_event
+from outbox.projection.dispatch import apply_event
 from outbox.worker.batch import Worker
 from outbox.worker.registration import live_workers
 from outbox.worker.service import Service

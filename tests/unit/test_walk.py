@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from outbox.model import StoredEvent
 from outbox.queue.claim import ClaimedCampaign, ClaimedRow
 from outbox.worker.walk import walk
 
@@ -14,8 +13,7 @@ NOW = datetime(2026, 11, 23, tzinfo=UTC)
 def row(
     cid: str, seq: int, *, status: str = "pending", due: bool = True, kind: str = "t"
 ) -> ClaimedRow:
-    event = StoredEvent(cid, seq, kind, {}, {}, NOW)
-    return ClaimedRow(cid, seq, status, 0, NOW, due, event)
+    return ClaimedRow(cid, seq, status, 0, NOW, due, kind, {}, {}, NOW)
 
 
 def campaign(cid: str, *rows: ClaimedRow, first: int | None = None) -> ClaimedCampaign:

@@ -8,7 +8,7 @@ for the first transaction and then skips. The markers are pruned after
 is not caught (docs/idempotency.md, "track processed event ids").
 
 Here a delivery is one application of the journaled event
-(`outbox.projection.guards.apply_event`), as the worker, a replay or a repeated rebuild would
+(`outbox.projection.dispatch.apply_event`), as the worker, a replay or a repeated rebuild would
 run it.
 """
 
@@ -21,7 +21,7 @@ from outbox.db import Connection
 from outbox.examples.idempotency import DEPOSITED, Message, Strategy, deposit_totals, rows
 from outbox.model import StoredEvent
 from outbox.projection.app import Outbox
-from outbox.projection.guards import apply_event
+from outbox.projection.dispatch import apply_event
 
 app = Outbox()
 

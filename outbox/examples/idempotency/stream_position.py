@@ -21,7 +21,7 @@ from outbox.db import Connection
 from outbox.examples.idempotency import DEPOSITED, OPENED, Message, Strategy, rows
 from outbox.model import StoredEvent
 from outbox.projection.app import Outbox
-from outbox.projection.guards import apply_event
+from outbox.projection.dispatch import apply_event
 
 app = Outbox()
 

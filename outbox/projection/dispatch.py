@@ -1,0 +1,346 @@
+"""Dispatch of a group of events to the registered projectors, under the exactly-once guards.
+
+`Dispatch` serves one batch (or one inline append, or one replay) on the caller's connection,
+inside the caller's transaction. `load()` locks the checkpoints of the batch's campaigns in one
+statement (or `use()` takes those an ordered claim locked). `apply(events)` runs a group of
+events (the caller brackets it with `open_group()` and, on failure, `undo_group()`): it derives
+every ordered projector's verdict (apply / duplicate / gap) from those checkpoints and the
+seqs, a campaign at a time, reserves the processed markers of every idempotent projector in one
+statement, runs per-event projectors event by event and batch projectors once with an
+`EventBatch` of their events. `moves()` says where the checkpoints moved, for the caller's
+settle (`outbox.queue.settle`, the one statement that writes them). The happy path pays no
+per-event round trip of the library's own, and builds no per-event object a batch projector
+does not ask for.
+
+A failure is raised as `GroupFailed`, carrying the index of the event it belongs to when that is
+known (a per-event projector, a gap, an unknown type), so the caller can isolate it. This module
+never claims, deletes or retries work rows, never opens a transaction of its own, and holds no
+SQL: the guards' statements are `outbox.projection.guards`.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from itertools import groupby
+from time import perf_counter
+from typing import TYPE_CHECKING
+
+from outbox.errors import CheckpointGap, UnknownEventType
+from outbox.model import EventBatch, StoredEvent, Unsubscribed
+from outbox.obs import log
+from outbox.projection.guards import (
+    CheckpointKey,
+    lock_checkpoints,
+    open_group,
+    reserve_markers,
+    undo_group,
+)
+from outbox.projection.registry import Projector, Registry
+from outbox.queue.settle import settle
+from outbox.retry import describe_error
+
+if TYPE_CHECKING:
+    from outbox.db import Connection
+
+__all__ = ["ApplyOutcome", "Dispatch", "GroupFailed", "apply_event"]
+
+_logger = log.get_logger("outbox.worker")
+# Event types this process completed unsubscribed and said so (once per type).
+_announced: set[str] = set()
+
+
+def _announce(event_type: str) -> None:
+    if event_type not in _announced:
+        _announced.add(event_type)
+        _logger.info(
+            "apply.unsubscribed",
+            extra={
+                "event_type": event_type,
+                "hint": "no projector subscribes: its events complete unapplied "
+                "(OUTBOX_UNSUBSCRIBED=skip); a projector added later rebuilds from the journal",
+            },
+        )
+
+
+class ApplyOutcome(enum.Enum):
+    APPLIED = "applied"  # at least one projector ran
+    DUPLICATE = "duplicate"  # every subscribed projector had already applied it
+    IGNORED = "ignored"  # the app declared the type as needing no projection
+    UNSUBSCRIBED = "unsubscribed"  # no projector subscribes, and OUTBOX_UNSUBSCRIBED=skip
+
+
+class GroupFailed(Exception):
+    """A group of events failed; `index` is the failing event's position when known, and
+    `projector` the name of the projector that raised (None: a guard or the dispatch)."""
+
+    def __init__(
+        self, cause: BaseException, index: int | None, projector: str | None = None
+    ) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+        self.index = index
+        self.projector = projector
+
+    def describe(self) -> str:
+        """The `last_error` line: the projector's name, the error's type and message."""
+        return describe_error(self.cause, projector=self.projector)
+
+
+@dataclass(slots=True)
+class _Run:
+    """A projector's share of a group: how many of its events it subscribes to, and the
+    positions of those its guards let through (in order)."""
+
+    projector: Projector
+    subscribed: int
+    indexes: Sequence[int]
+
+
+def _plan(
+    types: list[str], kinds: dict[str, tuple[Projector, ...]], duplicates: dict[str, set[int]]
+) -> list[_Run]:
+    """Every transactional subscriber of the group's types, by name, with its events' positions
+    less its duplicates (lease-mode projectors run outside the transaction, S13)."""
+    projectors = {p.name: p for subs in kinds.values() for p in subs if p.transactional}
+    plan: list[_Run] = []
+    for name in sorted(projectors):
+        p = projectors[name]
+        indexes: Sequence[int] = (
+            range(len(types))
+            if all(t in p.events for t in kinds)
+            else [i for i, t in enumerate(types) if t in p.events]
+        )
+        subscribed = len(indexes)
+        if held := duplicates.get(name):
+            indexes = [i for i in indexes if i not in held]
+        plan.append(_Run(p, subscribed, indexes))
+    return plan
+
+
+@dataclass
+class Dispatch:
+    """Guards and dispatch for one batch on `conn` (see the module docstring)."""
+
+    conn: Connection
+    registry: Registry
+    # What happens to an event no projector subscribes to (OUTBOX_UNSUBSCRIBED): `skip`
+    # completes it, `retry` fails it (UnknownEventType) until a projector for it is deployed.
+    unsubscribed: Unsubscribed = "skip"
+    checkpoints: dict[CheckpointKey, int] = field(default_factory=dict)
+    moved: set[CheckpointKey] = field(default_factory=set)
+    # For metrics: events per (projector, outcome) of the groups that applied ("applied", or
+    # "skipped" by the projector's guard) plus each failure ("failed"), and every call's time.
+    tally: Counter[tuple[str, str]] = field(default_factory=Counter)
+    durations: list[tuple[str, float]] = field(default_factory=list)
+    # Events completed unsubscribed, per type (for the metric).
+    skipped_types: Counter[str] = field(default_factory=Counter)
+
+    async def load(self, campaigns: Sequence[str], *, held: bool = False) -> None:
+        """Lock and read the ordered projectors' checkpoints of `campaigns` (one statement).
+
+        `held`: the caller holds the campaigns against every other applier (an append's head,
+        a campaign row), so a missing checkpoint reads as 0. Otherwise missing rows are
+        created first and locked, so two concurrent applications of a campaign's first events
+        cannot both read "missing" and apply them twice (two more statements, only then)."""
+        ordered = self.registry.ordered_names()
+        if not ordered or not campaigns:
+            return
+        self.checkpoints.update(
+            await lock_checkpoints(self.conn, sorted(set(campaigns)), ordered, held=held)
+        )
+
+    def use(self, checkpoints: dict[CheckpointKey, int]) -> None:
+        """Take checkpoints the caller already locked (an ordered claim reads them)."""
+        self.checkpoints.update(checkpoints)
+
+    async def open_group(self) -> None:
+        await open_group(self.conn)
+
+    async def undo_group(self) -> None:
+        await undo_group(self.conn)
+
+    async def apply(self, events: Sequence[StoredEvent]) -> list[ApplyOutcome]:
+        """Apply `events` (sorted by campaign_id, seq) once each; call inside a savepoint.
+        Raises GroupFailed; on success the checkpoints move (in memory until `settle`).
+
+        The guards work on the group, not event by event: subscribers per distinct type, each
+        ordered checkpoint per campaign (one comparison when the campaign's seqs are the ones
+        after it, the usual case; event by event only where some are duplicates or a gap), the
+        markers in one statement. Each projector gets the positions of its events; a batch
+        projector an `EventBatch` of them, built from the group's columns."""
+        batch = EventBatch.of(events)
+        registry = self.registry
+        types = batch.types
+        kinds = {t: registry.subscribers(t) for t in set(types)}
+        checkpoints = dict(self.checkpoints)
+        duplicates, refused = self._pass_checkpoints(batch, checkpoints)
+        unknown = self._unknown(types, kinds)
+        if unknown is not None and (refused is None or (unknown.index or 0) < (refused.index or 0)):
+            refused = unknown  # the group's first failing event is the one to isolate
+        if refused is not None:
+            raise refused
+        plan = _plan(types, kinds, duplicates)
+        await self._reserve_markers(batch, plan)
+        try:
+            await self._run(batch, plan)
+        except GroupFailed as failed:
+            if failed.projector is not None:
+                self.tally[(failed.projector, "failed")] += 1
+            raise
+        for run in plan:
+            if run.indexes:
+                self.tally[(run.projector.name, "applied")] += len(run.indexes)
+            if len(run.indexes) < run.subscribed:
+                self.tally[(run.projector.name, "skipped")] += run.subscribed - len(run.indexes)
+        outcomes = self._outcomes(types, kinds, plan)
+        self.moved |= {k for k, v in checkpoints.items() if self.checkpoints.get(k) != v}
+        self.checkpoints = checkpoints
+        return outcomes
+
+    def _pass_checkpoints(
+        self, batch: EventBatch, checkpoints: dict[CheckpointKey, int]
+    ) -> tuple[dict[str, set[int]], GroupFailed | None]:
+        """Move every ordered checkpoint past each campaign's events (S17: every ordered
+        checkpoint passes every event); return each projector's duplicates (positions at or
+        before its checkpoint) and the first gap, as the group's failure."""
+        duplicates: dict[str, set[int]] = {}
+        ordered = self.registry.ordered_names()
+        if not ordered:
+            return duplicates, None
+        cids, seqs = batch.campaign_ids, batch.seqs
+        end = 0
+        for campaign_id, same in groupby(cids):  # each campaign's run of events
+            start, end = end, end + len(list(same))
+            first, last = seqs[start], seqs[end - 1]
+            gap: GroupFailed | None = None
+            for name in ordered:
+                key = (campaign_id, name)
+                at = checkpoints.get(key, 0)
+                if first == at + 1 and last - first == end - start - 1:
+                    checkpoints[key] = last  # the seqs right after the checkpoint
+                    continue
+                for index in range(start, end if gap is None else gap.index or 0):
+                    seq = seqs[index]
+                    if seq <= at:
+                        duplicates.setdefault(name, set()).add(index)
+                    elif seq == at + 1:
+                        at = seq
+                    else:
+                        gap = GroupFailed(
+                            CheckpointGap(
+                                f"projector {name!r} is at seq {at} of campaign "
+                                f"{campaign_id!r} and cannot apply seq {seq}"
+                            ),
+                            index,
+                        )
+                        break
+                checkpoints[key] = at
+            if gap is not None:
+                return duplicates, gap
+        return duplicates, None
+
+    def _unknown(
+        self, types: list[str], kinds: dict[str, tuple[Projector, ...]]
+    ) -> GroupFailed | None:
+        """Under OUTBOX_UNSUBSCRIBED=retry, the first event no projector subscribes to (and
+        whose type is not ignored) fails the group."""
+        if self.unsubscribed != "retry":
+            return None
+        unknown = {t for t, subs in kinds.items() if not subs and t not in self.registry.ignored}
+        if not unknown:
+            return None
+        index = next(i for i, t in enumerate(types) if t in unknown)
+        return GroupFailed(
+            UnknownEventType(f"no projector subscribes to event type {types[index]!r}"), index
+        )
+
+    def _outcomes(
+        self, types: list[str], kinds: dict[str, tuple[Projector, ...]], plan: list[_Run]
+    ) -> list[ApplyOutcome]:
+        """Each event's outcome: applied when a projector ran it, duplicate when every
+        subscriber's guard had (or only lease-mode projectors subscribe), ignored, or
+        unsubscribed (counted per type, announced once)."""
+        by_type: dict[str, ApplyOutcome] = {}
+        for t, subs in kinds.items():
+            if any(p.transactional for p in subs):
+                by_type[t] = ApplyOutcome.APPLIED
+            elif subs:
+                by_type[t] = ApplyOutcome.DUPLICATE
+            elif t in self.registry.ignored:
+                by_type[t] = ApplyOutcome.IGNORED
+            else:
+                by_type[t] = ApplyOutcome.UNSUBSCRIBED
+                self.skipped_types[t] += types.count(t)
+                _announce(t)
+        outcomes = [by_type[t] for t in types]
+        if any(len(run.indexes) < run.subscribed for run in plan):  # a guard held some back
+            ran = {i for run in plan for i in run.indexes}
+            for index, outcome in enumerate(outcomes):
+                if outcome is ApplyOutcome.APPLIED and index not in ran:
+                    outcomes[index] = ApplyOutcome.DUPLICATE
+        return outcomes
+
+    async def _reserve_markers(self, batch: EventBatch, plan: list[_Run]) -> None:
+        """One statement for the group; a projector whose marker exists drops the event."""
+        marked = [run for run in plan if run.projector.idempotent and not run.projector.ordered]
+        cids, seqs = batch.campaign_ids, batch.seqs
+        wanted = [(cids[i], seqs[i], run.projector.name) for run in marked for i in run.indexes]
+        if not wanted:
+            return
+        reserved = await reserve_markers(self.conn, wanted)
+        for run in marked:
+            name = run.projector.name
+            run.indexes = [i for i in run.indexes if (cids[i], seqs[i], name) in reserved]
+
+    async def _run(self, batch: EventBatch, plan: list[_Run]) -> None:
+        """Per-event projectors event by event (by name within an event), then each batch
+        projector once, in the order of its first event."""
+        per_event = [run for run in plan if not run.projector.batch and run.indexes]
+        steps = sorted((i, k) for k, run in enumerate(per_event) for i in run.indexes)
+        for index, k in steps:
+            await self._call(per_event[k].projector, [batch[index]], index)
+        batches = [run for run in plan if run.projector.batch and run.indexes]
+        for run in sorted(batches, key=lambda run: run.indexes[0]):
+            # Which event failed is known only when the projector had just one.
+            at = run.indexes[0] if len(run.indexes) == 1 else None
+            await self._call(run.projector, batch.take(run.indexes), at)
+
+    async def _call(
+        self, projector: Projector, events: Sequence[StoredEvent], index: int | None
+    ) -> None:
+        started = perf_counter()
+        try:
+            await projector.run(self.conn, events)
+        except Exception as exc:
+            raise GroupFailed(exc, index, projector.name) from exc
+        finally:
+            self.durations.append((projector.name, perf_counter() - started))
+
+    def moves(self) -> list[tuple[str, str, int]]:
+        """(campaign_id, projector, applied_seq) of every checkpoint that moved, sorted (a
+        fixed lock order); the caller writes them with its settle."""
+        moved = [(k[0], k[1], self.checkpoints[k]) for k in sorted(self.moved)]
+        self.moved.clear()
+        return moved
+
+
+async def apply_event(
+    conn: Connection,
+    registry: Registry,
+    event: StoredEvent,
+    *,
+    unsubscribed: Unsubscribed = "skip",
+) -> ApplyOutcome:
+    """Apply one event with its guards and move the checkpoints (inside a transaction); raise
+    what failed. For callers that hold a single event: tests, tools."""
+    dispatch = Dispatch(conn, registry, unsubscribed)
+    await dispatch.load([event.campaign_id])
+    try:
+        (outcome,) = await dispatch.apply([event])
+    except GroupFailed as failed:
+        raise failed.cause from None
+    await settle(conn, checkpoints=dispatch.moves())
+    return outcome
