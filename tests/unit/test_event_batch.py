@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import UTC, datetime
+from typing import Any
 
 from outbox import EventBatch, StoredEvent
 
@@ -14,7 +15,10 @@ def events(n: int) -> list[StoredEvent]:
     return [StoredEvent(f"c{i % 2}", i + 1, "t", {"n": i}, {"m": i}, AT) for i in range(n)]
 
 
-def columns(batch: EventBatch) -> tuple[list[object], ...]:
+Columns = tuple[list[str], list[int], list[str], list[Any], list[dict[str, Any]], list[datetime]]
+
+
+def columns(batch: EventBatch) -> Columns:
     return (
         batch.campaign_ids,
         batch.seqs,
