@@ -88,14 +88,19 @@ class JsonFormatter(logging.Formatter):
 
 class TextFormatter(JsonFormatter):
     """`--log-format text`, for humans: `ts level event key=value ...` on one line (a value
-    with spaces or quotes is JSON-quoted, so a traceback stays on the line, escaped)."""
+    with spaces or quotes is JSON-quoted), then the traceback, if the record has one, on lines
+    of its own as Python prints it, each indented under the record's line."""
 
     def format(self, record: logging.LogRecord) -> str:
-        data = orjson.loads(super().format(record))
+        data = orjson.loads(super().format(record))  # scrubbed of secrets, as JSON is
         head = f"{data.pop('ts')} {data.pop('level'):<7} {data.pop('event')}"
         data.pop("logger", None)
+        trace = data.pop("traceback", None)
         fields = " ".join(f"{k}={_text_value(v)}" for k, v in data.items())
-        return f"{head} {fields}" if fields else head
+        line = f"{head} {fields}" if fields else head
+        if isinstance(trace, str) and trace:
+            line += "".join(f"\n    {text}" for text in trace.rstrip().splitlines())
+        return line
 
 
 def _text_value(value: Any) -> str:

@@ -172,8 +172,18 @@ class Metrics:
             registry=r,
         )
 
+    def register_projectors(self, names: Iterable[str]) -> None:
+        """Create every projector's labelled series at 0, so `rate()` and absence alerts work
+        before its first event."""
+        for name in names:
+            for outcome in ("applied", "skipped", "failed"):
+                self.apply.labels(name, outcome)
+            self.apply_duration.labels(name)
+
     def record_batch(self, counts: BatchCounts) -> None:
-        """Count one batch."""
+        """Count one batch; a claim that found nothing is not a batch."""
+        if not counts.claimed:
+            return
         self.batches.inc()
         self.batch_size.observe(counts.claimed)
         for outcome in ("applied", "skipped", "failed", "dead", "observed"):

@@ -41,9 +41,8 @@ __all__ = ["Link", "Service", "refresh_gauges", "serve"]
 
 _logger = log.get_logger("outbox.worker")
 
-# Plans are left to the server (plan_cache_mode auto): the claims are plan-stable, generic or
-# custom (the claim-plan tests check both over deep backlogs), and forcing custom plans
-# re-planned every statement of every batch, projectors' own included.
+# Plans are left to the server (plan_cache_mode auto): the claims are plan-stable (tests check
+# generic and custom plans over deep backlogs); forcing custom plans re-planned every statement.
 RECONNECT_BASE = 0.5
 RECONNECT_CAP = 30.0
 RECHECK_DELAY = 0.01  # a claim that found a campaign due but nothing in it looks again
@@ -114,6 +113,7 @@ class Service:
 
     def __post_init__(self) -> None:
         self.worker.metrics = self.metrics  # per-projector figures after each commit
+        self.metrics.register_projectors(self.worker.app.registry.projectors)
 
     @property
     def worker_id(self) -> str:
@@ -167,7 +167,7 @@ class Service:
             self.metrics.record_batch(counts)
             self.signals.batch_done.fire()
             if counts.claimed:
-                _logger.info("batch.done", extra=vars(counts))
+                _logger.debug("batch.done", extra=vars(counts))
             if not counts.more_due and counts.claimed < settings.batch_size:
                 self.signals.idle.fire()  # nothing is due now: the loop waits or ends
             if not counts.claimed and self.until_idle and not counts.more_due:

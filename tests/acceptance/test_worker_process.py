@@ -93,14 +93,19 @@ async def test_every_worker_line_carries_its_worker_id_in_json_or_text(
 ) -> None:
     await install(pool)
     await append(pool, "c", [Event("dice.rolled", {"value": 3})], settings=settings)
-    command = [*WORKER, "--app", "outbox.examples.app:app", "--drain-now"]
+    command = [*WORKER, "--app", "outbox.examples.app:app", "--drain-now", "--log-level", "debug"]
     proc = await anyio.run_process(command, env=worker_env(dsn))
     lines = [orjson.loads(line) for line in proc.stderr.decode().splitlines()]
     assert {"worker.started", "batch.done"} <= {line["event"] for line in lines}
     ids = {line["worker_id"] for line in lines}
     assert len(ids) == 1
     assert ids.pop().count(":") == 2  # host:pid:random
-    text = await anyio.run_process([*command, "--log-format", "text"], env=worker_env(dsn))
+    # At the default level (info) a batch logs nothing: batch.done is a debug line.
+    await append(pool, "c", [Event("dice.rolled", {"value": 4})], settings=settings)
+    info = command[:-2]
+    text = await anyio.run_process([*info, "--log-format", "text"], env=worker_env(dsn))
+    assert " batch.done " not in text.stderr.decode()
+    assert await pool.fetchval("SELECT count(*) FROM projection_apply_outbox") == 0
     started = [ln for ln in text.stderr.decode().splitlines() if " worker.started " in ln]
     assert len(started) == 1
     assert " info    worker.started " in started[0]

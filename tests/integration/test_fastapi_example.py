@@ -91,6 +91,13 @@ async def test_the_fastapi_example_runs_as_documented(
     for field in ("apply.failed", "campaign_id=wrap-1", "seq=1", "projector=wrapping"):
         assert field in as_text, as_text
     assert "KeyError" in as_text
+    # At debug the traceback follows on lines of its own, indented under the record's line.
+    first_line, *trace = TextFormatter(tracebacks=True).format(failed).splitlines()
+    assert "apply.failed" in first_line
+    assert "traceback=" not in first_line
+    assert trace[0] == "    Traceback (most recent call last):", trace
+    assert trace[-1] == "    KeyError: 'ribbon'"
+    assert all(line.startswith("    ") for line in trace)
     # Any other handler sees the facts in the message itself.
     plain = io.StringIO()
     handler = logging.StreamHandler(plain)

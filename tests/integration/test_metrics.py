@@ -32,6 +32,11 @@ async def test_service_metrics_count_outcomes_and_serve_them(
         service.stop()
     sample = service.metrics.registry.get_sample_value
     assert sample("outbox_events_total", {"outcome": "applied"}) == 3
+    # Every registered projector has its series from the start, failed ones at 0.
+    names = service.worker.app.registry.projectors
+    assert len(names) > 1
+    for name in names:
+        assert sample("outbox_apply_total", {"projector": name, "outcome": "failed"}) == 0
     assert (sample("outbox_batch_size_count") or 0) >= 1
     await append(pool, "d", [Event(c.DICE_CURSED, {})], settings=settings)
     await refresh_gauges(service.metrics, pool, park=False)
