@@ -25,7 +25,7 @@ from outbox.cli.operator import (
     app_run,
     pool_run,
 )
-from outbox.errors import OutboxError
+from outbox.errors import OutboxError, UsageError
 from outbox.ops.reconcile import reconcile
 from outbox.ops.replay import replay
 from outbox.ops.report import MAX_LIMIT
@@ -58,15 +58,17 @@ def outbox_requeue_command(
 @app.command("outbox-requeue-dead")
 def outbox_requeue_dead_command(
     limit: Annotated[
-        int,
+        int | None,
         typer.Option(
             "--limit",
             "--outbox-requeue-dead-limit",
             min=1,
             max=MAX_LIMIT,
-            help="At most this many rows, oldest first.",
+            help=f"At most this many rows, oldest first (required unless --dry-run, which "
+            f"previews up to {MAX_LIMIT:,}).",
+            show_default=False,
         ),
-    ],
+    ] = None,
     dsn: DsnOption = None,
     campaign_id: CampaignOption = None,
     event_type: Annotated[
@@ -78,13 +80,16 @@ def outbox_requeue_dead_command(
     as_json: JsonOption = False,
 ) -> None:
     """Dead rows back to pending in a bounded batch, oldest first by next_attempt_at, seq."""
+    if limit is None and not dry_run:
+        raise UsageError("--limit is required to requeue (a --dry-run previews without it)")
+    bound = limit or MAX_LIMIT
 
     async def body(pool: db.Pool) -> RequeueResult:
-        with Progress(console=stderr, transient=True, disable=limit <= 1000) as bar:
-            task = bar.add_task("requeueing", total=limit)
+        with Progress(console=stderr, transient=True, disable=bound <= 1000) as bar:
+            task = bar.add_task("requeueing", total=bound)
             return await requeue_dead(
                 pool,
-                limit=limit,
+                limit=bound,
                 campaign_id=campaign_id,
                 event_type=event_type,
                 dry_run=dry_run,
@@ -95,7 +100,8 @@ def outbox_requeue_dead_command(
     result = pool_run(dsn, body)
     rows = result.rows
     if dry_run:
-        stderr.print(f"dry run: {len(rows)} row(s) would be requeued, none was")
+        more = f" (the oldest {bound:,}: more may match)" if len(rows) == bound else ""
+        stderr.print(f"dry run: {len(rows)} row(s) would be requeued{more}, none was")
     if as_json:
         emit_json("outbox-requeue-dead", result, omit=("rows",) if quiet else ())
         return

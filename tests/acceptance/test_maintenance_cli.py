@@ -254,6 +254,9 @@ async def test_requeue_dead_oldest_first_with_limit_and_audit(
     dry = as_json(cli("outbox-requeue-dead", "--limit", "5", "--dry-run", "--json", dsn=dsn))
     assert (dry["dry_run"], dry["matched"], dry["requeued"]) == (True, 2, 0)
     assert [(r["campaign_id"], r["seq"]) for r in dry["rows"]] == [("c-d", 1), ("c-a", 1)]
+    # A preview needs no --limit: it shows what a requeue would take, up to the report's cap.
+    unbounded = as_json(cli("outbox-requeue-dead", "--dry-run", "--json", dsn=dsn))
+    assert (unbounded["limit"], unbounded["rows"]) == (10_000, dry["rows"])
     quiet = as_json(
         cli("outbox-requeue-dead", "--limit", "5", "--dry-run", "--quiet", "--json", dsn=dsn)
     )
