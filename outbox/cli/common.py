@@ -52,11 +52,15 @@ __all__ = [
 SCHEMA_VERSION = 1
 T = TypeVar("T")
 
-stderr = Console(stderr=True, highlight=False, soft_wrap=True)
+# No markup: what the commands print holds data (ids, errors, payloads), and rich would style
+# "[red]" in it or fail on "[/x]"; styling is given as rich objects, never as markup.
+stderr = Console(stderr=True, highlight=False, markup=False, soft_wrap=True)
 # Piped output (a file, a pager, a test) gets room for the wide tables, unless COLUMNS says
 # how wide the reader is.
 stdout = Console(
-    highlight=False, width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 160
+    highlight=False,
+    markup=False,
+    width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 160,
 )
 
 DsnOption = Annotated[

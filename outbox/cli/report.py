@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Annotated
 
+import orjson
 import typer
 from rich.table import Table
 
@@ -41,7 +42,7 @@ def _table(*columns: str, title: str) -> Table:
     return table
 
 
-def render_report(report: Report) -> None:
+def render_report(report: Report, *, payload: bool = False) -> None:
     summary = report.summary
     counts = _table("status", "rows", title="outbox queue")
     for status, n in dataclasses.asdict(summary.counts).items():
@@ -117,10 +118,12 @@ def render_report(report: Report) -> None:
         "attempts",
         *(("next attempt", "enqueued") if wide else ()),
         "last error",
+        *(("payload",) if payload else ()),
         title=f"rows (limit {report.limit})",
     )
     for r in report.rows:
         times = (when(r.next_attempt_at), when(r.enqueued_at)) if wide else ()
+        shown = (_payload_text(r.payload),) if payload else ()
         rows.add_row(
             r.campaign_id,
             str(r.seq),
@@ -129,6 +132,7 @@ def render_report(report: Report) -> None:
             str(r.attempt_count),
             *times,
             (r.last_error or "")[:80],
+            *shown,
         )
     if not wide:
         stderr.print(
@@ -136,6 +140,12 @@ def render_report(report: Report) -> None:
             "(a wider terminal, or --json, shows them)"
         )
     stdout.print(rows)
+
+
+def _payload_text(value: object) -> str:
+    """A payload on one line, cut at 200 characters (`--json` carries it whole)."""
+    text = value if isinstance(value, str) else orjson.dumps(value).decode()
+    return text if len(text) <= 200 else text[:199] + "…"
 
 
 @app.command("outbox-report")
@@ -147,6 +157,9 @@ def outbox_report_command(
     ] = None,
     limit: LimitOption = 50,
     campaign_id: CampaignOption = None,
+    payload: Annotated[
+        bool, typer.Option("--payload", help="Show each listed row's event payload.")
+    ] = False,
     as_json: JsonOption = False,
 ) -> None:
     """Counts per status, the oldest claimable row, blocked campaigns, workers, then rows."""
@@ -160,12 +173,13 @@ def outbox_report_command(
             campaign_id=campaign_id,
             park=settings.park,
             resolved_mode=settings.resolved_mode(),
+            payload=payload,
         ),
     )
     if as_json:
         emit_json("outbox", report)
     else:
-        render_report(report)
+        render_report(report, payload=payload)
 
 
 @app.command("health")

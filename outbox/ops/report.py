@@ -112,9 +112,11 @@ async def outbox_report(
     campaign_id: str | None = None,
     park: bool = False,
     resolved_mode: str | None = None,
+    payload: bool = False,
 ) -> Report:
     """Counts, the oldest claimable row, blocked campaigns, parked rows (under `park`), leases,
-    live workers, then rows. `resolved_mode` is what a worker with the caller's settings runs."""
+    live workers, then rows (`payload`: with their events' payloads). `resolved_mode` is what a
+    worker with the caller's settings runs."""
     if status is not None and status not in STATUSES:
         raise ValidationError("status", f"expected one of {'/'.join(STATUSES)}, got {status!r}")
     check_limit(limit)
@@ -128,7 +130,9 @@ async def outbox_report(
         parked = (
             await inspect.list_parked(conn, campaign_id, limit=SUMMARY_LIST_LIMIT) if park else []
         )
-        rows = await inspect.list_rows(conn, status=status, campaign_id=campaign_id, limit=limit)
+        rows = await inspect.list_rows(
+            conn, status=status, campaign_id=campaign_id, limit=limit, payload=payload
+        )
         leases = await inspect.list_leases(conn, campaign_id, limit=SUMMARY_LIST_LIMIT)
         workers = await live_workers(conn)
         shadow = await inspect.shadow_observations(conn, campaign_id)

@@ -6,11 +6,12 @@ the oldest claimable head, blocked campaigns); nothing here writes, renders or d
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from datetime import datetime
-from typing import TYPE_CHECKING, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import anyio
+import orjson
 
 from outbox import db
 from outbox.queries import Queries
@@ -146,6 +147,9 @@ class QueueRow:
     enqueued_at: datetime
     updated_at: datetime
     last_error: str | None
+    # The event's payload, when asked for (`list_rows(payload=True)`); the journal's text
+    # where it does not decode.
+    payload: Any = None
 
 
 def _of(cls: type[T], record: db.Record) -> T:
@@ -189,15 +193,32 @@ async def blocked_campaigns(
 
 
 async def list_rows(
-    conn: Connection, *, status: str | None, campaign_id: str | None, limit: int
+    conn: Connection,
+    *,
+    status: str | None,
+    campaign_id: str | None,
+    limit: int,
+    payload: bool = False,
 ) -> list[QueueRow]:
-    """Rows by status and campaign: failed and dead first when no status is given."""
-    rows = await conn.fetch(Q.list_rows, status, campaign_id, limit)
-    return [_of(QueueRow, r) for r in rows]
+    """Rows by status and campaign: failed and dead first when no status is given; `payload`:
+    with their events' payloads."""
+    rows = await conn.fetch(Q.list_rows, status, campaign_id, limit, payload)
+    listed = [_of(QueueRow, r) for r in rows]
+    return [replace(q, payload=_decoded(q.payload)) for q in listed] if payload else listed
+
+
+def _decoded(text: str | None) -> Any:
+    """A payload as JSON, or its text where it does not decode (the row fails for that)."""
+    if text is None:
+        return None
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return text
 
 
 async def list_parked(conn: Connection, campaign_id: str | None, *, limit: int) -> list[ParkedRow]:
-    rows = await conn.fetch(Q.list_rows, "dead", campaign_id, limit)
+    rows = await conn.fetch(Q.list_rows, "dead", campaign_id, limit, False)
     return [_of(ParkedRow, r) for r in rows]
 
 

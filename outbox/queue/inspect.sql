@@ -60,12 +60,19 @@ LIMIT $3::integer
 
 -- name: list_rows
 -- Queue rows by status ($1) and campaign ($2), at most $3: with no status filter failed and
--- dead rows first (they explain a backlog), then in claim order (next_attempt_at, seq).
-SELECT campaign_id, seq, event_type, status, attempt_count, next_attempt_at, enqueued_at,
-       updated_at, last_error
-FROM projection_apply_outbox
-WHERE ($1::text IS NULL OR status = $1::text) AND ($2::text IS NULL OR campaign_id = $2::text)
-ORDER BY status IN ('failed', 'dead') DESC, next_attempt_at, seq
+-- dead rows first (they explain a backlog), then in claim order (next_attempt_at, seq). $4:
+-- with each row's event payload (as text: an undecodable one still shows), one journal probe
+-- per row listed; without it the journal is not read.
+SELECT o.campaign_id, o.seq, o.event_type, o.status, o.attempt_count, o.next_attempt_at,
+       o.enqueued_at, o.updated_at, o.last_error, j.payload
+FROM projection_apply_outbox o
+LEFT JOIN LATERAL (
+    SELECT e.payload::text AS payload
+    FROM event_journal e
+    WHERE $4::boolean AND e.campaign_id = o.campaign_id AND e.seq = o.seq
+) j ON true
+WHERE ($1::text IS NULL OR o.status = $1::text) AND ($2::text IS NULL OR o.campaign_id = $2::text)
+ORDER BY o.status IN ('failed', 'dead') DESC, o.next_attempt_at, o.seq
 LIMIT $3::integer
 
 -- name: list_leases

@@ -439,3 +439,28 @@ async def test_the_report_shows_the_shadow_workers_sightings_and_lag(
     assert "shadow worker: 2 row(s) seen, 2 sighting(s), longest enqueue-to-sighting lag" in (
         table.stdout
     )
+
+
+async def test_the_report_shows_payloads_and_prints_data_as_it_is(
+    pool: db.Pool, dsn: str, settings: Settings
+) -> None:
+    """`--payload` puts each listed row's event payload beside it; text from the data that
+    looks like rich markup ("[red]", an unmatched "[/x]") is printed as it is."""
+    note = {"note": "[/x] [red]not red[/red] <b>", "n": [1, 2]}
+    await append(pool, "c-[/x]", [Event("t", note)], settings=settings)
+    await pool.execute(
+        "UPDATE projection_apply_outbox SET status = 'dead', attempt_count = 8, "
+        "last_error = 'Boom: [/oops] [bold]'"
+    )
+    body = as_json(cli("outbox-report", "--status", "dead", "--payload", "--json", dsn=dsn))
+    assert [r["payload"] for r in body["rows"]] == [note]
+    plain = as_json(cli("outbox-report", "--status", "dead", "--json", dsn=dsn))
+    assert [r["payload"] for r in plain["rows"]] == [None]
+    wide = {"COLUMNS": "400"}  # every cell on one line
+    table = run_cli(
+        "maintenance", "outbox-report", "--status", "dead", "--payload", dsn=dsn, env=wide
+    )
+    assert table.returncode == 0, table.stderr
+    payload = '{"n":[1,2],"note":"[/x] [red]not red[/red] <b>"}'
+    for text in ("c-[/x]", "[/oops] [bold]", payload):
+        assert text in table.stdout, table.stdout

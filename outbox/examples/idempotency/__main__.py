@@ -14,6 +14,7 @@ from typing import Annotated, NoReturn
 
 import typer
 from rich.table import Table
+from rich.text import Text
 
 from outbox.cli.common import main as run_main
 from outbox.cli.common import run, settings_for, stderr, stdout
@@ -79,8 +80,8 @@ def examples(
         raise typer.Exit(1)
 
 
-def _yes(ok: bool) -> str:
-    return "yes" if ok else "[bold red]NO[/]"
+def _yes(ok: bool) -> Text:
+    return Text("yes") if ok else Text("NO", style="bold red")
 
 
 def main() -> NoReturn:
