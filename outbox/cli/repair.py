@@ -1,7 +1,9 @@
-"""Repairs: requeue dead rows, replay one row, rebuild projections, reconcile the journal."""
+"""Repairs: requeue dead rows, replay one row, rebuild projections, reconcile the journal, and
+the audit of operators' actions."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Annotated
 
 import typer
@@ -19,11 +21,13 @@ from outbox.cli.common import (
 )
 from outbox.cli.operator import (
     CampaignOption,
+    LimitOption,
     QuietOption,
     ReasonOption,
     app,
     app_run,
     pool_run,
+    when,
 )
 from outbox.errors import OutboxError, UsageError
 from outbox.ops.reconcile import reconcile
@@ -32,6 +36,7 @@ from outbox.ops.report import MAX_LIMIT
 from outbox.ops.requeue import RequeueResult, requeue_dead, requeue_one
 from outbox.projection.app import Outbox
 from outbox.projection.rebuild import RebuildResult, rebuild
+from outbox.queue.repair import AuditEntry, list_audit
 
 
 @app.command("outbox-requeue")
@@ -124,6 +129,60 @@ def outbox_requeue_dead_command(
     stdout.print(table)
     if not dry_run:
         stderr.print(f"requeued {len(rows)} row(s)")
+
+
+@dataclass(frozen=True, slots=True)
+class Audit:
+    """`maintenance audit`: the newest audited actions (one campaign's, or all)."""
+
+    campaign_id: str | None
+    limit: int
+    entries: list[AuditEntry]
+
+
+@app.command("audit")
+def audit_command(
+    dsn: DsnOption = None,
+    campaign_id: CampaignOption = None,
+    limit: LimitOption = 50,
+    as_json: JsonOption = False,
+) -> None:
+    """Operators' actions on work rows (requeues), newest first: who, when, why, and what
+    each row was before."""
+
+    async def body(pool: db.Pool) -> Audit:
+        async with pool.acquire() as conn:
+            return Audit(campaign_id, limit, await list_audit(conn, campaign_id, limit=limit))
+
+    audit = pool_run(dsn, body)
+    if as_json:
+        emit_json("audit", audit)
+        return
+    table = Table(
+        "at",
+        "action",
+        "campaign",
+        "seq",
+        "actor",
+        "reason",
+        "was",
+        "attempts",
+        "last error",
+        title=f"audit (newest {limit})",
+    )
+    for e in audit.entries:
+        table.add_row(
+            when(e.at),
+            e.action,
+            e.campaign_id,
+            str(e.seq),
+            e.actor,
+            e.reason or "",
+            e.previous_status,
+            str(e.previous_attempt_count),
+            (e.previous_last_error or "")[:80],
+        )
+    stdout.print(table)
 
 
 @app.command("outbox-replay")

@@ -1,5 +1,5 @@
-"""Repair statements of the work queue: dead rows back to pending with their audit, and work
-rows for journal events that never got one.
+"""Repair statements of the work queue: dead rows back to pending with their audit, the
+audit's reads, and work rows for journal events that never got one.
 
 Requeues keep history: the row gets a fresh attempt budget, and an insert-only audit row keeps
 what it was (status, attempts, last error, when), who did it and why. Which rows an operator
@@ -20,8 +20,10 @@ if TYPE_CHECKING:
     from outbox.db import Connection
 
 __all__ = [
+    "AuditEntry",
     "RequeuedRow",
     "enqueue",
+    "list_audit",
     "list_unqueued_campaigns",
     "list_unqueued_events",
     "requeue_dead",
@@ -33,6 +35,7 @@ class RepairQueries(Queries):
     list_unqueued_events: str
     insert_work_rows: str
     list_unqueued_campaigns: str
+    list_audit: str
 
 
 Q = RepairQueries
@@ -92,6 +95,27 @@ async def requeue_dead(
         )
         for r in rows
     ]
+
+
+@dataclass(frozen=True, slots=True)
+class AuditEntry:
+    """One audited action of an operator on a work row, with the row as it was before."""
+
+    action: str
+    at: datetime
+    campaign_id: str
+    seq: int
+    actor: str
+    reason: str | None
+    previous_status: str
+    previous_attempt_count: int
+    previous_last_error: str | None
+
+
+async def list_audit(conn: Connection, campaign_id: str | None, *, limit: int) -> list[AuditEntry]:
+    """The audit, newest first: one campaign or all, at most `limit` entries."""
+    rows = await conn.fetch(Q.list_audit, campaign_id, limit)
+    return [AuditEntry(*r) for r in rows]
 
 
 async def list_unqueued_events(

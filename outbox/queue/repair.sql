@@ -66,3 +66,13 @@ WHERE o.status IN ('pending', 'failed')
       SELECT 1 FROM projection_apply_campaigns c WHERE c.campaign_id = o.campaign_id
   )
 ORDER BY o.campaign_id
+
+-- name: list_audit
+-- Operators' actions on work rows, newest first: campaign $1 (or all), at most $2. Each with
+-- what the row was before (status, attempts, last error). `action` says which (requeue).
+SELECT 'requeue'::text AS action, a.at, a.campaign_id, a.seq, a.actor, a.reason,
+       a.previous_status, a.previous_attempt_count, a.previous_last_error
+FROM outbox_requeue_audit a
+WHERE ($1::text IS NULL OR a.campaign_id = $1::text)
+ORDER BY a.at DESC, a.audit_id DESC
+LIMIT $2::integer

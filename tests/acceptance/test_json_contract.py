@@ -126,6 +126,7 @@ def outputs(dsn: str) -> dict[str, Any]:
     found["outbox-requeue-dead"] = run_json(
         "outbox-requeue-dead", "--limit", "5", "--json", dsn=dsn
     )
+    found["audit"] = run_json("audit", "--json", dsn=dsn)
     found["outbox-worker --drain-now"] = run_json(
         "--app", APP, "--drain-now", "--json", dsn=dsn, prog="outbox-worker"
     )

@@ -85,7 +85,9 @@ async def test_report_json_contract(pool: db.Pool, dsn: str, settings: Settings)
         "enqueued_at",
         "updated_at",
         "last_error",
+        "payload",
     }
+    assert row["payload"] is None  # only with --payload
     # Failed and dead rows first, then claim order (next_attempt_at, seq): c-d before c-a.
     assert [(r["campaign_id"], r["seq"]) for r in body["rows"][:2]] == [("c-d", 1), ("c-a", 1)]
 
@@ -292,6 +294,18 @@ async def test_requeue_dead_oldest_first_with_limit_and_audit(
     assert [(r["campaign_id"], r["seq"]) for r in rest["rows"]] == [("c-a", 1)]
     assert await queue_count(pool, status="dead") == 0
     assert await pool.fetchval("SELECT count(*) FROM outbox_requeue_audit") == 2
+    # `maintenance audit` lists them newest first, with the rows as they were.
+    audit = as_json(cli("audit", "--json", dsn=dsn))
+    assert (audit["mode"], audit["campaign_id"], audit["limit"]) == ("audit", None, 50)
+    entries = [(e["action"], e["campaign_id"], e["seq"]) for e in audit["entries"]]
+    assert entries == [("requeue", "c-a", 1), ("requeue", "c-d", 1)]
+    assert audit["entries"][0]["previous_status"] == "dead"
+    assert audit["entries"][0]["previous_last_error"] == "Boom: c-a"
+    one = as_json(cli("audit", "--campaign-id", "c-d", "--limit", "1", "--json", dsn=dsn))
+    assert [e["campaign_id"] for e in one["entries"]] == ["c-d"]
+    table = cli("audit", dsn=dsn)
+    assert table.returncode == 0, table.stderr
+    assert "Boom: c-a" in table.stdout
 
 
 async def test_cleanup_honours_retention_and_batch_size(pool: db.Pool, dsn: str) -> None:
