@@ -63,6 +63,7 @@ VERBS = frozenset(
         "fail",
         "release",
         "requeue",
+        "discard",
         "settle",
         "refresh",
         "unblock",

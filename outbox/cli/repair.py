@@ -1,5 +1,5 @@
-"""Repairs: requeue dead rows, replay one row, rebuild projections, reconcile the journal, and
-the audit of operators' actions."""
+"""Repairs: requeue or discard dead rows, replay one row, rebuild projections, reconcile the
+journal, and the audit of operators' actions."""
 
 from __future__ import annotations
 
@@ -30,6 +30,7 @@ from outbox.cli.operator import (
     when,
 )
 from outbox.errors import OutboxError, UsageError
+from outbox.ops.discard import discard_one
 from outbox.ops.reconcile import reconcile
 from outbox.ops.replay import replay
 from outbox.ops.report import MAX_LIMIT
@@ -131,6 +132,34 @@ def outbox_requeue_dead_command(
         stderr.print(f"requeued {len(rows)} row(s)")
 
 
+@app.command("outbox-discard")
+def outbox_discard_command(
+    campaign_id: Annotated[str, typer.Option("--campaign-id", help="The row's campaign.")],
+    seq: Annotated[int, typer.Option("--seq", min=1, help="The row's seq.")],
+    reason: Annotated[
+        str, typer.Option("--reason", help="Why it will not be projected, for the audit.")
+    ],
+    app_path: AppOption = None,
+    dsn: DsnOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Discard one dead row: its work row goes (audited), its event stays in the journal, and
+    the ordered projectors' checkpoints move past it so the campaign's later rows apply."""
+    if not reason.strip():
+        raise UsageError("--reason: a discard needs a reason, for the audit")
+    result = app_run(
+        app_path,
+        dsn,
+        lambda a, pool: discard_one(pool, a.registry, campaign_id, seq, reason=reason),
+    )
+    if as_json:
+        emit_json("outbox-discard", result)
+        return
+    moved = ", ".join(result.checkpoints_moved) or "none"
+    stdout.print(f"discarded {campaign_id} seq {seq} ({result.event_type})")
+    stdout.print(f"checkpoints moved past it: {moved}")
+
+
 @dataclass(frozen=True, slots=True)
 class Audit:
     """`maintenance audit`: the newest audited actions (one campaign's, or all)."""
@@ -147,8 +176,8 @@ def audit_command(
     limit: LimitOption = 50,
     as_json: JsonOption = False,
 ) -> None:
-    """Operators' actions on work rows (requeues), newest first: who, when, why, and what
-    each row was before."""
+    """Operators' actions on work rows (requeues, discards), newest first: who, when, why, and
+    what each row was before."""
 
     async def body(pool: db.Pool) -> Audit:
         async with pool.acquire() as conn:

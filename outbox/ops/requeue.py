@@ -19,7 +19,7 @@ from outbox.errors import Conflict
 from outbox.ops.report import check_limit
 from outbox.queue import repair
 from outbox.queue.claim import claim_one
-from outbox.queue.repair import RequeuedRow
+from outbox.queue.repair import DeadRow
 from outbox.queue.settle import notify_work
 
 if TYPE_CHECKING:
@@ -45,7 +45,7 @@ class RequeueResult:
     dry_run: bool
     matched: int
     requeued: int
-    rows: list[RequeuedRow]
+    rows: list[DeadRow]
 
 
 def current_actor() -> str:
@@ -97,7 +97,7 @@ async def requeue_dead(
     that would move come back."""
     check_limit(limit)
     actor = actor or current_actor()
-    done: list[RequeuedRow] = []
+    done: list[DeadRow] = []
     async with db.acquire(executor) as conn:
         if dry_run:
             rows = await repair.requeue_dead(

@@ -1,5 +1,5 @@
-"""Repair statements of the work queue: dead rows back to pending with their audit, the
-audit's reads, and work rows for journal events that never got one.
+"""Repair statements of the work queue: dead rows back to pending or discarded, each with its
+audit, the audit's reads, and work rows for journal events that never got one.
 
 Requeues keep history: the row gets a fresh attempt budget, and an insert-only audit row keeps
 what it was (status, attempts, last error, when), who did it and why. Which rows an operator
@@ -21,7 +21,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AuditEntry",
-    "RequeuedRow",
+    "DeadRow",
+    "discard_dead_row",
     "enqueue",
     "list_audit",
     "list_unqueued_campaigns",
@@ -36,14 +37,16 @@ class RepairQueries(Queries):
     insert_work_rows: str
     list_unqueued_campaigns: str
     list_audit: str
+    discard_dead_row: str
 
 
 Q = RepairQueries
 
 
 @dataclass(frozen=True, slots=True)
-class RequeuedRow:
-    """A dead row requeued (or, in a dry run, one that would be), as it was before."""
+class DeadRow:
+    """A dead row as it was before a repair: requeued (or, in a dry run, one that would be) or
+    discarded."""
 
     campaign_id: str
     seq: int
@@ -63,7 +66,7 @@ async def requeue_dead(
     dry_run: bool = False,
     actor: str,
     reason: str | None,
-) -> list[RequeuedRow]:
+) -> list[DeadRow]:
     """Up to `limit` dead rows (or the one row `one`) back to pending, oldest first, each with
     its audit row; rows other transactions hold are skipped. `dry_run`: change nothing."""
     rows = await conn.fetch(
@@ -85,7 +88,7 @@ async def requeue_dead(
             conn, sorted({r["campaign_id"] for r in rows}), park=True, removable=()
         )
     return [
-        RequeuedRow(
+        DeadRow(
             r["campaign_id"],
             r["seq"],
             r["event_type"],
@@ -95,6 +98,15 @@ async def requeue_dead(
         )
         for r in rows
     ]
+
+
+async def discard_dead_row(
+    conn: Connection, campaign_id: str, seq: int, *, actor: str, reason: str
+) -> DeadRow | None:
+    """Delete one dead row (held by the caller) with its audit row; the row as it was, or None
+    when it is not there or not dead. The event stays in the journal."""
+    r = await conn.fetchrow(Q.discard_dead_row, campaign_id, seq, actor, reason)
+    return None if r is None else DeadRow(*r)
 
 
 @dataclass(frozen=True, slots=True)

@@ -67,10 +67,27 @@ WHERE o.status IN ('pending', 'failed')
   )
 ORDER BY o.campaign_id
 
+-- name: discard_dead_row
+-- Delete one dead work row ($1, $2) and write its audit row (actor $3, reason $4) keeping what
+-- it was; the event stays in the journal. Returns the row as it was (no row: it is not there,
+-- or not dead). The caller holds the campaign and the row (`claim_one`).
+WITH gone AS (
+    DELETE FROM projection_apply_outbox
+    WHERE campaign_id = $1::text AND seq = $2::bigint AND status = 'dead'
+    RETURNING campaign_id, seq, event_type, status, attempt_count, last_error, next_attempt_at
+), audit AS (
+    INSERT INTO outbox_requeue_audit (campaign_id, seq, action, actor, reason, previous_status,
+        previous_attempt_count, previous_last_error, previous_next_attempt_at)
+    SELECT g.campaign_id, g.seq, 'discard', $3::text, $4::text, g.status, g.attempt_count,
+           g.last_error, g.next_attempt_at
+    FROM gone g
+)
+SELECT campaign_id, seq, event_type, attempt_count, last_error, next_attempt_at FROM gone
+
 -- name: list_audit
 -- Operators' actions on work rows, newest first: campaign $1 (or all), at most $2. Each with
--- what the row was before (status, attempts, last error). `action` says which (requeue).
-SELECT 'requeue'::text AS action, a.at, a.campaign_id, a.seq, a.actor, a.reason,
+-- what the row was before (status, attempts, last error). `action`: requeue or discard.
+SELECT a.action, a.at, a.campaign_id, a.seq, a.actor, a.reason,
        a.previous_status, a.previous_attempt_count, a.previous_last_error
 FROM outbox_requeue_audit a
 WHERE ($1::text IS NULL OR a.campaign_id = $1::text)

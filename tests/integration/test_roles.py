@@ -117,6 +117,24 @@ async def test_each_role_does_its_job_and_no_more(
         dsn=roles["outbox_operator"],
     )
     assert requeued.returncode == 0, requeued.stderr
+    # ... and discards a dead row, moving the ordered checkpoints past it.
+    await pool.execute("UPDATE projection_apply_outbox SET status = 'dead'")
+    discarded = run_cli(
+        "maintenance",
+        "outbox-discard",
+        "--app",
+        "outbox.examples.app:app",
+        "--campaign-id",
+        "c",
+        "--seq",
+        "2",
+        "--reason",
+        "cursed for good",
+        dsn=roles["outbox_operator"],
+    )
+    assert discarded.returncode == 0, discarded.stderr
+    assert await pool.fetchval("SELECT count(*) FROM projection_apply_outbox") == 0
+    assert await pool.fetchval("SELECT min(applied_seq) FROM projection_checkpoints") == 2
     assert run_cli("maintenance", "cleanup", dsn=roles["outbox_operator"]).returncode == 0
     operator = await asyncpg.connect(roles["outbox_operator"])
     try:
@@ -129,7 +147,8 @@ async def test_each_role_does_its_job_and_no_more(
                 await operator.execute(forbidden)
     finally:
         await operator.close()
-    assert await pool.fetchval("SELECT reason FROM outbox_requeue_audit") == "test"
+    reasons = await pool.fetch("SELECT action, reason FROM outbox_requeue_audit ORDER BY at")
+    assert [tuple(r) for r in reasons] == [("requeue", "test"), ("discard", "cursed for good")]
 
 
 async def test_the_consumer_role_claims_and_releases_and_no_more(
