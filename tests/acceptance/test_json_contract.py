@@ -126,13 +126,20 @@ def outputs(dsn: str) -> dict[str, Any]:
     found["outbox-requeue-dead"] = run_json(
         "outbox-requeue-dead", "--limit", "5", "--json", dsn=dsn
     )
-    found["audit"] = run_json("audit", "--json", dsn=dsn)
     found["outbox-worker --drain-now"] = run_json(
         "--app", APP, "--drain-now", "--json", dsn=dsn, prog="outbox-worker"
     )
     found["outbox-worker --drain"] = run_json(
         "--app", APP, "--drain", "--json", "--backoff-base", "0.01", dsn=dsn, prog="outbox-worker"
     )
+    # The drain leaves c-curse dead again: discard it, then read the audit of it all.
+    found["outbox-discard"] = run_json(
+        "outbox-discard",
+        *("--app", APP, "--campaign-id", "c-curse", "--seq", "1", "--reason", "cursed"),
+        "--json",
+        dsn=dsn,
+    )
+    found["audit"] = run_json("audit", "--json", dsn=dsn)
     return found
 
 
