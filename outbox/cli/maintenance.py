@@ -1,8 +1,9 @@
 """`maintenance`: operator commands; each parses options, calls one operation, renders.
 
 The app and its shared options live in `outbox.cli.operator`; the commands, by concern, in
-`schema` (migrate, schema), `report` (outbox-report, health), `repair` (requeue, replay,
-rebuild, reconcile) and `cleanup`. Importing them registers their commands.
+`schema` (migrate, schema), `report` (outbox-report, health), `repair` (requeue, discard,
+replay, rebuild, reconcile, audit), `cleanup` and `console` (the web console). Importing them
+registers their commands.
 """
 
 from __future__ import annotations
@@ -18,12 +19,13 @@ from outbox.cli import schema
 from outbox.cli import report
 from outbox.cli import repair
 from outbox.cli import cleanup
+from outbox.cli import console
 
 # isort: on
 
 __all__ = ["app", "main"]
 
-COMMANDS = (schema, report, repair, cleanup)  # registered on `app` at import
+COMMANDS = (schema, report, repair, cleanup, console)  # registered on `app` at import
 
 
 def main(argv: list[str] | None = None, prog: str = "maintenance") -> NoReturn:

@@ -37,6 +37,7 @@ __all__ = [
     "blocked_campaigns",
     "count_dead",
     "count_rows",
+    "count_rows_bounded",
     "earliest_next_attempt",
     "first_outstanding",
     "list_leases",
@@ -57,6 +58,7 @@ RECHECK = 1.0
 class InspectQueries(Queries):
     get_first_outstanding: str
     count_rows_by_status: str
+    count_rows_bounded: str
     get_oldest_claimable: str
     count_dead_rows: str
     get_earliest_next_attempt: str
@@ -161,6 +163,12 @@ async def count_rows(executor: Executor, campaign_id: str | None = None) -> Stat
     """Work rows per status (every status present, zero when empty)."""
     async with db.acquire(executor) as conn:
         rows = await conn.fetch(Q.count_rows_by_status, campaign_id)
+    return StatusCounts(**{r["status"]: r["n"] for r in rows})
+
+
+async def count_rows_bounded(conn: Connection, bound: int) -> StatusCounts:
+    """Work rows per status, each counted up to `bound` (a count of `bound`: that many or more)."""
+    rows = await conn.fetch(Q.count_rows_bounded, bound)
     return StatusCounts(**{r["status"]: r["n"] for r in rows})
 
 

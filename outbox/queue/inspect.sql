@@ -16,6 +16,15 @@ FROM projection_apply_outbox
 WHERE ($1::text IS NULL OR campaign_id = $1::text)
 GROUP BY status
 
+-- name: count_rows_bounded
+-- Rows per status, each counted up to $1 rows (a count of $1 means "$1 or more"): what a page
+-- refreshed every few seconds can afford at millions of rows.
+SELECT s.status,
+       (SELECT count(*) FROM (
+            SELECT 1 FROM projection_apply_outbox o WHERE o.status = s.status LIMIT $1::integer
+        ) AS found) AS n
+FROM unnest(ARRAY['pending', 'processing', 'failed', 'dead']) AS s(status)
+
 -- name: get_oldest_claimable
 -- The claimable row waiting longest (by enqueued_at, not by its backoff time) and its age by
 -- the database clock: a pending or failed campaign head. A row behind an outstanding head of

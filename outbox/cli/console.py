@@ -1,0 +1,77 @@
+"""`maintenance console`: serve the web console (outbox.console) until interrupted."""
+
+from __future__ import annotations
+
+import socket
+from typing import Annotated
+
+import typer
+
+from outbox import db
+from outbox.cli.common import DsnOption, require_dsn, run, settings_for, stderr
+from outbox.cli.operator import app
+from outbox.errors import UsageError
+from outbox.schema import check_current
+
+
+def _base_path(value: str) -> str:
+    """'' or '/a/b' (no trailing slash)."""
+    base = value.strip().rstrip("/")
+    if base and (not base.startswith("/") or any(c in base for c in "?#% ")):
+        raise UsageError(f"--base-path: expected a path like /outbox, got {value!r}")
+    return base
+
+
+@app.command("console")
+def console_command(
+    dsn: DsnOption = None,
+    host: Annotated[str, typer.Option("--host", help="Address to bind.")] = "127.0.0.1",
+    port: Annotated[
+        int, typer.Option("--port", min=0, max=65535, help="Port (0: any free one).")
+    ] = 8765,
+    base_path: Annotated[
+        str, typer.Option("--base-path", help="Serve under this path, e.g. /outbox.")
+    ] = "",
+    refresh: Annotated[
+        float,
+        typer.Option("--refresh", min=0.5, max=3600, help="Seconds between reads of the figures."),
+    ] = 2.0,
+) -> None:
+    """Serve the web console (read-only) until interrupted: the queue's figures, live."""
+    base = _base_path(base_path)
+    settings = settings_for(dsn=dsn)
+    target = require_dsn(settings)
+    try:
+        import uvicorn
+        from starlette.applications import Starlette
+        from starlette.routing import Mount
+
+        from outbox.console import create_app
+    except ImportError as exc:
+        raise UsageError(
+            f"the console needs the console extra ({exc.name} is missing): "
+            "pip install 'outbox[console]'"
+        ) from None
+
+    async def serve() -> None:
+        listener = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            listener.bind((host, port))
+        except OSError as exc:
+            raise UsageError(f"--host/--port: cannot listen on {host}:{port}: {exc}") from None
+        listener.listen(128)
+        pool = await db.create_pool(target, min_size=1, max_size=2)
+        try:
+            await check_current(pool)
+            console = create_app(pool, settings=settings, refresh=refresh)
+            served = Starlette(routes=[Mount(base, app=console)]) if base else console
+            config = uvicorn.Config(served, lifespan="off", log_config=None, access_log=False)
+            bound = listener.getsockname()[1]
+            stderr.print(f"console: http://{host}:{bound}{base}/ (read-only; Ctrl-C stops it)")
+            await uvicorn.Server(config).serve(sockets=[listener])
+        finally:
+            await pool.close()
+            listener.close()
+
+    run(serve)

@@ -1,0 +1,87 @@
+"""The overview's figures, and the one poller that reads them for every open page.
+
+`read_overview()` reads rows per status (each counted up to a bound), the oldest claimable
+head, blocked campaigns and the live workers, in one read-only transaction under the console's
+session (a statement timeout: the console never holds the database up). `Poller.get()` returns
+the latest figures, reading again only when they are older than its interval, one read at a
+time: ten open tabs cost what one does, and no tab costs nothing. A failed read keeps the
+previous figures and says why. No SQL here: the reads are the queue's (`outbox.queue.inspect`)
+and the registry's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from time import monotonic
+
+import anyio
+
+from outbox import db
+from outbox.config import Session
+from outbox.queue import inspect
+from outbox.queue.inspect import OldestClaimable, StatusCounts
+from outbox.retry import describe_error
+from outbox.worker.registration import LiveWorker, live_workers
+
+__all__ = ["COUNT_BOUND", "Overview", "Poller", "read_overview"]
+
+# Rows counted per status at most: past it a page says "10,000+".
+COUNT_BOUND = 10_000
+# The console's session on the connections it borrows: named, and never a long statement.
+CONSOLE_SESSION = Session("outbox-console", {"statement_timeout": "5s"}, {})
+
+
+@dataclass(frozen=True, slots=True)
+class Overview:
+    """What the overview shows, as of `read_at` (the console's clock)."""
+
+    read_at: datetime
+    counts: StatusCounts  # each up to `bound`
+    bound: int
+    oldest_claimable: OldestClaimable | None
+    blocked_campaigns: int
+    workers: list[LiveWorker]
+
+
+async def read_overview(executor: db.Executor, *, park: bool, bound: int) -> Overview:
+    async with (
+        db.acquire(executor, session=CONSOLE_SESSION) as conn,
+        conn.transaction(readonly=True),
+    ):
+        counts = await inspect.count_rows_bounded(conn, bound)
+        oldest = await inspect.oldest_claimable(conn, park=park)
+        _, blocked = await inspect.blocked_campaigns(conn, park=park, limit=1)
+        workers = await live_workers(conn)
+    return Overview(datetime.now(UTC), counts, bound, oldest, blocked, workers)
+
+
+@dataclass
+class Poller:
+    """The latest overview, read at most once per `interval` seconds (see the module)."""
+
+    pool: db.Pool
+    park: bool = False
+    interval: float = 2.0
+    bound: int = COUNT_BOUND
+    latest: Overview | None = None
+    error: str | None = None  # why the last read failed (None: it did not)
+    reads: int = 0  # reads made so far
+    _read_at: float = field(default=float("-inf"), repr=False)
+    _lock: anyio.Lock = field(default_factory=anyio.Lock, repr=False)
+
+    async def get(self) -> Overview | None:
+        async with self._lock:
+            if monotonic() - self._read_at >= self.interval:
+                await self._read()
+        return self.latest
+
+    async def _read(self) -> None:
+        self.reads += 1
+        try:
+            self.latest = await read_overview(self.pool, park=self.park, bound=self.bound)
+            self.error = None
+        except Exception as exc:  # the page shows the last figures and why they are old
+            self.error = describe_error(exc)
+        finally:
+            self._read_at = monotonic()
