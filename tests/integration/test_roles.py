@@ -10,10 +10,12 @@ from datetime import UTC, datetime
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
+import httpx
 import pytest
 
 from helpers import ROOT, run_cli
 from outbox import Event, Settings, append, db, dedup
+from outbox.console import create_app
 from outbox.examples.app import install
 
 ROLES = (
@@ -149,6 +151,21 @@ async def test_each_role_does_its_job_and_no_more(
         await operator.close()
     reasons = await pool.fetch("SELECT action, reason FROM outbox_requeue_audit ORDER BY at")
     assert [tuple(r) for r in reasons] == [("requeue", "test"), ("discard", "cursed for good")]
+
+
+async def test_the_console_reads_as_the_report_role(
+    pool: db.Pool, roles: dict[str, str], settings: Settings
+) -> None:
+    await append(pool, "c", [Event("t", {})] * 2, settings=settings)
+    report = await db.create_pool(roles["outbox_report"], min_size=1, max_size=1)
+    try:
+        transport = httpx.ASGITransport(app=create_app(report, settings=settings))
+        async with httpx.AsyncClient(transport=transport, base_url="http://console") as console:
+            body = (await console.get("/api/overview")).json()
+    finally:
+        await report.close()
+    assert body["error"] is None
+    assert body["overview"]["counts"]["pending"] == 2
 
 
 async def test_the_consumer_role_claims_and_releases_and_no_more(
