@@ -61,8 +61,9 @@ def console_command(
         except OSError as exc:
             raise UsageError(f"--host/--port: cannot listen on {host}:{port}: {exc}") from None
         listener.listen(128)
-        pool = await db.create_pool(target, min_size=1, max_size=2)
+        pool: db.Pool | None = None
         try:
+            pool = await db.create_pool(target, min_size=1, max_size=2)
             await check_current(pool)
             console = create_app(pool, settings=settings, refresh=refresh)
             served = Starlette(routes=[Mount(base, app=console)]) if base else console
@@ -71,7 +72,8 @@ def console_command(
             stderr.print(f"console: http://{host}:{bound}{base}/ (read-only; Ctrl-C stops it)")
             await uvicorn.Server(config).serve(sockets=[listener])
         finally:
-            await pool.close()
+            if pool is not None:
+                await pool.close()
             listener.close()
 
     run(serve)

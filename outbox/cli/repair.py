@@ -3,7 +3,6 @@ journal, and the audit of operators' actions."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Annotated
 
 import typer
@@ -30,14 +29,13 @@ from outbox.cli.operator import (
     when,
 )
 from outbox.errors import OutboxError, UsageError
-from outbox.ops.discard import discard_one
+from outbox.ops.discard import check_reason, discard_one
 from outbox.ops.reconcile import reconcile
 from outbox.ops.replay import replay
-from outbox.ops.report import MAX_LIMIT
+from outbox.ops.report import MAX_LIMIT, audit
 from outbox.ops.requeue import RequeueResult, requeue_dead, requeue_one
 from outbox.projection.app import Outbox
 from outbox.projection.rebuild import RebuildResult, rebuild
-from outbox.queue.repair import AuditEntry, list_audit
 
 
 @app.command("outbox-requeue")
@@ -145,8 +143,7 @@ def outbox_discard_command(
 ) -> None:
     """Discard one dead row: its work row goes (audited), its event stays in the journal, and
     the ordered projectors' checkpoints move past it so the campaign's later rows apply."""
-    if not reason.strip():
-        raise UsageError("--reason: a discard needs a reason, for the audit")
+    check_reason(reason)  # before any connection
     result = app_run(
         app_path,
         dsn,
@@ -160,15 +157,6 @@ def outbox_discard_command(
     stdout.print(f"checkpoints moved past it: {moved}")
 
 
-@dataclass(frozen=True, slots=True)
-class Audit:
-    """`maintenance audit`: the newest audited actions (one campaign's, or all)."""
-
-    campaign_id: str | None
-    limit: int
-    entries: list[AuditEntry]
-
-
 @app.command("audit")
 def audit_command(
     dsn: DsnOption = None,
@@ -179,13 +167,9 @@ def audit_command(
     """Operators' actions on work rows (requeues, discards), newest first: who, when, why, and
     what each row was before."""
 
-    async def body(pool: db.Pool) -> Audit:
-        async with pool.acquire() as conn:
-            return Audit(campaign_id, limit, await list_audit(conn, campaign_id, limit=limit))
-
-    audit = pool_run(dsn, body)
+    result = pool_run(dsn, lambda pool: audit(pool, campaign_id=campaign_id, limit=limit))
     if as_json:
-        emit_json("audit", audit)
+        emit_json("audit", result)
         return
     table = Table(
         "at",
@@ -199,7 +183,7 @@ def audit_command(
         "last error",
         title=f"audit (newest {limit})",
     )
-    for e in audit.entries:
+    for e in result.entries:
         table.add_row(
             when(e.at),
             e.action,

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from outbox.db import Executor
     from outbox.projection.registry import Registry
 
-__all__ = ["Discarded", "discard_one"]
+__all__ = ["Discarded", "check_reason", "discard_one"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +42,12 @@ class Discarded:
     checkpoints_moved: list[str]
 
 
+def check_reason(reason: str) -> None:
+    """A discard is audited with why: a blank reason is refused (ValidationError)."""
+    if not reason.strip():
+        raise ValidationError("reason", "a discard needs a reason, for the audit")
+
+
 async def discard_one(
     executor: Executor,
     registry: Registry,
@@ -54,8 +60,7 @@ async def discard_one(
     """Discard one dead row in one transaction (see the module docstring). NotFound when there
     is no such row; Conflict when it is not dead, a running batch holds it, or an ordered
     projector has not reached the event before it."""
-    if not reason.strip():
-        raise ValidationError("reason", "a discard needs a reason, for the audit")
+    check_reason(reason)
     async with db.acquire(executor) as conn:
         async with conn.transaction():
             row, _ = await claim_one(conn, campaign_id, seq, park=True)

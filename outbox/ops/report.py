@@ -1,4 +1,5 @@
-"""What the queue holds and whether it is well: the outbox report, health, a drain's leftovers.
+"""What the queue holds and whether it is well: the outbox report, health, a drain's leftovers,
+and the audit of operators' actions.
 
 Each function takes an executor first and returns a typed result; the CLI renders it as a
 table or as JSON (its fields, in order, are the `--json` keys). Nothing here renders, parses
@@ -24,6 +25,7 @@ from outbox.queue.inspect import (
     ShadowObservations,
     StatusCounts,
 )
+from outbox.queue.repair import AuditEntry, list_audit
 from outbox.schema import check_current
 from outbox.worker.registration import LiveWorker, live_workers
 
@@ -33,10 +35,12 @@ if TYPE_CHECKING:
 __all__ = [
     "MAX_LIMIT",
     "STATUSES",
+    "Audit",
     "Health",
     "Leftovers",
     "Report",
     "Summary",
+    "audit",
     "check_limit",
     "health",
     "leftovers",
@@ -97,6 +101,15 @@ class Leftovers:
     failed: int
     dead: int
     blocked_campaigns: int
+
+
+@dataclass(frozen=True, slots=True)
+class Audit:
+    """`maintenance audit`: the newest audited actions (one campaign's, or all)."""
+
+    campaign_id: str | None
+    limit: int
+    entries: list[AuditEntry]
 
 
 def check_limit(limit: int) -> None:
@@ -213,3 +226,11 @@ async def health(
         max_blocked,
         reasons,
     )
+
+
+async def audit(executor: Executor, *, campaign_id: str | None = None, limit: int = 50) -> Audit:
+    """Operators' actions on work rows (requeues, discards), newest first, at most `limit`."""
+    check_limit(limit)
+    async with db.acquire(executor) as conn:
+        entries = await list_audit(conn, campaign_id, limit=limit)
+    return Audit(campaign_id, limit, entries)
