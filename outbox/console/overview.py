@@ -51,7 +51,7 @@ async def read_overview(executor: db.Executor, *, park: bool, bound: int) -> Ove
     ):
         counts = await inspect.count_rows_bounded(conn, bound)
         oldest = await inspect.oldest_claimable(conn, park=park)
-        _, blocked = await inspect.blocked_campaigns(conn, park=park, limit=1)
+        _, blocked = await inspect.blocked_campaigns(conn, park=park, limit=1, waiting_bound=1)
         workers = await live_workers(conn)
     return Overview(datetime.now(UTC), counts, bound, oldest, blocked, workers)
 

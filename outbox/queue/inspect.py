@@ -168,8 +168,9 @@ async def count_rows(executor: Executor, campaign_id: str | None = None) -> Stat
 
 async def count_rows_bounded(conn: Connection, bound: int) -> StatusCounts:
     """Work rows per status, each counted up to `bound` (a count of `bound`: that many or more)."""
-    rows = await conn.fetch(Q.count_rows_bounded, bound)
-    return StatusCounts(**{r["status"]: r["n"] for r in rows})
+    row = await conn.fetchrow(Q.count_rows_bounded, bound)
+    assert row is not None  # scalar subqueries: always one row
+    return _of(StatusCounts, row)
 
 
 async def oldest_claimable(
@@ -192,10 +193,16 @@ async def earliest_next_attempt(
 
 
 async def blocked_campaigns(
-    conn: Connection, campaign_id: str | None = None, *, park: bool, limit: int
+    conn: Connection,
+    campaign_id: str | None = None,
+    *,
+    park: bool,
+    limit: int,
+    waiting_bound: int | None = None,
 ) -> tuple[list[BlockedCampaign], int]:
-    """Up to `limit` blocked campaigns, oldest first, and how many there are in all."""
-    rows = await conn.fetch(Q.list_blocked_campaigns, campaign_id, park, limit)
+    """Up to `limit` blocked campaigns, oldest first, and how many there are in all; the rows
+    waiting behind each head are counted up to `waiting_bound` (None: all of them)."""
+    rows = await conn.fetch(Q.list_blocked_campaigns, campaign_id, park, limit, waiting_bound)
     total = int(rows[0]["total"]) if rows else 0
     return [_of(BlockedCampaign, r) for r in rows], total
 

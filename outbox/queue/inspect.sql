@@ -1,14 +1,6 @@
 -- Reads of the work queue: what the report, health, metrics, drains and read-your-writes see.
 -- Every filter is a bound parameter; a null filter means "any". Nothing here writes.
 
--- fragment: queue_heads
--- Each campaign's first outstanding row (campaign $1, or all): its head. Under park ($2) dead
--- rows step aside, so the head is the first row that is not dead.
-SELECT DISTINCT ON (campaign_id) campaign_id, seq, status, enqueued_at
-FROM projection_apply_outbox
-WHERE ($1::text IS NULL OR campaign_id = $1::text) AND NOT ($2::boolean AND status = 'dead')
-ORDER BY campaign_id, seq
-
 -- name: count_rows_by_status
 -- Rows per status, optionally for one campaign ($1).
 SELECT status, count(*) AS n
@@ -18,19 +10,52 @@ GROUP BY status
 
 -- name: count_rows_bounded
 -- Rows per status, each counted up to $1 rows (a count of $1 means "$1 or more"): what a page
--- refreshed every few seconds can afford at millions of rows.
-SELECT s.status,
+-- refreshed every few seconds can afford at millions of rows. Pending rows are read from the
+-- claim index or the table (whichever finds $1 soonest), the rare statuses from the attention
+-- index alone.
+SELECT (SELECT count(*) FROM (
+            SELECT 1 FROM projection_apply_outbox WHERE status = 'pending' LIMIT $1::integer
+        ) AS found) AS pending,
        (SELECT count(*) FROM (
-            SELECT 1 FROM projection_apply_outbox o WHERE o.status = s.status LIMIT $1::integer
-        ) AS found) AS n
-FROM unnest(ARRAY['pending', 'processing', 'failed', 'dead']) AS s(status)
+            SELECT 1 FROM projection_apply_outbox
+            WHERE status <> 'pending' AND status = 'processing' LIMIT $1::integer
+        ) AS found) AS processing,
+       (SELECT count(*) FROM (
+            SELECT 1 FROM projection_apply_outbox
+            WHERE status <> 'pending' AND status = 'failed' LIMIT $1::integer
+        ) AS found) AS failed,
+       (SELECT count(*) FROM (
+            SELECT 1 FROM projection_apply_outbox
+            WHERE status <> 'pending' AND status = 'dead' LIMIT $1::integer
+        ) AS found) AS dead
 
 -- name: get_oldest_claimable
 -- The claimable row waiting longest (by enqueued_at, not by its backoff time) and its age by
--- the database clock: a pending or failed campaign head. A row behind an outstanding head of
--- its campaign waits for that head and is not claimable (under park, $2, dead rows step aside).
-WITH heads AS (
-    -- include: queue_heads
+-- the database clock: a pending or failed campaign head (campaign $1, or all). A row behind an
+-- outstanding head of its campaign waits for that head and is not claimable; under park ($2)
+-- dead rows step aside, so a head is the first row that is not dead. The heads are found by a
+-- loose index scan, one descent of the primary key per campaign: the cost grows with the
+-- campaigns that have work, not with their rows.
+WITH RECURSIVE heads AS (
+    (
+        SELECT o.campaign_id, o.seq, o.status, o.enqueued_at
+        FROM projection_apply_outbox o
+        WHERE ($1::text IS NULL OR o.campaign_id = $1::text)
+          AND NOT ($2::boolean AND o.status = 'dead')
+        ORDER BY o.campaign_id, o.seq
+        LIMIT 1
+    )
+    UNION ALL
+    SELECT n.campaign_id, n.seq, n.status, n.enqueued_at
+    FROM heads h
+    CROSS JOIN LATERAL (
+        SELECT o.campaign_id, o.seq, o.status, o.enqueued_at
+        FROM projection_apply_outbox o
+        WHERE $1::text IS NULL AND o.campaign_id > h.campaign_id
+          AND NOT ($2::boolean AND o.status = 'dead')
+        ORDER BY o.campaign_id, o.seq
+        LIMIT 1
+    ) n
 )
 SELECT campaign_id, seq, enqueued_at,
        extract(epoch FROM clock_timestamp() - enqueued_at)::double precision AS age_seconds
@@ -52,20 +77,55 @@ WHERE status IN ('pending', 'failed') AND ($1::text IS NULL OR campaign_id = $1:
 
 -- name: list_blocked_campaigns
 -- Campaigns whose first outstanding row is failed or dead (under park, $2, dead rows step
--- aside and do not block), with the rows waiting behind it; oldest first, at most $3;
--- `total` counts them all, whatever the limit.
-WITH heads AS (
-    -- include: queue_heads
+-- aside and do not block), campaign $1 or all, with the rows waiting behind the head (counted
+-- up to $4); the oldest head first, at most $3; `total` counts them all, whatever the limit.
+-- Found from the attention index: each campaign's first failed or dead row (a loose index
+-- scan), kept when nothing outstanding precedes it. The cost grows with the campaigns that
+-- have failed or dead rows, not with the queue.
+WITH RECURSIVE firsts AS (
+    (
+        SELECT o.campaign_id, o.seq
+        FROM projection_apply_outbox o
+        WHERE o.status <> 'pending' AND o.status IN ('failed', 'dead')
+          AND NOT ($2::boolean AND o.status = 'dead')
+          AND ($1::text IS NULL OR o.campaign_id = $1::text)
+        ORDER BY o.campaign_id, o.seq
+        LIMIT 1
+    )
+    UNION ALL
+    SELECT n.campaign_id, n.seq
+    FROM firsts f
+    CROSS JOIN LATERAL (
+        SELECT o.campaign_id, o.seq
+        FROM projection_apply_outbox o
+        WHERE o.status <> 'pending' AND o.status IN ('failed', 'dead')
+          AND NOT ($2::boolean AND o.status = 'dead')
+          AND $1::text IS NULL AND o.campaign_id > f.campaign_id
+        ORDER BY o.campaign_id, o.seq
+        LIMIT 1
+    ) n
+), blocked AS (
+    SELECT o.campaign_id, o.seq, o.status, o.enqueued_at, count(*) OVER () AS total
+    FROM firsts f
+    JOIN projection_apply_outbox o ON o.campaign_id = f.campaign_id AND o.seq = f.seq
+    WHERE NOT EXISTS (
+        SELECT 1 FROM projection_apply_outbox e
+        WHERE e.campaign_id = f.campaign_id AND e.seq < f.seq
+          AND NOT ($2::boolean AND e.status = 'dead')
+    )
+    ORDER BY o.enqueued_at, o.campaign_id
+    LIMIT $3::integer
 )
-SELECT h.campaign_id, h.seq AS blocking_seq, h.status,
-       (SELECT count(*) FROM projection_apply_outbox o
-        WHERE o.campaign_id = h.campaign_id AND o.seq > h.seq) AS waiting,
-       extract(epoch FROM clock_timestamp() - h.enqueued_at)::double precision AS age_seconds,
-       count(*) OVER () AS total
-FROM heads h
-WHERE h.status IN ('failed', 'dead')
-ORDER BY h.enqueued_at, h.campaign_id
-LIMIT $3::integer
+SELECT b.campaign_id, b.seq AS blocking_seq, b.status,
+       (SELECT count(*) FROM (
+            SELECT 1 FROM projection_apply_outbox w
+            WHERE w.campaign_id = b.campaign_id AND w.seq > b.seq
+            LIMIT $4::integer
+        ) AS behind) AS waiting,
+       extract(epoch FROM clock_timestamp() - b.enqueued_at)::double precision AS age_seconds,
+       b.total
+FROM blocked b
+ORDER BY b.enqueued_at, b.campaign_id
 
 -- name: list_rows
 -- Queue rows by status ($1) and campaign ($2), at most $3: with no status filter failed and

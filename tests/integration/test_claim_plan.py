@@ -265,3 +265,75 @@ async def test_plans_cached_while_small_stay_probes(pool: db.Pool) -> None:
                 claimed = {r["campaign_id"] for r in rows}
                 assert len(claimed) == 20
                 assert all(c.startswith("c-") for c in claimed)
+
+
+# --- operators' reads (the report, metrics and console) -------------------------------------
+
+# A backlog of 200k pending rows in 1,000 campaigns; 5 campaigns with a dead head, 5 with a
+# failed one (each with rows waiting behind), and 300 dead rows stepped over in one campaign.
+TROUBLE = (
+    JOURNAL.format(campaigns=1000, rows=200_000)
+    + """
+INSERT INTO projection_apply_outbox (campaign_id, seq, event_type, status, last_error)
+SELECT campaign_id, seq, event_type,
+       CASE WHEN seq = 1 AND campaign_id IN ('c-1', 'c-2', 'c-3', 'c-4', 'c-5') THEN 'dead'
+            WHEN seq = 1 AND campaign_id IN ('c-6', 'c-7', 'c-8', 'c-9', 'c-10') THEN 'failed'
+            WHEN campaign_id = 'c-11' AND seq BETWEEN 50 AND 200 THEN 'dead'
+            ELSE 'pending' END,
+       'boom'
+FROM event_journal;
+ANALYZE projection_apply_outbox;
+"""
+)
+
+
+@pytest.mark.slow
+async def test_operator_reads_never_visit_the_pending_backlog(pool: db.Pool) -> None:
+    """Counts by status (bounded), blocked campaigns and the oldest claimable head at 200k
+    pending rows: no read scans the work rows (the pending count may read up to its bound).
+    Counts and blocked campaigns read the attention
+    index (failed, dead and leased rows only), so their cost does not depend on the pending
+    backlog; the oldest head is one primary-key descent per campaign (a loose index scan)."""
+    from outbox.queue.inspect import Q as inspect_q
+
+    await pool.execute(TROUBLE)
+    # A read that walked the backlog would touch every page of the table; these touch the few
+    # rows of interest (and, unvacuumed, their heap pages): a small fraction of it.
+    pages = await pool.fetchval(
+        "SELECT relpages FROM pg_class WHERE oid = 'projection_apply_outbox'::regclass"
+    )
+    assert pages > 1000
+    for mode in ("force_custom_plan", "force_generic_plan"):
+        async with pool.acquire() as conn:
+            await conn.execute(f"SET plan_cache_mode = {mode}")
+            await _explain_everything(conn)
+            for what, sql, args in (
+                ("counts", inspect_q.count_rows_bounded, [100]),
+                ("blocked", inspect_q.list_blocked_campaigns, [None, False, 3, 100]),
+                ("blocked/park", inspect_q.list_blocked_campaigns, [None, True, 3, 100]),
+                ("oldest", inspect_q.get_oldest_claimable, [None, False]),
+            ):
+                rows, plans = await _explained(conn, sql, *args)
+                scanned = sum(
+                    n["Actual Rows"] + n.get("Rows Removed by Filter", 0)
+                    for plan in plans
+                    for n in nodes(plan)
+                    if n["Node Type"] == "Seq Scan"
+                )
+                # The pending count may read the table from its start: it stops at the bound.
+                assert scanned <= 1000, f"{mode}/{what}: a scan read {scanned} rows"
+                used = {n.get("Index Name") for plan in plans for n in nodes(plan)}
+                if what != "oldest":
+                    assert "projection_apply_outbox_attention_idx" in used, f"{what}: {used}"
+                    buffers = sum(p["Shared Hit Blocks"] + p["Shared Read Blocks"] for p in plans)
+                    assert buffers <= pages / 3, f"{mode}/{what}: {buffers} of {pages} pages"
+                if what == "counts":
+                    assert tuple(rows[0]) == (100, 0, 5, 100)
+                if what == "blocked":  # dead heads, then failed ones: all 10, oldest first
+                    assert rows[0]["total"] == 10
+                    assert [r["waiting"] for r in rows] == [100, 100, 100]
+                if what == "blocked/park":  # dead rows step aside: only the failed heads
+                    assert rows[0]["total"] == 5
+                    assert {r["status"] for r in rows} == {"failed"}
+                if what == "oldest":
+                    assert rows[0]["campaign_id"] == "c-0"
