@@ -16,3 +16,21 @@ ALTER TABLE outbox_requeue_audit
 CREATE INDEX projection_apply_outbox_attention_idx
     ON projection_apply_outbox (campaign_id, seq) INCLUDE (status)
     WHERE status <> 'pending';
+
+-- Error groups: failed and dead rows grouped by the projector that raised and the shape of the
+-- error, so one poisoned projector's thousand rows read as one line and requeue as one group.
+-- `last_error` is `Type: message` on one line, prefixed `projector 'name': ` when a projector
+-- raised it. The shape replaces what varies between occurrences of one failure, quoted values
+-- and (signed) numbers, by `?` (one regular expression: these run per row). The fingerprint
+-- names a group in commands and URLs: 12 hex digits of the MD5 of the projector and the shape.
+CREATE FUNCTION outbox_error_projector(error text) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN substring(error FROM '^projector [''"](.*?)[''"]: ');
+
+CREATE FUNCTION outbox_error_shape(error text) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN regexp_replace(error, '''[^'']*''|"[^"]*"|-?[0-9]+(\.[0-9]+)?', '?', 'g');
+
+CREATE FUNCTION outbox_error_fingerprint(projector text, shape text) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN left(md5(coalesce(projector, '') || E'\n' || coalesce(shape, '')), 12);

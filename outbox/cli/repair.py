@@ -78,6 +78,14 @@ def outbox_requeue_dead_command(
     event_type: Annotated[
         str | None, typer.Option("--event-type", help="Only this event type.", show_default=False)
     ] = None,
+    fingerprint: Annotated[
+        str | None,
+        typer.Option(
+            "--error",
+            help="Only this error group (a fingerprint from outbox-failures).",
+            show_default=False,
+        ),
+    ] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Show, change nothing.")] = False,
     reason: ReasonOption = None,
     quiet: QuietOption = False,
@@ -96,6 +104,7 @@ def outbox_requeue_dead_command(
                 limit=bound,
                 campaign_id=campaign_id,
                 event_type=event_type,
+                fingerprint=fingerprint,
                 dry_run=dry_run,
                 reason=reason,
                 progress=lambda n: bar.advance(task, n),

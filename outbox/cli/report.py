@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import enum
 from typing import Annotated
 
 import orjson
@@ -27,7 +28,7 @@ from outbox.cli.operator import (
     when,
 )
 from outbox.errors import OutboxError
-from outbox.ops.report import Report, health, outbox_report
+from outbox.ops.report import MAX_SCAN, Failures, Report, failures, health, outbox_report
 
 # Identifiers fold onto a second line in a narrow terminal: never cut off.
 _FOLDED = {"campaign", "event type", "worker", "owner", "last error"}
@@ -180,6 +181,63 @@ def outbox_report_command(
         emit_json("outbox", report)
     else:
         render_report(report, payload=payload)
+
+
+class FailingStatus(enum.StrEnum):
+    failed = "failed"
+    dead = "dead"
+
+
+def render_failures(result: Failures) -> None:
+    table = _table(
+        "status", "rows", "projector", "error shape", "fingerprint", "event types", "latest",
+        title="failures by projector and error",
+    )  # fmt: skip
+    for g in result.groups:
+        table.add_row(
+            g.status,
+            str(g.rows),
+            g.projector or "",
+            g.shape or "",
+            g.fingerprint,
+            ", ".join(g.event_types),
+            f"{g.latest_campaign_id} seq {g.latest_seq}, {when(g.last_at)}",
+        )
+    stdout.print(table)
+    if result.scanned >= result.scan:
+        stderr.print(
+            f"grouped the first {result.scanned:,} failed or dead rows: more exist, and the "
+            "counts are of those (--scan reads more)"
+        )
+
+
+@app.command("outbox-failures")
+def outbox_failures_command(
+    dsn: DsnOption = None,
+    status: Annotated[
+        FailingStatus | None, typer.Option("--status", help="Only failed, or only dead, rows.")
+    ] = None,
+    scan: Annotated[
+        int,
+        typer.Option(
+            "--scan", min=1, max=MAX_SCAN, help="Read at most this many failed or dead rows."
+        ),
+    ] = 10_000,
+    limit: LimitOption = 50,
+    as_json: JsonOption = False,
+) -> None:
+    """Failed and dead rows grouped by projector and error shape (quoted values and numbers
+    masked), largest group first; requeue a dead group with `outbox-requeue-dead --error`."""
+    result = pool_run(
+        dsn,
+        lambda pool: failures(
+            pool, status=status.value if status else None, scan=scan, limit=limit
+        ),
+    )
+    if as_json:
+        emit_json("outbox-failures", result)
+    else:
+        render_failures(result)
 
 
 @app.command("health")

@@ -18,6 +18,7 @@ from outbox.queue import inspect
 from outbox.queue.inspect import (
     STATUSES,
     BlockedCampaign,
+    FailureGroup,
     LeaseRow,
     OldestClaimable,
     ParkedRow,
@@ -34,20 +35,25 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MAX_LIMIT",
+    "MAX_SCAN",
     "STATUSES",
     "Audit",
+    "Failures",
     "Health",
     "Leftovers",
     "Report",
     "Summary",
     "audit",
     "check_limit",
+    "failures",
     "health",
     "leftovers",
     "outbox_report",
 ]
 
 MAX_LIMIT = 10_000
+# Rows an error grouping reads at most (each costs a regular expression or two).
+MAX_SCAN = 1_000_000
 SUMMARY_LIST_LIMIT = 100
 
 
@@ -110,6 +116,17 @@ class Audit:
     campaign_id: str | None
     limit: int
     entries: list[AuditEntry]
+
+
+@dataclass(frozen=True, slots=True)
+class Failures:
+    """`maintenance outbox-failures`: failed and dead rows grouped by projector and error shape,
+    from at most `scan` rows (`scanned` == `scan`: more may exist, the counts are of those)."""
+
+    status: str | None
+    scan: int
+    scanned: int
+    groups: list[FailureGroup]
 
 
 def check_limit(limit: int) -> None:
@@ -234,3 +251,18 @@ async def audit(executor: Executor, *, campaign_id: str | None = None, limit: in
     async with db.acquire(executor) as conn:
         entries = await list_audit(conn, campaign_id, limit=limit)
     return Audit(campaign_id, limit, entries)
+
+
+async def failures(
+    executor: Executor, *, status: str | None = None, scan: int = MAX_LIMIT, limit: int = 50
+) -> Failures:
+    """Failed and dead rows (`status`: only failed or only dead) grouped by projector and error
+    shape, largest group first, at most `limit` groups, counted from at most `scan` rows."""
+    if status is not None and status not in ("failed", "dead"):
+        raise ValidationError("status", f"expected failed or dead, got {status!r}")
+    check_limit(limit)
+    if isinstance(scan, bool) or not isinstance(scan, int) or not 1 <= scan <= MAX_SCAN:
+        raise ValidationError("scan", f"expected an integer from 1 to {MAX_SCAN}, got {scan!r}")
+    async with db.acquire(executor) as conn:
+        groups, scanned = await inspect.failure_groups(conn, status=status, scan=scan, limit=limit)
+    return Failures(status, scan, scanned, groups)

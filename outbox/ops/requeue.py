@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import getpass
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from outbox import db
-from outbox.errors import Conflict
+from outbox.errors import Conflict, ValidationError
 from outbox.ops.report import check_limit
 from outbox.queue import repair
 from outbox.queue.claim import claim_one
@@ -28,6 +29,8 @@ if TYPE_CHECKING:
 __all__ = ["RequeueOne", "RequeueResult", "current_actor", "requeue_dead", "requeue_one"]
 
 REQUEUE_CHUNK = 500
+# An error group's fingerprint (migration 0008's outbox_error_fingerprint).
+_FINGERPRINT = re.compile(r"[0-9a-f]{12}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +90,7 @@ async def requeue_dead(
     limit: int,
     campaign_id: str | None = None,
     event_type: str | None = None,
+    fingerprint: str | None = None,
     dry_run: bool = False,
     actor: str | None = None,
     reason: str | None = None,
@@ -94,8 +98,13 @@ async def requeue_dead(
 ) -> RequeueResult:
     """Up to `limit` dead rows back to pending, oldest first, in chunks of their own
     transactions; `progress(n)` after each chunk. With `dry_run` nothing changes and the rows
-    that would move come back."""
+    that would move come back. `campaign_id`, `event_type`, `fingerprint` (an error group's):
+    only matching rows."""
     check_limit(limit)
+    if fingerprint is not None and not _FINGERPRINT.fullmatch(fingerprint):
+        raise ValidationError(
+            "error fingerprint", f"expected 12 hex digits (outbox-failures), got {fingerprint!r}"
+        )
     actor = actor or current_actor()
     done: list[DeadRow] = []
     async with db.acquire(executor) as conn:
@@ -105,6 +114,7 @@ async def requeue_dead(
                 limit=limit,
                 campaign_id=campaign_id,
                 event_type=event_type,
+                fingerprint=fingerprint,
                 dry_run=True,
                 actor=actor,
                 reason=reason,
@@ -118,6 +128,7 @@ async def requeue_dead(
                     limit=ask,
                     campaign_id=campaign_id,
                     event_type=event_type,
+                    fingerprint=fingerprint,
                     actor=actor,
                     reason=reason,
                 )

@@ -28,6 +28,7 @@ __all__ = [
     "STATUSES",
     "Applied",
     "BlockedCampaign",
+    "FailureGroup",
     "LeaseRow",
     "OldestClaimable",
     "ParkedRow",
@@ -39,6 +40,7 @@ __all__ = [
     "count_rows",
     "count_rows_bounded",
     "earliest_next_attempt",
+    "failure_groups",
     "first_outstanding",
     "list_leases",
     "list_parked",
@@ -63,6 +65,7 @@ class InspectQueries(Queries):
     count_dead_rows: str
     get_earliest_next_attempt: str
     list_blocked_campaigns: str
+    list_failure_groups: str
     list_rows: str
     list_leases: str
     get_shadow_observations: str
@@ -104,6 +107,24 @@ class BlockedCampaign:
     status: str
     waiting: int
     age_seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class FailureGroup:
+    """Failed or dead rows of one projector and error shape: the shape replaces quoted values
+    and numbers by `?`; `fingerprint` names the group (`outbox-requeue-dead --error`)."""
+
+    status: str
+    projector: str | None
+    shape: str | None
+    fingerprint: str
+    rows: int
+    event_types: list[str]
+    first_at: datetime
+    last_at: datetime
+    latest_campaign_id: str
+    latest_seq: int
+    latest_error: str | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,6 +226,17 @@ async def blocked_campaigns(
     rows = await conn.fetch(Q.list_blocked_campaigns, campaign_id, park, limit, waiting_bound)
     total = int(rows[0]["total"]) if rows else 0
     return [_of(BlockedCampaign, r) for r in rows], total
+
+
+async def failure_groups(
+    conn: Connection, *, status: str | None, scan: int, limit: int
+) -> tuple[list[FailureGroup], int]:
+    """Failed and dead rows (or those of one `status`) grouped by projector and error shape,
+    largest first, at most `limit` groups, from at most `scan` rows; and how many rows were read
+    (`scan` of them: there may be more)."""
+    rows = await conn.fetch(Q.list_failure_groups, scan, status, limit)
+    scanned = int(rows[0]["scanned"]) if rows else 0
+    return [_of(FailureGroup, r) for r in rows], scanned
 
 
 async def list_rows(

@@ -127,6 +127,38 @@ SELECT b.campaign_id, b.seq AS blocking_seq, b.status,
 FROM blocked b
 ORDER BY b.enqueued_at, b.campaign_id
 
+-- name: list_failure_groups
+-- Failed and dead rows grouped by status, projector and error shape (migration 0008): each
+-- group's fingerprint, rows, event types, first and last failure, and its latest row with the
+-- whole error. Reads at most $1 rows of the attention index ($2: one status, or both), so its
+-- cost is bounded whatever the number of failures; `scanned` is how many it read (as many as
+-- $1: there may be more). Largest groups first, at most $3.
+WITH scanned AS (
+    SELECT o.campaign_id, o.seq, o.status, o.event_type, o.last_error, o.updated_at,
+           outbox_error_projector(o.last_error) AS projector,
+           outbox_error_shape(o.last_error) AS shape
+    FROM projection_apply_outbox o
+    WHERE o.status <> 'pending' AND o.status IN ('failed', 'dead')
+      AND ($2::text IS NULL OR o.status = $2::text)
+    LIMIT $1::integer
+)
+SELECT s.status, s.projector, s.shape,
+       outbox_error_fingerprint(s.projector, s.shape) AS fingerprint,
+       count(*) AS rows,
+       array_agg(DISTINCT s.event_type ORDER BY s.event_type) AS event_types,
+       min(s.updated_at) AS first_at,
+       max(s.updated_at) AS last_at,
+       (array_agg(s.campaign_id ORDER BY s.updated_at DESC, s.campaign_id, s.seq))[1]
+           AS latest_campaign_id,
+       (array_agg(s.seq ORDER BY s.updated_at DESC, s.campaign_id, s.seq))[1] AS latest_seq,
+       (array_agg(s.last_error ORDER BY s.updated_at DESC, s.campaign_id, s.seq))[1]
+           AS latest_error,
+       (SELECT count(*) FROM scanned) AS scanned
+FROM scanned s
+GROUP BY s.status, s.projector, s.shape
+ORDER BY rows DESC, s.status, s.projector, s.shape
+LIMIT $3::integer
+
 -- name: list_rows
 -- Queue rows by status ($1) and campaign ($2), at most $3: with no status filter failed and
 -- dead rows first (they explain a backlog), then in claim order (next_attempt_at, seq). $4:

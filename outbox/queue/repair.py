@@ -62,13 +62,15 @@ async def requeue_dead(
     limit: int,
     campaign_id: str | None = None,
     event_type: str | None = None,
+    fingerprint: str | None = None,
     one: tuple[str, int] | None = None,
     dry_run: bool = False,
     actor: str,
     reason: str | None,
 ) -> list[DeadRow]:
     """Up to `limit` dead rows (or the one row `one`) back to pending, oldest first, each with
-    its audit row; rows other transactions hold are skipped. `dry_run`: change nothing."""
+    its audit row; rows other transactions hold are skipped. `fingerprint`: only rows of that
+    error group (`inspect.failure_groups`). `dry_run`: change nothing."""
     rows = await conn.fetch(
         Q.requeue_dead_rows,
         limit,
@@ -79,6 +81,7 @@ async def requeue_dead(
         dry_run,
         actor,
         reason,
+        fingerprint,
     )
     if not dry_run:
         # Live again: their campaigns are claimable at once. The dead policy is the workers'

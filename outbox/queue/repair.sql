@@ -3,7 +3,8 @@
 
 -- name: requeue_dead_rows
 -- Dead rows back to pending, due now, with a fresh attempt budget, oldest first by
--- next_attempt_at, seq: a batch (limit $1, campaign $2, event type $3) or one row ($4, $5).
+-- next_attempt_at, seq: a batch (limit $1, campaign $2, event type $3, error fingerprint $9:
+-- see migration 0008) or one row ($4, $5).
 -- Rows other transactions hold are skipped. $6 dry run: select, change nothing. Each requeue
 -- writes its audit row (actor $7, reason $8) keeping the previous status, attempts and error.
 WITH target AS (
@@ -13,6 +14,8 @@ WITH target AS (
       AND ($2::text IS NULL OR campaign_id = $2::text)
       AND ($3::text IS NULL OR event_type = $3::text)
       AND ($4::text IS NULL OR (campaign_id = $4::text AND seq = $5::bigint))
+      AND ($9::text IS NULL OR outbox_error_fingerprint(
+               outbox_error_projector(last_error), outbox_error_shape(last_error)) = $9::text)
     ORDER BY next_attempt_at, seq
     LIMIT $1::integer
     FOR UPDATE SKIP LOCKED

@@ -104,6 +104,7 @@ def outputs(dsn: str) -> dict[str, Any]:
         ),
         "reconcile": run_json("reconcile", "--app", APP, "--json", dsn=dsn),
         "reconcile --quiet": run_json("reconcile", "--app", APP, "--quiet", "--json", dsn=dsn),
+        "outbox-failures": run_json("outbox-failures", "--json", dsn=dsn),
         "outbox-requeue-dead --dry-run": run_json(
             "outbox-requeue-dead", "--limit", "5", "--dry-run", "--json", dsn=dsn
         ),
@@ -154,6 +155,7 @@ async def test_every_json_command_keeps_its_keys(
     assert "summary.leases[].lease_owner" in found["outbox-report"]
     assert "summary.parked_rows[].last_error" in found["outbox-report (park)"]
     assert "rows[].event_type" in found["outbox-requeue-dead"]
+    assert "groups[].fingerprint" in found["outbox-failures"]
     if os.environ.get("OUTBOX_PIN_JSON") == "write":
         PINNED.write_bytes(orjson.dumps(found, option=orjson.OPT_INDENT_2) + b"\n")
     assert found == orjson.loads(PINNED.read_bytes())

@@ -86,3 +86,65 @@ async def test_the_report_lists_failures_first(pool: db.Pool, dsn: str) -> None:
     assert (report.rows[0].last_error or "").startswith("projector 'alerts'")
     filtered = await outbox_report(pool, status="pending", limit=3)
     assert [r.status for r in filtered.rows] == ["pending"] * 3
+
+
+# --- error groups (maintenance outbox-failures, outbox-requeue-dead --error) ----------------
+
+
+def poisoned(dsn: str) -> Outbox:
+    """`totals` raises on negative amounts (the message carries the amount and the order id);
+    `mailer` times out on every `order.placed` with a PermanentError (dead at once)."""
+    from outbox.errors import PermanentError
+
+    app = Outbox(Settings(dsn=dsn, max_attempts=1, backoff_base=0.01, dead_policy="park"))
+
+    @app.projector("totals", events=["order.placed"], ordered=False)
+    async def totals(tx: db.Connection, event: StoredEvent) -> None:
+        amount = event.payload["amount"]
+        if amount < 0:
+            raise ValueError(f"bad amount {amount} in order '{event.campaign_id}'")
+
+    @app.projector("mailer", events=["order.shipped"], ordered=False)
+    async def mailer(tx: db.Connection, event: StoredEvent) -> None:
+        raise PermanentError(f"smtp timed out after {event.seq * 10} s")
+
+    return app
+
+
+async def test_failures_group_by_projector_and_error_shape(pool: db.Pool, dsn: str) -> None:
+    from outbox.ops.report import failures
+    from outbox.ops.requeue import requeue_dead
+
+    app = poisoned(dsn)
+    for i in range(6):  # 4 bad amounts, 2 timeouts, 6 good events
+        await app.append(
+            pool,
+            f"o-{i}",
+            [
+                Event("order.placed", {"amount": -i - 1 if i < 4 else i}),
+                Event("order.placed", {"amount": 5}),
+                *([Event("order.shipped", {})] if i >= 4 else []),
+            ],
+        )
+    await Worker(app, pool).run_once()
+    result = await failures(pool)
+    assert result.scanned == 6
+    groups = [(g.status, g.projector, g.shape, g.rows) for g in result.groups]
+    assert groups == [
+        ("dead", "totals", "projector ?: ValueError: bad amount ? in order ?", 4),
+        ("dead", "mailer", "projector ?: PermanentError: smtp timed out after ? s", 2),
+    ]
+    bad = result.groups[0]
+    assert bad.event_types == ["order.placed"]
+    assert (bad.latest_error or "").startswith("projector 'totals': ")
+    # A bound on the rows read: the counts are of those, and the result says so.
+    small = await failures(pool, scan=3)
+    assert (small.scanned, sum(g.rows for g in small.groups)) == (3, 3)
+    assert [g.rows for g in (await failures(pool, status="failed")).groups] == []
+    # The group's fingerprint selects exactly its rows: a dry run lists them, a requeue moves them.
+    dry = await requeue_dead(pool, limit=100, fingerprint=bad.fingerprint, dry_run=True)
+    assert sorted(r.campaign_id for r in dry.rows) == ["o-0", "o-1", "o-2", "o-3"]
+    done = await requeue_dead(pool, limit=100, fingerprint=bad.fingerprint, reason="fixed")
+    assert done.requeued == 4
+    left = await failures(pool)
+    assert [(g.projector, g.rows) for g in left.groups] == [("mailer", 2)]
