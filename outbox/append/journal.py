@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Decoded",
+    "JournalEntry",
     "append",
     "decode_bulk",
     "decode_event",
@@ -44,6 +45,7 @@ __all__ = [
     "load_events",
     "prune_append_keys",
     "rebuild_events",
+    "recent_events",
 ]
 
 
@@ -53,6 +55,7 @@ class JournalQueries(Queries):
     list_campaigns: str
     load_rebuild_events: str
     prune_append_keys: str
+    list_recent_events: str
 
 
 Q = JournalQueries
@@ -188,6 +191,23 @@ async def list_campaigns(executor: Executor, campaign_id: str | None = None) -> 
     async with db.acquire(executor) as conn:
         rows = await conn.fetch(Q.list_campaigns, campaign_id)
     return [r["campaign_id"] for r in rows]
+
+
+@dataclass(frozen=True, slots=True)
+class JournalEntry:
+    """An event as the journal holds it, payload and metadata as stored text (undecoded)."""
+
+    seq: int
+    event_type: str
+    payload: str
+    metadata: str
+    recorded_at: datetime
+
+
+async def recent_events(conn: Connection, campaign_id: str, *, limit: int) -> list[JournalEntry]:
+    """A campaign's last `limit` events, newest first, as stored."""
+    rows = await conn.fetch(Q.list_recent_events, campaign_id, limit)
+    return [JournalEntry(*r) for r in rows]
 
 
 async def prune_append_keys(conn: Connection, *, batch_size: int) -> int:

@@ -39,3 +39,12 @@ DELETE FROM append_idempotency_keys
 WHERE ctid IN (
     SELECT ctid FROM append_idempotency_keys WHERE expires_at <= clock_timestamp() LIMIT $1::integer
 )
+
+-- name: list_recent_events
+-- A campaign's last $2 events, newest first, payload and metadata as text (an undecodable one
+-- still shows): the journal tail an operator reads beside the campaign's queue rows.
+SELECT seq, event_type, payload::text AS payload, metadata::text AS metadata, recorded_at
+FROM event_journal
+WHERE campaign_id = $1::text
+ORDER BY seq DESC
+LIMIT $2::integer

@@ -8,7 +8,15 @@ from typing import Annotated
 import typer
 
 from outbox import db
-from outbox.cli.common import DsnOption, require_dsn, run, settings_for, stderr
+from outbox.cli.common import (
+    AppOption,
+    DsnOption,
+    prepare_app,
+    require_dsn,
+    run,
+    settings_for,
+    stderr,
+)
 from outbox.cli.operator import app
 from outbox.errors import UsageError
 from outbox.schema import check_current
@@ -36,10 +44,21 @@ def console_command(
         float,
         typer.Option("--refresh", min=0.5, max=3600, help="Seconds between reads of the figures."),
     ] = 2.0,
+    allow_actions: Annotated[
+        bool,
+        typer.Option(
+            "--allow-actions",
+            help="Serve the controls (requeue, discard), behind basic auth from "
+            "OUTBOX_CONSOLE_USER and OUTBOX_CONSOLE_PASSWORD.",
+        ),
+    ] = False,
+    app_path: AppOption = None,
 ) -> None:
-    """Serve the web console (read-only) until interrupted: the queue's figures, live."""
+    """Serve the web console until interrupted: the queue, live; read-only unless
+    --allow-actions (with --app, discards too)."""
     base = _base_path(base_path)
-    settings = settings_for(dsn=dsn)
+    outbox_app = prepare_app(app_path, dsn=dsn) if app_path else None
+    settings = outbox_app.settings if outbox_app else settings_for(dsn=dsn)
     target = require_dsn(settings)
     try:
         import uvicorn
@@ -47,11 +66,14 @@ def console_command(
         from starlette.routing import Mount
 
         from outbox.console import create_app
+        from outbox.console.security import basic_auth_from_env
     except ImportError as exc:
         raise UsageError(
             f"the console needs the console extra ({exc.name} is missing): "
             "pip install 'outbox[console]'"
         ) from None
+
+    auth = basic_auth_from_env() if allow_actions else None  # refused before listening
 
     async def serve() -> None:
         listener = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
@@ -65,11 +87,19 @@ def console_command(
         try:
             pool = await db.create_pool(target, min_size=1, max_size=2)
             await check_current(pool)
-            console = create_app(pool, settings=settings, refresh=refresh)
+            console = create_app(
+                pool,
+                actions=allow_actions,
+                auth=auth,
+                app=outbox_app,
+                settings=settings,
+                refresh=refresh,
+            )
             served = Starlette(routes=[Mount(base, app=console)]) if base else console
             config = uvicorn.Config(served, lifespan="off", log_config=None, access_log=False)
             bound = listener.getsockname()[1]
-            stderr.print(f"console: http://{host}:{bound}{base}/ (read-only; Ctrl-C stops it)")
+            mode = "actions enabled, basic auth" if allow_actions else "read-only"
+            stderr.print(f"console: http://{host}:{bound}{base}/ ({mode}; Ctrl-C stops it)")
             await uvicorn.Server(config).serve(sockets=[listener])
         finally:
             if pool is not None:

@@ -18,18 +18,13 @@ from time import monotonic
 import anyio
 
 from outbox import db
-from outbox.config import Session
+from outbox.console.reads import COUNT_BOUND, reading
 from outbox.queue import inspect
 from outbox.queue.inspect import OldestClaimable, StatusCounts
 from outbox.retry import describe_error
 from outbox.worker.registration import LiveWorker, live_workers
 
-__all__ = ["COUNT_BOUND", "Overview", "Poller", "read_overview"]
-
-# Rows counted per status at most: past it a page says "10,000+".
-COUNT_BOUND = 10_000
-# The console's session on the connections it borrows: named, and never a long statement.
-CONSOLE_SESSION = Session("outbox-console", {"statement_timeout": "5s"}, {})
+__all__ = ["Overview", "Poller", "read_overview"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,10 +40,7 @@ class Overview:
 
 
 async def read_overview(executor: db.Executor, *, park: bool, bound: int) -> Overview:
-    async with (
-        db.acquire(executor, session=CONSOLE_SESSION) as conn,
-        conn.transaction(readonly=True),
-    ):
+    async with reading(executor) as conn:
         counts = await inspect.count_rows_bounded(conn, bound)
         oldest = await inspect.oldest_claimable(conn, park=park)
         _, blocked = await inspect.blocked_campaigns(conn, park=park, limit=1, waiting_bound=1)
@@ -75,6 +67,10 @@ class Poller:
             if monotonic() - self._read_at >= self.interval:
                 await self._read()
         return self.latest
+
+    def invalidate(self) -> None:
+        """Read again at the next `get()` (an action changed what the figures show)."""
+        self._read_at = float("-inf")
 
     async def _read(self) -> None:
         self.reads += 1

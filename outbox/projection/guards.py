@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 __all__ = [
     "CheckpointKey",
     "applied_events",
+    "checkpoints_of",
     "delete_markers",
     "lock_checkpoints",
     "open_group",
@@ -67,6 +68,12 @@ async def lock_checkpoints(
         await conn.execute(Q.create_checkpoints, campaigns, projectors)
         rows = await conn.fetch(Q.lock_checkpoints, campaigns, projectors)
     return {(r["campaign_id"], r["projector"]): r["applied_seq"] for r in rows}
+
+
+async def checkpoints_of(conn: Connection, campaign_id: str) -> dict[str, int]:
+    """The checkpoints of one campaign: projector -> applied seq (unlocked; a read)."""
+    rows = await conn.fetch(Q.list_checkpoints, [campaign_id])
+    return {r["projector"]: r["applied_seq"] for r in sorted(rows, key=lambda r: r["projector"])}
 
 
 async def open_group(conn: Connection) -> None:

@@ -1,0 +1,142 @@
+"""What the console's pages read, each in one read-only transaction under the console's session.
+
+The session names the connection `outbox-console` and bounds every statement (5 s): a page can
+fail, it cannot hold the database up. Every read is bounded: counts stop at `COUNT_BOUND`,
+lists at a limit, error groups read at most `GROUP_SCAN` rows. No SQL here: the reads are the
+queue's, the journal's, the guards' and the registry's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+from outbox import db, schema
+from outbox.append.journal import JournalEntry, get_campaign_head, recent_events
+from outbox.config import Session
+from outbox.ops.report import Failures, failures
+from outbox.projection.guards import checkpoints_of
+from outbox.queue import inspect
+from outbox.queue.inspect import BlockedCampaign, LeaseRow, QueueRow, ShadowObservations
+from outbox.queue.repair import AuditEntry, list_audit
+from outbox.schema import MigrationState
+from outbox.worker.registration import LiveWorker, live_workers
+
+__all__ = [
+    "CONSOLE_SESSION",
+    "COUNT_BOUND",
+    "GROUP_SCAN",
+    "Blocked",
+    "CampaignView",
+    "Fleet",
+    "System",
+    "read_blocked",
+    "read_campaign",
+    "read_failures",
+    "read_fleet",
+    "read_system",
+    "reading",
+]
+
+# Rows counted per status (and behind a blocked head) at most: past it a page says "10,000+".
+COUNT_BOUND = 10_000
+# Failed and dead rows an error grouping reads at most.
+GROUP_SCAN = 10_000
+# Rows a list shows at most.
+LIST_LIMIT = 100
+# Blocked campaigns read (oldest first) for a ranking.
+BLOCKED_LIMIT = 1_000
+# The console's session on the connections it borrows: named, and never a long statement.
+CONSOLE_SESSION = Session("outbox-console", {"statement_timeout": "5s"}, {})
+
+
+@asynccontextmanager
+async def reading(executor: db.Executor) -> AsyncIterator[db.Connection]:
+    """A connection under the console's session, in a read-only transaction."""
+    async with (
+        db.acquire(executor, session=CONSOLE_SESSION) as conn,
+        conn.transaction(readonly=True),
+    ):
+        yield conn
+
+
+async def read_failures(executor: db.Executor, *, status: str | None = None) -> Failures:
+    async with reading(executor) as conn:
+        return await failures(conn, status=status, scan=GROUP_SCAN, limit=LIST_LIMIT)
+
+
+@dataclass(frozen=True, slots=True)
+class Blocked:
+    """Blocked campaigns: the oldest `BLOCKED_LIMIT` by head age, ranked by `order`."""
+
+    order: str  # "age" or "waiting"
+    total: int
+    read: int
+    bound: int
+    campaigns: list[BlockedCampaign]
+
+
+async def read_blocked(executor: db.Executor, *, park: bool, order: str) -> Blocked:
+    async with reading(executor) as conn:
+        found, total = await inspect.blocked_campaigns(
+            conn, park=park, limit=BLOCKED_LIMIT, waiting_bound=COUNT_BOUND
+        )
+    if order == "waiting":
+        found = sorted(found, key=lambda b: -b.waiting)
+    return Blocked(order, total, len(found), COUNT_BOUND, found[:LIST_LIMIT])
+
+
+@dataclass(frozen=True, slots=True)
+class CampaignView:
+    """One campaign: its journal head, each projector's checkpoint, its queue rows (failed and
+    dead first, with payloads), the journal's tail and the audit of actions on its rows."""
+
+    campaign_id: str
+    journal_head: int
+    checkpoints: dict[str, int]
+    rows: list[QueueRow]
+    journal_tail: list[JournalEntry]
+    audit: list[AuditEntry]
+
+
+async def read_campaign(executor: db.Executor, campaign_id: str) -> CampaignView:
+    async with reading(executor) as conn:
+        return CampaignView(
+            campaign_id,
+            await get_campaign_head(conn, campaign_id),
+            await checkpoints_of(conn, campaign_id),
+            await inspect.list_rows(
+                conn, status=None, campaign_id=campaign_id, limit=LIST_LIMIT, payload=True
+            ),
+            await recent_events(conn, campaign_id, limit=20),
+            await list_audit(conn, campaign_id, limit=LIST_LIMIT),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Fleet:
+    """The workers that heartbeated lately, and the rows they hold in lease mode."""
+
+    workers: list[LiveWorker]
+    leases: list[LeaseRow]
+
+
+async def read_fleet(executor: db.Executor) -> Fleet:
+    async with reading(executor) as conn:
+        return Fleet(
+            await live_workers(conn), await inspect.list_leases(conn, None, limit=LIST_LIMIT)
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class System:
+    """Migrations and what shadow workers saw."""
+
+    migrations: list[MigrationState]
+    shadow: ShadowObservations
+
+
+async def read_system(executor: db.Executor) -> System:
+    async with reading(executor) as conn:
+        return System(await schema.status(conn), await inspect.shadow_observations(conn))

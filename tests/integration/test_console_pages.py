@@ -1,0 +1,227 @@
+"""The console's pages and controls against a real server, through httpx and the ASGI app:
+every page and its JSON twin, hostile data rendered inert, the controls refused without
+actions, without authentication and without the CSRF token, and audited with the actor."""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+
+from outbox import Event, Settings, db
+from outbox.console import create_app
+from outbox.console.security import basic_auth
+from outbox.errors import ConfigError, PermanentError
+from outbox.model import StoredEvent
+from outbox.projection.app import Outbox
+from outbox.worker.batch import Worker
+
+HOSTILE = '<script>alert("x")</script>"' + "'" * 3 + "&" + "y" * 10_000
+HOSTILE_ID = HOSTILE[:200]  # ids are at most 256 characters
+ESCAPED = "&lt;script&gt;alert(&#34;x&#34;)&lt;/script&gt;"
+USER, PASSWORD = "ops<b>", "s3cret"
+PAGES = ["/", "/failures", "/blocked", "/blocked?order=waiting", "/workers", "/system"]
+
+
+def shop(dsn: str) -> Outbox:
+    """`totals` (ordered) dies on a negative amount, with the hostile text in its error."""
+    app = Outbox(Settings(dsn=dsn, max_attempts=1))
+
+    @app.projector("totals", events=["order.placed"])
+    async def totals(tx: db.Connection, event: StoredEvent) -> None:
+        if event.payload["amount"] < 0:
+            raise PermanentError(f"bad amount {event.payload['amount']}: {HOSTILE}")
+
+    return app
+
+
+def client(app: object) -> httpx.AsyncClient:
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://console")  # type: ignore[arg-type]
+
+
+def login(user: str = USER, password: str = PASSWORD) -> dict[str, str]:
+    token = base64.b64encode(f"{user}:{password}".encode()).decode()
+    return {"Authorization": f"Basic {token}"}
+
+
+async def seeded(pool: db.Pool, dsn: str) -> Outbox:
+    """Campaign HOSTILE_ID: seq 1 dead (hostile error and payload), seq 2 waiting behind it;
+    campaigns o-1, o-2: one dead row each of the same error group; c-ok applied."""
+    app = shop(dsn)
+    await app.append(pool, HOSTILE_ID, [Event("order.placed", {"amount": -1, "note": HOSTILE})])
+    await app.append(pool, HOSTILE_ID, [Event("order.placed", {"amount": 2})])
+    for i in (1, 2):
+        await app.append(pool, f"o-{i}", [Event("order.placed", {"amount": -5 - i})])
+    await app.append(pool, "c-ok", [Event("order.placed", {"amount": 1})])
+    await Worker(app, pool).run_once()
+    return app
+
+
+@pytest.fixture
+async def app(pool: db.Pool, dsn: str) -> Outbox:
+    return await seeded(pool, dsn)
+
+
+@pytest.fixture
+async def operator(pool: db.Pool, app: Outbox) -> AsyncIterator[httpx.AsyncClient]:
+    console = create_app(pool, actions=True, auth=basic_auth(USER, PASSWORD), app=app)
+    async with client(console) as c:
+        c.headers.update(login())
+        yield c
+
+
+def csrf_of(html: str) -> str:
+    marker = 'name="csrf" value="'
+    start = html.index(marker) + len(marker)
+    return html[start : html.index('"', start)]
+
+
+async def test_every_page_renders_its_data_inert_with_a_json_twin(
+    pool: db.Pool, app: Outbox
+) -> None:
+    async with client(create_app(pool, app=app)) as console:
+        for path in [*PAGES, f"/campaign?id={HOSTILE_ID}"]:
+            page = await console.get(path)
+            assert page.status_code == 200, (path, page.text[:300])
+            assert "<script>alert" not in page.text, path
+            assert "read-only" in page.text
+            assert 'method="post"' not in page.text, path  # no control without actions
+        campaign = (await console.get("/campaign", params={"id": HOSTILE_ID})).text
+        assert ESCAPED in campaign  # the id, the error and the payload, escaped
+        assert "\\u003cscript\\u003e" in campaign or ESCAPED in campaign
+        failures = (await console.get("/api/failures")).json()
+        assert failures["mode"] == "console-failures"
+        groups = failures["data"]["groups"]
+        assert [(g["status"], g["projector"], g["rows"]) for g in groups] == [("dead", "totals", 3)]
+        blocked = (await console.get("/api/blocked")).json()["data"]
+        # Every dead head blocks its campaign; only HOSTILE_ID's has a row waiting behind it.
+        assert (blocked["total"], blocked["campaigns"][0]["waiting"]) == (3, 1)
+        assert blocked["campaigns"][0]["campaign_id"] == HOSTILE_ID
+        view = (await console.get("/api/campaign", params={"id": HOSTILE_ID})).json()["data"]
+        assert (view["journal_head"], view["checkpoints"]) == (2, {})
+        assert [(r["seq"], r["status"]) for r in view["rows"]] == [(1, "dead"), (2, "pending")]
+        assert view["rows"][0]["payload"] == {"amount": -1, "note": HOSTILE}
+        assert [e["seq"] for e in view["journal_tail"]] == [2, 1]
+        ok = (await console.get("/api/campaign", params={"id": "c-ok"})).json()["data"]
+        assert (ok["rows"], ok["checkpoints"]) == ([], {"totals": 1})
+        system = (await console.get("/api/system")).json()["data"]
+        assert {m["state"] for m in system["migrations"]} == {"applied"}
+        assert (await console.get("/api/workers")).json()["data"]["leases"] == []
+        # Bad input: one clear message, the right status, nothing rendered from it raw.
+        missing = await console.get("/api/campaign")
+        assert (missing.status_code, missing.json()["error"]) == (400, "id: required")
+        bad = await console.get("/blocked", params={"order": HOSTILE})
+        assert bad.status_code == 400
+        assert "<script>alert" not in bad.text
+
+
+async def test_controls_are_refused_without_actions_auth_or_csrf(
+    pool: db.Pool, app: Outbox, operator: httpx.AsyncClient
+) -> None:
+    form = {"campaign_id": "o-1", "seq": "1"}
+    async with client(create_app(pool, app=app)) as read_only:
+        for path in ("/actions/requeue", "/actions/discard", "/actions/requeue-group"):
+            assert (await read_only.post(path, data=form)).status_code == 404
+    anonymous = operator.build_request("GET", "/")
+    anonymous.headers.pop("Authorization")
+    assert (await operator.send(anonymous)).status_code == 401
+    operator.headers.update(login(password="wrong"))
+    assert (await operator.post("/actions/requeue", data=form)).status_code == 401
+    operator.headers.update(login())
+    for token in (None, "0" * 64):
+        sent = {**form, **({"csrf": token} if token else {})}
+        refused = await operator.post("/actions/requeue", data=sent)
+        assert refused.status_code == 403
+    assert await pool.fetchval("SELECT count(*) FROM outbox_requeue_audit") == 0
+    # Another actor's token is not this actor's.
+    other = create_app(pool, actions=True, auth=basic_auth("eve", "x"), app=app)
+    async with client(other) as eve:
+        eve.headers.update(login("eve", "x"))
+        token = csrf_of((await operator.get("/campaign", params={"id": "o-1"})).text)
+        assert (await eve.post("/actions/requeue", data={**form, "csrf": token})).status_code == 403
+
+
+def test_actions_without_auth_are_refused_at_start(
+    pool: db.Pool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("OUTBOX_CONSOLE_USER", raising=False)
+    with pytest.raises(ConfigError, match="OUTBOX_CONSOLE_USER"):
+        create_app(pool, actions=True)
+
+
+async def test_requeue_and_discard_one_row_audited_with_the_actor(
+    pool: db.Pool, operator: httpx.AsyncClient
+) -> None:
+    page = (await operator.get("/campaign", params={"id": "o-1"})).text
+    assert "actions enabled" in page
+    token = csrf_of(page)
+    done = await operator.post(
+        "/actions/requeue",
+        data={"campaign_id": "o-1", "seq": "1", "reason": "fix 12", "csrf": token},
+    )
+    assert done.status_code == 200, done.text
+    assert "requeued o-1 seq 1" in done.text
+    assert (
+        "maintenance outbox-requeue --campaign-id o-1 --seq 1 --reason &#39;fix 12&#39;"
+        in done.text
+    )
+    again = await operator.post(
+        "/actions/requeue", data={"campaign_id": "o-1", "seq": "1", "csrf": token}
+    )
+    assert again.status_code == 409  # pending now, not dead
+    discard = await operator.post(
+        "/actions/discard", data={"campaign_id": "o-2", "seq": "1", "reason": "bad", "csrf": token}
+    )
+    assert discard.status_code == 200, discard.text
+    assert "checkpoints moved: totals" in discard.text
+    audit = [tuple(r) for r in await pool.fetch(
+        "SELECT action, campaign_id, actor, reason FROM outbox_requeue_audit ORDER BY audit_id"
+    )]  # fmt: skip
+    assert audit == [("requeue", "o-1", USER, "fix 12"), ("discard", "o-2", USER, "bad")]
+    blank = await operator.post(
+        "/actions/discard",
+        data={"campaign_id": HOSTILE_ID, "seq": "1", "reason": " ", "csrf": token},
+    )
+    assert blank.status_code == 400
+
+
+async def test_an_error_group_is_previewed_then_requeued(
+    pool: db.Pool, operator: httpx.AsyncClient
+) -> None:
+    failures = (await operator.get("/api/failures")).json()["data"]
+    fingerprint = failures["groups"][0]["fingerprint"]
+    listing = (await operator.get("/failures")).text
+    assert f"fingerprint={fingerprint}" in listing
+    preview = await operator.get("/failures/requeue", params={"fingerprint": fingerprint})
+    assert preview.status_code == 200
+    assert "3 dead row(s) would be requeued now" in preview.text
+    assert f"maintenance outbox-requeue-dead --error {fingerprint} --limit 1000 --dry-run" in (
+        preview.text
+    )
+    twin = (await operator.get("/api/failures/requeue", params={"fingerprint": fingerprint})).json()
+    rows = [(r["campaign_id"], r["seq"]) for r in twin["data"]["result"]["rows"]]
+    assert sorted(rows) == [(HOSTILE_ID, 1), ("o-1", 1), ("o-2", 1)]
+    assert (
+        await pool.fetchval("SELECT count(*) FROM projection_apply_outbox WHERE status = 'dead'")
+        == 3
+    )
+    done = await operator.post(
+        "/actions/requeue-group",
+        data={
+            "fingerprint": fingerprint,
+            "limit": "1000",
+            "reason": "fixed",
+            "csrf": csrf_of(preview.text),
+        },
+    )
+    assert done.status_code == 200, done.text
+    assert "requeued 3 row(s)" in done.text
+    assert (
+        await pool.fetchval("SELECT count(*) FROM projection_apply_outbox WHERE status = 'dead'")
+        == 0
+    )
+    bad = await operator.get("/failures/requeue", params={"fingerprint": "nope"})
+    assert bad.status_code == 400
+    assert "12 hex digits" in bad.text
