@@ -76,3 +76,22 @@ chatty = Outbox()
 async def chatty_tick(tx: db.Connection, event: StoredEvent) -> None:
     logging.getLogger("myapp.projections").warning("user.note", extra={"seq": event.seq})
     await tx.execute("SELECT pg_advisory_xact_lock($1)", FREEZE_LOCK)
+
+
+# The console's incident (tests/browser): `totals` adds each order's amount to its campaign's
+# total and raises on a negative amount until the fix is deployed (`shop_flags.fixed`, read at
+# apply time, as a feature flag would be). Ordered: a dead order blocks its campaign.
+shop = Outbox()
+
+
+@shop.projector("totals", events=["order.placed"])
+async def shop_totals(tx: db.Connection, event: StoredEvent) -> None:
+    amount = event.payload["amount"]
+    if amount < 0 and not await tx.fetchval("SELECT fixed FROM shop_flags"):
+        raise ValueError(f"negative amount {amount} in order {event.seq}")
+    await tx.execute(
+        "INSERT INTO shop_totals AS t (campaign_id, total, orders) VALUES ($1, $2, 1) "
+        "ON CONFLICT (campaign_id) DO UPDATE SET total = t.total + $2, orders = t.orders + 1",
+        event.campaign_id,
+        abs(amount),
+    )

@@ -70,8 +70,13 @@ def create_app(
         lstrip_blocks=True,
     )
 
-    def render(name: str, request: Request, status: int = 200, **context: Any) -> HTMLResponse:
+    async def render(
+        name: str, request: Request, status: int = 200, **context: Any
+    ) -> HTMLResponse:
+        """A template with the page's data, the actor and the live figures (the poller's)."""
         actor: str | None = getattr(request.state, "actor", None)
+        if "overview" not in context:
+            context.update(await _overview_context(poller))
         page = templates.get_template(name).render(
             request=request,
             actions=actions,
@@ -94,24 +99,24 @@ def create_app(
             except OutboxError as exc:
                 if twin:
                     return _json(mode, error=str(exc), status=_status(exc))
-                return failure(request, exc)
+                return await failure(request, exc)
             if twin:
                 return _json(mode, data=data)
-            return render(template, request, data=data)
+            return await render(template, request, data=data)
 
         return handle
 
-    def failure(request: Request, exc: OutboxError) -> Response:
-        return render("error.html", request, status=_status(exc), message=str(exc))
+    async def failure(request: Request, exc: OutboxError) -> Response:
+        return await render("error.html", request, status=_status(exc), message=str(exc))
 
     async def overview_page(request: Request) -> Response:
-        return render("overview.html", request, **await _overview_context(poller))
+        return await render("overview.html", request, **await _overview_context(poller))
 
     async def overview_fragment(request: Request) -> Response:
-        return render("_overview.html", request, **await _overview_context(poller))
+        return await render("_overview.html", request, **await _overview_context(poller))
 
     async def live_fragment(request: Request) -> Response:
-        return render("_live.html", request, **await _overview_context(poller))
+        return await render("_live.html", request, **await _overview_context(poller))
 
     async def overview_json(request: Request) -> Response:
         overview = await poller.get()
@@ -152,13 +157,13 @@ def create_app(
             form = {k: v for k, v in (await request.form()).items() if isinstance(v, str)}
             if not csrf.valid(actor, form.get("csrf", "")):
                 message = "missing or bad CSRF token"
-                return render("error.html", request, status=403, message=message)
+                return await render("error.html", request, status=403, message=message)
             try:
                 done = await run(request, form, actor)
             except OutboxError as exc:
-                return failure(request, exc)
+                return await failure(request, exc)
             poller.invalidate()
-            return render("done.html", request, done=done)
+            return await render("done.html", request, done=done)
 
         return handle
 

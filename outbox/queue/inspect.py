@@ -53,6 +53,8 @@ __all__ = [
 ]
 
 STATUSES = ("pending", "processing", "failed", "dead")
+# What the error shape makes of the `projector 'name': ` prefix of a projector's error.
+_MASKED_PREFIX = "projector ?: "
 # Seconds between looks of a `wait_applied` that listens and hears nothing.
 RECHECK = 1.0
 
@@ -111,8 +113,9 @@ class BlockedCampaign:
 
 @dataclass(frozen=True, slots=True)
 class FailureGroup:
-    """Failed or dead rows of one projector and error shape: the shape replaces quoted values
-    and numbers by `?`; `fingerprint` names the group (`outbox-requeue-dead --error`)."""
+    """Failed or dead rows of one projector and error shape: the shape is the error (without
+    its projector prefix) with quoted values and numbers replaced by `?`; `fingerprint` names
+    the group (`outbox-requeue-dead --error`)."""
 
     status: str
     projector: str | None
@@ -236,7 +239,12 @@ async def failure_groups(
     (`scan` of them: there may be more)."""
     rows = await conn.fetch(Q.list_failure_groups, scan, status, limit)
     scanned = int(rows[0]["scanned"]) if rows else 0
-    return [_of(FailureGroup, r) for r in rows], scanned
+    groups = [_of(FailureGroup, r) for r in rows]
+    # The shape as shown: without its (masked) `projector '...': ` prefix, named beside it.
+    return [
+        replace(g, shape=g.shape.removeprefix(_MASKED_PREFIX)) if g.projector and g.shape else g
+        for g in groups
+    ], scanned
 
 
 async def list_rows(

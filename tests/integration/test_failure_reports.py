@@ -131,8 +131,8 @@ async def test_failures_group_by_projector_and_error_shape(pool: db.Pool, dsn: s
     assert result.scanned == 6
     groups = [(g.status, g.projector, g.shape, g.rows) for g in result.groups]
     assert groups == [
-        ("dead", "totals", "projector ?: ValueError: bad amount ? in order ?", 4),
-        ("dead", "mailer", "projector ?: PermanentError: smtp timed out after ? s", 2),
+        ("dead", "totals", "ValueError: bad amount ? in order ?", 4),
+        ("dead", "mailer", "PermanentError: smtp timed out after ? s", 2),
     ]
     bad = result.groups[0]
     assert bad.event_types == ["order.placed"]

@@ -1,0 +1,187 @@
+"""The console in a real browser: Playwright driving Debian's Chromium through an incident.
+
+A worker process runs `worker_apps:shop`, whose `totals` projector raises on negative amounts
+until the fix is deployed (a flag in the database). Rows fail and go dead; the console (`maintenance
+console --allow-actions`, basic auth) shows the dead count live, the failures page shows the
+group, its dry run lists exactly those rows, the fix is deployed, the group is requeued, and
+the open page's live counts reach zero without a reload. Every wait is on the page's state or
+the database's. The totals are checked against the generator's own sums (exactly once).
+
+Screenshots of the pages go to a temporary directory, or to OUTBOX_CONSOLE_SCREENSHOTS when set
+(docs/console.md shows the ones taken with `OUTBOX_CONSOLE_SCREENSHOTS=docs/images/console`).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from helpers import BIN, TESTS, WORKER, worker_env
+from outbox import Event, Settings, append, db
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+USER, PASSWORD = "ops", "incident-pw"
+# Chromium as root, headless, on a machine with no outside network (the flags keep it from
+# trying one).
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+# The generator's orders: campaign -> amounts (a negative one fails until the fix).
+ORDERS = {"acme": [5, -3, 7], "globex": [-4, 2], "initech": [1, 2]}
+LIVE_WAIT_MS = 90_000
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.timeout(300),
+    pytest.mark.skipif(
+        not Path(CHROMIUM).exists(),
+        reason="Debian's chromium is not installed (apt-get install chromium; .ci/run does)",
+    ),
+]
+playwright_api = pytest.importorskip("playwright.async_api")
+
+
+@pytest.fixture
+def screenshots(tmp_path: Path) -> Path:
+    where = os.environ.get("OUTBOX_CONSOLE_SCREENSHOTS")
+    path = Path(where) if where else tmp_path
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@pytest.fixture
+def worker(dsn: str) -> Iterator[subprocess.Popen[bytes]]:
+    env = worker_env(
+        dsn,
+        OUTBOX_MAX_ATTEMPTS="2",
+        OUTBOX_BACKOFF_BASE="0.05",
+        OUTBOX_BACKOFF_CAP="0.05",
+        OUTBOX_POLL_INTERVAL="0.2",
+    )
+    proc = subprocess.Popen(
+        [*WORKER, "--app", "worker_apps:shop"],
+        cwd=TESTS,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    yield proc
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 0  # no unplanned exit
+
+
+@pytest.fixture
+def console_url(dsn: str) -> Iterator[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OUTBOX_")}
+    env.update(OUTBOX_DSN=dsn, OUTBOX_CONSOLE_USER=USER, OUTBOX_CONSOLE_PASSWORD=PASSWORD)
+    proc = subprocess.Popen(
+        [str(BIN / "maintenance"), "console", "--port", "0", "--refresh", "0.5", "--allow-actions"],
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stderr is not None
+        line = proc.stderr.readline()  # printed once it listens
+        assert "actions enabled" in line, line
+        yield line.split()[1]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+@pytest.fixture
+async def shop(pool: db.Pool) -> None:
+    await pool.execute(
+        "CREATE TABLE shop_flags (fixed boolean NOT NULL);"
+        "INSERT INTO shop_flags VALUES (false);"
+        "CREATE TABLE shop_totals (campaign_id text PRIMARY KEY, total bigint, orders bigint)"
+    )
+
+
+@pytest.mark.usefixtures("shop")
+async def test_an_incident_from_dead_rows_to_zero_in_the_browser(
+    pool: db.Pool,
+    dsn: str,
+    worker: subprocess.Popen[bytes],
+    console_url: str,
+    screenshots: Path,
+) -> None:
+    expect = playwright_api.expect
+    settings = Settings(dsn=dsn)
+    for campaign, amounts in ORDERS.items():
+        events = [Event("order.placed", {"amount": a}) for a in amounts]
+        await append(pool, campaign, events, settings=settings)
+    async with playwright_api.async_playwright() as p:
+        browser = await p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        context = await browser.new_context(
+            http_credentials={"username": USER, "password": PASSWORD},
+            viewport={"width": 1280, "height": 800},
+        )
+        page = await context.new_page()
+        # 1. The overview, live: two orders go dead (attempts exhausted), one waits behind one.
+        await page.goto(console_url)
+        await expect(page.locator('[data-status="dead"]')).to_have_text("2", timeout=LIVE_WAIT_MS)
+        await expect(page.locator('[data-figure="blocked"]')).to_have_text("2")
+        await expect(page.locator("header .mode")).to_contain_text(f"actions enabled · {USER}")
+        await page.screenshot(path=str(screenshots / "overview.png"), full_page=True)
+        # 2. The failures page: one group, the projector and the error's shape.
+        await page.click("header nav >> text=failures")
+        group = page.locator("table.groups tbody tr")
+        await expect(group).to_have_count(1)
+        await expect(group).to_contain_text("totals")
+        await expect(group).to_contain_text("ValueError: negative amount ? in order ?")
+        await expect(group.locator("td.num")).to_have_text("2")
+        await page.screenshot(path=str(screenshots / "failures.png"), full_page=True)
+        # 3. The dry run lists exactly the dead rows, and the command that does the same.
+        await group.locator("a.button").click()
+        await expect(page.locator("main")).to_contain_text("2 dead row(s) would be requeued now")
+        rows = page.locator("table.rows tbody tr")
+        await expect(rows).to_have_count(2)
+        listed = sorted(
+            [(await r.locator("td").nth(0).inner_text(), await r.locator("td").nth(1).inner_text())
+             for r in await rows.all()]
+        )  # fmt: skip
+        assert listed == [("acme", "2"), ("globex", "1")]
+        await expect(page.locator("code.cli")).to_contain_text("outbox-requeue-dead --error")
+        await page.screenshot(path=str(screenshots / "requeue-preview.png"), full_page=True)
+        # 4. The fix is deployed; the group is requeued from the page.
+        await pool.execute("UPDATE shop_flags SET fixed = true")
+        await page.fill("form.confirm input[name=reason]", "negative amounts fixed")
+        await page.click("form.confirm button")
+        await expect(page.locator("p.done")).to_contain_text("requeued 2 row(s)")
+        # 5. The open page's live counts reach zero without a reload.
+        for figure in ("pending", "failed", "dead", "blocked"):
+            await expect(page.locator(f'[data-live="{figure}"]')).to_have_text(
+                "0", timeout=LIVE_WAIT_MS
+            )
+        await page.screenshot(path=str(screenshots / "requeued.png"), full_page=True)
+        # 6. The campaign page: caught up, and the audit names the actor and the reason.
+        await page.fill("header .find input", "acme")
+        await page.press("header .find input", "Enter")
+        audit = page.locator("table.audit tbody tr")
+        await expect(audit).to_have_count(1)
+        await expect(audit).to_contain_text(USER)
+        await expect(audit).to_contain_text("negative amounts fixed")
+        await expect(page.locator("main")).to_contain_text("caught up")
+        await page.screenshot(path=str(screenshots / "campaign.png"), full_page=True)
+        await browser.close()
+    # Exactly once, against the generator's own sums.
+    totals = {r["campaign_id"]: (r["total"], r["orders"]) for r in await pool.fetch(
+        "SELECT campaign_id, total, orders FROM shop_totals"
+    )}  # fmt: skip
+    assert totals == {c: (sum(abs(a) for a in v), len(v)) for c, v in ORDERS.items()}
+    assert await pool.fetchval("SELECT count(*) FROM projection_apply_outbox") == 0
+    assert worker.poll() is None  # still serving
