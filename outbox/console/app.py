@@ -30,12 +30,13 @@ from outbox.console.overview import Poller
 from outbox.console.security import Auth, Csrf, basic_auth_from_env
 from outbox.errors import Conflict, NotFound, OutboxError, ValidationError
 from outbox.projection.app import Outbox
+from outbox.retry import describe_error
 
 __all__ = ["SCHEMA_VERSION", "create_app"]
 
 SCHEMA_VERSION = 1
 _STATIC = Path(__file__).with_name("static")
-_STATUS = {NotFound: 404, Conflict: 409, ValidationError: 400}
+_STATUS: dict[type[OutboxError], int] = {NotFound: 404, Conflict: 409, ValidationError: 400}
 
 Handler = Callable[[Request], Awaitable[Response]]
 
@@ -96,10 +97,11 @@ def create_app(
         async def handle(request: Request) -> Response:
             try:
                 data = await read(request)
-            except OutboxError as exc:
+            except Exception as exc:
+                refused = _refusal(exc)
                 if twin:
-                    return _json(mode, error=str(exc), status=_status(exc))
-                return await failure(request, exc)
+                    return _json(mode, error=str(refused), status=_status(refused))
+                return await failure(request, refused)
             if twin:
                 return _json(mode, data=data)
             return await render(template, request, data=data)
@@ -160,8 +162,8 @@ def create_app(
                 return await render("error.html", request, status=403, message=message)
             try:
                 done = await run(request, form, actor)
-            except OutboxError as exc:
-                return await failure(request, exc)
+            except Exception as exc:
+                return await failure(request, _refusal(exc))
             poller.invalidate()
             return await render("done.html", request, done=done)
 
@@ -239,8 +241,18 @@ def _json(mode: str, *, status: int = 200, **body: Any) -> Response:
     )
 
 
+def _refusal(exc: Exception) -> OutboxError:
+    """What a page says when its read or action fails: the operation's own refusal, or the
+    database's (a timeout, a missing privilege) as one line; anything else is a bug: raised."""
+    if isinstance(exc, OutboxError):
+        return exc
+    if db.database_error(exc):
+        return OutboxError(f"the database refused: {describe_error(exc)}")
+    raise exc
+
+
 def _status(exc: OutboxError) -> int:
-    return next((s for t, s in _STATUS.items() if isinstance(exc, t)), 500)
+    return next((s for t, s in _STATUS.items() if isinstance(exc, t)), 503)
 
 
 def _text(values: Any, name: str) -> str:

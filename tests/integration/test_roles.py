@@ -162,10 +162,27 @@ async def test_the_console_reads_as_the_report_role(
         transport = httpx.ASGITransport(app=create_app(report, settings=settings))
         async with httpx.AsyncClient(transport=transport, base_url="http://console") as console:
             body = (await console.get("/api/overview")).json()
+            pages = {
+                path: await console.get(path)
+                for path in (
+                    "/api/failures",
+                    "/api/blocked",
+                    "/api/campaign?id=c",
+                    "/api/workers",
+                    "/api/system",
+                )
+            }
+            # A dry run takes the requeue's row locks: the report role is refused, in a line.
+            preview = await console.get("/api/failures/requeue?fingerprint=0123456789ab")
     finally:
         await report.close()
     assert body["error"] is None
     assert body["overview"]["counts"]["pending"] == 2
+    for path, response in pages.items():
+        assert response.status_code == 200, (path, response.text)
+    assert len(pages["/api/campaign?id=c"].json()["data"]["rows"]) == 2
+    assert preview.status_code == 503
+    assert preview.json()["error"].startswith("the database refused: InsufficientPrivilegeError")
 
 
 async def test_the_consumer_role_claims_and_releases_and_no_more(
