@@ -49,8 +49,7 @@ RECHECK_DELAY = 0.01  # a claim that found a campaign due but nothing in it look
 
 
 async def refresh_gauges(metrics: Metrics, executor: db.Executor, *, park: bool) -> None:
-    """Set the queue gauges from the report's own reads (rows by status, the oldest claimable
-    head, blocked campaigns, the shadow worker's lag)."""
+    """Set the queue gauges from the report's reads (rows by status, oldest head, blocked)."""
     async with db.acquire(executor) as conn:
         counts = await inspect.count_rows(conn)
         oldest = await inspect.oldest_claimable(conn, park=park)
@@ -85,8 +84,9 @@ class Link:
 @dataclass
 class Service:
     """Claim loops, the LISTEN connection and shutdown for one worker process.
-    With `until_idle` (a drain) the loops end once a batch finds nothing due, and no LISTEN
-    connection, heartbeat or registry row is kept."""
+    With `until_idle` (a drain) the loops end once a batch finds nothing due (not one that took
+    all the campaigns it asked for, all emptied: more may wait), and no LISTEN, heartbeat or
+    registry row is kept."""
 
     worker: Worker
     dsn: str
@@ -170,7 +170,7 @@ class Service:
                 _logger.debug("batch.done", extra=vars(counts))
             if not counts.more_due and counts.claimed < settings.batch_size:
                 self.signals.idle.fire()  # nothing is due now: the loop waits or ends
-            if not counts.claimed and self.until_idle and not counts.more_due:
+            if not (counts.claimed or counts.more_due) and self.worker.took_all and self.until_idle:
                 if not self.wait_out_backoff:
                     return
                 wait = await self._due_in()
@@ -293,7 +293,7 @@ class Service:
                 _logger.warning("registry.heartbeat_failed", extra={"error": describe_error(exc)})
 
     async def refresh_metrics(self) -> None:
-        """Queue gauges from the database; only while /metrics is served (they scan the queue)."""
+        """Queue gauges from the database; only while /metrics is served."""
         while True:
             try:
                 await refresh_gauges(self.metrics, self.worker.pool, park=self.worker.park)

@@ -69,3 +69,25 @@ async def test_drain_now_applies_what_is_due_for_a_test(pool: db.Pool, tally: No
     assert (counts.applied, counts.failed) == (4, 0)
     assert await pool.fetchval("SELECT n FROM tally") == 4
     assert (await outbox.drain_now(app, pool)).claimed == 0
+
+
+async def test_a_drain_claims_past_campaigns_left_with_nothing_live(
+    pool: db.Pool, tally: None
+) -> None:
+    """A requeue, reconcile or discard can leave a campaign row due with nothing live behind it
+    (its append head was not held: the next claim removes it). Thirty of them come first in the
+    queue; a drain whose claim takes only those claims again, and applies the work behind."""
+    from outbox.queue.settle import refresh_campaigns
+
+    app = counting_app(None)
+    app.settings = app.settings.replace(batch_size=5)
+    empty = [f"e-{i:02}" for i in range(30)]
+    for campaign in empty:
+        await app.append(pool, campaign, [Event("order.placed", {})])
+    await pool.execute("UPDATE projection_apply_outbox SET status = 'dead'")
+    await refresh_campaigns(pool, empty, park=False, removable=())  # due now, head 0
+    await app.append(pool, "o-1", [Event("order.placed", {})] * 3)
+    counts = await outbox.drain_now(app, pool)
+    assert counts.applied == 3
+    assert await pool.fetchval("SELECT n FROM tally WHERE campaign_id = 'o-1'") == 3
+    assert await pool.fetchval("SELECT count(*) FROM projection_apply_campaigns") == 0
