@@ -43,7 +43,7 @@ def console_command(
     refresh: Annotated[
         float,
         typer.Option("--refresh", min=0.5, max=3600, help="Seconds between reads of the figures."),
-    ] = 2.0,
+    ] = 5.0,
     allow_actions: Annotated[
         bool,
         typer.Option(

@@ -48,7 +48,7 @@ def create_app(
     auth: Auth | None = None,
     app: Outbox | None = None,
     settings: Settings | None = None,
-    refresh: float = 2.0,
+    refresh: float = 5.0,
     count_bound: int = reads.COUNT_BOUND,
 ) -> Starlette:
     """The console on `pool` (the application's, or one of its own). `actions`: serve the

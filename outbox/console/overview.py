@@ -54,7 +54,7 @@ class Poller:
 
     pool: db.Pool
     park: bool = False
-    interval: float = 2.0
+    interval: float = 5.0
     bound: int = COUNT_BOUND
     latest: Overview | None = None
     error: str | None = None  # why the last read failed (None: it did not)

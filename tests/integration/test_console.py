@@ -154,6 +154,7 @@ def test_maintenance_console_serves_under_its_base_path(dsn: str) -> None:
     [
         (["--port", "70000"], "--port"),
         (["--base-path", "ops"], "--base-path"),
+        (["--allow-actions"], "OUTBOX_CONSOLE_USER and OUTBOX_CONSOLE_PASSWORD"),
     ],
 )
 def test_maintenance_console_refuses_bad_options_in_one_line(args: list[str], message: str) -> None:

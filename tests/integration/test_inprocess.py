@@ -85,7 +85,8 @@ async def test_a_drain_claims_past_campaigns_left_with_nothing_live(
     for campaign in empty:
         await app.append(pool, campaign, [Event("order.placed", {})])
     await pool.execute("UPDATE projection_apply_outbox SET status = 'dead'")
-    await refresh_campaigns(pool, empty, park=False, removable=())  # due now, head 0
+    async with pool.acquire() as conn:  # due now, head 0
+        await refresh_campaigns(conn, empty, park=False, removable=())
     await app.append(pool, "o-1", [Event("order.placed", {})] * 3)
     counts = await outbox.drain_now(app, pool)
     assert counts.applied == 3
