@@ -20,6 +20,7 @@ import orjson
 
 from outbox.errors import ValidationError
 from outbox.model import Event
+from outbox.obs import tracing
 
 __all__ = [
     "KEY_METADATA",
@@ -125,6 +126,7 @@ def prepare(
     if idempotency_key is not None:
         key = check_identifier("idempotency_key", idempotency_key, MAX_KEY_LENGTH)
     encoded: list[str] = []
+    traced = tracing.carrier()  # the caller's span, recorded in each event (outbox[tracing])
     for i, event in enumerate(events):
         if not isinstance(event, Event):
             raise ValidationError(
@@ -141,6 +143,8 @@ def prepare(
                 f"{KEY_METADATA!r} is set by the append from its idempotency_key; got a "
                 "different value",
             )
+        if traced is not None:
+            meta.setdefault(tracing.TRACE_METADATA, traced)
         metadata = _encode(f"events[{i}].metadata", meta)
         encoded.append(
             f'{{"type":{orjson.dumps(kind).decode()},"payload":{payload},"metadata":{metadata}}}'

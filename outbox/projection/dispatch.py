@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 
 from outbox.errors import CheckpointGap, UnknownEventType
 from outbox.model import EventBatch, StoredEvent, Unsubscribed
-from outbox.obs import log
+from outbox.obs import log, tracing
 from outbox.projection.guards import (
     CheckpointKey,
     lock_checkpoints,
@@ -312,8 +312,10 @@ class Dispatch:
         self, projector: Projector, events: Sequence[StoredEvent], index: int | None
     ) -> None:
         started = perf_counter()
+        attributes = {"outbox.projector": projector.name, "outbox.events": len(events)}
         try:
-            await projector.run(self.conn, events)
+            with tracing.span("outbox.project", attributes=attributes, events=events):
+                await projector.run(self.conn, events)
         except Exception as exc:
             raise GroupFailed(exc, index, projector.name) from exc
         finally:

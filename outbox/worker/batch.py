@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 from outbox import db
 from outbox.errors import TransientBatchError
 from outbox.model import BatchCounts, Failure, Key
-from outbox.obs import log
+from outbox.obs import log, tracing
 from outbox.obs.metrics import Metrics
 from outbox.projection.app import Outbox
 from outbox.projection.dispatch import ApplyOutcome, Dispatch, GroupFailed
@@ -175,19 +175,20 @@ class Worker:
         savepoint around each group, so a failing event can be rolled back alone."""
         now = self.now()
         session = self.app.settings.worker_session()
-        async with db.acquire(self.pool, session=session) as conn, conn.transaction():
-            wanted = self._campaigns_to_claim()
-            campaigns = await claim(
-                conn,
-                limit=self.app.settings.batch_size,
-                ordered=self._claim_ordered(),
-                campaigns=wanted,
-                projectors=self.app.registry.ordered_names(),
-                now=now,
-            )
-            self.took_all = not self._claim_ordered() or len(campaigns) < wanted
-            self._observe(campaigns)
-            return await self._handle(conn, campaigns, now, after, careful=careful)
+        with tracing.span("outbox.batch"):
+            async with db.acquire(self.pool, session=session) as conn, conn.transaction():
+                wanted = self._campaigns_to_claim()
+                campaigns = await claim(
+                    conn,
+                    limit=self.app.settings.batch_size,
+                    ordered=self._claim_ordered(),
+                    campaigns=wanted,
+                    projectors=self.app.registry.ordered_names(),
+                    now=now,
+                )
+                self.took_all = not self._claim_ordered() or len(campaigns) < wanted
+                self._observe(campaigns)
+                return await self._handle(conn, campaigns, now, after, careful=careful)
 
     def _campaigns_to_claim(self) -> int:
         """How many campaigns an ordered claim takes: as many as fill a batch at the depth

@@ -29,7 +29,7 @@ import anyio
 from outbox import db
 from outbox.errors import LeaseExpired
 from outbox.model import Failure, Key, StoredEvent
-from outbox.obs import log
+from outbox.obs import log, tracing
 from outbox.obs.metrics import Metrics
 from outbox.projection.dispatch import Dispatch, GroupFailed
 from outbox.projection.registry import Registry
@@ -154,8 +154,10 @@ class LeaseRunner:
             if projector.transactional:
                 continue
             started = perf_counter()
+            attributes = {"outbox.projector": projector.name, "outbox.events": 1}
             try:
-                await projector.fn(self.pool, event)  # type: ignore[arg-type]
+                with tracing.span("outbox.project", attributes=attributes, events=[event]):
+                    await projector.fn(self.pool, event)  # type: ignore[arg-type]
             except Exception as exc:
                 self._record({(projector.name, "failed"): 1}, projector.name, started)
                 return GroupFailed(exc, 0, projector.name)
