@@ -210,6 +210,7 @@ class BatchCounts:
     leased: int = 0  # lease mode: rows leased to non-transactional projectors
     reclaimed: int = 0  # ... of which were taken back from an expired lease
     fenced: int = 0  # leases this worker lost before it could end them
+    paused: int = 0  # due rows left for a paused projector (their campaigns wait, re-checked)
 
     def add(self, other: BatchCounts) -> None:
         for name, value in vars(other).items():

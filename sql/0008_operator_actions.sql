@@ -34,3 +34,15 @@ RETURN regexp_replace(error, '''[^'']*''|"[^"]*"|-?[0-9]+(\.[0-9]+)?', '?', 'g')
 CREATE FUNCTION outbox_error_fingerprint(projector text, shape text) RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN left(md5(coalesce(projector, '') || E'\n' || coalesce(shape, '')), 12);
+
+-- Paused projectors: an operator's hold on one projector (a bug being fixed, a downstream
+-- outage). Workers read this table at most once per poll interval and leave the events a paused
+-- projector subscribes to where they are: under campaign ordering the campaign waits at that
+-- event, under ordering `none` the row waits; no attempt is consumed, and the wait is re-checked
+-- every poll interval, so a resume takes effect within about two of them.
+CREATE TABLE outbox_projector_pauses (
+    projector text        PRIMARY KEY,
+    paused_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+    paused_by text        NOT NULL,
+    reason    text
+);

@@ -1,8 +1,9 @@
 """`maintenance`: operator commands; each parses options, calls one operation, renders.
 
 The app and its shared options live in `outbox.cli.operator`; the commands, by concern, in
-`schema` (migrate, schema), `report` (outbox-report, health), `repair` (requeue, discard,
-replay, rebuild, reconcile, audit), `cleanup` and `console` (the web console). Importing them
+`schema` (migrate, schema), `report` (outbox-report, outbox-failures, health), `repair`
+(requeue, discard, replay, rebuild, reconcile, audit), `projectors` (pause, resume), `cleanup`
+and `console` (the web console). Importing them
 registers their commands.
 """
 
@@ -18,6 +19,7 @@ from outbox.cli.operator import app
 from outbox.cli import schema
 from outbox.cli import report
 from outbox.cli import repair
+from outbox.cli import projectors
 from outbox.cli import cleanup
 from outbox.cli import console
 
@@ -25,7 +27,7 @@ from outbox.cli import console
 
 __all__ = ["app", "main"]
 
-COMMANDS = (schema, report, repair, cleanup, console)  # registered on `app` at import
+COMMANDS = (schema, report, repair, projectors, cleanup, console)  # registered on `app` at import
 
 
 def main(argv: list[str] | None = None, prog: str = "maintenance") -> NoReturn:

@@ -18,6 +18,7 @@ from outbox.config import Settings
 from outbox.errors import ConfigError
 from outbox.model import AppendResult, Event, StoredEvent
 from outbox.projection.inline import append_inline
+from outbox.projection.pauses import PausedProjectors
 from outbox.projection.registry import Projector, Registry, ResetFn
 from outbox.retry import FailurePolicy
 
@@ -44,6 +45,8 @@ class Outbox:
         self.registry = Registry()
         # The jitter's random source for this app's failures (None: a fresh generator).
         self.rand = rand
+        # Paused projectors as this process's appliers see them (outbox.projection.pauses).
+        self.pauses = PausedProjectors(self.settings.poll_interval)
 
     def projector(
         self,
@@ -183,6 +186,7 @@ class Outbox:
             registry=self.registry,
             settings=self.settings,
             policy=self.failure_policy(),
+            pauses=self.pauses,
             expected_seq=expected_seq,
             idempotency_key=idempotency_key,
             raise_on_duplicate=raise_on_duplicate,

@@ -4,8 +4,10 @@ After the journal write, in one savepoint of the same transaction, the new event
 with the exactly-once guards and their work rows deleted (zero lag). On failure the savepoint
 rolls back, the failing row records its attempt as the failure policy decides, and the append
 commits all the same: a worker retries the row. Skipped when an earlier row of the campaign is
-still outstanding (per-campaign order: the worker takes these too), and by the app for events
-with a non-transactional projector (a worker leases them). Only `Outbox.append` calls it.
+still outstanding (per-campaign order: the worker takes these too), when a paused projector
+subscribes to one of the events (a worker applies them once it is resumed), and by the app for
+events with a non-transactional projector (a worker leases them). Only `Outbox.append` calls
+it.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from outbox.append.journal import append, load_events
 from outbox.config import Settings
 from outbox.model import AppendResult, Event
 from outbox.projection.dispatch import Dispatch, GroupFailed
+from outbox.projection.pauses import PausedProjectors
 from outbox.projection.registry import Registry
 from outbox.queue.inspect import outstanding_upto
 from outbox.queue.settle import CampaignWrite, refresh_campaigns, settle
@@ -38,6 +41,7 @@ async def append_inline(
     registry: Registry,
     settings: Settings,
     policy: FailurePolicy,
+    pauses: PausedProjectors | None = None,
     expected_seq: int | None = None,
     idempotency_key: str | None = None,
     raise_on_duplicate: bool = False,
@@ -54,7 +58,8 @@ async def append_inline(
                 raise_on_duplicate=raise_on_duplicate,
                 settings=settings,
             )
-            if not result.duplicate:
+            paused = await pauses.types(conn, registry) if pauses else frozenset()
+            if not result.duplicate and not paused & {e.type for e in events}:
                 await _apply(conn, result, registry, settings, policy)
     return result
 

@@ -30,6 +30,7 @@ __all__ = [
     "WORK_CHANNEL",
     "CampaignWrite",
     "Settled",
+    "defer",
     "notify_work",
     "record_observations",
     "refresh_campaigns",
@@ -51,6 +52,8 @@ class SettleQueries(Queries):
     unblock_campaigns: str
     notify_work: str
     record_observations: str
+    defer_campaigns: str
+    defer_rows: str
 
 
 Q = SettleQueries
@@ -167,3 +170,19 @@ async def record_observations(
         await conn.execute(
             Q.record_observations, [k[0] for k in keys], [k[1] for k in keys], look_again_in, now
         )
+
+
+async def defer(
+    conn: Connection,
+    *,
+    campaigns: Sequence[str] = (),
+    rows: Sequence[Key] = (),
+    seconds: float,
+) -> None:
+    """Make held campaigns (ordering `campaign`) or claimed rows (ordering `none`) due again in
+    `seconds` by the database clock, consuming no attempt: what waits for a paused projector."""
+    if campaigns:
+        await conn.execute(Q.defer_campaigns, sorted(campaigns), seconds)
+    if rows:
+        ordered = sorted(rows)
+        await conn.execute(Q.defer_rows, [r[0] for r in ordered], [r[1] for r in ordered], seconds)

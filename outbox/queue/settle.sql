@@ -76,3 +76,20 @@ SET seen_count = o.seen_count + 1,
         + make_interval(secs => $3::double precision)
 FROM unnest($1::text[], $2::bigint[]) AS s(campaign_id, seq)
 WHERE o.campaign_id = s.campaign_id AND o.seq = s.seq
+
+-- name: defer_campaigns
+-- Campaigns $1 due again in $2 seconds by the database clock: their head waits for a paused
+-- projector (no attempt counts). Run after the settle that wrote their rows, in its transaction.
+UPDATE projection_apply_campaigns
+SET due_at = clock_timestamp() + make_interval(secs => $2::double precision),
+    updated_at = clock_timestamp()
+WHERE campaign_id = ANY ($1::text[])
+
+-- name: defer_rows
+-- Work rows ($1, $2) due again in $3 seconds by the database clock, under ordering `none`:
+-- their event waits for a paused projector (no attempt counts).
+UPDATE projection_apply_outbox o
+SET next_attempt_at = clock_timestamp() + make_interval(secs => $3::double precision),
+    updated_at = clock_timestamp()
+FROM unnest($1::text[], $2::bigint[]) AS d(campaign_id, seq)
+WHERE o.campaign_id = d.campaign_id AND o.seq = d.seq AND o.status IN ('pending', 'failed')

@@ -31,11 +31,11 @@ from outbox.projection.app import Outbox
 from outbox.projection.dispatch import ApplyOutcome, Dispatch, GroupFailed
 from outbox.queue.claim import ClaimedCampaign, ClaimedRow, claim, event_batch
 from outbox.queue.lease import Lease, lease_rows
-from outbox.queue.settle import settle
+from outbox.queue.settle import defer, settle
 from outbox.retry import ErrorClass, FailurePolicy, classify, describe_error, log_failure
 from outbox.worker.lease import LeaseRunner, choose_leases
 from outbox.worker.registration import new_worker_id
-from outbox.worker.walk import campaign_writes, walk
+from outbox.worker.walk import campaign_writes, paused_waits, walk
 
 if TYPE_CHECKING:
     from outbox.db import Connection, Pool
@@ -229,14 +229,17 @@ class Worker:
         leased (`after.leases`, run after the commit). Then settle: delete successes, record
         failures and write the campaign rows, in one call."""
         leased_types = self.app.registry.leased_types()
+        paused = await self.app.pauses.types(conn, self.app.registry) if campaigns else frozenset()
         work = walk(
             campaigns,
             limit=self.app.settings.batch_size,
             park=self.park,
             ordered=self.ordered,
             stop_after=leased_types,
+            paused=paused,
         )
         counts = BatchCounts(claimed=len(work))
+        waiting = paused_waits(campaigns, work, paused, ordered=self.ordered)
         to_lease = [r for r in work if r.event_type in leased_types]
         if to_lease:
             leasing = {r.key for r in to_lease}
@@ -279,6 +282,11 @@ class Worker:
             now=now,
         )
         counts.more_due, after.ages = settled.due, settled.ages
+        if any(waiting):  # due again in one poll interval: a resume is seen that soon
+            held, rows = waiting
+            await defer(conn, campaigns=held, rows=rows, seconds=self.app.settings.poll_interval)
+            counts.paused = len(held) + len(rows)
+            counts.more_due = max(0, counts.more_due - len(held))
         return counts
 
     async def _apply(

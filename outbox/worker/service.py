@@ -171,7 +171,7 @@ class Service:
             if not counts.more_due and counts.claimed < settings.batch_size:
                 self.signals.idle.fire()  # nothing is due now: the loop waits or ends
             if not (counts.claimed or counts.more_due) and self.worker.took_all and self.until_idle:
-                if not self.wait_out_backoff:
+                if not self.wait_out_backoff or counts.paused:  # paused: never due by itself
                     return
                 wait = await self._due_in()
                 if wait is None:

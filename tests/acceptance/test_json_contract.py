@@ -141,6 +141,13 @@ def outputs(dsn: str) -> dict[str, Any]:
         dsn=dsn,
     )
     found["audit"] = run_json("audit", "--json", dsn=dsn)
+    found["projector-pause"] = run_json(
+        "projector-pause", "--projector", "demo_roster", "--reason", "r", "--json", dsn=dsn
+    )
+    found["projector-pauses"] = run_json("projector-pauses", "--json", dsn=dsn)
+    found["projector-resume"] = run_json(
+        "projector-resume", "--projector", "demo_roster", "--json", dsn=dsn
+    )
     return found
 
 
@@ -156,6 +163,7 @@ async def test_every_json_command_keeps_its_keys(
     assert "summary.parked_rows[].last_error" in found["outbox-report (park)"]
     assert "rows[].event_type" in found["outbox-requeue-dead"]
     assert "groups[].fingerprint" in found["outbox-failures"]
+    assert "pauses[].paused_by" in found["projector-pauses"]
     if os.environ.get("OUTBOX_PIN_JSON") == "write":
         PINNED.write_bytes(orjson.dumps(found, option=orjson.OPT_INDENT_2) + b"\n")
     assert found == orjson.loads(PINNED.read_bytes())

@@ -1,0 +1,73 @@
+"""`maintenance projector-pause`, `projector-resume` and `projector-pauses`: an operator's hold
+on one projector while it (or what it writes to) is being fixed."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from outbox.cli.common import AppOption, DsnOption, JsonOption, emit_json, prepare_app, stdout
+from outbox.cli.operator import ReasonOption, app, pool_run, when
+from outbox.ops.pause import list_paused, pause_projector, resume_projector
+from outbox.projection.registry import Registry
+
+ProjectorOption = Annotated[str, typer.Option("--projector", help="The projector's name.")]
+
+
+def _registry(app_path: str | None, dsn: str | None) -> Registry | None:
+    """The app's projectors when --app (or OUTBOX_APP) is given: the name is checked."""
+    return prepare_app(app_path, dsn=dsn).registry if app_path else None
+
+
+@app.command("projector-pause")
+def projector_pause_command(
+    projector: ProjectorOption,
+    dsn: DsnOption = None,
+    reason: ReasonOption = None,
+    app_path: AppOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Pause one projector: the events it subscribes to wait (their campaigns too, under
+    campaign ordering), no attempt consumed; every worker honours it within a poll interval."""
+    registry = _registry(app_path, dsn)
+    result = pool_run(
+        dsn, lambda pool: pause_projector(pool, projector, reason=reason, registry=registry)
+    )
+    if as_json:
+        emit_json("projector-pause", result)
+    elif result.created:
+        stdout.print(f"paused {projector}")
+    else:
+        p = result.pause
+        stdout.print(f"{projector} was already paused by {p.paused_by} at {when(p.paused_at)}")
+
+
+@app.command("projector-resume")
+def projector_resume_command(
+    projector: ProjectorOption,
+    dsn: DsnOption = None,
+    app_path: AppOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Resume a paused projector: its waiting events apply within about two poll intervals."""
+    registry = _registry(app_path, dsn)
+    result = pool_run(dsn, lambda pool: resume_projector(pool, projector, registry=registry))
+    if as_json:
+        emit_json("projector-resume", result)
+    else:
+        stdout.print(f"resumed {projector}" if result.resumed else f"{projector} was not paused")
+
+
+@app.command("projector-pauses")
+def projector_pauses_command(dsn: DsnOption = None, as_json: JsonOption = False) -> None:
+    """The projectors paused now: who paused each, when and why."""
+    result = pool_run(dsn, list_paused)
+    if as_json:
+        emit_json("projector-pauses", result)
+        return
+    table = Table("projector", "paused at", "by", "reason", title="paused projectors")
+    for p in result.pauses:
+        table.add_row(p.projector, when(p.paused_at), p.paused_by, p.reason or "")
+    stdout.print(table)

@@ -1,0 +1,83 @@
+"""Pausing and resuming a projector: an operator's hold while a projector or what it writes to
+is being fixed (see `outbox.projection.pauses` for what appliers do with it).
+
+A pause records who and why; the events the projector subscribes to wait, consuming no
+attempt, and under campaign ordering so does the rest of their campaigns. Given the app
+(`registry`), the name is checked against its projectors, so a typo cannot pause nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from outbox.errors import ValidationError
+from outbox.ops.requeue import current_actor
+from outbox.projection import pauses
+from outbox.projection.pauses import Pause
+
+if TYPE_CHECKING:
+    from outbox.db import Executor
+    from outbox.projection.registry import Registry
+
+__all__ = ["Paused", "Pauses", "Resumed", "list_paused", "pause_projector", "resume_projector"]
+
+
+@dataclass(frozen=True, slots=True)
+class Paused:
+    """`maintenance projector-pause`: the pause in force; `created` false when the projector
+    was already paused (the first pause stands)."""
+
+    projector: str
+    created: bool
+    pause: Pause
+
+
+@dataclass(frozen=True, slots=True)
+class Resumed:
+    """`maintenance projector-resume`: `resumed` false when the projector was not paused."""
+
+    projector: str
+    resumed: bool
+    pause: Pause | None
+
+
+@dataclass(frozen=True, slots=True)
+class Pauses:
+    """`maintenance projector-pauses`: every pause in force."""
+
+    pauses: list[Pause]
+
+
+def _check(projector: str, registry: Registry | None) -> None:
+    if not projector.strip():
+        raise ValidationError("projector", "must not be empty")
+    if registry is not None and projector not in registry.projectors:
+        known = ", ".join(sorted(registry.projectors)) or "none"
+        raise ValidationError("projector", f"{projector!r} is not a projector of the app ({known})")
+
+
+async def pause_projector(
+    executor: Executor,
+    projector: str,
+    *,
+    reason: str | None = None,
+    actor: str | None = None,
+    registry: Registry | None = None,
+) -> Paused:
+    _check(projector, registry)
+    actor = actor or current_actor()
+    found, created = await pauses.pause(executor, projector, actor=actor, reason=reason)
+    return Paused(projector, created, found)
+
+
+async def resume_projector(
+    executor: Executor, projector: str, *, registry: Registry | None = None
+) -> Resumed:
+    _check(projector, registry)
+    found = await pauses.resume(executor, projector)
+    return Resumed(projector, found is not None, found)
+
+
+async def list_paused(executor: Executor) -> Pauses:
+    return Pauses(await pauses.list_pauses(executor))

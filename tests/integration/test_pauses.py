@@ -1,0 +1,181 @@
+"""Paused projectors (maintenance projector-pause/-resume): their events wait, no attempt is
+consumed, under campaign ordering the campaign waits behind them, drains end instead of
+waiting for a resume, inline apply leaves them to the workers; a resume lets them apply.
+
+"Time passing" is a due time moved back by the test, never a sleep; the pause cache re-reads
+at every batch (interval 0), as a worker does once per poll interval."""
+
+from __future__ import annotations
+
+import anyio
+import orjson
+import pytest
+
+from helpers import TESTS, WORKER, run_cli, worker_env
+from outbox import Event, Settings, db
+from outbox.model import StoredEvent
+from outbox.ops.pause import list_paused, pause_projector, resume_projector
+from outbox.projection.app import Outbox
+from outbox.worker.batch import Worker
+from outbox.worker.runtime import drain_now
+
+
+def shop(dsn: str, *, ordered: bool = True, **settings: object) -> Outbox:
+    """`totals` counts order.placed, `mailer` counts order.shipped, per campaign."""
+    app = Outbox(Settings(dsn=dsn, **settings))  # type: ignore[arg-type]
+
+    async def count(tx: db.Connection, event: StoredEvent, kind: str) -> None:
+        await tx.execute(
+            "INSERT INTO counted (campaign_id, kind, n) VALUES ($1, $2, 1) "
+            "ON CONFLICT (campaign_id, kind) DO UPDATE SET n = counted.n + 1",
+            event.campaign_id,
+            kind,
+        )
+
+    @app.projector("totals", events=["order.placed"], ordered=ordered)
+    async def totals(tx: db.Connection, event: StoredEvent) -> None:
+        await count(tx, event, "placed")
+
+    @app.projector("mailer", events=["order.shipped"], ordered=ordered)
+    async def mailer(tx: db.Connection, event: StoredEvent) -> None:
+        await count(tx, event, "shipped")
+
+    app.pauses.interval = 0
+    return app
+
+
+@pytest.fixture(autouse=True)
+async def counted(pool: db.Pool) -> None:
+    await pool.execute(
+        "CREATE TABLE counted (campaign_id text, kind text, n int, PRIMARY KEY (campaign_id, kind))"
+    )
+
+
+async def tallies(pool: db.Pool) -> dict[tuple[str, str], int]:
+    rows = await pool.fetch("SELECT campaign_id, kind, n FROM counted")
+    return {(r["campaign_id"], r["kind"]): r["n"] for r in rows}
+
+
+async def outstanding(pool: db.Pool) -> list[tuple[str, int, str, int]]:
+    rows = await pool.fetch(
+        "SELECT campaign_id, seq, status, attempt_count FROM projection_apply_outbox ORDER BY 1, 2"
+    )
+    return [tuple(r) for r in rows]
+
+
+ORDER = [Event("order.placed", {}), Event("order.shipped", {}), Event("order.placed", {})]
+
+
+async def test_a_paused_projector_holds_its_campaigns_and_a_resume_releases_them(
+    pool: db.Pool, dsn: str
+) -> None:
+    app = shop(dsn)
+    await app.append(pool, "c", ORDER)
+    await app.append(pool, "d", [Event("order.placed", {})] * 2)
+    paused = await pause_projector(pool, "mailer", reason="smtp down", registry=app.registry)
+    assert (paused.created, paused.pause.reason) == (True, "smtp down")
+    again = await pause_projector(pool, "mailer", reason="later", actor="bob")
+    assert (again.created, again.pause.reason) == (False, "smtp down")  # the first pause stands
+    worker = Worker(app, pool)
+    counts = await worker.run_once()
+    assert (counts.applied, counts.paused, counts.failed) == (3, 1, 0)
+    # c waits at its shipped event, no attempt consumed; what follows waits behind it (order).
+    assert await outstanding(pool) == [("c", 2, "pending", 0), ("c", 3, "pending", 0)]
+    assert await tallies(pool) == {("c", "placed"): 1, ("d", "placed"): 2}
+    assert await pool.fetchval(
+        "SELECT due_at > clock_timestamp() FROM projection_apply_campaigns WHERE campaign_id = 'c'"
+    )
+    assert (await worker.run_once()).claimed == 0  # deferred: not claimed again before its time
+    # A poll interval passes: still paused, it is deferred again, still no attempt.
+    await pool.execute("UPDATE projection_apply_campaigns SET due_at = clock_timestamp()")
+    assert (await worker.run_once()).paused == 1
+    assert await outstanding(pool) == [("c", 2, "pending", 0), ("c", 3, "pending", 0)]
+    resumed = await resume_projector(pool, "mailer")
+    assert (resumed.resumed, (await resume_projector(pool, "mailer")).resumed) == (True, False)
+    assert (await list_paused(pool)).pauses == []
+    await pool.execute("UPDATE projection_apply_campaigns SET due_at = clock_timestamp()")
+    assert (await worker.run_once()).applied == 2
+    assert await outstanding(pool) == []
+    assert await tallies(pool) == {("c", "placed"): 2, ("c", "shipped"): 1, ("d", "placed"): 2}
+
+
+async def test_under_ordering_none_only_the_paused_rows_wait(pool: db.Pool, dsn: str) -> None:
+    app = shop(dsn, ordered=False, ordering="none")
+    await app.append(pool, "c", ORDER)
+    await pause_projector(pool, "mailer", registry=app.registry)
+    counts = await Worker(app, pool).run_once()
+    assert (counts.applied, counts.paused) == (2, 1)
+    assert await outstanding(pool) == [("c", 2, "pending", 0)]
+    assert await pool.fetchval(
+        "SELECT next_attempt_at > clock_timestamp() FROM projection_apply_outbox"
+    )
+
+
+async def test_a_drain_ends_instead_of_waiting_for_a_resume(pool: db.Pool, dsn: str) -> None:
+    app = shop(dsn)
+    await app.append(pool, "c", ORDER)
+    await pause_projector(pool, "mailer")
+    totals = await drain_now(app, pool)
+    assert (totals.applied, totals.paused) == (1, 1)
+
+
+async def test_outbox_worker_drain_ends_while_a_projector_is_paused(
+    pool: db.Pool, dsn: str
+) -> None:
+    """`--drain` waits out backoffs, never a pause: it ends and says what it left."""
+    await shop(dsn).append(pool, "x", [Event("order.placed", {})] * 2)
+    await pause_projector(pool, "totals")
+    proc = await anyio.run_process(
+        [*WORKER, "--app", "worker_apps:shop", "--drain", "--json"],
+        cwd=TESTS,
+        env=worker_env(dsn),
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    body = orjson.loads(proc.stdout)
+    assert (body["counts"]["applied"], body["counts"]["paused"]) == (0, 1)
+    assert body["left"]["pending"] == 2
+    assert await outstanding(pool) == [("x", 1, "pending", 0), ("x", 2, "pending", 0)]
+
+
+async def test_inline_apply_leaves_a_paused_projectors_events_to_the_workers(
+    pool: db.Pool, dsn: str
+) -> None:
+    app = shop(dsn, inline_apply=True)
+    await pause_projector(pool, "mailer")
+    await app.append(pool, "c", [Event("order.shipped", {})])
+    await app.append(pool, "d", [Event("order.placed", {})])
+    assert await outstanding(pool) == [("c", 1, "pending", 0)]
+    assert await tallies(pool) == {("d", "placed"): 1}
+    await resume_projector(pool, "mailer")
+    await app.append(pool, "e", [Event("order.shipped", {})])
+    assert ("e", "shipped") in await tallies(pool)
+
+
+def test_an_unknown_projector_is_refused_with_the_app(dsn: str) -> None:
+    proc = run_cli(
+        "maintenance",
+        *("projector-pause", "--projector", "nope", "--app", "outbox.examples.app:app"),
+        dsn=dsn,
+    )
+    assert proc.returncode != 0
+    assert len(proc.stderr.strip().splitlines()) == 1
+    assert "'nope' is not a projector of the app" in proc.stderr
+
+
+async def test_a_paused_lease_mode_projector_leases_nothing(pool: db.Pool, dsn: str) -> None:
+    app = Outbox(Settings(dsn=dsn))
+    app.pauses.interval = 0
+
+    @app.projector("notify", events=["tick"], transactional=False)
+    async def notify(p: db.Pool, event: StoredEvent) -> None:
+        await p.execute("INSERT INTO counted VALUES ($1, 'notified', 1)", event.campaign_id)
+
+    await app.append(pool, "c", [Event("tick", {})])
+    await pause_projector(pool, "notify")
+    counts = await Worker(app, pool).run_once()
+    assert (counts.leased, counts.paused) == (0, 1)
+    assert await outstanding(pool) == [("c", 1, "pending", 0)]
+    await resume_projector(pool, "notify")
+    await pool.execute("UPDATE projection_apply_campaigns SET due_at = clock_timestamp()")
+    assert (await Worker(app, pool).run_once()).leased == 1
