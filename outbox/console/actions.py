@@ -1,7 +1,8 @@
 """The console's controls: requeue one dead row, preview and requeue an error group, discard one
-dead row. Each runs the same operation as its `maintenance` command (`outbox.ops`), audited
-with the authenticated actor, and states that command so a person can run it from a shell.
-No SQL and no HTML here: the operations are `outbox.ops`', the pages the templates'.
+dead row, pause and resume a projector. Each runs the same operation as its `maintenance`
+command (`outbox.ops`), audited with the authenticated actor, and states that command so a
+person can run it from a shell. No SQL and no HTML here: the operations are `outbox.ops`', the
+pages the templates'.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from dataclasses import dataclass
 
 from outbox import db
 from outbox.ops.discard import discard_one
+from outbox.ops.pause import pause_projector, resume_projector
 from outbox.ops.requeue import RequeueResult, requeue_dead, requeue_one
 from outbox.projection.app import Outbox
 
@@ -18,9 +20,11 @@ __all__ = [
     "Done",
     "command_line",
     "discard",
+    "pause",
     "preview_group",
     "requeue_group",
     "requeue_row",
+    "resume",
 ]
 
 # Rows one group requeue moves at most (the preview lists them all).
@@ -111,3 +115,22 @@ async def requeue_group(
         f"requeued {result.requeued} row(s) of error group {fingerprint}",
         group_command(fingerprint, limit, reason=reason, dry_run=False),
     )
+
+
+async def pause(
+    pool: db.Pool, app: Outbox | None, projector: str, *, actor: str, reason: str | None
+) -> Done:
+    registry = app.registry if app is not None else None
+    result = await pause_projector(pool, projector, reason=reason, actor=actor, registry=registry)
+    said = "paused" if result.created else f"already paused by {result.pause.paused_by}"
+    return Done(
+        f"{projector}: {said}",
+        command_line("projector-pause", "--projector", projector, "--reason", reason),
+    )
+
+
+async def resume(pool: db.Pool, app: Outbox | None, projector: str) -> Done:
+    registry = app.registry if app is not None else None
+    result = await resume_projector(pool, projector, registry=registry)
+    said = "resumed" if result.resumed else "was not paused"
+    return Done(f"{projector}: {said}", command_line("projector-resume", "--projector", projector))

@@ -144,6 +144,9 @@ def create_app(
         command = controls.group_command(fingerprint, limit, reason=None, dry_run=True)
         return {"fingerprint": fingerprint, "result": result, "command": command}
 
+    async def read_projectors(request: Request) -> Any:
+        return await reads.read_projectors(pool, app)
+
     async def read_fleet(request: Request) -> Any:
         return await reads.read_fleet(pool)
 
@@ -189,6 +192,14 @@ def create_app(
             actor=actor, reason=form.get("reason") or None,
         )  # fmt: skip
 
+    async def pause(request: Request, form: dict[str, str], actor: str) -> controls.Done:
+        return await controls.pause(
+            pool, app, _text(form, "projector"), actor=actor, reason=form.get("reason") or None
+        )
+
+    async def resume(request: Request, form: dict[str, str], actor: str) -> controls.Done:
+        return await controls.resume(pool, app, _text(form, "projector"))
+
     routes = [
         Route("/", overview_page, name="overview"),
         Route("/fragments/overview", overview_fragment, name="overview_fragment"),
@@ -198,6 +209,7 @@ def create_app(
         *_twin("failures/requeue", "preview.html", page, read_preview),
         *_twin("blocked", "blocked.html", page, read_blocked),
         *_twin("campaign", "campaign.html", page, read_campaign),
+        *_twin("projectors", "projectors.html", page, read_projectors),
         *_twin("workers", "workers.html", page, read_fleet),
         *_twin("system", "system.html", page, read_system),
         Mount("/static", StaticFiles(directory=_STATIC), name="static"),
@@ -206,6 +218,8 @@ def create_app(
         routes += [
             Route("/actions/requeue", action(requeue_row), methods=["POST"], name="do_requeue"),
             Route("/actions/discard", action(discard_row), methods=["POST"], name="do_discard"),
+            Route("/actions/pause", action(pause), methods=["POST"], name="do_pause"),
+            Route("/actions/resume", action(resume), methods=["POST"], name="do_resume"),
             Route(
                 "/actions/requeue-group",
                 action(requeue_group),

@@ -16,7 +16,9 @@ from outbox import db, schema
 from outbox.append.journal import JournalEntry, get_campaign_head, recent_events
 from outbox.config import Session
 from outbox.ops.report import Failures, failures
+from outbox.projection.app import Outbox
 from outbox.projection.guards import checkpoints_of
+from outbox.projection.pauses import Pause, list_pauses
 from outbox.queue import inspect
 from outbox.queue.inspect import BlockedCampaign, LeaseRow, QueueRow, ShadowObservations
 from outbox.queue.repair import AuditEntry, list_audit
@@ -30,11 +32,14 @@ __all__ = [
     "Blocked",
     "CampaignView",
     "Fleet",
+    "ProjectorRow",
+    "Projectors",
     "System",
     "read_blocked",
     "read_campaign",
     "read_failures",
     "read_fleet",
+    "read_projectors",
     "read_system",
     "reading",
 ]
@@ -140,3 +145,33 @@ class System:
 async def read_system(executor: db.Executor) -> System:
     async with reading(executor) as conn:
         return System(await schema.status(conn), await inspect.shadow_observations(conn))
+
+
+@dataclass(frozen=True, slots=True)
+class ProjectorRow:
+    """A projector of the app (or, without the app, one that is paused)."""
+
+    name: str
+    events: list[str]
+    ordered: bool | None
+    transactional: bool | None
+    pause: Pause | None
+
+
+@dataclass(frozen=True, slots=True)
+class Projectors:
+    """The app's projectors with their pauses (`known`: the console was given the app)."""
+
+    known: bool
+    projectors: list[ProjectorRow]
+
+
+async def read_projectors(executor: db.Executor, app: Outbox | None) -> Projectors:
+    async with reading(executor) as conn:
+        pauses = {p.projector: p for p in await list_pauses(conn)}
+    rows = [
+        ProjectorRow(p.name, sorted(p.events), p.ordered, p.transactional, pauses.pop(p.name, None))
+        for p in sorted(app.registry.projectors.values(), key=lambda p: p.name)
+    ] if app is not None else []  # fmt: skip
+    rows += [ProjectorRow(name, [], None, None, p) for name, p in sorted(pauses.items())]
+    return Projectors(app is not None, rows)

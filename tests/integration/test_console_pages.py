@@ -22,7 +22,15 @@ HOSTILE = '<script>alert("x")</script>"' + "'" * 3 + "&" + "y" * 10_000
 HOSTILE_ID = HOSTILE[:200]  # ids are at most 256 characters
 ESCAPED = "&lt;script&gt;alert(&#34;x&#34;)&lt;/script&gt;"
 USER, PASSWORD = "ops<b>", "s3cret"
-PAGES = ["/", "/failures", "/blocked", "/blocked?order=waiting", "/workers", "/system"]
+PAGES = [
+    "/",
+    "/failures",
+    "/blocked",
+    "/blocked?order=waiting",
+    "/projectors",
+    "/workers",
+    "/system",
+]
 
 
 def shop(dsn: str) -> Outbox:
@@ -225,3 +233,29 @@ async def test_an_error_group_is_previewed_then_requeued(
     bad = await operator.get("/failures/requeue", params={"fingerprint": "nope"})
     assert bad.status_code == 400
     assert "12 hex digits" in bad.text
+
+
+async def test_a_projector_is_paused_and_resumed_from_its_page(
+    pool: db.Pool, app: Outbox, operator: httpx.AsyncClient
+) -> None:
+    page = await operator.get("/projectors")
+    assert page.status_code == 200
+    assert 'data-projector="totals"' in page.text
+    token = csrf_of(page.text)
+    paused = await operator.post(
+        "/actions/pause", data={"projector": "totals", "reason": HOSTILE[:50], "csrf": token}
+    )
+    assert paused.status_code == 200, paused.text
+    assert "totals: paused" in paused.text
+    assert "maintenance projector-pause --projector totals --reason" in paused.text
+    twin = (await operator.get("/api/projectors")).json()["data"]
+    (row,) = twin["projectors"]
+    assert (row["name"], row["pause"]["paused_by"]) == ("totals", USER)
+    listing = (await operator.get("/projectors")).text
+    assert "<script>alert" not in listing
+    assert ">resume</button>" in listing
+    unknown = await operator.post("/actions/pause", data={"projector": "nope", "csrf": token})
+    assert unknown.status_code == 400
+    resumed = await operator.post("/actions/resume", data={"projector": "totals", "csrf": token})
+    assert "totals: resumed" in resumed.text
+    assert await pool.fetchval("SELECT count(*) FROM outbox_projector_pauses") == 0

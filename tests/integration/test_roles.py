@@ -170,6 +170,7 @@ async def test_the_console_reads_as_the_report_role(
                     "/api/campaign?id=c",
                     "/api/workers",
                     "/api/system",
+                    "/api/projectors",
                 )
             }
             # A dry run takes the requeue's row locks: the report role is refused, in a line.
