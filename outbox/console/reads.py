@@ -17,7 +17,7 @@ from outbox.append.journal import JournalEntry, get_campaign_head, recent_events
 from outbox.config import Session
 from outbox.ops.report import Failures, failures
 from outbox.projection.app import Outbox
-from outbox.projection.guards import checkpoints_of
+from outbox.projection.guards import ProjectorLag, checkpoints_of, projector_lag
 from outbox.projection.pauses import Pause, list_pauses
 from outbox.queue import inspect
 from outbox.queue.inspect import BlockedCampaign, LeaseRow, QueueRow, ShadowObservations
@@ -156,6 +156,7 @@ class ProjectorRow:
     ordered: bool | None
     transactional: bool | None
     pause: Pause | None
+    lag: ProjectorLag | None  # ordered projectors: from their checkpoints to the journal heads
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,11 +168,16 @@ class Projectors:
 
 
 async def read_projectors(executor: db.Executor, app: Outbox | None) -> Projectors:
+    known = sorted(app.registry.projectors.values(), key=lambda p: p.name) if app else []
     async with reading(executor) as conn:
         pauses = {p.projector: p for p in await list_pauses(conn)}
+        lags = await projector_lag(conn, [p.name for p in known if p.ordered])
     rows = [
-        ProjectorRow(p.name, sorted(p.events), p.ordered, p.transactional, pauses.pop(p.name, None))
-        for p in sorted(app.registry.projectors.values(), key=lambda p: p.name)
-    ] if app is not None else []  # fmt: skip
-    rows += [ProjectorRow(name, [], None, None, p) for name, p in sorted(pauses.items())]
+        ProjectorRow(
+            p.name, sorted(p.events), p.ordered, p.transactional,
+            pauses.pop(p.name, None), lags.get(p.name),
+        )
+        for p in known
+    ]  # fmt: skip
+    rows += [ProjectorRow(name, [], None, None, p, None) for name, p in sorted(pauses.items())]
     return Projectors(app is not None, rows)

@@ -13,6 +13,7 @@ marker reset, pruning) and never opens a transaction of its own.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from outbox import db
@@ -25,11 +26,13 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CheckpointKey",
+    "ProjectorLag",
     "applied_events",
     "checkpoints_of",
     "delete_markers",
     "lock_checkpoints",
     "open_group",
+    "projector_lag",
     "prune_markers",
     "reserve_markers",
     "undo_group",
@@ -46,6 +49,7 @@ class GuardsQueries(Queries):
     list_markers: str
     delete_markers: str
     prune_markers: str
+    list_projector_lag: str
 
 
 Q = GuardsQueries
@@ -74,6 +78,24 @@ async def checkpoints_of(conn: Connection, campaign_id: str) -> dict[str, int]:
     """The checkpoints of one campaign: projector -> applied seq (unlocked; a read)."""
     rows = await conn.fetch(Q.list_checkpoints, [campaign_id])
     return {r["projector"]: r["applied_seq"] for r in sorted(rows, key=lambda r: r["projector"])}
+
+
+@dataclass(frozen=True, slots=True)
+class ProjectorLag:
+    """How far an ordered projector stands behind the journal heads."""
+
+    campaigns_behind: int
+    events_behind: int
+    oldest_unapplied_seconds: float | None
+
+
+async def projector_lag(conn: Connection, projectors: Sequence[str]) -> dict[str, ProjectorLag]:
+    """Lag of each ordered projector in `projectors` (caught up: zero, no age)."""
+    found = {
+        r["projector"]: ProjectorLag(r[1], r[2], r[3])
+        for r in await conn.fetch(Q.list_projector_lag, sorted(projectors))
+    }
+    return {p: found.get(p, ProjectorLag(0, 0, None)) for p in projectors}
 
 
 async def open_group(conn: Connection) -> None:

@@ -75,3 +75,26 @@ WHERE ctid IN (
     WHERE applied_at < clock_timestamp() - make_interval(hours => $1::integer)
     LIMIT $2::integer
 )
+
+-- name: list_projector_lag
+-- How far the ordered projectors ($1) stand behind the journal: per projector, the campaigns
+-- whose checkpoint is below the journal head (no checkpoint reads as 0), the events between
+-- (every ordered checkpoint passes every event, S17) and the age of the oldest event not yet
+-- applied (the one after a checkpoint) by the database clock. Projectors caught up return no
+-- row. The cost grows with campaigns x projectors: one pass over the heads, one probe per
+-- campaign behind.
+WITH behind AS (
+    SELECT p.projector, h.campaign_id, h.last_seq, coalesce(k.applied_seq, 0) AS applied_seq
+    FROM unnest($1::text[]) AS p(projector)
+    CROSS JOIN campaign_heads h
+    LEFT JOIN projection_checkpoints k
+        ON k.campaign_id = h.campaign_id AND k.projector = p.projector
+    WHERE h.last_seq > coalesce(k.applied_seq, 0)
+)
+SELECT b.projector, count(*) AS campaigns_behind,
+       sum(b.last_seq - b.applied_seq)::bigint AS events_behind,
+       extract(epoch FROM clock_timestamp() - min(e.recorded_at))::double precision
+           AS oldest_unapplied_seconds
+FROM behind b
+LEFT JOIN event_journal e ON e.campaign_id = b.campaign_id AND e.seq = b.applied_seq + 1
+GROUP BY b.projector

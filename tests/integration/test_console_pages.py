@@ -251,6 +251,16 @@ async def test_a_projector_is_paused_and_resumed_from_its_page(
     twin = (await operator.get("/api/projectors")).json()["data"]
     (row,) = twin["projectors"]
     assert (row["name"], row["pause"]["paused_by"]) == ("totals", USER)
+    # Lag from the checkpoints: HOSTILE_ID (2 events) and o-1, o-2 (1 each) are not applied;
+    # c-ok is caught up. The oldest unapplied event is HOSTILE_ID's first.
+    lag = row["lag"]
+    assert (lag["campaigns_behind"], lag["events_behind"]) == (3, 4)
+    recorded = await pool.fetchval(
+        "SELECT extract(epoch FROM clock_timestamp() - recorded_at) FROM event_journal "
+        "WHERE campaign_id = $1 AND seq = 1",
+        HOSTILE_ID,
+    )
+    assert 0 <= lag["oldest_unapplied_seconds"] <= recorded
     listing = (await operator.get("/projectors")).text
     assert "<script>alert" not in listing
     assert ">resume</button>" in listing
