@@ -26,6 +26,7 @@ from outbox import db
 from outbox.config import Settings
 from outbox.console import actions as controls
 from outbox.console import reads
+from outbox.console.history import polyline
 from outbox.console.overview import Poller
 from outbox.console.security import Auth, Csrf, basic_auth_from_env
 from outbox.errors import Conflict, NotFound, OutboxError, ValidationError
@@ -122,7 +123,8 @@ def create_app(
 
     async def overview_json(request: Request) -> Response:
         overview = await poller.get()
-        return _json("overview", error=poller.error, overview=overview)
+        history = list(poller.trend.samples)
+        return _json("overview", error=poller.error, overview=overview, history=history)
 
     async def read_failures(request: Request) -> Any:
         status = request.query_params.get("status") or None
@@ -306,4 +308,13 @@ class _Authenticate(BaseHTTPMiddleware):
 
 
 async def _overview_context(poller: Poller) -> dict[str, Any]:
-    return {"overview": await poller.get(), "error": poller.error}
+    overview = await poller.get()
+    samples = list(poller.trend.samples)
+    charts = {
+        "since": samples[0].at if samples else None,
+        "applied": polyline([s.applied_per_second for s in samples], width=360, height=60),
+        "lag": polyline([s.oldest_claimable_age_seconds for s in samples], width=360, height=60),
+        "applied_max": max((s.applied_per_second or 0.0 for s in samples), default=0.0),
+        "lag_max": max((s.oldest_claimable_age_seconds or 0.0 for s in samples), default=0.0),
+    }
+    return {"overview": overview, "error": poller.error, "charts": charts}

@@ -1,7 +1,8 @@
 """The overview's figures, and the one poller that reads them for every open page.
 
 `read_overview()` reads rows per status (each counted up to a bound), the oldest claimable
-head, blocked campaigns and the live workers, in one read-only transaction under the console's
+head, blocked campaigns and the live workers (each read also adds a sample to the last hour's
+`Trend`), in one read-only transaction under the console's
 session (a statement timeout: the console never holds the database up). `Poller.get()` returns
 the latest figures, reading again only when they are older than its interval, one read at a
 time: ten open tabs cost what one does, and no tab costs nothing. A failed read keeps the
@@ -18,6 +19,7 @@ from time import monotonic
 import anyio
 
 from outbox import db
+from outbox.console.history import Trend
 from outbox.console.reads import COUNT_BOUND, reading
 from outbox.queue import inspect
 from outbox.queue.inspect import OldestClaimable, StatusCounts
@@ -59,6 +61,7 @@ class Poller:
     latest: Overview | None = None
     error: str | None = None  # why the last read failed (None: it did not)
     reads: int = 0  # reads made so far
+    trend: Trend = field(default_factory=Trend)  # the last hour, one sample per read
     _read_at: float = field(default=float("-inf"), repr=False)
     _lock: anyio.Lock = field(default_factory=anyio.Lock, repr=False)
 
@@ -75,8 +78,11 @@ class Poller:
     async def _read(self) -> None:
         self.reads += 1
         try:
-            self.latest = await read_overview(self.pool, park=self.park, bound=self.bound)
+            self.latest = latest = await read_overview(self.pool, park=self.park, bound=self.bound)
             self.error = None
+            applied = {w.worker_id: int(w.counters.get("applied", 0)) for w in latest.workers}
+            oldest = latest.oldest_claimable
+            self.trend.add(latest.read_at, applied, oldest.age_seconds if oldest else None)
         except Exception as exc:  # the page shows the last figures and why they are old
             self.error = describe_error(exc)
         finally:

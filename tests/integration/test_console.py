@@ -90,8 +90,12 @@ async def test_one_read_serves_every_page_until_the_figures_are_due(
     await append(pool, "c2", [Event("t", {})], settings=settings)
     assert (await console.get("/api/overview")).json()["overview"]["counts"]["pending"] == 1
     poller.interval = 0  # due now
-    assert (await console.get("/api/overview")).json()["overview"]["counts"]["pending"] == 2
+    body = (await console.get("/api/overview")).json()
+    assert body["overview"]["counts"]["pending"] == 2
     assert poller.reads == 2
+    # Each read is a sample of the last hour; the overview draws them.
+    assert [s["oldest_claimable_age_seconds"] is not None for s in body["history"]] == [True] * 2
+    assert 'data-chart="lag"' in (await console.get("/")).text
 
 
 async def test_counts_stop_at_their_bound(pool: db.Pool, settings: Settings) -> None:
