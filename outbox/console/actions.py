@@ -89,7 +89,7 @@ async def discard(
     )
 
 
-def group_command(fingerprint: str, limit: int, *, reason: str | None, dry_run: bool) -> str:
+def group_command(fingerprint: str | None, limit: int, *, reason: str | None, dry_run: bool) -> str:
     return command_line(
         "outbox-requeue-dead",
         "--error",
@@ -100,19 +100,21 @@ def group_command(fingerprint: str, limit: int, *, reason: str | None, dry_run: 
     )
 
 
-async def preview_group(pool: db.Pool, fingerprint: str, *, limit: int) -> RequeueResult:
-    """Exactly the dead rows a requeue of this group would move now (a dry run)."""
+async def preview_group(pool: db.Pool, fingerprint: str | None, *, limit: int) -> RequeueResult:
+    """Exactly the dead rows a requeue of this group (None: the oldest `limit` of all dead
+    rows) would move now: a dry run."""
     return await requeue_dead(pool, limit=limit, fingerprint=fingerprint, dry_run=True)
 
 
 async def requeue_group(
-    pool: db.Pool, fingerprint: str, *, limit: int, actor: str, reason: str | None
+    pool: db.Pool, fingerprint: str | None, *, limit: int, actor: str, reason: str | None
 ) -> Done:
     result = await requeue_dead(
         pool, limit=limit, fingerprint=fingerprint, actor=actor, reason=reason
     )
     return Done(
-        f"requeued {result.requeued} row(s) of error group {fingerprint}",
+        f"requeued {result.requeued} row(s)"
+        + (f" of error group {fingerprint}" if fingerprint else ", the oldest dead"),
         group_command(fingerprint, limit, reason=reason, dry_run=False),
     )
 

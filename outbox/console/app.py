@@ -140,7 +140,7 @@ def create_app(
         return await reads.read_campaign(pool, _text(request.query_params, "id"))
 
     async def read_preview(request: Request) -> Any:
-        fingerprint = _text(request.query_params, "fingerprint")
+        fingerprint = request.query_params.get("fingerprint") or None  # None: every dead row
         limit = _int(request.query_params.get("limit", str(controls.GROUP_LIMIT)), "limit")
         result = await controls.preview_group(pool, fingerprint, limit=limit)
         command = controls.group_command(fingerprint, limit, reason=None, dry_run=True)
@@ -190,7 +190,7 @@ def create_app(
 
     async def requeue_group(request: Request, form: dict[str, str], actor: str) -> controls.Done:
         return await controls.requeue_group(
-            pool, _text(form, "fingerprint"), limit=_int(form.get("limit", ""), "limit"),
+            pool, form.get("fingerprint") or None, limit=_int(form.get("limit", ""), "limit"),
             actor=actor, reason=form.get("reason") or None,
         )  # fmt: skip
 

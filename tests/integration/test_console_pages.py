@@ -208,6 +208,11 @@ async def test_an_error_group_is_previewed_then_requeued(
     assert f"maintenance outbox-requeue-dead --error {fingerprint} --limit 1000 --dry-run" in (
         preview.text
     )
+    # The oldest N dead rows, whatever their error: previewed the same way.
+    oldest = await operator.get("/failures/requeue", params={"limit": "2"})
+    assert "Requeue the oldest 2 dead rows: dry run" in oldest.text
+    assert "2 dead row(s) would be requeued now (the oldest 2: more may match)" in oldest.text
+    assert "maintenance outbox-requeue-dead --limit 2 --dry-run" in oldest.text
     twin = (await operator.get("/api/failures/requeue", params={"fingerprint": fingerprint})).json()
     rows = [(r["campaign_id"], r["seq"]) for r in twin["data"]["result"]["rows"]]
     assert sorted(rows) == [(HOSTILE_ID, 1), ("o-1", 1), ("o-2", 1)]
