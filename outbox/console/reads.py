@@ -8,6 +8,7 @@ queue's, the journal's, the guards' and the registry's.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -157,6 +158,8 @@ class ProjectorRow:
     transactional: bool | None
     pause: Pause | None
     lag: ProjectorLag | None  # ordered projectors: from their checkpoints to the journal heads
+    # Events applied, skipped and failed since the live workers started (their registry rows).
+    outcomes: dict[str, int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,12 +175,21 @@ async def read_projectors(executor: db.Executor, app: Outbox | None) -> Projecto
     async with reading(executor) as conn:
         pauses = {p.projector: p for p in await list_pauses(conn)}
         lags = await projector_lag(conn, [p.name for p in known if p.ordered])
+        workers = await live_workers(conn)
+    outcomes: dict[str, Counter[str]] = {}
+    for w in workers:
+        for tally in w.counters.get("projectors", []):
+            found = outcomes.setdefault(tally["projector"], Counter())
+            found.update({k: int(tally.get(k, 0)) for k in ("applied", "skipped", "failed")})
     rows = [
         ProjectorRow(
             p.name, sorted(p.events), p.ordered, p.transactional,
-            pauses.pop(p.name, None), lags.get(p.name),
+            pauses.pop(p.name, None), lags.get(p.name), dict(outcomes.get(p.name, {})),
         )
         for p in known
     ]  # fmt: skip
-    rows += [ProjectorRow(name, [], None, None, p, None) for name, p in sorted(pauses.items())]
+    rows += [
+        ProjectorRow(name, [], None, None, p, None, dict(outcomes.get(name, {})))
+        for name, p in sorted(pauses.items())
+    ]
     return Projectors(app is not None, rows)

@@ -118,6 +118,8 @@ class Worker:
     # Whether the last claim took every due campaign no other batch held (it got fewer than
     # it asked for): what is due now and was left is held elsewhere, or came due since.
     took_all: bool = field(default=True, init=False, repr=False)
+    # (projector, outcome) -> events since the worker started: its registry row shows them.
+    tally: Counter[tuple[str, str]] = field(default_factory=Counter, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.rand is None:
@@ -155,6 +157,7 @@ class Worker:
             if transient is None:
                 raise
             raise transient from exc
+        self.tally.update(after.tally)
         if self.metrics is not None:
             self.metrics.record_apply(after.tally, after.durations, after.ages)
             self.metrics.record_unsubscribed(after.unsubscribed)
@@ -166,6 +169,7 @@ class Worker:
                 self.worker_id,
                 self.policy,
                 self.metrics,
+                self.tally,
             )
             await runner.run(after.leases, counts)
         return counts

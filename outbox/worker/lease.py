@@ -19,6 +19,7 @@ projectors, exactly-once for the event's transactional ones.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from time import perf_counter
@@ -109,6 +110,8 @@ class LeaseRunner:
     owner: str
     policy: FailurePolicy  # attempts, backoff and death of a failed lease
     metrics: Metrics | None = None  # per-projector figures, recorded after each end commits
+    # (projector, outcome) -> events: the worker's running tally, for its registry row.
+    tally: Counter[tuple[str, str]] | None = None
 
     async def run(self, leases: list[Lease], counts: Counts) -> None:
         live: Live = {lease.key: (lease, anyio.CancelScope()) for lease in leases}
@@ -165,6 +168,8 @@ class LeaseRunner:
         return None
 
     def _record(self, tally: dict[tuple[str, str], int], projector: str, started: float) -> None:
+        if self.tally is not None:
+            self.tally.update(tally)
         if self.metrics is not None:
             self.metrics.record_apply(tally, [(projector, perf_counter() - started)], ())
 

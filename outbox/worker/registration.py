@@ -17,7 +17,10 @@ from outbox import db
 from outbox.queries import Queries
 
 if TYPE_CHECKING:
+    from collections import Counter
+
     from outbox.db import Connection, Executor
+    from outbox.model import BatchCounts
 
 __all__ = [
     "HEARTBEAT_INTERVAL",
@@ -27,6 +30,7 @@ __all__ = [
     "live_workers",
     "new_worker_id",
     "prune_workers",
+    "registry_counters",
 ]
 
 HEARTBEAT_INTERVAL = 5.0
@@ -110,3 +114,12 @@ async def live_workers(executor: Executor, within: float = LIVE_WITHIN) -> list[
 async def prune_workers(conn: Connection, *, retention_hours: int, batch_size: int) -> int:
     """Delete rows of workers stopped or silent for `retention_hours`; how many went."""
     return await db.prune(conn, Q.prune_workers, retention_hours, batch_size)
+
+
+def registry_counters(totals: BatchCounts, tally: Counter[tuple[str, str]]) -> dict[str, Any]:
+    """What a worker's registry row shows: its run's totals, and per projector the events it
+    applied, skipped and failed (`tally`: (projector, outcome) -> events)."""
+    names = sorted({name for name, _ in tally})
+    outcomes = ("applied", "skipped", "failed")
+    per = [{"projector": n, **{o: tally[(n, o)] for o in outcomes}} for n in names]
+    return {**vars(totals), "projectors": per}

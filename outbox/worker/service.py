@@ -34,7 +34,7 @@ from outbox.queue import inspect
 from outbox.queue.settle import WORK_CHANNEL, unblock_campaigns
 from outbox.retry import backoff_delay, describe_error
 from outbox.worker.batch import Worker
-from outbox.worker.registration import HEARTBEAT_INTERVAL, Registration
+from outbox.worker.registration import HEARTBEAT_INTERVAL, Registration, registry_counters
 from outbox.worker.signals import Doorbell, Signals
 
 __all__ = ["Link", "Service", "refresh_gauges", "serve"]
@@ -288,7 +288,7 @@ class Service:
         while True:
             await anyio.sleep(HEARTBEAT_INTERVAL)
             try:
-                await registration.heartbeat(vars(self.totals))
+                await registration.heartbeat(registry_counters(self.totals, self.worker.tally))
             except Exception as exc:  # the registry serves the report, never the work
                 _logger.warning("registry.heartbeat_failed", extra={"error": describe_error(exc)})
 
@@ -345,7 +345,7 @@ class Service:
                 self.metrics.stop()
             with anyio.CancelScope(shield=True), anyio.move_on_after(5):
                 try:
-                    await registration.stop(vars(self.totals))
+                    await registration.stop(registry_counters(self.totals, self.worker.tally))
                 except Exception as exc:  # the row goes stale and drops out of the report
                     _logger.warning("registry.stop_failed", extra={"error": describe_error(exc)})
 

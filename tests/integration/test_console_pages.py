@@ -258,6 +258,7 @@ async def test_a_projector_is_paused_and_resumed_from_its_page(
     assert (row["name"], row["pause"]["paused_by"]) == ("totals", USER)
     # Lag from the checkpoints: HOSTILE_ID (2 events) and o-1, o-2 (1 each) are not applied;
     # c-ok is caught up. The oldest unapplied event is HOSTILE_ID's first.
+    assert row["outcomes"] == {}
     lag = row["lag"]
     assert (lag["campaigns_behind"], lag["events_behind"]) == (3, 4)
     recorded = await pool.fetchval(
@@ -274,3 +275,20 @@ async def test_a_projector_is_paused_and_resumed_from_its_page(
     resumed = await operator.post("/actions/resume", data={"projector": "totals", "csrf": token})
     assert "totals: resumed" in resumed.text
     assert await pool.fetchval("SELECT count(*) FROM outbox_projector_pauses") == 0
+
+
+async def test_projector_outcomes_add_up_over_the_live_workers(
+    pool: db.Pool, app: Outbox, operator: httpx.AsyncClient
+) -> None:
+    for worker, applied in (("w1", 5), ("w2", 7)):
+        await pool.execute(
+            "INSERT INTO outbox_workers (worker_id, host, pid, mode, concurrency, counters) "
+            "VALUES ($1, 'h', 1, 'apply', 1, $2)",
+            worker,
+            {"applied": applied, "projectors": [
+                {"projector": "totals", "applied": applied, "skipped": 1, "failed": 2}
+            ]},
+        )  # fmt: skip
+    (row,) = (await operator.get("/api/projectors")).json()["data"]["projectors"]
+    assert row["outcomes"] == {"applied": 12, "skipped": 2, "failed": 4}
+    assert 'data-outcome="applied">12<' in (await operator.get("/projectors")).text

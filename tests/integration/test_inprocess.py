@@ -50,6 +50,14 @@ async def test_running_worker_applies_in_the_background_and_stops_cleanly(
     assert await pool.fetchval(
         "SELECT stopped_at IS NOT NULL FROM outbox_workers WHERE worker_id = $1", service.worker_id
     )
+    # Its registry row keeps what it did, per projector too (the console's projectors page).
+    counters = await pool.fetchval(
+        "SELECT counters FROM outbox_workers WHERE worker_id = $1", service.worker_id
+    )
+    assert counters["applied"] == 15
+    assert counters["projectors"] == [
+        {"projector": "tally", "applied": 15, "skipped": 0, "failed": 0}
+    ]
 
 
 async def test_running_worker_refuses_an_unmigrated_database(fresh_db: str) -> None:
