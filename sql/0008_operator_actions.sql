@@ -46,3 +46,14 @@ CREATE TABLE outbox_projector_pauses (
     paused_by text        NOT NULL,
     reason    text
 );
+
+-- Pauses and resumes are audited like requeues and discards: who, when, why (insert-only).
+CREATE TABLE outbox_projector_audit (
+    audit_id  bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    at        timestamptz NOT NULL DEFAULT clock_timestamp(),
+    projector text        NOT NULL,
+    action    text        NOT NULL CONSTRAINT outbox_projector_audit_action_check
+                              CHECK (action IN ('pause', 'resume')),
+    actor     text        NOT NULL,
+    reason    text
+);

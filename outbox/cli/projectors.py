@@ -48,12 +48,15 @@ def projector_pause_command(
 def projector_resume_command(
     projector: ProjectorOption,
     dsn: DsnOption = None,
+    reason: ReasonOption = None,
     app_path: AppOption = None,
     as_json: JsonOption = False,
 ) -> None:
     """Resume a paused projector: its waiting events apply within about two poll intervals."""
     registry = _registry(app_path, dsn)
-    result = pool_run(dsn, lambda pool: resume_projector(pool, projector, registry=registry))
+    result = pool_run(
+        dsn, lambda pool: resume_projector(pool, projector, reason=reason, registry=registry)
+    )
     if as_json:
         emit_json("projector-resume", result)
     else:
@@ -62,7 +65,8 @@ def projector_resume_command(
 
 @app.command("projector-pauses")
 def projector_pauses_command(dsn: DsnOption = None, as_json: JsonOption = False) -> None:
-    """The projectors paused now: who paused each, when and why."""
+    """The projectors paused now (who paused each, when, why) and the latest pauses and
+    resumes."""
     result = pool_run(dsn, list_paused)
     if as_json:
         emit_json("projector-pauses", result)
@@ -71,3 +75,7 @@ def projector_pauses_command(dsn: DsnOption = None, as_json: JsonOption = False)
     for p in result.pauses:
         table.add_row(p.projector, when(p.paused_at), p.paused_by, p.reason or "")
     stdout.print(table)
+    history = Table("at", "projector", "action", "by", "reason", title="latest pauses and resumes")
+    for e in result.history:
+        history.add_row(when(e.at), e.projector, e.action, e.actor, e.reason or "")
+    stdout.print(history)

@@ -131,8 +131,13 @@ async def pause(
     )
 
 
-async def resume(pool: db.Pool, app: Outbox | None, projector: str) -> Done:
+async def resume(
+    pool: db.Pool, app: Outbox | None, projector: str, *, actor: str, reason: str | None
+) -> Done:
     registry = app.registry if app is not None else None
-    result = await resume_projector(pool, projector, registry=registry)
+    result = await resume_projector(pool, projector, reason=reason, actor=actor, registry=registry)
     said = "resumed" if result.resumed else "was not paused"
-    return Done(f"{projector}: {said}", command_line("projector-resume", "--projector", projector))
+    return Done(
+        f"{projector}: {said}",
+        command_line("projector-resume", "--projector", projector, "--reason", reason),
+    )

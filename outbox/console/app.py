@@ -200,7 +200,9 @@ def create_app(
         )
 
     async def resume(request: Request, form: dict[str, str], actor: str) -> controls.Done:
-        return await controls.resume(pool, app, _text(form, "projector"))
+        return await controls.resume(
+            pool, app, _text(form, "projector"), actor=actor, reason=form.get("reason") or None
+        )
 
     routes = [
         Route("/", overview_page, name="overview"),

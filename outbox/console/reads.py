@@ -19,7 +19,7 @@ from outbox.config import Session
 from outbox.ops.report import Failures, failures
 from outbox.projection.app import Outbox
 from outbox.projection.guards import ProjectorLag, checkpoints_of, projector_lag
-from outbox.projection.pauses import Pause, list_pauses
+from outbox.projection.pauses import Pause, PauseEntry, list_pause_audit, list_pauses
 from outbox.queue import inspect
 from outbox.queue.inspect import BlockedCampaign, LeaseRow, QueueRow, ShadowObservations
 from outbox.queue.repair import AuditEntry, list_audit
@@ -168,6 +168,7 @@ class Projectors:
 
     known: bool
     projectors: list[ProjectorRow]
+    history: list[PauseEntry]  # the latest pauses and resumes
 
 
 async def read_projectors(executor: db.Executor, app: Outbox | None) -> Projectors:
@@ -176,6 +177,7 @@ async def read_projectors(executor: db.Executor, app: Outbox | None) -> Projecto
         pauses = {p.projector: p for p in await list_pauses(conn)}
         lags = await projector_lag(conn, [p.name for p in known if p.ordered])
         workers = await live_workers(conn)
+        history = await list_pause_audit(conn, limit=LIST_LIMIT)
     outcomes: dict[str, Counter[str]] = {}
     for w in workers:
         for tally in w.counters.get("projectors", []):
@@ -192,4 +194,4 @@ async def read_projectors(executor: db.Executor, app: Outbox | None) -> Projecto
         ProjectorRow(name, [], None, None, p, None, dict(outcomes.get(name, {})))
         for name, p in sorted(pauses.items())
     ]
-    return Projectors(app is not None, rows)
+    return Projectors(app is not None, rows, history)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from outbox.errors import ValidationError
 from outbox.ops.requeue import current_actor
 from outbox.projection import pauses
-from outbox.projection.pauses import Pause
+from outbox.projection.pauses import Pause, PauseEntry
 
 if TYPE_CHECKING:
     from outbox.db import Executor
@@ -44,9 +44,10 @@ class Resumed:
 
 @dataclass(frozen=True, slots=True)
 class Pauses:
-    """`maintenance projector-pauses`: every pause in force."""
+    """`maintenance projector-pauses`: every pause in force, and the latest pauses and resumes."""
 
     pauses: list[Pause]
+    history: list[PauseEntry]
 
 
 def _check(projector: str, registry: Registry | None) -> None:
@@ -72,12 +73,19 @@ async def pause_projector(
 
 
 async def resume_projector(
-    executor: Executor, projector: str, *, registry: Registry | None = None
+    executor: Executor,
+    projector: str,
+    *,
+    reason: str | None = None,
+    actor: str | None = None,
+    registry: Registry | None = None,
 ) -> Resumed:
     _check(projector, registry)
-    found = await pauses.resume(executor, projector)
+    found = await pauses.resume(executor, projector, actor=actor or current_actor(), reason=reason)
     return Resumed(projector, found is not None, found)
 
 
-async def list_paused(executor: Executor) -> Pauses:
-    return Pauses(await pauses.list_pauses(executor))
+async def list_paused(executor: Executor, *, history: int = 50) -> Pauses:
+    return Pauses(
+        await pauses.list_pauses(executor), await pauses.list_pause_audit(executor, limit=history)
+    )

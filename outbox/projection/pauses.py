@@ -22,13 +22,22 @@ if TYPE_CHECKING:
     from outbox.db import Connection, Executor
     from outbox.projection.registry import Registry
 
-__all__ = ["Pause", "PausedProjectors", "list_pauses", "pause", "resume"]
+__all__ = [
+    "Pause",
+    "PauseEntry",
+    "PausedProjectors",
+    "list_pause_audit",
+    "list_pauses",
+    "pause",
+    "resume",
+]
 
 
 class PausesQueries(Queries):
     list_paused_projectors: str
     pause_projector: str
     resume_projector: str
+    list_projector_audit: str
 
 
 Q = PausesQueries
@@ -42,6 +51,23 @@ class Pause:
     reason: str | None
 
 
+@dataclass(frozen=True, slots=True)
+class PauseEntry:
+    """One audited pause or resume."""
+
+    at: datetime
+    projector: str
+    action: str
+    actor: str
+    reason: str | None
+
+
+async def list_pause_audit(executor: Executor, *, limit: int) -> list[PauseEntry]:
+    """Pauses and resumes, newest first."""
+    async with db.acquire(executor) as conn:
+        return [PauseEntry(*r) for r in await conn.fetch(Q.list_projector_audit, limit)]
+
+
 async def list_pauses(executor: Executor) -> list[Pause]:
     async with db.acquire(executor) as conn:
         return [Pause(*r) for r in await conn.fetch(Q.list_paused_projectors)]
@@ -50,8 +76,8 @@ async def list_pauses(executor: Executor) -> list[Pause]:
 async def pause(
     executor: Executor, projector: str, *, actor: str, reason: str | None
 ) -> tuple[Pause, bool]:
-    """Pause `projector`: the pause in force, and whether this call made it (a projector
-    already paused keeps its first pause)."""
+    """Pause `projector` (audited): the pause in force, and whether this call made it (a
+    projector already paused keeps its first pause)."""
     async with db.acquire(executor) as conn:
         row = await conn.fetchrow(Q.pause_projector, projector, actor, reason)
         if row is not None:
@@ -62,10 +88,13 @@ async def pause(
     return found[0], False
 
 
-async def resume(executor: Executor, projector: str) -> Pause | None:
-    """Lift the pause of `projector`; the pause as it was, or None when it was not paused."""
+async def resume(
+    executor: Executor, projector: str, *, actor: str, reason: str | None = None
+) -> Pause | None:
+    """Lift the pause of `projector` (audited); the pause as it was, or None when it was not
+    paused."""
     async with db.acquire(executor) as conn:
-        row = await conn.fetchrow(Q.resume_projector, projector)
+        row = await conn.fetchrow(Q.resume_projector, projector, actor, reason)
     return None if row is None else Pause(*row)
 
 

@@ -275,6 +275,8 @@ async def test_a_projector_is_paused_and_resumed_from_its_page(
     resumed = await operator.post("/actions/resume", data={"projector": "totals", "csrf": token})
     assert "totals: resumed" in resumed.text
     assert await pool.fetchval("SELECT count(*) FROM outbox_projector_pauses") == 0
+    history = (await operator.get("/api/projectors")).json()["data"]["history"]
+    assert [(e["action"], e["actor"]) for e in history] == [("resume", USER), ("pause", USER)]
 
 
 async def test_projector_outcomes_add_up_over_the_live_workers(

@@ -92,7 +92,13 @@ async def test_a_paused_projector_holds_its_campaigns_and_a_resume_releases_them
     assert await outstanding(pool) == [("c", 2, "pending", 0), ("c", 3, "pending", 0)]
     resumed = await resume_projector(pool, "mailer")
     assert (resumed.resumed, (await resume_projector(pool, "mailer")).resumed) == (True, False)
-    assert (await list_paused(pool)).pauses == []
+    listed = await list_paused(pool)
+    assert listed.pauses == []
+    # Audited: the pause that took (the second changed nothing) and the resume.
+    assert [(e.action, e.reason) for e in listed.history] == [
+        ("resume", None),
+        ("pause", "smtp down"),
+    ]
     await pool.execute("UPDATE projection_apply_campaigns SET due_at = clock_timestamp()")
     assert (await worker.run_once()).applied == 2
     assert await outstanding(pool) == []
