@@ -117,7 +117,8 @@ def _unavailable(dsn: str | None, exc: BaseException) -> DatabaseUnavailable:
     target = redact_dsn(dsn) if dsn else "the database (libpq defaults)"
     # The target stands before a space: a redacted `password=***` runs to whitespace.
     return DatabaseUnavailable(
-        f"cannot connect to {target} ({type(exc).__name__}: {scrub(str(exc), dsn)})"
+        f"cannot connect to {target} ({type(exc).__name__}: {scrub(str(exc), dsn)})",
+        transient=transient(exc),
     )
 
 

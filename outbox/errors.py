@@ -139,7 +139,13 @@ class TransactionRequired(OutboxError):
 
 
 class DatabaseUnavailable(OutboxError):
-    """The database cannot be reached; the message never contains a password."""
+    """The database cannot be reached; the message never contains a password. `transient`:
+    trying again later may succeed (refused, too many connections, starting up), unlike a bad
+    password or a missing database."""
+
+    def __init__(self, message: str, *, transient: bool = False) -> None:
+        super().__init__(message)
+        self.transient = transient
 
 
 class SchemaNotReady(OutboxError):

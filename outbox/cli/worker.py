@@ -28,7 +28,7 @@ from outbox.obs import log
 from outbox.ops.report import Leftovers, leftovers
 from outbox.schema import check_current
 from outbox.worker.registration import new_worker_id
-from outbox.worker.runtime import build_service, open_pool
+from outbox.worker.runtime import build_service, open_pool_when_up
 from outbox.worker.service import serve
 
 app = typer.Typer(
@@ -101,6 +101,18 @@ def worker(
     as_json: Annotated[
         bool, typer.Option("--json", help="With a drain: the summary as one JSON object.")
     ] = False,
+    wait_for_database: Annotated[
+        float | None,
+        typer.Option(
+            "--wait-for-database",
+            envvar="OUTBOX_WAIT_FOR_DATABASE",
+            min=0,
+            help="Seconds to wait at start for a database that refuses, is starting up or has "
+            "no free connection (default: a serving worker waits as long as it takes, a drain "
+            "not at all; 0: fail at once).",
+            show_default=False,
+        ),
+    ] = None,
     shutdown_timeout: Annotated[float | None, _setting("shutdown_timeout")] = None,
     metrics_port: Annotated[int | None, _setting("metrics_port")] = None,
     metrics_host: Annotated[str | None, _setting("metrics_host")] = None,
@@ -146,8 +158,10 @@ def worker(
     if resolution.warning:
         logger.warning("worker.mode_conflict", extra={"warning": resolution.warning})
 
+    wait = wait_for_database if wait_for_database is not None or not drain_only else 0.0
+
     async def body() -> tuple[BatchCounts, Leftovers | None]:
-        pool = await open_pool(settings)
+        pool = await open_pool_when_up(settings, wait=wait)
         try:
             await check_current(pool)
             service = build_service(

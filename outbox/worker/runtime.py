@@ -21,6 +21,7 @@ logging: the application owns both.
 
 from __future__ import annotations
 
+import random
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
@@ -29,7 +30,10 @@ import anyio
 
 from outbox import db
 from outbox.config import Settings, resolve_worker_mode
+from outbox.errors import DatabaseUnavailable
 from outbox.model import BatchCounts, WorkerMode
+from outbox.obs import log
+from outbox.retry import backoff_delay
 from outbox.schema import check_current
 from outbox.worker.batch import Worker
 from outbox.worker.registration import new_worker_id
@@ -40,7 +44,9 @@ if TYPE_CHECKING:
     from outbox.db import Pool
     from outbox.projection.app import Outbox
 
-__all__ = ["build_service", "drain_now", "open_pool", "running_worker"]
+__all__ = ["build_service", "drain_now", "open_pool", "open_pool_when_up", "running_worker"]
+
+_logger = log.get_logger("outbox.worker")
 
 
 async def open_pool(
@@ -56,6 +62,35 @@ async def open_pool(
         server_settings=sent,
         session_defaults=fallback,
     )
+
+
+async def open_pool_when_up(
+    settings: Settings, *, wait: float | None = None, max_size: int | None = None
+) -> Pool:
+    """`open_pool`, waiting for a database that cannot take the connection yet (refused,
+    starting up, every slot taken: a transient `DatabaseUnavailable`) with backoff up to the
+    poll interval's tenfold, at most `wait` seconds (None: as long as it takes). One log line
+    when the wait starts and one when it ends; a bad password or a missing database raise at
+    once, as does the wait's end."""
+    deadline = None if wait is None else anyio.current_time() + wait
+    failures = 0
+    while True:
+        try:
+            pool = await open_pool(settings, max_size=max_size)
+        except DatabaseUnavailable as exc:
+            failures += 1
+            left = None if deadline is None else deadline - anyio.current_time()
+            if not exc.transient or (left is not None and left <= 0):
+                raise
+            cap = max(settings.poll_interval * 10, 1.0)
+            delay = backoff_delay(failures, base=0.5, cap=cap, rand=random.random)
+            if failures == 1:
+                _logger.warning("database.waiting", extra={"error": str(exc), "retry_in": delay})
+            await anyio.sleep(delay if left is None else min(delay, left))
+            continue
+        if failures:
+            _logger.info("database.available", extra={"attempts": failures + 1})
+        return pool
 
 
 def build_service(

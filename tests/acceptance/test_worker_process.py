@@ -380,3 +380,61 @@ async def _has(pool: db.Pool, query: str) -> bool:
 async def _queue_empty(pool: db.Pool) -> bool:
     n = await queue_count(pool)
     return bool(n == 0)
+
+
+async def test_a_starting_worker_waits_for_a_free_connection_then_applies(
+    pool: db.Pool, dsn: str, settings: Settings
+) -> None:
+    """Its role may not open one more connection (SQLSTATE 53300, what a full connection table
+    gives): the starting worker logs one line and waits instead of exiting, and applies an
+    event appended meanwhile once a slot frees up. A drain still fails at once."""
+    import uuid
+
+    role = f"outbox_starved_{uuid.uuid4().hex[:8]}"
+    await install(pool)  # the demo's tables first: the grants below cover them
+    await pool.execute(
+        f"CREATE ROLE {role} LOGIN CONNECTION LIMIT 0;"
+        f"GRANT ALL ON ALL TABLES IN SCHEMA public TO {role};"
+        f"GRANT ALL ON ALL SEQUENCES IN SCHEMA public TO {role};"
+        f"GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA public TO {role}"
+    )
+    parts = urlsplit(dsn)
+    starved = urlunsplit(parts._replace(netloc=f"{role}@{parts.netloc.rpartition('@')[2]}"))
+    try:
+        drain = await anyio.run_process(
+            [*WORKER, "--app", "outbox.examples.app:app", "--drain-now"],
+            env=worker_env(starved),
+            check=False,
+        )
+        assert drain.returncode == 1
+        assert "TooManyConnectionsError" in drain.stderr.decode()
+        async with await anyio.open_process(
+            [*WORKER, "--app", "outbox.examples.app:app", "--poll-interval", "0.1"],
+            env=worker_env(starved),
+        ) as proc:
+            try:
+                assert proc.stderr is not None
+                seen = ""
+                with anyio.fail_after(60):
+                    while '"database.waiting"' not in seen:
+                        seen += (await proc.stderr.receive()).decode()
+                await append(pool, "c", [Event("dice.rolled", {"value": 2})], settings=settings)
+                await pool.execute(f"ALTER ROLE {role} CONNECTION LIMIT -1")
+
+                async def applied() -> bool:
+                    return await queue_count(pool, campaign_id="c") == 0
+
+                await wait_for(applied, within=60)
+                proc.send_signal(signal.SIGTERM)
+                with anyio.fail_after(60):
+                    async for chunk in proc.stderr:
+                        seen += chunk.decode()
+                assert await proc.wait() == 0
+            finally:
+                if proc.returncode is None:
+                    proc.kill()
+        events = [orjson.loads(line)["event"] for line in seen.splitlines()]
+        assert events.count("database.waiting") == 1  # one line per transition, not per try
+        assert events.index("database.available") < events.index("worker.started")
+    finally:
+        await pool.execute(f"DROP OWNED BY {role}; DROP ROLE {role}")
