@@ -50,16 +50,17 @@ SET events = t.events + 1, amount = t.amount + excluded.amount
 """
 EVENT_TYPE = "bench.tick"
 
-# A backlog of $2 events over $1 campaigns, enqueued oldest first across campaigns, the way
-# appends leave it (heads, journal, work rows; `load_backlog` then queues the campaigns).
+# A backlog of $2 events over $1 campaigns named $3 || n, enqueued oldest first across
+# campaigns, the way appends leave it (heads, journal, work rows; `load_backlog` then queues
+# the campaigns).
 LOAD_BACKLOG = """
 WITH heads AS (
     INSERT INTO campaign_heads (campaign_id, last_seq)
-    SELECT 'c-' || c, ($2::integer - c - 1) / $1::integer + 1
+    SELECT $3::text || c, ($2::integer - c - 1) / $1::integer + 1
     FROM generate_series(0, least($1::integer, $2::integer) - 1) c
 ), journal AS (
     INSERT INTO event_journal (campaign_id, seq, event_type, payload)
-    SELECT 'c-' || (g % $1::integer), g / $1::integer + 1, 'bench.tick',
+    SELECT $3::text || (g % $1::integer), g / $1::integer + 1, 'bench.tick',
            jsonb_build_object('amount', g % 7)
     FROM generate_series(0, $2::integer - 1) g
     RETURNING campaign_id, seq, event_type
@@ -111,11 +112,16 @@ async def bench_database(*, commit_timestamps: bool = False) -> AsyncIterator[st
             cluster.destroy()
 
 
-async def load_backlog(conn: asyncpg.Connection, *, campaigns: int, events: int) -> None:
-    await conn.execute(CLEAR)
-    await conn.execute(LOAD_BACKLOG, campaigns, events)
+async def load_backlog(
+    conn: asyncpg.Connection, *, campaigns: int, events: int, prefix: str = "c-", clear: bool = True
+) -> None:
+    """The backlog of LOAD_BACKLOG in campaigns `prefix`0.., after emptying the tables (or,
+    `clear=False`, beside what they hold), queued and analyzed."""
+    if clear:
+        await conn.execute(CLEAR)
+    await conn.execute(LOAD_BACKLOG, campaigns, events, prefix)
     # Queue the campaigns, as the append does for each (rows written around it need this).
-    ids = [f"c-{c}" for c in range(min(campaigns, events))]
+    ids = [f"{prefix}{c}" for c in range(min(campaigns, events))]
     await refresh_campaigns(conn, ids, park=False, removable=())
     await conn.execute("ANALYZE projection_apply_outbox")
     await conn.execute("ANALYZE projection_apply_campaigns")

@@ -34,7 +34,7 @@ from pathlib import Path
 import asyncpg
 import httpx
 from _apps import outbox_app
-from _support import bench_database, check_totals, percentiles, print_json
+from _support import bench_database, check_totals, load_backlog, percentiles, print_json
 
 from outbox import Settings
 from outbox.console import create_app
@@ -65,22 +65,6 @@ SELECT 'c-' || c, s, 'bench.tick',
             WHEN c < $1::integer / 5 AND s = 1
                 THEN 'projector ''mailer'': TimeoutError: smtp timed out after 30 s' END
 FROM generate_series(0, $1::integer - 1) c, generate_series(1, $2::integer) s
-"""
-# $2 drain events over $1 fresh campaigns named $3 || n, amounts as check_totals expects.
-DRAIN_BACKLOG = """
-WITH heads AS (
-    INSERT INTO campaign_heads (campaign_id, last_seq)
-    SELECT $3::text || c, ($2::integer - c - 1) / $1::integer + 1
-    FROM generate_series(0, $1::integer - 1) c
-), journal AS (
-    INSERT INTO event_journal (campaign_id, seq, event_type, payload)
-    SELECT $3::text || (g % $1::integer), g / $1::integer + 1, 'bench.tick',
-           jsonb_build_object('amount', g % 7)
-    FROM generate_series(0, $2::integer - 1) g
-    RETURNING campaign_id, seq, event_type
-)
-INSERT INTO projection_apply_outbox (campaign_id, seq, event_type)
-SELECT campaign_id, seq, event_type FROM journal ORDER BY seq, campaign_id
 """
 PAGES = {"overview": "/", "blocked": "/blocked", "failures": "/failures"}
 DRAIN_CAMPAIGNS = 500
@@ -131,10 +115,7 @@ async def drain_once(dsn: str, events: int, tag: str) -> float:
     conn = await asyncpg.connect(dsn)
     try:
         await conn.execute("TRUNCATE bench_totals")
-        await conn.execute(DRAIN_BACKLOG, DRAIN_CAMPAIGNS, events, tag)
-        ids = [f"{tag}{c}" for c in range(DRAIN_CAMPAIGNS)]
-        await refresh_campaigns(conn, ids, park=False, removable=())
-        await conn.execute("ANALYZE projection_apply_outbox")
+        await load_backlog(conn, campaigns=DRAIN_CAMPAIGNS, events=events, prefix=tag, clear=False)
         settings = Settings(dsn=dsn, batch_size=100)
         pool = await open_pool(settings, max_size=3)
         try:

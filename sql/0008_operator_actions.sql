@@ -20,16 +20,21 @@ CREATE INDEX projection_apply_outbox_attention_idx
 -- Error groups: failed and dead rows grouped by the projector that raised and the shape of the
 -- error, so one poisoned projector's thousand rows read as one line and requeue as one group.
 -- `last_error` is `Type: message` on one line, prefixed `projector 'name': ` when a projector
--- raised it. The shape replaces what varies between occurrences of one failure, quoted values
--- and (signed) numbers, by `?` (one regular expression: these run per row). The fingerprint
--- names a group in commands and URLs: 12 hex digits of the MD5 of the projector and the shape.
+-- raised it. The shape is the error without that prefix (the projector is named apart), with
+-- what varies between occurrences of one failure, quoted values and (signed) numbers,
+-- replaced by `?` (one regular expression, which turns the prefix into `projector ?: `, then
+-- a string test that drops it: these run per row). The fingerprint names a group in commands
+-- and URLs: 12 hex digits of the MD5 of the projector and the shape.
 CREATE FUNCTION outbox_error_projector(error text) RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN substring(error FROM '^projector [''"](.*?)[''"]: ');
 
 CREATE FUNCTION outbox_error_shape(error text) RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
-RETURN regexp_replace(error, '''[^'']*''|"[^"]*"|-?[0-9]+(\.[0-9]+)?', '?', 'g');
+RETURN (
+    SELECT CASE WHEN starts_with(m.shape, 'projector ?: ') THEN substr(m.shape, 14) ELSE m.shape END
+    FROM (SELECT regexp_replace(error, '''[^'']*''|"[^"]*"|-?[0-9]+(\.[0-9]+)?', '?', 'g') AS shape) m
+);
 
 CREATE FUNCTION outbox_error_fingerprint(projector text, shape text) RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE

@@ -28,7 +28,15 @@ from outbox.cli.operator import (
     when,
 )
 from outbox.errors import OutboxError
-from outbox.ops.report import MAX_SCAN, Failures, Report, failures, health, outbox_report
+from outbox.ops.report import (
+    DEFAULT_SCAN,
+    MAX_SCAN,
+    Failures,
+    Report,
+    failures,
+    health,
+    outbox_report,
+)
 
 # Identifiers fold onto a second line in a narrow terminal: never cut off.
 _FOLDED = {"campaign", "event type", "worker", "owner", "last error"}
@@ -222,7 +230,7 @@ def outbox_failures_command(
         typer.Option(
             "--scan", min=1, max=MAX_SCAN, help="Read at most this many failed or dead rows."
         ),
-    ] = 10_000,
+    ] = DEFAULT_SCAN,
     limit: LimitOption = 50,
     as_json: JsonOption = False,
 ) -> None:

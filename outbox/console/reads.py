@@ -2,8 +2,8 @@
 
 The session names the connection `outbox-console` and bounds every statement (5 s): a page can
 fail, it cannot hold the database up. Every read is bounded: counts stop at `COUNT_BOUND`,
-lists at a limit, error groups read at most `GROUP_SCAN` rows. No SQL here: the reads are the
-queue's, the journal's, the guards' and the registry's.
+lists at a limit, error groups read at most the report's default scan (`DEFAULT_SCAN`). No SQL
+here: the reads are the queue's, the journal's, the guards' and the registry's.
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ from outbox.worker.registration import LiveWorker, live_workers
 __all__ = [
     "CONSOLE_SESSION",
     "COUNT_BOUND",
-    "GROUP_SCAN",
     "Blocked",
     "CampaignView",
     "Fleet",
@@ -47,8 +46,6 @@ __all__ = [
 
 # Rows counted per status (and behind a blocked head) at most: past it a page says "10,000+".
 COUNT_BOUND = 10_000
-# Failed and dead rows an error grouping reads at most.
-GROUP_SCAN = 10_000
 # Rows a list shows at most.
 LIST_LIMIT = 100
 # Blocked campaigns read (oldest first) for a ranking.
@@ -69,7 +66,7 @@ async def reading(executor: db.Executor) -> AsyncIterator[db.Connection]:
 
 async def read_failures(executor: db.Executor, *, status: str | None = None) -> Failures:
     async with reading(executor) as conn:
-        return await failures(conn, status=status, scan=GROUP_SCAN, limit=LIST_LIMIT)
+        return await failures(conn, status=status, limit=LIST_LIMIT)
 
 
 @dataclass(frozen=True, slots=True)

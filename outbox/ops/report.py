@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from outbox.db import Executor
 
 __all__ = [
+    "DEFAULT_SCAN",
     "MAX_LIMIT",
     "MAX_SCAN",
     "STATUSES",
@@ -52,7 +53,8 @@ __all__ = [
 ]
 
 MAX_LIMIT = 10_000
-# Rows an error grouping reads at most (each costs a regular expression or two).
+# Rows an error grouping reads by default and at most (each costs two regular expressions).
+DEFAULT_SCAN = 10_000
 MAX_SCAN = 1_000_000
 SUMMARY_LIST_LIMIT = 100
 
@@ -129,9 +131,10 @@ class Failures:
     groups: list[FailureGroup]
 
 
-def check_limit(limit: int) -> None:
-    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT:
-        raise ValidationError("limit", f"expected an integer from 1 to {MAX_LIMIT}, got {limit!r}")
+def check_limit(limit: int, *, name: str = "limit", most: int = MAX_LIMIT) -> None:
+    """An integer from 1 to `most` (the `name` option's), or a ValidationError."""
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= most:
+        raise ValidationError(name, f"expected an integer from 1 to {most}, got {limit!r}")
 
 
 async def outbox_report(
@@ -254,15 +257,14 @@ async def audit(executor: Executor, *, campaign_id: str | None = None, limit: in
 
 
 async def failures(
-    executor: Executor, *, status: str | None = None, scan: int = MAX_LIMIT, limit: int = 50
+    executor: Executor, *, status: str | None = None, scan: int = DEFAULT_SCAN, limit: int = 50
 ) -> Failures:
     """Failed and dead rows (`status`: only failed or only dead) grouped by projector and error
     shape, largest group first, at most `limit` groups, counted from at most `scan` rows."""
     if status is not None and status not in ("failed", "dead"):
         raise ValidationError("status", f"expected failed or dead, got {status!r}")
     check_limit(limit)
-    if isinstance(scan, bool) or not isinstance(scan, int) or not 1 <= scan <= MAX_SCAN:
-        raise ValidationError("scan", f"expected an integer from 1 to {MAX_SCAN}, got {scan!r}")
+    check_limit(scan, name="scan", most=MAX_SCAN)
     async with db.acquire(executor) as conn:
         groups, scanned = await inspect.failure_groups(conn, status=status, scan=scan, limit=limit)
     return Failures(status, scan, scanned, groups)

@@ -53,8 +53,6 @@ __all__ = [
 ]
 
 STATUSES = ("pending", "processing", "failed", "dead")
-# What the error shape makes of the `projector 'name': ` prefix of a projector's error.
-_MASKED_PREFIX = "projector ?: "
 # Seconds between looks of a `wait_applied` that listens and hears nothing.
 RECHECK = 1.0
 
@@ -239,12 +237,7 @@ async def failure_groups(
     (`scan` of them: there may be more)."""
     rows = await conn.fetch(Q.list_failure_groups, scan, status, limit)
     scanned = int(rows[0]["scanned"]) if rows else 0
-    groups = [_of(FailureGroup, r) for r in rows]
-    # The shape as shown: without its (masked) `projector '...': ` prefix, named beside it.
-    return [
-        replace(g, shape=g.shape.removeprefix(_MASKED_PREFIX)) if g.projector and g.shape else g
-        for g in groups
-    ], scanned
+    return [_of(FailureGroup, r) for r in rows], scanned
 
 
 async def list_rows(
