@@ -53,6 +53,7 @@ __all__ = [
     "scrub",
     "sqlstate_of",
     "transient",
+    "write_refusal",
 ]
 
 _logger = log.get_logger("outbox.db")
@@ -69,6 +70,14 @@ def _decode_jsonb(data: bytes) -> Any:
 class SessionQueries(Queries):
     apply_session_defaults: str
     apply_session_settings: str
+    get_write_refusal: str
+
+
+async def write_refusal(executor: Executor) -> str | None:
+    """Why `executor`'s session cannot write (a standby, a read-only default), None if it can:
+    a worker started there waits; `maintenance health` says so."""
+    refusal: str | None = await executor.fetchval(SessionQueries.get_write_refusal)
+    return refusal
 
 
 async def ensure_session(conn: Connection, session: Session) -> None:
@@ -278,10 +287,14 @@ _TRANSIENT_SQLSTATES = {
     "57P03",  # cannot_connect_now
     "53300",  # too_many_connections
     "25P03",  # idle_in_transaction_session_timeout
+    "25006",  # read_only_sql_transaction: a standby, or a primary demoted under us
 }
 _CONNECTION_CLASSES = ("08",)  # connection_exception and its kin
-# SQLSTATEs after which the session itself is gone (the server ends it, or never had it).
-_SESSION_ENDING_SQLSTATES = {"57P01", "57P02", "57P03", "25P03"}
+# SQLSTATEs after which the session is gone or of no use: the server ends it, never gave it
+# (starting up, no free slot), or it is read-only. A read-only session stays so (a standby, a
+# role's default_transaction_read_only): a new connection is the way out, and a multi-host DSN
+# with target_session_attrs=read-write finds the primary.
+_SESSION_ENDING_SQLSTATES = {"57P01", "57P02", "57P03", "25P03", "53300", "25006"}
 
 # InterfaceErrors that describe a query's arguments or the client, not the connection: a
 # projector passing a string for an integer is a failure of its event, not a lost connection.

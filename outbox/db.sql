@@ -17,3 +17,13 @@ SELECT s.name, set_config(s.name, d.value, false) AS value
 FROM unnest($1::text[], $2::text[], $3::boolean[]) AS d(name, value, fallback)
 JOIN pg_settings s ON s.name = d.name
 WHERE NOT d.fallback OR s.source = 'default'
+
+-- name: get_write_refusal
+-- Why this session cannot write, or NULL when it can: the server is in recovery (a standby, or
+-- one not promoted yet) or the session is read-only by default (a role's or database's
+-- default_transaction_read_only).
+SELECT CASE
+    WHEN pg_is_in_recovery() THEN 'the server is in recovery (a standby)'
+    WHEN current_setting('transaction_read_only')::boolean
+        THEN 'the session is read-only (default_transaction_read_only)'
+END

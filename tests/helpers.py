@@ -134,3 +134,31 @@ async def queue_campaigns(executor: db.Executor) -> None:
     async with db.acquire(executor) as conn:
         orphans = await list_unqueued_campaigns(conn, None)
         await refresh_campaigns(conn, orphans, park=True, removable=())
+
+
+@asynccontextmanager
+async def login_role(pool: db.Pool, dsn: str, *alter: str) -> AsyncIterator[tuple[str, str]]:
+    """A throwaway login role with every right on the schema's tables, sequences and functions
+    (create the app's own tables first), `ALTER ROLE`d by each of `alter` (`CONNECTION LIMIT 0`,
+    `SET default_transaction_read_only = on`): yields its name and `dsn` as that role."""
+    import uuid
+    from urllib.parse import urlsplit, urlunsplit
+
+    role = f"outbox_role_{uuid.uuid4().hex[:8]}"
+    grants = " ".join(
+        f"GRANT ALL ON ALL {kind} IN SCHEMA public TO {role};" for kind in ("TABLES", "SEQUENCES")
+    )
+    await pool.execute(
+        f"CREATE ROLE {role} LOGIN; {grants} "
+        f"GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA public TO {role};"
+        + "".join(f"ALTER ROLE {role} {change};" for change in alter)
+    )
+    parts = urlsplit(dsn)
+    as_role = urlunsplit(parts._replace(netloc=f"{role}@{parts.netloc.rpartition('@')[2]}"))
+    try:
+        yield role, as_role
+    finally:
+        await pool.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = $1", role
+        )
+        await pool.execute(f"DROP OWNED BY {role}; DROP ROLE {role}")

@@ -89,6 +89,7 @@ class Health:
     """`maintenance health`: healthy or not, the figures it judged, and every reason."""
 
     healthy: bool
+    read_only: bool
     migrations: str
     oldest_claimable_age_seconds: float | None
     max_oldest_age_seconds: float | None
@@ -204,8 +205,16 @@ async def health(
     """Healthy when migrations are current, at most `max_dead` rows are dead, at most
     `max_blocked` campaigns are blocked behind a failed or dead head (under `park` dead rows
     block nothing), and the oldest claimable row is younger than `max_oldest_age`; the reasons
-    say what is not. (The database answering is the caller's first check.)"""
+    say what is not; a server that cannot take writes (a standby: the DSN does not lead to the
+    primary) is unhealthy whatever the figures. (The database answering is the caller's first
+    check.)"""
     reasons: list[str] = []
+    refusal = await db.write_refusal(executor)
+    if refusal is not None:
+        reasons.append(
+            f"read-only: {refusal}; workers cannot apply here (point the DSN at the primary, "
+            "e.g. a multi-host DSN with target_session_attrs=read-write)"
+        )
     try:
         await check_current(executor)
         migrations = "current"
@@ -237,6 +246,7 @@ async def health(
                 )
     return Health(
         not reasons,
+        refusal is not None,
         migrations,
         age,
         max_oldest_age,

@@ -33,7 +33,7 @@ from outbox.config import Settings, resolve_worker_mode
 from outbox.errors import DatabaseUnavailable
 from outbox.model import BatchCounts, WorkerMode
 from outbox.obs import log
-from outbox.retry import backoff_delay
+from outbox.retry import backoff_delay, describe_error
 from outbox.schema import check_current
 from outbox.worker.batch import Worker
 from outbox.worker.registration import new_worker_id
@@ -68,15 +68,16 @@ async def open_pool_when_up(
     settings: Settings, *, wait: float | None = None, max_size: int | None = None
 ) -> Pool:
     """`open_pool`, waiting for a database that cannot take the connection yet (refused,
-    starting up, every slot taken: a transient `DatabaseUnavailable`) with backoff up to the
-    poll interval's tenfold, at most `wait` seconds (None: as long as it takes). One log line
-    when the wait starts and one when it ends; a bad password or a missing database raise at
-    once, as does the wait's end."""
+    starting up, every slot taken: a transient `DatabaseUnavailable`) or cannot write (a
+    standby not promoted yet, a read-only session) with backoff up to the poll interval's
+    tenfold, at most `wait` seconds (None: as long as it takes). One log line when the wait
+    starts and one when it ends; a bad password or a missing database raise at once, as does
+    the wait's end."""
     deadline = None if wait is None else anyio.current_time() + wait
     failures = 0
     while True:
         try:
-            pool = await open_pool(settings, max_size=max_size)
+            pool = await _open_writable(settings, max_size)
         except DatabaseUnavailable as exc:
             failures += 1
             left = None if deadline is None else deadline - anyio.current_time()
@@ -91,6 +92,25 @@ async def open_pool_when_up(
         if failures:
             _logger.info("database.available", extra={"attempts": failures + 1})
         return pool
+
+
+async def _open_writable(settings: Settings, max_size: int | None) -> Pool:
+    """`open_pool`, refused (transiently) when its sessions cannot write: on a multi-host DSN
+    without target_session_attrs=read-write the first host that answers may be a standby."""
+    pool = await open_pool(settings, max_size=max_size)
+    target = db.redact_dsn(settings.dsn) if settings.dsn else "the database"
+    try:
+        refusal = await db.write_refusal(pool)
+    except Exception as exc:
+        pool.terminate()
+        if not db.transient(exc):
+            raise
+        reason = describe_error(exc)
+        raise DatabaseUnavailable(f"{target} went away: {reason}", transient=True) from None
+    if refusal is None:
+        return pool
+    await pool.close()
+    raise DatabaseUnavailable(f"{target} cannot take writes: {refusal}", transient=True)
 
 
 def build_service(

@@ -21,9 +21,11 @@ from helpers import (
     TESTS,
     WORKER,
     frozen,
+    login_role,
     projector_is_waiting,
     queue_campaigns,
     queue_count,
+    run_cli,
     wait_for,
     worker_env,
 )
@@ -382,32 +384,41 @@ async def _queue_empty(pool: db.Pool) -> bool:
     return bool(n == 0)
 
 
-async def test_a_starting_worker_waits_for_a_free_connection_then_applies(
-    pool: db.Pool, dsn: str, settings: Settings
-) -> None:
-    """Its role may not open one more connection (SQLSTATE 53300, what a full connection table
-    gives): the starting worker logs one line and waits instead of exiting, and applies an
-    event appended meanwhile once a slot frees up. A drain still fails at once."""
-    import uuid
+# A role's start-up condition, what a drain's one line says, and what lifts the condition.
+STARVED = {
+    # No free connection (SQLSTATE 53300, what a full connection table gives).
+    "no_free_connection": ("CONNECTION LIMIT 0", "TooManyConnectionsError", "CONNECTION LIMIT -1"),
+    # Sessions that cannot write (a standby answers the same way, 25006, until promoted).
+    "read_only": (
+        "SET default_transaction_read_only = on",
+        "cannot take writes: the session is read-only",
+        "RESET default_transaction_read_only",
+    ),
+}
 
-    role = f"outbox_starved_{uuid.uuid4().hex[:8]}"
-    await install(pool)  # the demo's tables first: the grants below cover them
-    await pool.execute(
-        f"CREATE ROLE {role} LOGIN CONNECTION LIMIT 0;"
-        f"GRANT ALL ON ALL TABLES IN SCHEMA public TO {role};"
-        f"GRANT ALL ON ALL SEQUENCES IN SCHEMA public TO {role};"
-        f"GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA public TO {role}"
-    )
-    parts = urlsplit(dsn)
-    starved = urlunsplit(parts._replace(netloc=f"{role}@{parts.netloc.rpartition('@')[2]}"))
-    try:
+
+@pytest.mark.parametrize("condition", sorted(STARVED))
+async def test_a_starting_worker_waits_for_a_usable_database_then_applies(
+    pool: db.Pool, dsn: str, settings: Settings, condition: str
+) -> None:
+    """The worker's role may not open one more connection, or its sessions cannot write: the
+    starting worker logs one line and waits instead of exiting, and applies an event appended
+    meanwhile once the condition lifts. A drain still fails at once, in one line; `health`
+    names a read-only database."""
+    impose, drain_says, lift = STARVED[condition]
+    await install(pool)  # the demo's tables first: the role's grants cover them
+    async with login_role(pool, dsn, impose) as (role, starved):
         drain = await anyio.run_process(
             [*WORKER, "--app", "outbox.examples.app:app", "--drain-now"],
             env=worker_env(starved),
             check=False,
         )
         assert drain.returncode == 1
-        assert "TooManyConnectionsError" in drain.stderr.decode()
+        assert drain_says in drain.stderr.decode()
+        if condition == "read_only":
+            health = run_cli("maintenance", "health", dsn=starved)
+            assert health.returncode == 1
+            assert "read-only: the session is read-only" in health.stderr
         async with await anyio.open_process(
             [*WORKER, "--app", "outbox.examples.app:app", "--poll-interval", "0.1"],
             env=worker_env(starved),
@@ -419,7 +430,7 @@ async def test_a_starting_worker_waits_for_a_free_connection_then_applies(
                     while '"database.waiting"' not in seen:
                         seen += (await proc.stderr.receive()).decode()
                 await append(pool, "c", [Event("dice.rolled", {"value": 2})], settings=settings)
-                await pool.execute(f"ALTER ROLE {role} CONNECTION LIMIT -1")
+                await pool.execute(f"ALTER ROLE {role} {lift}")
 
                 async def applied() -> bool:
                     return await queue_count(pool, campaign_id="c") == 0
@@ -436,5 +447,3 @@ async def test_a_starting_worker_waits_for_a_free_connection_then_applies(
         events = [orjson.loads(line)["event"] for line in seen.splitlines()]
         assert events.count("database.waiting") == 1  # one line per transition, not per try
         assert events.index("database.available") < events.index("worker.started")
-    finally:
-        await pool.execute(f"DROP OWNED BY {role}; DROP ROLE {role}")

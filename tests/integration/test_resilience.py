@@ -17,7 +17,7 @@ import anyio
 import asyncpg
 import pytest
 
-from helpers import queue_campaigns, wait_for
+from helpers import login_role, queue_campaigns, wait_for
 from outbox import AppendOutcomeUnknown, Event, Settings, append, db
 from outbox.db import connection_lost
 from outbox.errors import EventUnavailable, TransientBatchError
@@ -209,6 +209,48 @@ async def test_the_service_rides_out_every_connection_dying_at_once(
     assert events.count("database.lost") == events.count("database.restored")
     assert events.count("database.lost") <= 3
     assert "batch.error" not in events
+
+
+@pytest.mark.usefixtures("applied_table")
+async def test_sessions_that_turn_read_only_are_replaced_until_one_can_write(
+    pool: db.Pool, dsn: str, records: Records
+) -> None:
+    """What a worker meets when a failover leaves its reconnects on a server that cannot write
+    (SQLSTATE 25006, as on a standby): each such session is discarded, the claim loops back
+    off with one `database.lost` line and no `batch.error`, no attempt is consumed, and the
+    first writable session applies."""
+    async with login_role(pool, dsn) as (role, as_role):
+        settings = Settings(dsn=as_role, poll_interval=0.05)
+        app = counting_app(settings)
+        worker_pool = await open_pool(settings, max_size=3)
+        try:
+            service = Service(Worker(app, worker_pool), as_role, concurrency=2)
+            async with running(service):
+                await append(pool, "a", [Event("tick", {})], settings=settings)
+                await wait_for(lambda: _queue_empty(pool))
+                await pool.execute(f"ALTER ROLE {role} SET default_transaction_read_only = on")
+                await terminated(pool, f"usename = '{role}'")  # its reconnects are read-only
+                await append(pool, "b", [Event("tick", {})] * 2, settings=settings)
+
+                async def refused() -> bool:
+                    return "database.lost" in records.events()
+
+                await wait_for(refused)
+                assert await queue_rows(pool) == {
+                    ("b", 1): ("pending", 0, None),
+                    ("b", 2): ("pending", 0, None),
+                }
+                await pool.execute(f"ALTER ROLE {role} RESET default_transaction_read_only")
+                await wait_for(lambda: _queue_empty(pool))
+        finally:
+            await worker_pool.close()
+    assert sorted(await applied(pool)) == [("a", 1), ("b", 1), ("b", 2)]
+    events = records.events()
+    assert events.count("database.lost") == 1
+    assert "database.restored" in events
+    assert "batch.error" not in events
+    lost = next(r for r in records.records if r.getMessage() == "database.lost")
+    assert "read-only transaction" in lost.__dict__["error"]
 
 
 async def _queue_empty(pool: db.Pool) -> bool:
