@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.install-stamp
 LINT_PATHS := outbox tests bench cmd docs/examples
 
 .DEFAULT_GOAL := help
-.PHONY: help install test test-unit test-faults lint demo bench clean
+.PHONY: help install test test-unit test-faults lint demo bench soak clean
 
 help: ## List the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  make %-8s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -46,7 +46,11 @@ $(BENCH_STAMP): $(STAMP) pyproject.toml
 bench: $(BENCH_STAMP) ## Run the benchmarks (durable local PostgreSQL, ~15 min) and print their figures
 	$(PY) bench/run.py $(BENCH_ARGS)
 
+SOAK_MINUTES ?= 10
+soak: $(STAMP) ## A long run under load and faults: memory, bloat, throughput (SOAK_MINUTES=10)
+	$(PY) bench/soak.py --minutes $(SOAK_MINUTES) $(SOAK_ARGS)
+
 clean: ## Stop the demo cluster, remove .venv, .outbox and caches
 	@if [ -x $(PY) ] && [ -d .outbox ]; then $(PY) cmd/demo.py --remove || true; fi
-	rm -rf $(VENV) .outbox .pytest_cache .mypy_cache .ruff_cache .hypothesis dist build
+	rm -rf $(VENV) .outbox soak.png .pytest_cache .mypy_cache .ruff_cache .hypothesis dist build
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +

@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-# Tools, not benchmarks: they print no figure against a baseline.
-TOOLS = {"run.py", "profile_drain.py"}
+# Tools, not benchmarks: they print no figure against a baseline (the soak is `make soak`).
+TOOLS = {"run.py", "profile_drain.py", "soak.py"}
 
 if __name__ == "__main__":
     failed = 0

@@ -11,7 +11,7 @@ error that may echo the DSN.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from typing import TYPE_CHECKING, Any, TypeAlias, TypeGuard
 
 import asyncpg
@@ -241,8 +241,11 @@ async def acquire(
             await ensure_session(conn, session)
         yield conn
     except BaseException as exc:
-        if connection_lost(exc) or conn.is_closed():
-            conn.terminate()
+        # A connection that closed (the server ended it) has already gone back to the pool,
+        # which detached our proxy: nothing is left to terminate.
+        with suppress(asyncpg.InterfaceError):
+            if connection_lost(exc) or conn.is_closed():
+                conn.terminate()
         await _release(executor, conn, exc)
         raise
     await _release(executor, conn, None)

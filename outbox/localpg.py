@@ -290,9 +290,42 @@ class LocalCluster:
             "pg_ctl", action, "-D", self.data, *options, "-w", "-t", "60", "-l", log, "-o", port
         )
 
-    def stop(self) -> None:
+    def stop(self, mode: str = "fast") -> None:
+        """Stop the server: `fast` (sessions ended, a shutdown checkpoint) or `immediate` (no
+        checkpoint: what a crash leaves, for failover tests)."""
         if self.running():
-            self._run("pg_ctl", "stop", "-D", self.data, "-m", "fast", "-w", "-t", "60")
+            self._run("pg_ctl", "stop", "-D", self.data, "-m", mode, "-w", "-t", "60")
+
+    @classmethod
+    def standby_of(cls, primary: LocalCluster) -> LocalCluster:
+        """A streaming standby of the running `primary` in a fresh temporary directory, not
+        started (failover tests): a base backup with the replication settings written (`-R`),
+        a socket directory of its own, and no synchronous_standby_names of its own, so that,
+        once promoted, it never waits for a standby it does not have."""
+        standby = cls.temporary(durable=primary.durable)
+        standby._own(standby.directory)
+        standby._run(
+            "pg_basebackup",
+            "-D",
+            standby.data,
+            "-d",
+            primary.dsn,
+            "-R",
+            "-X",
+            "stream",
+            "-c",
+            "fast",
+            "--no-sync",
+        )
+        with (standby.data / "postgresql.auto.conf").open("a") as conf:
+            conf.write(
+                f"unix_socket_directories = '{standby.directory}'\nsynchronous_standby_names = ''\n"
+            )
+        return standby
+
+    def promote(self) -> None:
+        """Promote a standby to a primary, once it accepts writes."""
+        self._run("pg_ctl", "promote", "-D", self.data, "-w", "-t", "60")
 
     def destroy(self) -> None:
         """Stop the server (immediately if a fast stop fails) and remove the directory (and the

@@ -26,7 +26,6 @@ from outbox.errors import UsageError
 from outbox.model import BatchCounts
 from outbox.obs import log
 from outbox.ops.report import Leftovers, leftovers
-from outbox.schema import check_current
 from outbox.worker.registration import new_worker_id
 from outbox.worker.runtime import build_service, open_pool_when_up
 from outbox.worker.service import serve
@@ -163,7 +162,6 @@ def worker(
     async def body() -> tuple[BatchCounts, Leftovers | None]:
         pool = await open_pool_when_up(settings, wait=wait)
         try:
-            await check_current(pool)
             service = build_service(
                 outbox_app,
                 pool,

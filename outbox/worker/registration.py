@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import random
 import socket
 import uuid
 from typing import TYPE_CHECKING, Any
 
+import anyio
+
 from outbox import db
 from outbox.queries import Queries
+from outbox.retry import backoff_delay
 
 if TYPE_CHECKING:
     from collections import Counter
@@ -73,16 +77,27 @@ class Registration:
     mode: str
     concurrency: int
 
-    async def register(self) -> None:
-        async with db.acquire(self.executor) as conn:
-            await conn.execute(
-                Q.register_worker,
-                self.worker_id,
-                socket.gethostname(),
-                os.getpid(),
-                self.mode,
-                self.concurrency,
-            )
+    async def register(self, stopping: anyio.Event | None = None) -> None:
+        """Write the registry row; a transient failure (a failover as the worker starts) is
+        retried with backoff until it succeeds, or raised once `stopping` is set."""
+        failures = 0
+        while True:
+            try:
+                async with db.acquire(self.executor) as conn:
+                    await conn.execute(
+                        Q.register_worker,
+                        self.worker_id,
+                        socket.gethostname(),
+                        os.getpid(),
+                        self.mode,
+                        self.concurrency,
+                    )
+                return
+            except Exception as exc:
+                if not db.transient(exc) or (stopping is not None and stopping.is_set()):
+                    raise
+                failures += 1
+                await anyio.sleep(backoff_delay(failures, base=0.5, cap=5.0, rand=random.random))
 
     async def heartbeat(self, counters: dict[str, Any]) -> None:
         async with db.acquire(self.executor) as conn:

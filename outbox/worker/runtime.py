@@ -67,17 +67,17 @@ async def open_pool(
 async def open_pool_when_up(
     settings: Settings, *, wait: float | None = None, max_size: int | None = None
 ) -> Pool:
-    """`open_pool`, waiting for a database that cannot take the connection yet (refused,
-    starting up, every slot taken: a transient `DatabaseUnavailable`) or cannot write (a
-    standby not promoted yet, a read-only session) with backoff up to the poll interval's
-    tenfold, at most `wait` seconds (None: as long as it takes). One log line when the wait
-    starts and one when it ends; a bad password or a missing database raise at once, as does
-    the wait's end."""
+    """`open_pool` with the schema checked (SchemaNotReady), waiting for a database that cannot
+    take the connection yet (refused, starting up, every slot taken: a transient
+    `DatabaseUnavailable`), cannot write (a standby not promoted yet, a read-only session) or
+    goes away meanwhile, with backoff up to the poll interval's tenfold, at most `wait` seconds
+    (None: as long as it takes). One log line when the wait starts and one when it ends; a bad
+    password or a missing database raise at once, as does the wait's end."""
     deadline = None if wait is None else anyio.current_time() + wait
     failures = 0
     while True:
         try:
-            pool = await _open_writable(settings, max_size)
+            pool = await _open_ready(settings, max_size)
         except DatabaseUnavailable as exc:
             failures += 1
             left = None if deadline is None else deadline - anyio.current_time()
@@ -94,13 +94,17 @@ async def open_pool_when_up(
         return pool
 
 
-async def _open_writable(settings: Settings, max_size: int | None) -> Pool:
-    """`open_pool`, refused (transiently) when its sessions cannot write: on a multi-host DSN
-    without target_session_attrs=read-write the first host that answers may be a standby."""
+async def _open_ready(settings: Settings, max_size: int | None) -> Pool:
+    """`open_pool`, checked: it can write (on a multi-host DSN without
+    target_session_attrs=read-write the first host that answers may be a standby) and the
+    schema is current (SchemaNotReady). A server lost meanwhile is a transient
+    DatabaseUnavailable, as is one that cannot write."""
     pool = await open_pool(settings, max_size=max_size)
     target = db.redact_dsn(settings.dsn) if settings.dsn else "the database"
     try:
         refusal = await db.write_refusal(pool)
+        if refusal is None:
+            await check_current(pool)
     except Exception as exc:
         pool.terminate()
         if not db.transient(exc):

@@ -323,7 +323,7 @@ class Service:
             await self._loops(shutdown_timeout, task_status)
             return
         registration = Registration(self.worker.pool, self.worker_id, self.mode, self.concurrency)
-        await registration.register()
+        await registration.register(self.stopping)
         _logger.info(
             "worker.registered",
             extra={"worker_id": self.worker_id, "mode": self.mode, "concurrency": self.concurrency},

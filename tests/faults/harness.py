@@ -261,3 +261,35 @@ async def tally(
         stray_lines=len(fleet.stray_lines()),
         notes=notes,
     )
+
+
+# -- What the scenarios share ---------------------------------------------------------------
+
+SCALE = float(os.environ.get("FAULTS_SCALE", "1"))
+FAST = {"OUTBOX_POLL_INTERVAL": "0.2", "OUTBOX_BATCH_SIZE": "10"}
+
+
+def scaled(n: int) -> int:
+    return max(1, round(n * SCALE))
+
+
+def campaigns(prefix: str, n: int) -> list[str]:
+    return [f"{prefix}-{i:02d}" for i in range(n)]
+
+
+async def finish(
+    name: str,
+    pool: db.Pool,
+    fleet: Fleet,
+    generator: Generator,
+    *,
+    faults: int,
+    notes: str = "",
+    waiting: str = "",
+) -> None:
+    fleet.check()
+    await wait_drained(pool, waiting=waiting)
+    await fleet.stop()
+    result = await tally(name, pool, generator.expected, fleet, faults=faults, notes=notes)
+    record(result)
+    assert result.clean, result.line() + f" unplanned={fleet.unplanned[:3]}"

@@ -9,7 +9,6 @@ number of faults.
 
 from __future__ import annotations
 
-import os
 import random
 import signal
 
@@ -17,45 +16,14 @@ import anyio
 import asyncpg
 import orjson
 import pytest
-from harness import Fleet, Generator, record, tally, wait_drained
+from harness import FAST, Fleet, Generator, campaigns, finish, scaled, wait_drained
 
 from helpers import queue_count, run_cli, wait_for
 from outbox import Event, Settings, append, db
 from outbox.localpg import LocalCluster
 
-SCALE = float(os.environ.get("FAULTS_SCALE", "1"))
-FAST = {"OUTBOX_POLL_INTERVAL": "0.2", "OUTBOX_BATCH_SIZE": "10"}
-
-
 # A scenario runs minutes of faults; a hang still fails it rather than the whole tier.
 pytestmark = pytest.mark.timeout(900)
-
-
-def scaled(n: int) -> int:
-    return max(1, round(n * SCALE))
-
-
-def campaigns(prefix: str, n: int) -> list[str]:
-    return [f"{prefix}-{i:02d}" for i in range(n)]
-
-
-async def finish(
-    name: str,
-    pool: db.Pool,
-    fleet: Fleet,
-    generator: Generator,
-    *,
-    faults: int,
-    notes: str = "",
-    waiting: str = "",
-) -> None:
-    fleet.check()
-    await wait_drained(pool, waiting=waiting)
-    await fleet.stop()
-    result = await tally(name, pool, generator.expected, fleet, faults=faults, notes=notes)
-    record(result)
-    assert result.clean, result.line() + f" unplanned={fleet.unplanned[:3]}"
-
 
 # Where in a batch a worker's backend is, by what pg_stat_activity shows of it.
 # The settle: heads, deletes, failures, checkpoints and campaign rows in one call.
