@@ -73,10 +73,11 @@ class SessionQueries(Queries):
     get_write_refusal: str
 
 
-async def write_refusal(executor: Executor) -> str | None:
-    """Why `executor`'s session cannot write (a standby, a read-only default), None if it can:
-    a worker started there waits; `maintenance health` says so."""
-    refusal: str | None = await executor.fetchval(SessionQueries.get_write_refusal)
+async def write_refusal(executor: Executor, *, session: bool = True) -> str | None:
+    """Why `executor`'s session cannot write, None if it can: the server is a standby, or (with
+    `session`) the session is read-only by default. A worker started there waits; `maintenance
+    health` names a standby (a monitoring role may well be read-only by default)."""
+    refusal: str | None = await executor.fetchval(SessionQueries.get_write_refusal, session)
     return refusal
 
 

@@ -20,10 +20,10 @@ WHERE NOT d.fallback OR s.source = 'default'
 
 -- name: get_write_refusal
 -- Why this session cannot write, or NULL when it can: the server is in recovery (a standby, or
--- one not promoted yet) or the session is read-only by default (a role's or database's
--- default_transaction_read_only).
+-- one not promoted yet) or, unless $1 is false, the session is read-only by default (a role's
+-- or database's default_transaction_read_only).
 SELECT CASE
     WHEN pg_is_in_recovery() THEN 'the server is in recovery (a standby)'
-    WHEN current_setting('transaction_read_only')::boolean
+    WHEN $1::boolean AND current_setting('transaction_read_only')::boolean
         THEN 'the session is read-only (default_transaction_read_only)'
 END

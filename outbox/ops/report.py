@@ -205,11 +205,11 @@ async def health(
     """Healthy when migrations are current, at most `max_dead` rows are dead, at most
     `max_blocked` campaigns are blocked behind a failed or dead head (under `park` dead rows
     block nothing), and the oldest claimable row is younger than `max_oldest_age`; the reasons
-    say what is not; a server that cannot take writes (a standby: the DSN does not lead to the
-    primary) is unhealthy whatever the figures. (The database answering is the caller's first
+    say what is not; a server in recovery (a standby: the DSN does not lead to the primary) is
+    unhealthy whatever the figures. (The database answering is the caller's first
     check.)"""
     reasons: list[str] = []
-    refusal = await db.write_refusal(executor)
+    refusal = await db.write_refusal(executor, session=False)
     if refusal is not None:
         reasons.append(
             f"read-only: {refusal}; workers cannot apply here (point the DSN at the primary, "

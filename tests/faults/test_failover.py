@@ -26,7 +26,7 @@ import pytest
 from faults_app import SCHEMA
 from harness import FAST, Fleet, Generator, record, tally, wait_drained
 
-from helpers import wait_for
+from helpers import run_cli, wait_for
 from outbox import Settings, db
 from outbox.errors import LocalClusterError
 from outbox.localpg import LocalCluster, find_bindir
@@ -111,6 +111,9 @@ async def test_failover_to_a_promoted_standby(
 ) -> None:
     primary, standby = pair
     await _replicating(primary, replication)
+    health = run_cli("maintenance", "health", dsn=standby.dsn)
+    assert health.returncode == 1
+    assert "read-only: the server is in recovery" in health.stderr
     dsn = multi_host(primary, standby)
     fleet = Fleet(dsn, tmp_path)
     fleet.env |= FAST
