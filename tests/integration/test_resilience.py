@@ -217,8 +217,9 @@ async def test_sessions_that_turn_read_only_are_replaced_until_one_can_write(
 ) -> None:
     """What a worker meets when a failover leaves its reconnects on a server that cannot write
     (SQLSTATE 25006, as on a standby): each such session is discarded, the claim loops back
-    off with one `database.lost` line and no `batch.error`, no attempt is consumed, and the
-    first writable session applies."""
+    off (`database.lost`, no `batch.error`), no attempt is consumed, and the first writable
+    session applies. (A read-only session can serve a claim that finds nothing due, so the link
+    may be restored and lost again before the role changes back: the lines come in pairs.)"""
     async with login_role(pool, dsn) as (role, as_role):
         settings = Settings(dsn=as_role, poll_interval=0.05)
         app = counting_app(settings)
@@ -232,8 +233,11 @@ async def test_sessions_that_turn_read_only_are_replaced_until_one_can_write(
                 await terminated(pool, f"usename = '{role}'")  # its reconnects are read-only
                 await append(pool, "b", [Event("tick", {})] * 2, settings=settings)
 
-                async def refused() -> bool:
-                    return "database.lost" in records.events()
+                async def refused() -> bool:  # a claim met a session that cannot write
+                    return any(
+                        "read-only transaction" in str(r.__dict__.get("error", ""))
+                        for r in records.records
+                    )
 
                 await wait_for(refused)
                 assert await queue_rows(pool) == {
@@ -246,11 +250,9 @@ async def test_sessions_that_turn_read_only_are_replaced_until_one_can_write(
             await worker_pool.close()
     assert sorted(await applied(pool)) == [("a", 1), ("b", 1), ("b", 2)]
     events = records.events()
-    assert events.count("database.lost") == 1
-    assert "database.restored" in events
+    assert events.count("database.lost") >= 1
+    assert events.count("database.lost") == events.count("database.restored")
     assert "batch.error" not in events
-    lost = next(r for r in records.records if r.getMessage() == "database.lost")
-    assert "read-only transaction" in lost.__dict__["error"]
 
 
 async def _queue_empty(pool: db.Pool) -> bool:
