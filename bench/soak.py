@@ -12,9 +12,11 @@ worker SIGKILLed and restarted every minute (w2 and w3 in turn: w1 lives the who
 memory is the one that can leak), a worker backend terminated every 30 s (any worker's), and
 `maintenance cleanup` every 2 minutes (append keys live 10 minutes here, so the key table
 settles too). Every `--sample` seconds (default: a minute, or a twelfth of a short run) it
-records applied events/s, the backlog, the work and campaign queue tables' heap and index
-sizes and dead tuples, the append-key table's size, each worker's RSS and open file
-descriptors, and the server's connections to the database.
+records applied events/s, the append latency (p99 and worst), the backlog, the work and
+campaign queue tables' heap and index sizes and dead tuples, the append-key table's size, each
+worker's RSS and open file descriptors, the server's connections to the database, and the share
+of the machine's CPU its host took (steal: on a virtual machine it comes and goes, and a
+throughput figure must be read against it).
 
 After a warm-up (a fifth of the run, at least a minute) it asserts:
 - w1's RSS grows at most 10% (the mean of the last three samples against the first three);
@@ -22,7 +24,8 @@ After a warm-up (a fifth of the run, at least a minute) it asserts:
   the first half's peak + 2);
 - the queue tables (heap + indexes) are bounded (the last half's peak at most 1.5x the first
   half's + 1 MiB): autovacuum keeps up;
-- throughput in the last tenth is at least 0.9x the first tenth;
+- throughput in the last tenth of the run is at least 0.9x the first tenth (each at least a
+  minute long: the load catches up after a stall, so a shorter window measures the stall);
 - the oracle is all zero at the end: lost, applied twice, order violations, unplanned exits.
 
 It prints the samples as a table, what each table settled at (with the append-key table's
@@ -36,6 +39,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
+import math
 import os
 import random
 import shutil
@@ -169,6 +173,15 @@ class Load:
     appended: int = 0
     unknown: int = 0
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
+    latencies: list[float] = field(default_factory=list)  # seconds, since the last sample
+
+    def take_latencies(self) -> tuple[float, float]:
+        """The p99 and the worst append latency (ms) since the last call; a retried append
+        counts from its first try."""
+        taken, self.latencies = sorted(self.latencies), []
+        if not taken:
+            return float("nan"), float("nan")
+        return taken[int(0.99 * (len(taken) - 1))] * 1000, taken[-1] * 1000
 
     async def writer(self, n: int) -> None:
         rng = random.Random(n)
@@ -181,6 +194,7 @@ class Load:
             events = [Event(EVENT_TYPE, {"i": first + j}) for j in range(rng.randint(1, 4))]
             appends += 1
             key = f"w{n}-{appends}"
+            began = time.monotonic()
             while True:  # until known: an unknown outcome is retried with its key
                 try:
                     await append(
@@ -190,6 +204,7 @@ class Load:
                 except (AppendOutcomeUnknown, DatabaseUnavailable):
                     self.unknown += 1
                     await asyncio.sleep(0.1)
+            self.latencies.append(time.monotonic() - began)
             self.expected[campaign] = first + len(events)
             self.appended += len(events)
             sent += len(events)
@@ -206,13 +221,28 @@ async def sample(admin: asyncpg.Connection, fleet: Fleet, load: Load) -> dict[st
         "appended": load.appended,
         "backlog": await admin.fetchval(BACKLOG),
         "connections": await admin.fetchval(CONNECTIONS),
+        "cpu": cpu_times(),
     }
     for name in (*QUEUES, KEYS):
         r = sizes[name]
         row[name] = {"heap": r["heap"], "index": r["idx"], "dead": r["dead"], "live": r["live"]}
     for name in WORKERS:
         row[f"{name}_rss"], row[f"{name}_fds"] = fleet.process(name)
+    row["append_p99"], row["append_max"] = load.take_latencies()
     return row
+
+
+def cpu_times() -> tuple[int, int]:
+    """The machine's (steal, total) CPU ticks from /proc/stat: a virtual machine's host may
+    take a share of the CPU at any moment, which a throughput figure must be read against."""
+    ticks = [int(t) for t in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return ticks[7], sum(ticks[:8])  # user nice system idle iowait irq softirq steal
+
+
+def steal(rows: list[dict[str, Any]]) -> float:
+    """The share (%) of the machine's CPU time the host took between the first and last row."""
+    (s0, t0), (s1, t1) = rows[0]["cpu"], rows[-1]["cpu"]
+    return 100 * (s1 - s0) / max(t1 - t0, 1)
 
 
 def queue_bytes(row: dict[str, Any]) -> int:
@@ -225,7 +255,7 @@ def rate(rows: list[dict[str, Any]]) -> float:
     return applied / max(seconds, 1e-9)
 
 
-def judge(samples: list[dict[str, Any]], warm: int) -> list[str]:
+def judge(samples: list[dict[str, Any]], warm: int, every: float) -> list[str]:
     """Every assertion that failed, as a line."""
     run = samples[warm:]
     failed: list[str] = []
@@ -241,10 +271,16 @@ def judge(samples: list[dict[str, Any]], warm: int) -> list[str]:
     early_q, late_q = max(map(queue_bytes, run[:half])), max(map(queue_bytes, run[half:]))
     if late_q > 1.5 * early_q + MIB:
         failed.append(f"queue tables grew: peak {early_q / MIB:.1f} then {late_q / MIB:.1f} MiB")
-    tenth = max(2, len(run) // 10 + 1)
-    first, last = rate(run[:tenth]), rate(run[-tenth:])
+    # A tenth of the run, at least a minute: the load catches up after a stall (a checkpoint's
+    # fsyncs, the host taking the CPU), so a shorter window measures the stall, not the trend.
+    window = min(max(2, len(run) // 10 + 1, math.ceil(60 / every) + 1), len(run) // 2 + 1)
+    early, late = run[:window], run[-window:]
+    first, last = rate(early), rate(late)
     if last < 0.9 * first:
-        failed.append(f"throughput fell: {first:.0f} -> {last:.0f} events/s")
+        failed.append(
+            f"throughput fell: {first:.0f} -> {last:.0f} events/s "
+            f"(the host took {steal(early):.0f}% then {steal(late):.0f}% of the CPU)"
+        )
     return failed
 
 
@@ -264,7 +300,7 @@ async def oracle(admin: asyncpg.Connection, expected: dict[str, int]) -> dict[st
 HEAD = (
     f"{'min':>5} {'ev/s':>6} {'backlog':>7} {'queue KiB':>10} {'campq KiB':>10} "
     f"{'dead q':>7} {'keys MiB':>8} {'w1 MiB':>7} {'w2 MiB':>7} {'w3 MiB':>7} "
-    f"{'w1 fds':>6} {'conns':>5}"
+    f"{'w1 fds':>6} {'conns':>5} {'app p99':>7} {'app max':>7} {'steal%':>6}"
 )
 
 
@@ -276,7 +312,8 @@ def row_text(prev: dict[str, Any], r: dict[str, Any], start: float) -> str:
         f"{(q['heap'] + q['index']) / 1024:10.0f} {(c['heap'] + c['index']) / 1024:10.0f} "
         f"{q['dead'] + c['dead']:7d} {(k['heap'] + k['index']) / MIB:8.1f} "
         f"{r['w1_rss']:7.1f} {r['w2_rss']:7.1f} {r['w3_rss']:7.1f} "
-        f"{r['w1_fds']:6d} {r['connections']:5d}"
+        f"{r['w1_fds']:6d} {r['connections']:5d} {r['append_p99']:7.0f} {r['append_max']:7.0f} "
+        f"{steal([prev, r]):6.0f}"
     )
 
 
@@ -417,7 +454,7 @@ async def soak(args: argparse.Namespace) -> int:
     print(f"chart: {args.chart}")
     if args.tracemalloc is not None:
         grown_memory(args.tracemalloc)
-    failed = judge(samples, warm) + [f"{k}={v}" for k, v in counts.items() if v]
+    failed = judge(samples, warm, every) + [f"{k}={v}" for k, v in counts.items() if v]
     print_json("soak", {"minutes": args.minutes, "rate": args.rate, **faults, **counts})
     for line in failed:
         print(f"soak: FAILED: {line}", file=sys.stderr)

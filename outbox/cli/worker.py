@@ -26,6 +26,7 @@ from outbox.errors import UsageError
 from outbox.model import BatchCounts
 from outbox.obs import log
 from outbox.ops.report import Leftovers, leftovers
+from outbox.worker.memory import pin_malloc_thresholds
 from outbox.worker.registration import new_worker_id
 from outbox.worker.runtime import build_service, open_pool_when_up
 from outbox.worker.service import serve
@@ -151,6 +152,7 @@ def worker(
         metrics_port=metrics_port,
         metrics_host=metrics_host,
     )
+    pin_malloc_thresholds()  # a process of its own: its heap must not creep over the days
     settings = outbox_app.settings
     resolution = resolve_worker_mode(settings)
     logger = log.get_logger("outbox.worker")
