@@ -242,7 +242,7 @@ def cpu_times() -> tuple[int, int]:
 def steal(rows: list[dict[str, Any]]) -> float:
     """The share (%) of the machine's CPU time the host took between the first and last row."""
     (s0, t0), (s1, t1) = rows[0]["cpu"], rows[-1]["cpu"]
-    return 100 * (s1 - s0) / max(t1 - t0, 1)
+    return float(100 * (s1 - s0) / max(t1 - t0, 1))
 
 
 def queue_bytes(row: dict[str, Any]) -> int:

@@ -46,7 +46,9 @@ def probe(mode: str, **env: str) -> tuple[str, int]:
 
 
 def test_a_pinned_threshold_keeps_large_blocks_off_the_heap() -> None:
-    assert probe("pin") == ("True", pytest.approx(1 << 20, abs=64 << 10))
+    pinned, mapped = probe("pin")
+    assert pinned == "True"
+    assert 1 << 20 <= mapped < (1 << 20) + (64 << 10)  # the block, mmapped (a page or so more)
 
 
 def test_unpinned_glibc_moves_them_onto_the_heap() -> None:
