@@ -277,6 +277,17 @@ def campaigns(prefix: str, n: int) -> list[str]:
     return [f"{prefix}-{i:02d}" for i in range(n)]
 
 
+def two_workers_under_load(
+    fleet: Fleet, pool: db.Pool, dsn: str, prefix: str, n: int, *, pause: float
+) -> Generator:
+    """Start w1 and w2 (concurrency 2, FAST) and return a keyed generator over `n` campaigns
+    named `prefix`-NN, not yet running."""
+    fleet.env |= FAST
+    for name in ("w1", "w2"):
+        fleet.start(name, "--concurrency", "2")
+    return Generator(pool, Settings(dsn=dsn), campaigns(prefix, n), pause=pause)
+
+
 async def finish(
     name: str,
     pool: db.Pool,

@@ -16,7 +16,16 @@ import anyio
 import asyncpg
 import orjson
 import pytest
-from harness import FAST, Fleet, Generator, campaigns, finish, scaled, wait_drained
+from harness import (
+    FAST,
+    Fleet,
+    Generator,
+    campaigns,
+    finish,
+    scaled,
+    two_workers_under_load,
+    wait_drained,
+)
 
 from helpers import queue_count, run_cli, wait_for
 from outbox import Event, Settings, append, db
@@ -42,11 +51,7 @@ PHASES = {
 async def test_backends_terminated_in_every_phase_of_a_batch(
     pool: db.Pool, dsn: str, fleet: Fleet
 ) -> None:
-    settings = Settings(dsn=dsn)
-    fleet.env |= FAST
-    for name in ("w1", "w2"):
-        fleet.start(name, "--concurrency", "2")
-    generator = Generator(pool, settings, campaigns("phase", 12), pause=0.1)
+    generator = two_workers_under_load(fleet, pool, dsn, "phase", 12, pause=0.1)
     target = scaled(650)
     per_phase = dict.fromkeys(PHASES, 0)
     admin = await asyncpg.connect(dsn)
@@ -87,11 +92,7 @@ async def test_backends_terminated_in_every_phase_of_a_batch(
 async def test_postgres_restarts_while_appends_go_on_with_keys(
     pool: db.Pool, dsn: str, fleet: Fleet, cluster: LocalCluster
 ) -> None:
-    settings = Settings(dsn=dsn)
-    fleet.env |= FAST
-    for name in ("w1", "w2"):
-        fleet.start(name, "--concurrency", "2")
-    generator = Generator(pool, settings, campaigns("restart", 8), pause=0.05)
+    generator = two_workers_under_load(fleet, pool, dsn, "restart", 8, pause=0.05)
     restarts = scaled(5)
     async with anyio.create_task_group() as tg:
         tg.start_soon(generator.run)

@@ -14,10 +14,10 @@ import contextlib
 import anyio
 import asyncpg
 import pytest
-from harness import FAST, Fleet, Generator, campaigns, finish, scaled
+from harness import Fleet, finish, scaled, two_workers_under_load
 
 from helpers import wait_for
-from outbox import Settings, db
+from outbox import db
 from outbox.localpg import LocalCluster
 
 pytestmark = pytest.mark.timeout(900)
@@ -59,11 +59,7 @@ def waits(fleet: Fleet, name: str) -> int:
 async def test_a_full_connection_table_and_a_server_not_up(
     pool: db.Pool, dsn: str, fleet: Fleet, cluster: LocalCluster
 ) -> None:
-    settings = Settings(dsn=dsn)
-    fleet.env |= FAST
-    for name in ("w1", "w2"):
-        fleet.start(name, "--concurrency", "2")
-    generator = Generator(pool, settings, campaigns("full", 8), pause=0.05)
+    generator = two_workers_under_load(fleet, pool, dsn, "full", 8, pause=0.05)
     cycles = scaled(3)
     faults = 0
     admin = await asyncpg.connect(dsn)
