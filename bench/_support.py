@@ -55,18 +55,18 @@ EVENT_TYPE = "bench.tick"
 # the campaigns).
 LOAD_BACKLOG = """
 WITH heads AS (
-    INSERT INTO campaign_heads (campaign_id, last_seq)
-    SELECT $3::text || c, ($2::integer - c - 1) / $1::integer + 1
+    INSERT INTO campaign_heads (bucket, campaign_id, last_seq)
+    SELECT outbox_bucket($3::text || c), $3::text || c, ($2::integer - c - 1) / $1::integer + 1
     FROM generate_series(0, least($1::integer, $2::integer) - 1) c
 ), journal AS (
-    INSERT INTO event_journal (campaign_id, seq, event_type, payload)
-    SELECT $3::text || (g % $1::integer), g / $1::integer + 1, 'bench.tick',
-           jsonb_build_object('amount', g % 7)
+    INSERT INTO event_journal (bucket, campaign_id, seq, event_type, payload)
+    SELECT outbox_bucket($3::text || (g % $1::integer)), $3::text || (g % $1::integer),
+           g / $1::integer + 1, 'bench.tick', jsonb_build_object('amount', g % 7)
     FROM generate_series(0, $2::integer - 1) g
-    RETURNING campaign_id, seq, event_type
+    RETURNING bucket, campaign_id, seq, event_type
 )
-INSERT INTO projection_apply_outbox (campaign_id, seq, event_type)
-SELECT campaign_id, seq, event_type FROM journal ORDER BY seq, campaign_id
+INSERT INTO projection_apply_outbox (bucket, campaign_id, seq, event_type)
+SELECT bucket, campaign_id, seq, event_type FROM journal ORDER BY seq, campaign_id
 """
 CLEAR = (
     "TRUNCATE event_journal, campaign_heads, projection_apply_outbox, projection_apply_campaigns,"

@@ -37,12 +37,13 @@ QUEUE_TABLES = ("projection_apply_outbox", "projection_apply_campaigns")
 CONTROL = """
 CREATE FUNCTION bench_old_enqueued() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    INSERT INTO projection_apply_campaigns (campaign_id, head_seq, due_at)
-    SELECT n.campaign_id,
-           (SELECT min(o.seq) FROM projection_apply_outbox o WHERE o.campaign_id = n.campaign_id),
+    INSERT INTO projection_apply_campaigns (bucket, campaign_id, head_seq, due_at)
+    SELECT n.bucket, n.campaign_id,
+           (SELECT min(o.seq) FROM projection_apply_outbox o
+            WHERE o.bucket = n.bucket AND o.campaign_id = n.campaign_id),
            min(n.next_attempt_at)
-    FROM enqueued n GROUP BY n.campaign_id ORDER BY n.campaign_id
-    ON CONFLICT (campaign_id) DO NOTHING;
+    FROM enqueued n GROUP BY n.bucket, n.campaign_id ORDER BY n.campaign_id
+    ON CONFLICT (bucket, campaign_id) DO NOTHING;
     RETURN NULL;
 END $$;
 CREATE TRIGGER bench_old_enqueued AFTER INSERT ON projection_apply_outbox

@@ -24,46 +24,51 @@ import asyncpg
 from _support import CLEAR, bench_database, percentiles, print_json
 
 from outbox import db
+from outbox.buckets import due_buckets
 from outbox.queue.claim import claim
 from outbox.queue.settle import refresh_campaigns
 
 # $1 rows over $2 campaigns.
 JOURNAL = """
-INSERT INTO event_journal (campaign_id, seq, event_type, payload)
-SELECT 'c-' || (g % $2::integer), g / $2::integer + 1, 'bench.tick', '{}'::jsonb
+INSERT INTO event_journal (bucket, campaign_id, seq, event_type, payload)
+SELECT outbox_bucket('c-' || (g % $2::integer)), 'c-' || (g % $2::integer), g / $2::integer + 1,
+       'bench.tick', '{}'::jsonb
 FROM generate_series(0, $1::integer - 1) g
 """
 LAYOUTS = {
     "split": """
-INSERT INTO projection_apply_outbox (campaign_id, seq, event_type, status, next_attempt_at)
-SELECT campaign_id, seq, event_type,
+INSERT INTO projection_apply_outbox (bucket, campaign_id, seq, event_type, status,
+                                     next_attempt_at)
+SELECT bucket, campaign_id, seq, event_type,
        CASE WHEN seq % 2 = 0 THEN 'dead' ELSE 'failed' END,
        CASE WHEN seq % 2 = 0 THEN clock_timestamp() - interval '1 day'
             ELSE clock_timestamp() + interval '1 day' END
 FROM event_journal
 """,
     "blocked_heads": """
-INSERT INTO projection_apply_outbox (campaign_id, seq, event_type, status, next_attempt_at)
-SELECT campaign_id, seq, event_type,
+INSERT INTO projection_apply_outbox (bucket, campaign_id, seq, event_type, status,
+                                     next_attempt_at)
+SELECT bucket, campaign_id, seq, event_type,
        CASE WHEN seq > 1 THEN 'pending' WHEN campaign_id < 'c-5' THEN 'dead' ELSE 'failed' END,
        CASE WHEN seq = 1 AND campaign_id >= 'c-5' THEN clock_timestamp() + interval '1 day'
             ELSE clock_timestamp() - interval '1 day' END
 FROM event_journal
 """,
     "hot": """
-INSERT INTO projection_apply_outbox (campaign_id, seq, event_type)
-SELECT campaign_id, seq, event_type FROM event_journal
+INSERT INTO projection_apply_outbox (bucket, campaign_id, seq, event_type)
+SELECT bucket, campaign_id, seq, event_type FROM event_journal
 """,
 }
 FRESH = """
 WITH j AS (
-    INSERT INTO event_journal (campaign_id, seq, event_type, payload)
-    SELECT 'fresh-' || g || '-' || s, s, 'bench.tick', '{}'::jsonb
+    INSERT INTO event_journal (bucket, campaign_id, seq, event_type, payload)
+    SELECT outbox_bucket('fresh-' || g || '-' || s), 'fresh-' || g || '-' || s, s, 'bench.tick',
+           '{}'::jsonb
     FROM generate_series(1, 50) g, generate_series(1, 4) s
-    RETURNING campaign_id, seq, event_type
+    RETURNING bucket, campaign_id, seq, event_type
 )
-INSERT INTO projection_apply_outbox (campaign_id, seq, event_type)
-SELECT campaign_id, seq, event_type FROM j
+INSERT INTO projection_apply_outbox (bucket, campaign_id, seq, event_type)
+SELECT bucket, campaign_id, seq, event_type FROM j
 """
 
 
@@ -84,12 +89,14 @@ async def load(conn: asyncpg.Connection, layout: str, rows: int) -> None:
 
 
 async def measure(conn: db.Connection, claims: int) -> list[float]:
+    """Claims in the first bucket with claimable work (a worker claims in one bucket)."""
+    bucket = next(b for b, due_in in await due_buckets(conn, rows=False) if due_in <= 0)
     samples = []
     for _ in range(claims):
         tx = conn.transaction()
         await tx.start()
         started = time.perf_counter()
-        campaigns = await claim(conn, limit=100, ordered=True)
+        campaigns = await claim(conn, bucket=bucket, limit=100, ordered=True)
         samples.append(time.perf_counter() - started)
         await tx.rollback()
         assert sum(len(c.rows) for c in campaigns) > 0, "nothing claimable"

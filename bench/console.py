@@ -47,14 +47,14 @@ MAINTENANCE = Path(sys.executable).parent / "maintenance"
 # $1 campaigns of $2 rows: the first tenth all dead (three error groups), the next tenth with a
 # failed head, the rest pending; nothing due for a day (an outage's backlog).
 STATE = """
-INSERT INTO campaign_heads (campaign_id, last_seq)
-SELECT 'c-' || c, $2::integer FROM generate_series(0, $1::integer - 1) c;
-INSERT INTO event_journal (campaign_id, seq, event_type, payload)
-SELECT 'c-' || c, s, 'bench.tick', jsonb_build_object('amount', s % 7)
+INSERT INTO campaign_heads (bucket, campaign_id, last_seq)
+SELECT outbox_bucket('c-' || c), 'c-' || c, $2::integer FROM generate_series(0, $1::integer - 1) c;
+INSERT INTO event_journal (bucket, campaign_id, seq, event_type, payload)
+SELECT outbox_bucket('c-' || c), 'c-' || c, s, 'bench.tick', jsonb_build_object('amount', s % 7)
 FROM generate_series(0, $1::integer - 1) c, generate_series(1, $2::integer) s;
 INSERT INTO projection_apply_outbox
-    (campaign_id, seq, event_type, status, attempt_count, next_attempt_at, last_error)
-SELECT 'c-' || c, s, 'bench.tick',
+    (bucket, campaign_id, seq, event_type, status, attempt_count, next_attempt_at, last_error)
+SELECT outbox_bucket('c-' || c), 'c-' || c, s, 'bench.tick',
        CASE WHEN c < $1::integer / 10 THEN 'dead'
             WHEN c < $1::integer / 5 AND s = 1 THEN 'failed' ELSE 'pending' END,
        CASE WHEN c < $1::integer / 10 THEN 8 WHEN c < $1::integer / 5 AND s = 1 THEN 3 ELSE 0 END,

@@ -32,7 +32,7 @@ from outbox.errors import (
 )
 from outbox.model import AppendResult, BatchCounts, Event, EventBatch, StoredEvent
 from outbox.projection.app import Outbox
-from outbox.queue.inspect import Applied, wait_applied
+from outbox.queue.applied import Applied, wait_applied
 from outbox.worker.runtime import drain_now, running_worker
 
 __all__ = [

@@ -49,6 +49,7 @@ __all__ = [
     "is_pool",
     "lock_not_available",
     "prune",
+    "raw_connection",
     "redact_dsn",
     "scrub",
     "sqlstate_of",
@@ -250,6 +251,17 @@ async def acquire(
         await _release(executor, conn, exc)
         raise
     await _release(executor, conn, None)
+
+
+def raw_connection(conn: Connection) -> asyncpg.Connection[asyncpg.Record]:
+    """The driver's connection under `conn` (a pool hands out a new proxy per acquire): what
+    per-connection caches key on."""
+    from asyncpg.pool import PoolConnectionProxy
+
+    if isinstance(conn, PoolConnectionProxy):
+        raw: asyncpg.Connection[asyncpg.Record] = conn._con  # type: ignore[attr-defined]
+        return raw
+    return conn
 
 
 async def prune(conn: Connection, query: str, *args: int) -> int:

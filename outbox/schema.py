@@ -51,6 +51,8 @@ class SchemaQueries(Queries):
     get_migrations_table: str
     list_applied_migrations: str
     record_migration: str
+    set_migration_buckets: str
+    get_schema_buckets: str
 
 
 Q = SchemaQueries
@@ -147,8 +149,12 @@ def _refuse_unsafe(states: list[MigrationState]) -> None:
             )
 
 
-async def migrate(executor: Executor, migrations: list[Migration] | None = None) -> list[str]:
-    """Apply pending migrations in order; returns the names applied (empty when current)."""
+async def migrate(
+    executor: Executor, migrations: list[Migration] | None = None, *, buckets: int | None = None
+) -> list[str]:
+    """Apply pending migrations in order; returns the names applied (empty when current).
+    `buckets`: how many buckets the migration that introduces them fixes (None: 64); once they
+    are fixed, a different number is refused."""
     migrations = migrations if migrations is not None else load_migrations()
     async with db.acquire(executor) as conn:
         version = conn.get_server_version()
@@ -162,11 +168,14 @@ async def migrate(executor: Executor, migrations: list[Migration] | None = None)
             states = _states(migrations, await _applied(conn))
             _refuse_unsafe(states)
             pending = {s.name for s in states if s.state == "pending"}
+            await _check_buckets(conn, buckets)
             done = []
             for m in migrations:
                 if m.name not in pending:
                     continue
                 async with conn.transaction():
+                    if buckets is not None:
+                        await conn.fetchval(Q.set_migration_buckets, str(buckets))
                     await conn.execute(m.sql)
                     await conn.execute(Q.record_migration, m.name, m.checksum)
                 _logger.info("migration.applied", extra={"migration": m.name})
@@ -176,7 +185,18 @@ async def migrate(executor: Executor, migrations: list[Migration] | None = None)
             await conn.fetchval(Q.unlock_migrations, _LOCK_KEY)
 
 
-def script(migrations: list[Migration] | None = None) -> str:
+async def _check_buckets(conn: Connection, wanted: int | None) -> None:
+    """Refuse a number of buckets other than the one the schema was given."""
+    fixed: int | None = await conn.fetchval(Q.get_schema_buckets)
+    if wanted is not None and fixed is not None and fixed != wanted:
+        raise MigrationError(
+            f"OUTBOX_BUCKETS is {wanted} but the schema was given {fixed} buckets when it was "
+            "first migrated; the number never changes (unset OUTBOX_BUCKETS, or set it to "
+            f"{fixed})"
+        )
+
+
+def script(migrations: list[Migration] | None = None, *, buckets: int | None = None) -> str:
     """The migrations as one SQL script, for teams that run migrations with their own tool:
     the bookkeeping table, then each file in its own transaction with the row that records it
     (name and sha256), so workers find the schema current. Apply it once, to an empty database;
@@ -186,6 +206,8 @@ def script(migrations: list[Migration] | None = None) -> str:
         "-- outbox schema migrations, in order. Each file runs in its own transaction and is",
         "-- recorded in outbox_schema_migrations, as `maintenance migrate` does.",
         Q.create_migrations_table.rstrip(";") + ";",
+        "-- The number of buckets 0009_buckets.sql fixes (OUTBOX_BUCKETS; 64 when unset).",
+        f"SET outbox.buckets = {buckets or 64};",
     ]
     for m in migrations:
         # Names match NNNN_name.sql and checksums are hex: the literals need no escaping.

@@ -27,3 +27,12 @@ SELECT name, checksum, applied_at FROM outbox_schema_migrations ORDER BY name
 -- name: record_migration
 -- Record one applied file, in the transaction that applied it.
 INSERT INTO outbox_schema_migrations (name, checksum) VALUES ($1::text, $2::text)
+
+-- name: set_migration_buckets
+-- The number of buckets migration 0009 fixes (`outbox.buckets`), for this transaction only.
+SELECT set_config('outbox.buckets', $1::text, true)
+
+-- name: get_schema_buckets
+-- The number of buckets the schema was given (migration 0009 writes it into
+-- outbox_bucket_count's body), or NULL before 0009.
+SELECT substring(pg_get_function_sqlbody(to_regproc('outbox_bucket_count')) FROM '[0-9]+')::integer

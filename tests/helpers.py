@@ -18,6 +18,7 @@ from urllib.parse import quote
 import anyio
 
 from outbox import db
+from outbox.buckets import DEFAULT_COUNT, bucket_of
 
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
@@ -36,6 +37,15 @@ DSNS = {
     "query_first": f"postgresql://app@127.0.0.1:1/db?password={CANARY}&sslmode=disable",
     "percent_encoded": "postgresql://app:" + quote(f"p@ss/{CANARY}", safe="") + "@127.0.0.1:1/db",
 }
+
+
+def campaigns_in_one_bucket(n: int, prefix: str = "c") -> list[str]:
+    """`n` campaign ids in one bucket (of the tests' schema, DEFAULT_COUNT buckets), in id order:
+    what one batch can claim together (a batch claims in one bucket)."""
+    wanted = bucket_of(f"{prefix}-0", DEFAULT_COUNT)
+    found = (f"{prefix}-{i}" for i in range(100_000))
+    return sorted([c for c in found if bucket_of(c, DEFAULT_COUNT) == wanted][:n])
+
 
 TABLES = (
     "event_journal",

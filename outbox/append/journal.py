@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from outbox import db
+from outbox import buckets, db
 from outbox.append import call
 from outbox.append.validate import prepare
 from outbox.config import Settings
@@ -164,7 +164,8 @@ async def load_events(
     conn: Connection, campaign_id: str, first: int, last: int
 ) -> list[StoredEvent]:
     """A campaign's events `first..last` as projectors see them (decoded from the journal)."""
-    rows = await conn.fetch(Q.load_events, campaign_id, first, last)
+    bucket = await buckets.bucket_for(conn, campaign_id)
+    rows = await conn.fetch(Q.load_events, campaign_id, first, last, bucket)
     return [decode_record(r, campaign_id) for r in rows]
 
 
@@ -174,7 +175,8 @@ async def rebuild_events(
     """A campaign's events of `types` up to its journal head, in seq order, each with that
     head (read in the same snapshot, so a checkpoint set to it passes no event unseen); one
     (head, None) when there are none. Needs a transaction (a server-side cursor)."""
-    cursor = conn.cursor(Q.load_rebuild_events, campaign_id, list(types), prefetch=prefetch)
+    bucket = await buckets.bucket_for(conn, campaign_id)
+    cursor = conn.cursor(Q.load_rebuild_events, campaign_id, list(types), bucket, prefetch=prefetch)
     async for r in cursor:
         yield r["last_seq"], None if r["seq"] is None else decode_record(r, campaign_id)
 
@@ -182,14 +184,16 @@ async def rebuild_events(
 async def get_campaign_head(executor: Executor, campaign_id: str) -> int:
     """The last allocated seq of a campaign (0: it has no events)."""
     async with db.acquire(executor) as conn:
-        head: int | None = await conn.fetchval(Q.get_campaign_head, campaign_id)
+        bucket = await buckets.bucket_for(conn, campaign_id)
+        head: int | None = await conn.fetchval(Q.get_campaign_head, campaign_id, bucket)
     return head or 0
 
 
 async def list_campaigns(executor: Executor, campaign_id: str | None = None) -> list[str]:
     """Campaigns with events, one or all, in id order."""
     async with db.acquire(executor) as conn:
-        rows = await conn.fetch(Q.list_campaigns, campaign_id)
+        bucket = None if campaign_id is None else await buckets.bucket_for(conn, campaign_id)
+        rows = await conn.fetch(Q.list_campaigns, campaign_id, bucket)
     return [r["campaign_id"] for r in rows]
 
 
@@ -206,7 +210,8 @@ class JournalEntry:
 
 async def recent_events(conn: Connection, campaign_id: str, *, limit: int) -> list[JournalEntry]:
     """A campaign's last `limit` events, newest first, as stored."""
-    rows = await conn.fetch(Q.list_recent_events, campaign_id, limit)
+    bucket = await buckets.bucket_for(conn, campaign_id)
+    rows = await conn.fetch(Q.list_recent_events, campaign_id, limit, bucket)
     return [JournalEntry(*r) for r in rows]
 
 

@@ -2,35 +2,38 @@
 -- of the append function (call.sql, migration 0006).
 
 -- name: get_campaign_head
--- The last allocated seq of a campaign (no row: the campaign has no events).
-SELECT last_seq FROM campaign_heads WHERE campaign_id = $1::text
+-- The last allocated seq of a campaign (no row: the campaign has no events). $2: its bucket.
+SELECT last_seq FROM campaign_heads WHERE bucket = $2::integer AND campaign_id = $1::text
 
 -- name: load_events
 -- A campaign's events from seq $2 to $3, as projectors see them (payload and metadata as
 -- text: `decode_event` decodes each one, so one undecodable event is that event's failure).
+-- $4: the campaign's bucket.
 SELECT seq, event_type, payload::text AS payload, metadata::text AS metadata, recorded_at
 FROM event_journal
-WHERE campaign_id = $1::text AND seq BETWEEN $2::bigint AND $3::bigint
+WHERE bucket = $4::integer AND campaign_id = $1::text AND seq BETWEEN $2::bigint AND $3::bigint
 ORDER BY seq
 
 -- name: list_campaigns
--- Campaigns with events, one ($1) or all, in id order.
+-- Campaigns with events, one ($1, in bucket $2) or all, in id order.
 SELECT campaign_id FROM campaign_heads
-WHERE $1::text IS NULL OR campaign_id = $1::text
+WHERE $1::text IS NULL OR (bucket = $2::integer AND campaign_id = $1::text)
 ORDER BY campaign_id
 
 -- name: load_rebuild_events
 -- The campaign's journal head and its events of the types ($2) a projector subscribes to,
 -- up to that head, in seq order; both read in one snapshot, so the checkpoint set to the
 -- head never passes an event the rebuild did not see. One row with null seq: no such events.
+-- $3: the campaign's bucket.
 WITH head AS (
-    SELECT coalesce(max(seq), 0) AS last_seq FROM event_journal WHERE campaign_id = $1::text
+    SELECT coalesce(max(seq), 0) AS last_seq FROM event_journal
+    WHERE bucket = $3::integer AND campaign_id = $1::text
 )
 SELECT h.last_seq, e.seq, e.event_type, e.payload::text AS payload,
        e.metadata::text AS metadata, e.recorded_at
 FROM head h
 LEFT JOIN event_journal e
-    ON e.campaign_id = $1::text AND e.event_type = ANY ($2::text[]) AND e.seq <= h.last_seq
+    ON e.bucket = $3::integer AND e.campaign_id = $1::text AND e.event_type = ANY ($2::text[]) AND e.seq <= h.last_seq
 ORDER BY e.seq
 
 -- name: prune_append_keys
@@ -42,9 +45,10 @@ WHERE ctid IN (
 
 -- name: list_recent_events
 -- A campaign's last $2 events, newest first, payload and metadata as text (an undecodable one
--- still shows): the journal tail an operator reads beside the campaign's queue rows.
+-- still shows): the journal tail an operator reads beside the campaign's queue rows. $3: the
+-- campaign's bucket.
 SELECT seq, event_type, payload::text AS payload, metadata::text AS metadata, recorded_at
 FROM event_journal
-WHERE campaign_id = $1::text
+WHERE bucket = $3::integer AND campaign_id = $1::text
 ORDER BY seq DESC
 LIMIT $2::integer

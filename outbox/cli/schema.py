@@ -34,14 +34,15 @@ def migrate_command(
     as_json: JsonOption = False,
 ) -> None:
     """Apply pending schema migrations in order (idempotent, under an advisory lock)."""
-    target = require_dsn(settings_for(dsn=dsn))
+    settings = settings_for(dsn=dsn)
+    target = require_dsn(settings)
 
     async def body() -> Any:
         conn = await db.connect(target)
         try:
             if show_status:
                 return await migrations.status(conn)
-            return await migrations.migrate(conn)
+            return await migrations.migrate(conn, buckets=settings.buckets)
         finally:
             await conn.close()
 
@@ -86,7 +87,7 @@ def schema_command(
     """The schema migrations this version ships (no database needed)."""
     shipped = migrations.load_migrations()
     if sql:
-        sys.stdout.write(migrations.script(shipped))
+        sys.stdout.write(migrations.script(shipped, buckets=settings_for().buckets))
         return
     if as_json:
         emit_json(

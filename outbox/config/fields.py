@@ -208,6 +208,16 @@ FIELDS: dict[str, FieldSpec] = {
         optional=True,
         cli=False,
     ),
+    "buckets": FieldSpec(
+        "OUTBOX_BUCKETS",
+        _parse_int,
+        "buckets the campaign-keyed tables are split into, fixed by the first `maintenance "
+        "migrate` (unset: 64); a later migrate refuses a different number",
+        low=1,
+        high=4096,
+        optional=True,
+        cli=False,
+    ),
     "statement_timeout": FieldSpec(
         "OUTBOX_STATEMENT_TIMEOUT",
         _parse_float,

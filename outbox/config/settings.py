@@ -56,6 +56,7 @@ class Settings:
     append_key_ttl: int = 86_400
     lease_seconds: float = 120.0
     dedup_scope: str | None = None
+    buckets: int | None = None
     statement_timeout: float | None = None
     lock_timeout: float | None = None
     idle_in_transaction_timeout: float | None = None

@@ -56,13 +56,12 @@ async def reconcile(
 ) -> Reconciled:
     """Enqueue up to `limit` missing work rows (none with `dry_run`)."""
     found: list[tuple[str, int, str]] = []
-    cursor: tuple[str, int] = ("", 0)
+    cursor = repair.START
     async with db.acquire(executor) as conn:
         while len(found) < limit:
-            page = await repair.list_unqueued_events(conn, campaign_id, cursor, PAGE)
+            page, cursor = await repair.list_unqueued_events(conn, campaign_id, cursor, PAGE)
             if not page:
                 break
-            cursor = page[-1][:2]
             done = await applied_events(conn, registry, page)
             found += [k for k in page if k[:2] not in done]
         found = found[:limit]

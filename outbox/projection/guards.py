@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from outbox import db
+from outbox import buckets, db
 from outbox.model import Key, Unsubscribed
 from outbox.projection.registry import Registry
 from outbox.queries import Queries
@@ -67,16 +67,21 @@ async def lock_checkpoints(
     campaign row). Otherwise missing rows are created first and locked, so two concurrent
     applications of a campaign's first events cannot both read "missing" and apply them twice
     (two more statements, only then)."""
-    rows = await conn.fetch(Q.lock_checkpoints, campaigns, projectors)
-    if not held and len(rows) < len(campaigns) * len(projectors):
-        await conn.execute(Q.create_checkpoints, campaigns, projectors)
-        rows = await conn.fetch(Q.lock_checkpoints, campaigns, projectors)
-    return {(r["campaign_id"], r["projector"]): r["applied_seq"] for r in rows}
+    found: dict[CheckpointKey, int] = {}
+    for bucket, group in (await buckets.grouped(conn, campaigns, str)).items():
+        rows = await conn.fetch(Q.lock_checkpoints, group, projectors, bucket)
+        if not held and len(rows) < len(group) * len(projectors):
+            await conn.execute(Q.create_checkpoints, group, projectors, bucket)
+            rows = await conn.fetch(Q.lock_checkpoints, group, projectors, bucket)
+        found.update({(r["campaign_id"], r["projector"]): r["applied_seq"] for r in rows})
+    return found
 
 
 async def checkpoints_of(conn: Connection, campaign_id: str) -> dict[str, int]:
     """The checkpoints of one campaign: projector -> applied seq (unlocked; a read)."""
-    rows = await conn.fetch(Q.list_checkpoints, [campaign_id])
+    rows = await conn.fetch(
+        Q.list_checkpoints, [campaign_id], await buckets.bucket_for(conn, campaign_id)
+    )
     return {r["projector"]: r["applied_seq"] for r in sorted(rows, key=lambda r: r["projector"])}
 
 
@@ -121,14 +126,15 @@ async def applied_events(
     Unguarded projectors cannot tell, so their events never count as applied."""
     if not events:
         return set()
-    checkpoints = {
-        (r["campaign_id"], r["projector"]): r["applied_seq"]
-        for r in await conn.fetch(Q.list_checkpoints, sorted({e[0] for e in events}))
-    }
-    markers = {
-        (r["campaign_id"], r["seq"], r["handler"])
-        for r in await conn.fetch(Q.list_markers, [e[0] for e in events], [e[1] for e in events])
-    }
+    checkpoints: dict[CheckpointKey, int] = {}
+    markers: set[tuple[str, int, str]] = set()
+    for bucket, group in (await buckets.grouped(conn, events, _campaign)).items():
+        rows = await conn.fetch(Q.list_checkpoints, sorted({e[0] for e in group}), bucket)
+        checkpoints.update({(r["campaign_id"], r["projector"]): r["applied_seq"] for r in rows})
+        rows = await conn.fetch(
+            Q.list_markers, [e[0] for e in group], [e[1] for e in group], bucket
+        )
+        markers.update((r["campaign_id"], r["seq"], r["handler"]) for r in rows)
     applied = set()
     for campaign_id, seq, event_type in events:
         subscribed = registry.subscribers(event_type)
@@ -151,20 +157,29 @@ async def reserve_markers(
 ) -> set[tuple[str, int, str]]:
     """Reserve the processed markers (campaign_id, seq, handler) in one statement; returns the
     ones reserved now (the others were applied before)."""
-    rows = await conn.fetch(
-        Q.reserve_markers,
-        [w[0] for w in wanted],
-        [w[1] for w in wanted],
-        [w[2] for w in wanted],
-    )
-    return {(r["campaign_id"], r["seq"], r["handler"]) for r in rows}
+    reserved: set[tuple[str, int, str]] = set()
+    for bucket, group in (await buckets.grouped(conn, wanted, _campaign)).items():
+        rows = await conn.fetch(
+            Q.reserve_markers,
+            [w[0] for w in group],
+            [w[1] for w in group],
+            [w[2] for w in group],
+            bucket,
+        )
+        reserved.update((r["campaign_id"], r["seq"], r["handler"]) for r in rows)
+    return reserved
 
 
 async def delete_markers(conn: Connection, campaign_id: str, projector: str) -> None:
     """Forget what an idempotent projector applied in a campaign (a rebuild starts over)."""
-    await conn.execute(Q.delete_markers, campaign_id, projector)
+    bucket = await buckets.bucket_for(conn, campaign_id)
+    await conn.execute(Q.delete_markers, campaign_id, projector, bucket)
 
 
 async def prune_markers(conn: Connection, *, retention_hours: int, batch_size: int) -> int:
     """Delete markers older than `retention_hours`, `batch_size` per statement; how many."""
     return await db.prune(conn, Q.prune_markers, retention_hours, batch_size)
+
+
+def _campaign(item: tuple[str, int, str]) -> str:
+    return item[0]

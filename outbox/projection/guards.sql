@@ -2,10 +2,10 @@
 -- ones, each read or written for a whole group of events in one statement. An ordered claim
 -- locks the checkpoints in its own call (`outbox_claim`), and every checkpoint move is
 -- written by the batch's settle (`outbox_settle`), so a worker's batch pays no statement of
--- its own for them.
+-- its own for them. Every statement runs in one bucket (the campaigns it names are all there).
 
 -- name: lock_checkpoints
--- The checkpoints of the ordered projectors ($2) in the campaigns ($1), locked in a fixed
+-- The checkpoints of the ordered projectors ($2) in the campaigns ($1, bucket $3), locked in a fixed
 -- order until the transaction ends; a missing row means 0. One statement per group: the
 -- verdicts (apply / duplicate / gap) of every event follow from these values and the seqs.
 -- A probe per campaign through the primary key, whatever the statistics say (an index on the
@@ -15,21 +15,22 @@ FROM (SELECT DISTINCT u.c FROM unnest($1::text[]) AS u(c) ORDER BY u.c) AS t(cam
 CROSS JOIN LATERAL (
     SELECT k.projector, k.applied_seq
     FROM projection_checkpoints k
-    WHERE k.campaign_id = t.campaign_id AND k.projector = ANY ($2::text[])
+    WHERE k.bucket = $3::integer AND k.campaign_id = t.campaign_id
+      AND k.projector = ANY ($2::text[])
     ORDER BY k.projector
     FOR UPDATE
 ) k
 
 -- name: create_checkpoints
--- Checkpoint rows at 0 for the pairs of campaigns ($1) and ordered projectors ($2) that have
+-- Checkpoint rows at 0 for the pairs of campaigns ($1, bucket $3) and ordered projectors ($2) that have
 -- none, so a caller that does not hold the campaign has rows to lock: two concurrent first
 -- applications of one campaign then queue on the row instead of both reading "missing".
 -- Waits for a concurrent creator of the same row, then leaves its row as it is.
-INSERT INTO projection_checkpoints (campaign_id, projector, applied_seq)
-SELECT c, p, 0
+INSERT INTO projection_checkpoints (bucket, campaign_id, projector, applied_seq)
+SELECT $3::integer, c, p, 0
 FROM unnest($1::text[]) AS c, unnest($2::text[]) AS p
 ORDER BY c, p
-ON CONFLICT (campaign_id, projector) DO NOTHING
+ON CONFLICT (bucket, campaign_id, projector) DO NOTHING
 
 -- name: open_group
 -- A savepoint around one group of events. Never released: a commit ends it, and a RELEASE
@@ -43,29 +44,31 @@ ROLLBACK TO SAVEPOINT outbox_group
 -- name: reserve_markers
 -- Reserve (handler, event) for every idempotent projector and event of a group in one
 -- statement; the rows back are the reservations made now, the others were already applied.
--- A concurrent reserver of the same marker waits for the first to commit or roll back.
-INSERT INTO processed_markers (campaign_id, seq, handler)
-SELECT r.campaign_id, r.seq, r.handler
+-- A concurrent reserver of the same marker waits for the first to commit or roll back. All in
+-- bucket $4.
+INSERT INTO processed_markers (bucket, campaign_id, seq, handler)
+SELECT $4::integer, r.campaign_id, r.seq, r.handler
 FROM unnest($1::text[], $2::bigint[], $3::text[]) AS r(campaign_id, seq, handler)
 ORDER BY r.campaign_id, r.seq, r.handler
-ON CONFLICT (campaign_id, seq, handler) DO NOTHING
+ON CONFLICT (bucket, campaign_id, seq, handler) DO NOTHING
 RETURNING campaign_id, seq, handler
 
 -- name: list_checkpoints
--- Checkpoints of the given campaigns.
+-- Checkpoints of the given campaigns (all in bucket $2).
 SELECT campaign_id, projector, applied_seq FROM projection_checkpoints
-WHERE campaign_id = ANY ($1::text[])
+WHERE bucket = $2::integer AND campaign_id = ANY ($1::text[])
 
 -- name: list_markers
--- Processed markers of the given events.
+-- Processed markers of the given events (all in bucket $3).
 SELECT m.campaign_id, m.seq, m.handler
 FROM processed_markers m
 JOIN unnest($1::text[], $2::bigint[]) AS e(campaign_id, seq)
-  ON m.campaign_id = e.campaign_id AND m.seq = e.seq
+  ON m.bucket = $3::integer AND m.campaign_id = e.campaign_id AND m.seq = e.seq
 
 -- name: delete_markers
--- A rebuild of an idempotent projector forgets what it applied in the campaign.
-DELETE FROM processed_markers WHERE campaign_id = $1::text AND handler = $2::text
+-- A rebuild of an idempotent projector forgets what it applied in the campaign (bucket $3).
+DELETE FROM processed_markers
+WHERE bucket = $3::integer AND campaign_id = $1::text AND handler = $2::text
 
 -- name: prune_markers
 -- Processed markers older than $1 hours, at most $2 per call.
@@ -84,11 +87,12 @@ WHERE ctid IN (
 -- row. The cost grows with campaigns x projectors: one pass over the heads, one probe per
 -- campaign behind.
 WITH behind AS (
-    SELECT p.projector, h.campaign_id, h.last_seq, coalesce(k.applied_seq, 0) AS applied_seq
+    SELECT p.projector, h.bucket, h.campaign_id, h.last_seq,
+           coalesce(k.applied_seq, 0) AS applied_seq
     FROM unnest($1::text[]) AS p(projector)
     CROSS JOIN campaign_heads h
     LEFT JOIN projection_checkpoints k
-        ON k.campaign_id = h.campaign_id AND k.projector = p.projector
+        ON k.bucket = h.bucket AND k.campaign_id = h.campaign_id AND k.projector = p.projector
     WHERE h.last_seq > coalesce(k.applied_seq, 0)
 )
 SELECT b.projector, count(*) AS campaigns_behind,
@@ -96,5 +100,6 @@ SELECT b.projector, count(*) AS campaigns_behind,
        extract(epoch FROM clock_timestamp() - min(e.recorded_at))::double precision
            AS oldest_unapplied_seconds
 FROM behind b
-LEFT JOIN event_journal e ON e.campaign_id = b.campaign_id AND e.seq = b.applied_seq + 1
+LEFT JOIN event_journal e
+    ON e.bucket = b.bucket AND e.campaign_id = b.campaign_id AND e.seq = b.applied_seq + 1
 GROUP BY b.projector

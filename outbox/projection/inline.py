@@ -23,7 +23,7 @@ from outbox.model import AppendResult, Event
 from outbox.projection.dispatch import Dispatch, GroupFailed
 from outbox.projection.pauses import PausedProjectors
 from outbox.projection.registry import Registry
-from outbox.queue.inspect import outstanding_upto
+from outbox.queue.applied import outstanding_upto
 from outbox.queue.settle import CampaignWrite, refresh_campaigns, settle
 from outbox.retry import ErrorClass, FailurePolicy, classify, log_failure
 

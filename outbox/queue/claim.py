@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, cast
 
-from outbox import db
+from outbox import buckets, db
 from outbox.append.journal import decode_bulk
 from outbox.errors import Conflict, EventUnavailable, NotFound
 from outbox.model import EventBatch, Key, StoredEvent
@@ -121,24 +121,25 @@ class ClaimedCampaign:
 async def claim(
     conn: Connection,
     *,
+    bucket: int,
     limit: int,
     ordered: bool,
     campaigns: int | None = None,
     projectors: Sequence[str] = (),
     now: datetime | None = None,
 ) -> list[ClaimedCampaign]:
-    """Lock up to `limit` rows: under campaign ordering, due campaigns and the rows from their
-    heads (the campaign's rows are the holder's alone) with the checkpoints of the ordered
-    `projectors`, in one call whose second statement sees every commit of the campaigns'
-    previous holders; else due rows, each locked, one pseudo-campaign per row's campaign (no
-    checkpoints read). Campaigns sorted by id, rows by seq. `campaigns`: how many campaigns an
-    ordered claim takes at most (default `limit`), the rows shared among them."""
+    """Lock up to `limit` rows of `bucket`: under campaign ordering, due campaigns and the rows
+    from their heads (the campaign's rows are the holder's alone) with the checkpoints of the
+    ordered `projectors`, in one call whose second statement sees every commit of the
+    campaigns' previous holders; else due rows, each locked, one pseudo-campaign per row's
+    campaign (no checkpoints read). Campaigns sorted by id, rows by seq. `campaigns`: how many
+    campaigns an ordered claim takes at most (default `limit`), the rows shared among them."""
     if ordered:
         records = await conn.fetch(
-            Q.claim_batch, min(campaigns or limit, limit), limit, list(projectors), now
+            Q.claim_batch, min(campaigns or limit, limit), limit, list(projectors), now, bucket
         )
     else:
-        records = await conn.fetch(Q.claim_due_rows, limit, now)
+        records = await conn.fetch(Q.claim_due_rows, limit, now, bucket)
     rows = iter(_claimed_rows([r for r in records if r["seq"] is not None]))
     claimed: list[ClaimedCampaign] = []
     for r in records:
@@ -199,7 +200,8 @@ async def claim_one(
     outstanding row of its campaign (None: it is the head). NotFound when there is no such row,
     Conflict when a running batch holds it."""
     try:
-        r = await conn.fetchrow(Q.claim_one, campaign_id, seq, park)
+        bucket = await buckets.bucket_for(conn, campaign_id)
+        r = await conn.fetchrow(Q.claim_one, campaign_id, seq, park, bucket)
     except Exception as exc:
         if not db.lock_not_available(exc):
             raise
@@ -214,21 +216,23 @@ async def claim_one(
 
 async def hold_campaign(conn: Connection, campaign_id: str) -> None:
     """Lock the campaign's queue row until the transaction ends (first, as a batch does)."""
-    await conn.execute(Q.hold_campaign, campaign_id)
+    await conn.execute(Q.hold_campaign, campaign_id, await buckets.bucket_for(conn, campaign_id))
 
 
 async def lock_campaign_rows(conn: Connection, campaign_id: str) -> int:
     """Hold the campaign and every queued row of it until the transaction ends; returns how
     many rows."""
-    locked: int = await conn.fetchval(Q.lock_campaign_rows, campaign_id)
+    bucket = await buckets.bucket_for(conn, campaign_id)
+    locked: int = await conn.fetchval(Q.lock_campaign_rows, campaign_id, bucket)
     return locked
 
 
 async def lock_heads(conn: Connection, campaigns: Sequence[str]) -> set[str]:
     """Hold the append heads of `campaigns` (no append of them runs until commit), skipping
     the ones an append holds now; returns the campaigns held. A campaign row may be deleted
-    only while its head is held."""
-    if not campaigns:
-        return set()
-    rows = await conn.fetch(Q.lock_heads, sorted(campaigns))
-    return {r["campaign_id"] for r in rows}
+    only while its head is held. One statement per bucket, in bucket order."""
+    held: set[str] = set()
+    for bucket, group in (await buckets.grouped(conn, sorted(set(campaigns)), str)).items():
+        rows = await conn.fetch(Q.lock_heads, bucket, group)
+        held.update(r["campaign_id"] for r in rows)
+    return held

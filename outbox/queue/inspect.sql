@@ -1,11 +1,12 @@
 -- Reads of the work queue: what the report, health, metrics, drains and read-your-writes see.
--- Every filter is a bound parameter; a null filter means "any". Nothing here writes.
+-- Every filter is a bound parameter; a null filter means "any". A campaign filter comes with
+-- its bucket (the keys lead with it). Nothing here writes.
 
 -- name: count_rows_by_status
--- Rows per status, optionally for one campaign ($1).
+-- Rows per status, optionally for one campaign ($1, in bucket $2).
 SELECT status, count(*) AS n
 FROM projection_apply_outbox
-WHERE ($1::text IS NULL OR campaign_id = $1::text)
+WHERE ($1::text IS NULL OR (bucket = $2::integer AND campaign_id = $1::text))
 GROUP BY status
 
 -- name: count_rows_bounded
@@ -35,25 +36,25 @@ SELECT (SELECT count(*) FROM (
 -- outstanding head of its campaign waits for that head and is not claimable; under park ($2)
 -- dead rows step aside, so a head is the first row that is not dead. The heads are found by a
 -- loose index scan, one descent of the primary key per campaign: the cost grows with the
--- campaigns that have work, not with their rows.
+-- campaigns that have work, not with their rows. $3: the bucket of campaign $1.
 WITH RECURSIVE heads AS (
     (
-        SELECT o.campaign_id, o.seq, o.status, o.enqueued_at
+        SELECT o.bucket, o.campaign_id, o.seq, o.status, o.enqueued_at
         FROM projection_apply_outbox o
-        WHERE ($1::text IS NULL OR o.campaign_id = $1::text)
+        WHERE ($1::text IS NULL OR (o.bucket = $3::integer AND o.campaign_id = $1::text))
           AND NOT ($2::boolean AND o.status = 'dead')
-        ORDER BY o.campaign_id, o.seq
+        ORDER BY o.bucket, o.campaign_id, o.seq
         LIMIT 1
     )
     UNION ALL
-    SELECT n.campaign_id, n.seq, n.status, n.enqueued_at
+    SELECT n.bucket, n.campaign_id, n.seq, n.status, n.enqueued_at
     FROM heads h
     CROSS JOIN LATERAL (
-        SELECT o.campaign_id, o.seq, o.status, o.enqueued_at
+        SELECT o.bucket, o.campaign_id, o.seq, o.status, o.enqueued_at
         FROM projection_apply_outbox o
-        WHERE $1::text IS NULL AND o.campaign_id > h.campaign_id
+        WHERE $1::text IS NULL AND (o.bucket, o.campaign_id) > (h.bucket, h.campaign_id)
           AND NOT ($2::boolean AND o.status = 'dead')
-        ORDER BY o.campaign_id, o.seq
+        ORDER BY o.bucket, o.campaign_id, o.seq
         LIMIT 1
     ) n
 )
@@ -65,15 +66,19 @@ ORDER BY enqueued_at, seq
 LIMIT 1
 
 -- name: count_dead_rows
--- How many rows are dead (campaign $1 or all).
+-- How many rows are dead (campaign $1, in bucket $2, or all).
 SELECT count(*) FROM projection_apply_outbox
-WHERE status = 'dead' AND ($1::text IS NULL OR campaign_id = $1::text)
+WHERE status = 'dead' AND ($1::text IS NULL OR (bucket = $2::integer AND campaign_id = $1::text))
 
 -- name: get_earliest_next_attempt
--- The earliest next_attempt_at among claimable statuses.
-SELECT min(next_attempt_at)
-FROM projection_apply_outbox
-WHERE status IN ('pending', 'failed') AND ($1::text IS NULL OR campaign_id = $1::text)
+-- The earliest next_attempt_at among claimable statuses, of campaign $1 (in bucket $2) or of
+-- all (one probe per bucket, `outbox_due_buckets`).
+SELECT CASE WHEN $1::text IS NULL
+    THEN (SELECT min(d.due_at) FROM outbox_due_buckets(true, '-infinity') d)
+    ELSE (SELECT min(o.next_attempt_at) FROM projection_apply_outbox o
+          WHERE o.bucket = $2::integer AND o.campaign_id = $1::text
+            AND o.status IN ('pending', 'failed'))
+END
 
 -- name: list_blocked_campaigns
 -- Campaigns whose first outstanding row is failed or dead (under park, $2, dead rows step
@@ -81,36 +86,39 @@ WHERE status IN ('pending', 'failed') AND ($1::text IS NULL OR campaign_id = $1:
 -- up to $4); the oldest head first, at most $3; `total` counts them all, whatever the limit.
 -- Found from the attention index: each campaign's first failed or dead row (a loose index
 -- scan), kept when nothing outstanding precedes it. The cost grows with the campaigns that
--- have failed or dead rows, not with the queue.
+-- have failed or dead rows, not with the queue. $5: the bucket of campaign $1. (Failed or
+-- dead is written "neither pending nor processing": the planner's estimate of a rare IN list
+-- made it read every such row and sort them, instead of the first one in index order.)
 WITH RECURSIVE firsts AS (
     (
-        SELECT o.campaign_id, o.seq
+        SELECT o.bucket, o.campaign_id, o.seq
         FROM projection_apply_outbox o
-        WHERE o.status <> 'pending' AND o.status IN ('failed', 'dead')
+        WHERE o.status <> 'pending' AND o.status <> 'processing'
           AND NOT ($2::boolean AND o.status = 'dead')
-          AND ($1::text IS NULL OR o.campaign_id = $1::text)
-        ORDER BY o.campaign_id, o.seq
+          AND ($1::text IS NULL OR (o.bucket = $5::integer AND o.campaign_id = $1::text))
+        ORDER BY o.bucket, o.campaign_id, o.seq
         LIMIT 1
     )
     UNION ALL
-    SELECT n.campaign_id, n.seq
+    SELECT n.bucket, n.campaign_id, n.seq
     FROM firsts f
     CROSS JOIN LATERAL (
-        SELECT o.campaign_id, o.seq
+        SELECT o.bucket, o.campaign_id, o.seq
         FROM projection_apply_outbox o
-        WHERE o.status <> 'pending' AND o.status IN ('failed', 'dead')
+        WHERE o.status <> 'pending' AND o.status <> 'processing'
           AND NOT ($2::boolean AND o.status = 'dead')
-          AND $1::text IS NULL AND o.campaign_id > f.campaign_id
-        ORDER BY o.campaign_id, o.seq
+          AND $1::text IS NULL AND (o.bucket, o.campaign_id) > (f.bucket, f.campaign_id)
+        ORDER BY o.bucket, o.campaign_id, o.seq
         LIMIT 1
     ) n
 ), blocked AS (
-    SELECT o.campaign_id, o.seq, o.status, o.enqueued_at, count(*) OVER () AS total
+    SELECT o.bucket, o.campaign_id, o.seq, o.status, o.enqueued_at, count(*) OVER () AS total
     FROM firsts f
-    JOIN projection_apply_outbox o ON o.campaign_id = f.campaign_id AND o.seq = f.seq
+    JOIN projection_apply_outbox o
+        ON o.bucket = f.bucket AND o.campaign_id = f.campaign_id AND o.seq = f.seq
     WHERE NOT EXISTS (
         SELECT 1 FROM projection_apply_outbox e
-        WHERE e.campaign_id = f.campaign_id AND e.seq < f.seq
+        WHERE e.bucket = f.bucket AND e.campaign_id = f.campaign_id AND e.seq < f.seq
           AND NOT ($2::boolean AND e.status = 'dead')
     )
     ORDER BY o.enqueued_at, o.campaign_id
@@ -119,7 +127,7 @@ WITH RECURSIVE firsts AS (
 SELECT b.campaign_id, b.seq AS blocking_seq, b.status,
        (SELECT count(*) FROM (
             SELECT 1 FROM projection_apply_outbox w
-            WHERE w.campaign_id = b.campaign_id AND w.seq > b.seq
+            WHERE w.bucket = b.bucket AND w.campaign_id = b.campaign_id AND w.seq > b.seq
             LIMIT $4::integer
         ) AS behind) AS waiting,
        extract(epoch FROM clock_timestamp() - b.enqueued_at)::double precision AS age_seconds,
@@ -163,72 +171,52 @@ LIMIT $3::integer
 -- Queue rows by status ($1) and campaign ($2), at most $3: with no status filter failed and
 -- dead rows first (they explain a backlog), then in claim order (next_attempt_at, seq). $4:
 -- with each row's event payload (as text: an undecodable one still shows), one journal probe
--- per row listed; without it the journal is not read.
+-- per row listed; without it the journal is not read. $5: the bucket of campaign $2.
 SELECT o.campaign_id, o.seq, o.event_type, o.status, o.attempt_count, o.next_attempt_at,
        o.enqueued_at, o.updated_at, o.last_error, j.payload
 FROM projection_apply_outbox o
 LEFT JOIN LATERAL (
     SELECT e.payload::text AS payload
     FROM event_journal e
-    WHERE $4::boolean AND e.campaign_id = o.campaign_id AND e.seq = o.seq
+    WHERE $4::boolean AND e.bucket = o.bucket AND e.campaign_id = o.campaign_id
+      AND e.seq = o.seq
 ) j ON true
-WHERE ($1::text IS NULL OR o.status = $1::text) AND ($2::text IS NULL OR o.campaign_id = $2::text)
+WHERE ($1::text IS NULL OR o.status = $1::text)
+  AND ($2::text IS NULL OR (o.bucket = $5::integer AND o.campaign_id = $2::text))
 ORDER BY o.status IN ('failed', 'dead') DESC, o.next_attempt_at, o.seq
 LIMIT $3::integer
 
 -- name: list_leases
 -- Rows in lease mode (processing): their owner and epoch (above 1: claimed before, a reclaim
 -- when last_error says the lease expired), how long ago the lease was taken and when it
--- expires (negative: expired, due to be reclaimed), campaign $1, at most $2.
+-- expires (negative: expired, due to be reclaimed), campaign $1 (in bucket $3), at most $2.
 SELECT campaign_id, seq, event_type, lease_owner, claim_epoch, attempt_count, last_error,
        extract(epoch FROM clock_timestamp() - leased_at)::double precision AS lease_age_seconds,
        extract(epoch FROM lease_expires_at - clock_timestamp())::double precision
            AS expires_in_seconds
 FROM projection_apply_outbox
-WHERE status = 'processing' AND ($1::text IS NULL OR campaign_id = $1::text)
+WHERE status = 'processing'
+  AND ($1::text IS NULL OR (bucket = $3::integer AND campaign_id = $1::text))
 ORDER BY leased_at, campaign_id, seq
 LIMIT $2::integer
 
 -- name: get_shadow_observations
--- What shadow workers saw: rows seen, sightings, and the longest enqueue-to-first-seen lag.
+-- What shadow workers saw: rows seen, sightings, and the longest enqueue-to-first-seen lag, of
+-- campaign $1 (in bucket $2) or all.
 SELECT count(*) FILTER (WHERE seen_count > 0) AS rows_seen,
        coalesce(sum(seen_count), 0)::bigint AS sightings,
        max(extract(epoch FROM first_seen_at - enqueued_at))::double precision AS max_lag_seconds
 FROM projection_apply_outbox
-WHERE $1::text IS NULL OR campaign_id = $1::text
+WHERE $1::text IS NULL OR (bucket = $2::integer AND campaign_id = $1::text)
 
 -- name: get_next_due
 -- Seconds until the earliest claimable work is due, by the database clock (null: nothing
 -- waits): the first unblocked campaign under ordering `campaign`, the first live row under
 -- ordering `none` ($1). With $2, only work not due yet counts: a worker whose claim took all it
 -- could waits for the rest by time (what is due now is another batch's, or its NOTIFY rings).
--- The bound is a stable expression, so the index scan starts at it.
-SELECT extract(epoch FROM CASE
-    WHEN $1::boolean THEN (
-        SELECT min(o.next_attempt_at) FROM projection_apply_outbox o
-        WHERE o.status IN ('pending', 'failed')
-          AND o.next_attempt_at > CASE WHEN $2::boolean THEN statement_timestamp()
-                                       ELSE '-infinity'::timestamptz END)
-    ELSE (
-        SELECT min(c.due_at) FROM projection_apply_campaigns c
-        WHERE NOT c.blocked
-          AND c.due_at > CASE WHEN $2::boolean THEN statement_timestamp()
-                              ELSE '-infinity'::timestamptz END)
-END - clock_timestamp())::double precision
-
--- name: get_outstanding_upto
--- Whether any work row of campaign $1 at or below seq $2 is still outstanding.
-SELECT EXISTS (
-    SELECT 1 FROM projection_apply_outbox WHERE campaign_id = $1::text AND seq <= $2::bigint
-)
-
--- name: get_first_outstanding
--- The first work row of campaign $1 at or below seq $2 still outstanding (no row: all are
--- applied), with what holds it: status, attempts, last error, next attempt, and the seconds
--- until that attempt by the database clock.
-SELECT seq, status, attempt_count, last_error, next_attempt_at,
-       extract(epoch FROM next_attempt_at - clock_timestamp())::double precision AS due_in
-FROM projection_apply_outbox
-WHERE campaign_id = $1::text AND seq <= $2::bigint
-ORDER BY seq
-LIMIT 1
+-- One probe per bucket (`outbox_due_buckets`).
+SELECT extract(epoch FROM min(d.due_at) - clock_timestamp())::double precision
+FROM outbox_due_buckets(
+    $1::boolean,
+    CASE WHEN $2::boolean THEN statement_timestamp() ELSE '-infinity'::timestamptz END
+) d

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING
 
+from outbox import buckets, db
 from outbox.model import Failure, Key
 from outbox.queries import Queries
 from outbox.queue.claim import ClaimedRow
@@ -67,17 +68,18 @@ async def lease_rows(
     """Lease `rows` (their campaigns held by the caller's claim) in the caller's transaction;
     rows no longer at the epoch the claim read are left out. A row taken back from an expired
     lease counts that lease as an attempt."""
-    if not rows:
-        return []
-    records = await conn.fetch(
-        Q.lease_rows,
-        [r.campaign_id for r in rows],
-        [r.seq for r in rows],
-        owner,
-        seconds,
-        [r.claim_epoch for r in rows],
-        now,
-    )
+    records: list[db.Record] = []
+    for bucket, group in (await buckets.grouped(conn, rows, _campaign)).items():
+        records += await conn.fetch(
+            Q.lease_rows,
+            [r.campaign_id for r in group],
+            [r.seq for r in group],
+            owner,
+            seconds,
+            [r.claim_epoch for r in group],
+            now,
+            bucket,
+        )
     by_key = {r.key: r for r in rows}
     return [
         Lease(
@@ -94,22 +96,30 @@ async def extend_leases(
     executor: Executor, owner: str, leases: Sequence[Lease], *, seconds: float
 ) -> set[Key]:
     """Extend by `seconds` the `leases` (sorted by key) that `owner` still holds; returns
-    those still held (a missing one was taken over or ended)."""
-    rows = await executor.fetch(
-        Q.extend_leases,
-        owner,
-        [lease.row.campaign_id for lease in leases],
-        [lease.row.seq for lease in leases],
-        seconds,
-        [lease.epoch for lease in leases],
-    )
-    return {(r["campaign_id"], r["seq"]) for r in rows}
+    those still held (a missing one was taken over or ended). One statement per bucket."""
+    held: set[Key] = set()
+    async with db.acquire(executor) as conn:
+        for bucket, group in (await buckets.grouped(conn, leases, _lease_campaign)).items():
+            rows = await conn.fetch(
+                Q.extend_leases,
+                owner,
+                [lease.row.campaign_id for lease in group],
+                [lease.row.seq for lease in group],
+                seconds,
+                [lease.epoch for lease in group],
+                bucket,
+            )
+            held.update((r["campaign_id"], r["seq"]) for r in rows)
+    return held
 
 
 async def complete_lease(conn: Connection, lease: Lease, owner: str) -> float | None:
     """Delete the leased row if `owner` still holds it at its epoch; the seconds since it was
     enqueued, or None when the lease was taken over (fenced)."""
-    age: float | None = await conn.fetchval(Q.complete_lease, *lease.key, owner, lease.epoch)
+    bucket = await buckets.bucket_for(conn, lease.row.campaign_id)
+    age: float | None = await conn.fetchval(
+        Q.complete_lease, *lease.key, owner, lease.epoch, bucket
+    )
     return age
 
 
@@ -125,10 +135,20 @@ async def fail_lease(conn: Connection, lease: Lease, owner: str, failure: Failur
             failure.delay,
             failure.error,
             failure.dead,
+            await buckets.bucket_for(conn, lease.row.campaign_id),
         )
     )
 
 
 async def release_lease(conn: Connection, lease: Lease, owner: str) -> bool:
     """Hand the lease back unfinished (due now, no attempt counted); False when fenced."""
-    return bool(await conn.fetchval(Q.release_lease, *lease.key, owner, lease.epoch))
+    bucket = await buckets.bucket_for(conn, lease.row.campaign_id)
+    return bool(await conn.fetchval(Q.release_lease, *lease.key, owner, lease.epoch, bucket))
+
+
+def _campaign(row: ClaimedRow) -> str:
+    return row.campaign_id
+
+
+def _lease_campaign(lease: Lease) -> str:
+    return lease.row.campaign_id

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING
 
+from outbox import buckets
 from outbox.queries import Queries
 from outbox.queue.settle import refresh_campaigns
 
@@ -20,7 +21,9 @@ if TYPE_CHECKING:
     from outbox.db import Connection
 
 __all__ = [
+    "START",
     "AuditEntry",
+    "Cursor",
     "DeadRow",
     "discard_dead_row",
     "enqueue",
@@ -71,6 +74,7 @@ async def requeue_dead(
     """Up to `limit` dead rows (or the one row `one`) back to pending, oldest first, each with
     its audit row; rows other transactions hold are skipped. `fingerprint`: only rows of that
     error group (`inspect.failure_groups`). `dry_run`: change nothing."""
+    named = one[0] if one else campaign_id
     rows = await conn.fetch(
         Q.requeue_dead_rows,
         limit,
@@ -82,6 +86,7 @@ async def requeue_dead(
         actor,
         reason,
         fingerprint,
+        None if named is None else await buckets.bucket_for(conn, named),
     )
     if not dry_run:
         # Live again: their campaigns are claimable at once. The dead policy is the workers'
@@ -108,7 +113,8 @@ async def discard_dead_row(
 ) -> DeadRow | None:
     """Delete one dead row (held by the caller) with its audit row; the row as it was, or None
     when it is not there or not dead. The event stays in the journal."""
-    r = await conn.fetchrow(Q.discard_dead_row, campaign_id, seq, actor, reason)
+    bucket = await buckets.bucket_for(conn, campaign_id)
+    r = await conn.fetchrow(Q.discard_dead_row, campaign_id, seq, actor, reason, bucket)
     return None if r is None else DeadRow(*r)
 
 
@@ -133,13 +139,24 @@ async def list_audit(conn: Connection, campaign_id: str | None, *, limit: int) -
     return [AuditEntry(*r) for r in rows]
 
 
+Cursor = tuple[int, str, int]  # (bucket, campaign_id, seq): the journal's key order
+
+
 async def list_unqueued_events(
-    conn: Connection, campaign_id: str | None, after: tuple[str, int], limit: int
-) -> list[tuple[str, int, str]]:
-    """Journal events with no work row after the keyset cursor `after`, one campaign or all,
-    in (campaign_id, seq) order: (campaign_id, seq, event_type)."""
-    rows = await conn.fetch(Q.list_unqueued_events, campaign_id, *after, limit)
-    return [(r["campaign_id"], r["seq"], r["event_type"]) for r in rows]
+    conn: Connection, campaign_id: str | None, after: Cursor, limit: int
+) -> tuple[list[tuple[str, int, str]], Cursor]:
+    """Journal events with no work row after the keyset cursor `after` (start: `START`), one
+    campaign or all, in key order: (campaign_id, seq, event_type), and the cursor past them."""
+    bucket, after_campaign, after_seq = after
+    rows = await conn.fetch(
+        Q.list_unqueued_events, campaign_id, after_campaign, after_seq, limit, bucket
+    )
+    if rows:
+        after = (rows[-1]["bucket"], rows[-1]["campaign_id"], rows[-1]["seq"])
+    return [(r["campaign_id"], r["seq"], r["event_type"]) for r in rows], after
+
+
+START: Cursor = (-1, "", 0)
 
 
 async def list_unqueued_campaigns(conn: Connection, campaign_id: str | None) -> list[str]:
@@ -149,12 +166,18 @@ async def list_unqueued_campaigns(conn: Connection, campaign_id: str | None) -> 
 
 async def enqueue(conn: Connection, events: Sequence[tuple[str, int, str]]) -> None:
     """Work rows for `events` (an existing row wins), their campaigns made claimable."""
-    await conn.execute(
-        Q.insert_work_rows,
-        [e[0] for e in events],
-        [e[1] for e in events],
-        [e[2] for e in events],
-    )
+    for bucket, group in (await buckets.grouped(conn, events, _campaign)).items():
+        await conn.execute(
+            Q.insert_work_rows,
+            [e[0] for e in group],
+            [e[1] for e in group],
+            [e[2] for e in group],
+            bucket,
+        )
     # Queue their campaigns (an existing campaign row moves back to a row enqueued before its
     # head). Never blocked: see requeue_dead.
     await refresh_campaigns(conn, sorted({e[0] for e in events}), park=True, removable=())
+
+
+def _campaign(event: tuple[str, int, str]) -> str:
+    return event[0]

@@ -4,13 +4,14 @@
 -- name: requeue_dead_rows
 -- Dead rows back to pending, due now, with a fresh attempt budget, oldest first by
 -- next_attempt_at, seq: a batch (limit $1, campaign $2, event type $3, error fingerprint $9:
--- see migration 0008) or one row ($4, $5).
+-- see migration 0008) or one row ($4, $5); $10: the bucket of the campaign or row named.
 -- Rows other transactions hold are skipped. $6 dry run: select, change nothing. Each requeue
 -- writes its audit row (actor $7, reason $8) keeping the previous status, attempts and error.
 WITH target AS (
-    SELECT campaign_id, seq, event_type, status, attempt_count, last_error, next_attempt_at
+    SELECT bucket, campaign_id, seq, event_type, status, attempt_count, last_error,
+           next_attempt_at
     FROM projection_apply_outbox
-    WHERE status = 'dead'
+    WHERE status = 'dead' AND ($10::integer IS NULL OR bucket = $10::integer)
       AND ($2::text IS NULL OR campaign_id = $2::text)
       AND ($3::text IS NULL OR event_type = $3::text)
       AND ($4::text IS NULL OR (campaign_id = $4::text AND seq = $5::bigint))
@@ -21,10 +22,11 @@ WITH target AS (
     FOR UPDATE SKIP LOCKED
 ), moved AS (
     UPDATE projection_apply_outbox o
-    SET status = 'pending', attempt_count = 0, next_attempt_at = clock_timestamp(),
-        updated_at = clock_timestamp()
+    SET status = 'pending', attempt_count = 0, next_attempt_at = statement_timestamp(),
+        updated_at = statement_timestamp()
     FROM target t
-    WHERE NOT $6::boolean AND o.campaign_id = t.campaign_id AND o.seq = t.seq
+    WHERE NOT $6::boolean AND o.bucket = t.bucket AND o.campaign_id = t.campaign_id
+      AND o.seq = t.seq
     RETURNING o.campaign_id, o.seq
 ), audit AS (
     INSERT INTO outbox_requeue_audit (campaign_id, seq, actor, reason, previous_status,
@@ -38,24 +40,26 @@ FROM target t
 ORDER BY t.next_attempt_at, t.seq
 
 -- name: list_unqueued_events
--- Journal events with no work row, after the keyset cursor ($2, $3), one campaign ($1) or all,
--- in (campaign_id, seq) order, at most $4.
-SELECT j.campaign_id, j.seq, j.event_type
+-- Journal events with no work row, after the keyset cursor ($5, $2, $3: bucket, campaign, seq),
+-- one campaign ($1) or all, in (bucket, campaign_id, seq) order, at most $4.
+SELECT j.bucket, j.campaign_id, j.seq, j.event_type
 FROM event_journal j
 WHERE ($1::text IS NULL OR j.campaign_id = $1::text)
-  AND (j.campaign_id, j.seq) > ($2::text, $3::bigint)
+  AND (j.bucket, j.campaign_id, j.seq) > ($5::integer, $2::text, $3::bigint)
   AND NOT EXISTS (
       SELECT 1 FROM projection_apply_outbox o
-      WHERE o.campaign_id = j.campaign_id AND o.seq = j.seq
+      WHERE o.bucket = j.bucket AND o.campaign_id = j.campaign_id AND o.seq = j.seq
   )
-ORDER BY j.campaign_id, j.seq
+ORDER BY j.bucket, j.campaign_id, j.seq
 LIMIT $4::integer
 
 -- name: insert_work_rows
--- Work rows for the given events (an existing row wins: enqueueing twice is a no-op).
-INSERT INTO projection_apply_outbox (campaign_id, seq, event_type)
-SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[])
-ON CONFLICT (campaign_id, seq) DO NOTHING
+-- Work rows for the given events, all in bucket $4 (an existing row wins: enqueueing twice is a
+-- no-op).
+INSERT INTO projection_apply_outbox (bucket, campaign_id, seq, event_type)
+SELECT $4::integer, e.campaign_id, e.seq, e.event_type
+FROM unnest($1::text[], $2::bigint[], $3::text[]) AS e(campaign_id, seq, event_type)
+ON CONFLICT (bucket, campaign_id, seq) DO NOTHING
 
 -- name: list_unqueued_campaigns
 -- Campaigns ($1, or all) with live work rows but no campaign row: rows written around the
@@ -66,17 +70,18 @@ FROM projection_apply_outbox o
 WHERE o.status IN ('pending', 'failed')
   AND ($1::text IS NULL OR o.campaign_id = $1::text)
   AND NOT EXISTS (
-      SELECT 1 FROM projection_apply_campaigns c WHERE c.campaign_id = o.campaign_id
+      SELECT 1 FROM projection_apply_campaigns c
+      WHERE c.bucket = o.bucket AND c.campaign_id = o.campaign_id
   )
 ORDER BY o.campaign_id
 
 -- name: discard_dead_row
 -- Delete one dead work row ($1, $2) and write its audit row (actor $3, reason $4) keeping what
 -- it was; the event stays in the journal. Returns the row as it was (no row: it is not there,
--- or not dead). The caller holds the campaign and the row (`claim_one`).
+-- or not dead). The caller holds the campaign and the row (`claim_one`). $5: the bucket.
 WITH gone AS (
     DELETE FROM projection_apply_outbox
-    WHERE campaign_id = $1::text AND seq = $2::bigint AND status = 'dead'
+    WHERE bucket = $5::integer AND campaign_id = $1::text AND seq = $2::bigint AND status = 'dead'
     RETURNING campaign_id, seq, event_type, status, attempt_count, last_error, next_attempt_at
 ), audit AS (
     INSERT INTO outbox_requeue_audit (campaign_id, seq, action, actor, reason, previous_status,

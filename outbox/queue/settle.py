@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from outbox import db
+from outbox import buckets, db
 from outbox.model import Failure, Key
 from outbox.queries import Queries
 from outbox.queue.claim import lock_heads
@@ -38,11 +38,12 @@ __all__ = [
     "unblock_campaigns",
 ]
 
-# The LISTEN/NOTIFY channel that wakes the workers: payload-free, sent by the append function
-# when a campaign gets queued work (sql/0006_append_function.sql names it too).
+# The LISTEN/NOTIFY channel that wakes the workers: its payload is the bucket that got work
+# ('': look at every bucket), sent by the append function when a campaign gets queued work
+# (sql/0009_buckets.sql names it too).
 WORK_CHANNEL = "outbox_work"
-# The channel that wakes readers waiting for their writes (`wait_applied`): payload-free, sent
-# when a batch (or a lease's end) deleted work rows.
+# The channel that wakes readers waiting for their writes (`wait_applied`), sent when a batch
+# (or a lease's end) deleted work rows (the payload, a bucket, is not read).
 APPLIED_CHANNEL = "outbox_applied"
 
 
@@ -94,36 +95,71 @@ async def settle(
     notify_applied: bool = True,
 ) -> Settled:
     """Delete `done`, record `failures`, write `campaigns` and move `checkpoints` (campaign,
-    projector, applied_seq; sorted) in one call; with `notify_applied` and rows deleted,
-    wake the readers waiting for their writes (inline apply needs not: its append has not
-    returned yet)."""
+    projector, applied_seq; sorted) in one call per bucket (a worker's batch has one); with
+    `notify_applied` and rows deleted, wake the readers waiting for their writes (inline apply
+    needs not: its append has not returned yet)."""
     if not (done or failures or campaigns or checkpoints):
         return Settled()
-    row = await conn.fetchrow(
-        Q.settle_batch,
-        [k[0] for k in done],
-        [k[1] for k in done],
-        [f.campaign_id for f in failures],
-        [f.seq for f in failures],
-        [f.attempts for f in failures],
-        [f.delay for f in failures],
-        [f.error for f in failures],
-        [f.dead for f in failures],
-        now,
-        [c.campaign_id for c in campaigns],
-        [c.head_seq for c in campaigns],
-        [c.due_at for c in campaigns],
-        [c.blocked for c in campaigns],
-        [c.gone for c in campaigns],
-        [k[0] for k in checkpoints],
-        [k[1] for k in checkpoints],
-        [k[2] for k in checkpoints],
-        notify_applied,
-        APPLIED_CHANNEL,
-    )
-    if row is None:  # pragma: no cover - the statement always returns one row
-        return Settled()
-    return Settled(row["due"], list(row["ages"] or ()))
+    count = await buckets.bucket_count(conn)
+    parts: dict[int, _Part] = {}
+
+    def part(campaign_id: str) -> _Part:
+        return parts.setdefault(buckets.bucket_of(campaign_id, count), _Part())
+
+    for key in done:
+        part(key[0]).done.append(key)
+    for failure in failures:
+        part(failure.campaign_id).failures.append(failure)
+    for write in campaigns:
+        part(write.campaign_id).campaigns.append(write)
+    for move in checkpoints:
+        part(move[0]).checkpoints.append(move)
+    due, ages = 0, list[float]()
+    for bucket, p in sorted(parts.items()):
+        row = await conn.fetchrow(Q.settle_batch, *p.arguments(now, notify_applied), bucket)
+        if row is not None:  # the statement always returns one row
+            due += row["due"]
+            ages += row["ages"] or ()
+    return Settled(due, ages)
+
+
+@dataclass(slots=True)
+class _Part:
+    """One bucket's share of a settle."""
+
+    done: list[Key] = field(default_factory=list)
+    failures: list[Failure] = field(default_factory=list)
+    campaigns: list[CampaignWrite] = field(default_factory=list)
+    checkpoints: list[tuple[str, str, int]] = field(default_factory=list)
+
+    def arguments(self, now: datetime | None, notify: bool) -> list[object]:
+        done, failures, campaigns, moves = (
+            self.done,
+            self.failures,
+            self.campaigns,
+            self.checkpoints,
+        )
+        return [
+            [k[0] for k in done],
+            [k[1] for k in done],
+            [f.campaign_id for f in failures],
+            [f.seq for f in failures],
+            [f.attempts for f in failures],
+            [f.delay for f in failures],
+            [f.error for f in failures],
+            [f.dead for f in failures],
+            now,
+            [c.campaign_id for c in campaigns],
+            [c.head_seq for c in campaigns],
+            [c.due_at for c in campaigns],
+            [c.blocked for c in campaigns],
+            [c.gone for c in campaigns],
+            [k[0] for k in moves],
+            [k[1] for k in moves],
+            [k[2] for k in moves],
+            notify,
+            APPLIED_CHANNEL,
+        ]
 
 
 async def refresh_campaigns(
@@ -137,12 +173,16 @@ async def refresh_campaigns(
     change rows without a claim (requeue, reconcile, replay, inline apply). A campaign left
     with nothing live is deleted when its append head is in `removable` (held with
     `lock_heads`); None: lock the heads here. Paths that only make rows live pass `()`: they
-    never need the head lock. Waits for a batch that holds one of them."""
+    never need the head lock. Waits for a batch that holds one of them. One statement per
+    bucket."""
     if not campaigns:
         return
     if removable is None:
         removable = await lock_heads(conn, campaigns)
-    await conn.execute(Q.refresh_campaigns, sorted(set(campaigns)), park, sorted(removable))
+    held = set(removable)
+    for bucket, group in (await buckets.grouped(conn, sorted(set(campaigns)), str)).items():
+        gone = [c for c in group if c in held]
+        await conn.execute(Q.refresh_campaigns, group, park, gone, bucket)
 
 
 async def unblock_campaigns(executor: Executor) -> int:
@@ -152,10 +192,12 @@ async def unblock_campaigns(executor: Executor) -> int:
     return int(status.rsplit(" ", 1)[-1])
 
 
-async def notify_work(conn: Connection, channel: str = WORK_CHANNEL) -> None:
-    """Wake the workers now (payload-free, like an append's NOTIFY), or those listening on
-    `channel`."""
-    await conn.execute(Q.notify_work, channel)
+async def notify_work(
+    conn: Connection, channel: str = WORK_CHANNEL, *, bucket: int | None = None
+) -> None:
+    """Wake the workers now (naming `bucket`, like an append's NOTIFY; None: every bucket),
+    or those listening on `channel`."""
+    await conn.execute(Q.notify_work, channel, "" if bucket is None else str(bucket))
 
 
 async def record_observations(
@@ -166,9 +208,14 @@ async def record_observations(
     now: datetime | None = None,
 ) -> None:
     """A shadow sighting of each row: counts and timestamps, next look in `look_again_in` s."""
-    if keys:
+    for bucket, group in (await buckets.grouped(conn, keys, _campaign)).items():
         await conn.execute(
-            Q.record_observations, [k[0] for k in keys], [k[1] for k in keys], look_again_in, now
+            Q.record_observations,
+            [k[0] for k in group],
+            [k[1] for k in group],
+            look_again_in,
+            now,
+            bucket,
         )
 
 
@@ -181,8 +228,13 @@ async def defer(
 ) -> None:
     """Make held campaigns (ordering `campaign`) or claimed rows (ordering `none`) due again in
     `seconds` by the database clock, consuming no attempt: what waits for a paused projector."""
-    if campaigns:
-        await conn.execute(Q.defer_campaigns, sorted(campaigns), seconds)
-    if rows:
-        ordered = sorted(rows)
-        await conn.execute(Q.defer_rows, [r[0] for r in ordered], [r[1] for r in ordered], seconds)
+    for bucket, group in (await buckets.grouped(conn, sorted(campaigns), str)).items():
+        await conn.execute(Q.defer_campaigns, group, seconds, bucket)
+    for bucket, keys in (await buckets.grouped(conn, sorted(rows), _campaign)).items():
+        await conn.execute(
+            Q.defer_rows, [k[0] for k in keys], [k[1] for k in keys], seconds, bucket
+        )
+
+
+def _campaign(key: Key) -> str:
+    return key[0]

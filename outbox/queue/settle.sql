@@ -1,16 +1,19 @@
 -- The end of a batch and the campaign queue's upkeep: settle (deletes, failures, campaign rows,
 -- checkpoint moves in one call), refresh, unblock, wake-ups, shadow sightings.
--- Instants come from the database: coalesce($now, clock_timestamp()).
+-- Every statement names its bucket (a batch settles in one); instants come from the database:
+-- coalesce($now, statement_timestamp()) in a statement that writes (a volatile clock there is
+-- what Citus refuses to route).
 
 -- name: settle_batch
--- The end of a batch in one call (`outbox_settle`, sql/0007_batch_functions.sql): the append
+-- The end of a batch in bucket $20 in one call (`outbox_settle`, sql/0009_buckets.sql): the append
 -- heads of campaigns it left with nothing live held ($14 marks them), then, in a statement
 -- that sees every append committed before that: completed rows ($1, $2) deleted, failures
 -- ($3..$8) recorded, the campaign rows ($10..$14) and the moved checkpoints ($15..$17, sorted)
--- written, and with $18 and rows deleted one NOTIFY on $19. Returns the campaigns left due now
--- and each deleted row's seconds since it was enqueued. $9 = now.
+-- written, and with $18 and rows deleted one NOTIFY on $19 (payload: the bucket). Returns the
+-- campaigns left due now and each deleted row's seconds since it was enqueued. $9 = now.
 SELECT due, ages
 FROM outbox_settle(
+    $20::integer,
     $1::text[], $2::bigint[],
     $3::text[], $4::bigint[], $5::integer[], $6::double precision[], $7::text[], $8::boolean[],
     $9::timestamptz,
@@ -24,72 +27,79 @@ FROM outbox_settle(
 -- a claim (requeue, reconcile, replay, inline apply) and for campaigns a claim found behind
 -- the truth: the head is the first live row (pending, failed, or processing under a lease:
 -- due when the lease expires), blocked when any row precedes it (never under park, $2). With nothing live, the row is deleted when its append head is held ($3, see
--- lock_heads), else kept due now with head 0. Waits for a batch that holds one of them.
+-- lock_heads), else kept due now with head 0. Waits for a batch that holds one of them. All
+-- in bucket $4.
 WITH state AS (
     SELECT t.campaign_id, h.seq, h.next_attempt_at,
            NOT $2::boolean AND EXISTS (
                SELECT 1 FROM projection_apply_outbox d
-               WHERE d.campaign_id = t.campaign_id AND d.seq < h.seq
+               WHERE d.bucket = $4::integer AND d.campaign_id = t.campaign_id AND d.seq < h.seq
            ) AS blocked
     FROM unnest($1::text[]) AS t(campaign_id)
     LEFT JOIN LATERAL (
         SELECT o.seq, o.next_attempt_at
         FROM projection_apply_outbox o
-        WHERE o.campaign_id = t.campaign_id AND o.status IN ('pending', 'failed', 'processing')
+        WHERE o.bucket = $4::integer AND o.campaign_id = t.campaign_id
+          AND o.status IN ('pending', 'failed', 'processing')
         ORDER BY o.seq
         LIMIT 1
     ) h ON true
 ), removed AS (
     DELETE FROM projection_apply_campaigns c
     USING state s
-    WHERE c.campaign_id = s.campaign_id AND s.seq IS NULL AND s.campaign_id = ANY ($3::text[])
+    WHERE c.bucket = $4::integer AND c.campaign_id = s.campaign_id AND s.seq IS NULL
+      AND s.campaign_id = ANY ($3::text[])
 )
-INSERT INTO projection_apply_campaigns AS c (campaign_id, head_seq, due_at, blocked)
-SELECT s.campaign_id, coalesce(s.seq, 0), coalesce(s.next_attempt_at, clock_timestamp()),
-       coalesce(s.blocked, false)
+INSERT INTO projection_apply_campaigns AS c (bucket, campaign_id, head_seq, due_at, blocked,
+                                             updated_at)
+SELECT $4::integer, s.campaign_id, coalesce(s.seq, 0),
+       coalesce(s.next_attempt_at, statement_timestamp()), coalesce(s.blocked, false),
+       statement_timestamp()
 FROM state s
 WHERE s.seq IS NOT NULL OR NOT s.campaign_id = ANY ($3::text[])
 ORDER BY s.campaign_id
-ON CONFLICT (campaign_id) DO UPDATE
+ON CONFLICT (bucket, campaign_id) DO UPDATE
 SET head_seq = excluded.head_seq, due_at = excluded.due_at, blocked = excluded.blocked,
-    updated_at = clock_timestamp()
+    updated_at = excluded.updated_at
 
 -- name: unblock_campaigns
 -- dead_policy=park: dead rows step aside, so no campaign is blocked (a fleet that ran with
 -- block before leaves some marked).
-UPDATE projection_apply_campaigns SET blocked = false, updated_at = clock_timestamp()
+UPDATE projection_apply_campaigns SET blocked = false, updated_at = statement_timestamp()
 WHERE blocked
 
 -- name: notify_work
--- A payload-free NOTIFY on channel $1: the workers' (after a requeue or a reconcile; appends
--- notify in their own statement), or the applied one (after a lease completes).
-SELECT pg_notify($1::text, '')
+-- A NOTIFY on channel $1 with payload $2: the workers' (after a requeue or a reconcile; appends
+-- notify in their own call), naming a bucket or '' (look at every bucket), or the applied one
+-- (after a lease completes).
+SELECT pg_notify($1::text, $2::text)
 
 -- name: record_observations
 -- A shadow pass over claimed rows: count the sighting, stamp first and last seen, and look
--- again after $3 seconds (attempts, status and errors stay as they are).
+-- again after $3 seconds (attempts, status and errors stay as they are). All in bucket $5.
 UPDATE projection_apply_outbox o
 SET seen_count = o.seen_count + 1,
-    first_seen_at = coalesce(o.first_seen_at, coalesce($4::timestamptz, clock_timestamp())),
-    last_seen_at = coalesce($4::timestamptz, clock_timestamp()),
-    next_attempt_at = coalesce($4::timestamptz, clock_timestamp())
+    first_seen_at = coalesce(o.first_seen_at, coalesce($4::timestamptz, statement_timestamp())),
+    last_seen_at = coalesce($4::timestamptz, statement_timestamp()),
+    next_attempt_at = coalesce($4::timestamptz, statement_timestamp())
         + make_interval(secs => $3::double precision)
 FROM unnest($1::text[], $2::bigint[]) AS s(campaign_id, seq)
-WHERE o.campaign_id = s.campaign_id AND o.seq = s.seq
+WHERE o.bucket = $5::integer AND o.campaign_id = s.campaign_id AND o.seq = s.seq
 
 -- name: defer_campaigns
 -- Campaigns $1 due again in $2 seconds by the database clock: their head waits for a paused
 -- projector (no attempt counts). Run after the settle that wrote their rows, in its transaction.
+-- All in bucket $3.
 UPDATE projection_apply_campaigns
-SET due_at = clock_timestamp() + make_interval(secs => $2::double precision),
-    updated_at = clock_timestamp()
-WHERE campaign_id = ANY ($1::text[])
+SET due_at = statement_timestamp() + make_interval(secs => $2::double precision),
+    updated_at = statement_timestamp()
+WHERE bucket = $3::integer AND campaign_id = ANY ($1::text[])
 
 -- name: defer_rows
 -- Work rows ($1, $2) due again in $3 seconds by the database clock, under ordering `none`:
--- their event waits for a paused projector (no attempt counts).
+-- their event waits for a paused projector (no attempt counts). All in bucket $4.
 UPDATE projection_apply_outbox o
-SET next_attempt_at = clock_timestamp() + make_interval(secs => $3::double precision),
-    updated_at = clock_timestamp()
+SET next_attempt_at = statement_timestamp() + make_interval(secs => $3::double precision),
+    updated_at = statement_timestamp()
 FROM unnest($1::text[], $2::bigint[]) AS d(campaign_id, seq)
-WHERE o.campaign_id = d.campaign_id AND o.seq = d.seq AND o.status IN ('pending', 'failed')
+WHERE o.bucket = $4::integer AND o.campaign_id = d.campaign_id AND o.seq = d.seq AND o.status IN ('pending', 'failed')

@@ -1,7 +1,8 @@
 """The apply worker's batch: claim, apply the batch as one group, isolate failures, settle.
 
-`Worker.run_once()` is one batch in one transaction and returns its counts; `drain()` repeats
-it until nothing is due. The happy path is five round trips whatever the batch's size: BEGIN,
+`Worker.run_once()` is one batch in one transaction, in one bucket (the next one the worker's
+`BucketRing` knows to be due), and returns its counts; `drain()` repeats it until nothing is
+due. The happy path is five round trips whatever the batch's size: BEGIN,
 the claim (one call), the projectors, the settle (one call), COMMIT. A group runs without a
 savepoint; when one fails, the batch is rolled back and claimed again with a savepoint per
 group, so the failing event records its attempt and its neighbours apply (S6). A batch that
@@ -23,7 +24,6 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 from outbox import db
-from outbox.errors import TransientBatchError
 from outbox.model import BatchCounts, Failure, Key
 from outbox.obs import log, tracing
 from outbox.obs.metrics import Metrics
@@ -32,9 +32,11 @@ from outbox.projection.dispatch import ApplyOutcome, Dispatch, GroupFailed
 from outbox.queue.claim import ClaimedCampaign, ClaimedRow, claim, event_batch
 from outbox.queue.lease import Lease, lease_rows
 from outbox.queue.settle import defer, settle
-from outbox.retry import ErrorClass, FailurePolicy, classify, describe_error, log_failure
+from outbox.retry import FailurePolicy, log_failure
 from outbox.worker.lease import LeaseRunner, choose_leases
 from outbox.worker.registration import new_worker_id
+from outbox.worker.ring import BucketRing
+from outbox.worker.transient import raise_transient, transient_cause
 from outbox.worker.walk import campaign_writes, paused_waits, walk
 
 if TYPE_CHECKING:
@@ -58,47 +60,9 @@ class AfterCommit:
     unsubscribed: Counter[str] = field(default_factory=Counter)  # completed unapplied, per type
 
 
-def _transient_cause(exc: BaseException) -> TransientBatchError | None:
-    """The transient failure behind `exc`: a dead connection often surfaces as a second error
-    (e.g. the transaction's exit on a closed connection) raised while handling the first."""
-    found: TransientBatchError | None = None
-    lost = False
-    seen: BaseException | None = exc
-    while seen is not None:  # report the root: the deepest transient error in the chain
-        if isinstance(seen, TransientBatchError):
-            found = seen
-            lost = lost or seen.connection_lost
-        elif classify(seen) is ErrorClass.TRANSIENT:
-            found = TransientBatchError(describe_error(seen), sqlstate=db.sqlstate_of(seen))
-            lost = lost or db.connection_lost(seen)
-        seen = seen.__cause__ or seen.__context__
-    if found is not None and lost:
-        found.connection_lost = True
-    return found
-
-
-def _raise_transient(failed: GroupFailed, *, closed: bool) -> None:
-    """A transient cause (also one inside a projector's task group) or a connection that died
-    under the projector is the batch's failure, not the event's: raised as
-    TransientBatchError."""
-    causes = _leaves(failed.cause)
-    if closed or any(classify(c) is ErrorClass.TRANSIENT for c in causes):
-        lost = closed or any(db.connection_lost(c) for c in causes)
-        raise TransientBatchError(
-            describe_error(failed.cause), connection_lost=lost
-        ) from failed.cause
-
-
 class _Isolate(Exception):
     """A batch applied without savepoints met a failing event: roll it back and run it again
     with a savepoint per group, which isolates the event."""
-
-
-def _leaves(exc: BaseException) -> list[BaseException]:
-    """`exc`, or the exceptions inside it when it is a group (a projector's task group)."""
-    if isinstance(exc, BaseExceptionGroup):
-        return [leaf for inner in exc.exceptions for leaf in _leaves(inner)]
-    return [exc]
 
 
 @dataclass
@@ -120,10 +84,15 @@ class Worker:
     took_all: bool = field(default=True, init=False, repr=False)
     # (projector, outcome) -> events since the worker started: its registry row shows them.
     tally: Counter[tuple[str, str]] = field(default_factory=Counter, init=False, repr=False)
+    # Which bucket the next batch claims from.
+    ring: BucketRing = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.rand is None:
             self.rand = self.app.rand or FailurePolicy().rand
+        self.ring = BucketRing(
+            rows=not self._claim_ordered(), poll_interval=self.app.settings.poll_interval
+        )
 
     @property
     def policy(self) -> FailurePolicy:
@@ -139,24 +108,37 @@ class Worker:
         return self.app.settings.park
 
     async def run_once(self) -> BatchCounts:
-        """Claim, apply and settle one batch in one transaction; return its counts.
+        """Claim, apply and settle one batch in one transaction, in the next bucket due; return
+        its counts (all zero when no bucket is due).
 
         Raises TransientBatchError when the database failed transiently: the transaction is
         gone, so every row is as it was and no attempt was consumed.
         """
         after = AfterCommit()
         try:
+            bucket = await self.ring.take(self.pool, self.now())
+            if bucket is None:
+                self.took_all = True
+                return BatchCounts()
             try:
-                counts = await self._batch(after, careful=False)
+                counts = await self._batch(after, bucket, careful=False)
             except _Isolate as isolate:
                 _logger.debug("batch.isolate", extra={"error": str(isolate)})
                 after = AfterCommit()
-                counts = await self._batch(after, careful=True)
+                counts = await self._batch(after, bucket, careful=True)
+            full = counts.claimed >= self.app.settings.batch_size
+            self.ring.found(bucket, more=bool(counts.more_due) or full or not self.took_all)
+            if not counts.claimed and not self.ring.due_now():
+                # An empty claim on what the ring believed (another batch may have emptied it
+                # meanwhile): read every bucket before saying nothing is due.
+                await self.ring.refresh(self.pool, self.now())
         except Exception as exc:
-            transient = _transient_cause(exc)
+            transient = transient_cause(exc)
             if transient is None:
                 raise
             raise transient from exc
+        # What is due now in other buckets is this worker's to claim next.
+        self.took_all = self.took_all and not self.ring.due_now()
         self.tally.update(after.tally)
         if self.metrics is not None:
             self.metrics.record_apply(after.tally, after.durations, after.ages)
@@ -172,11 +154,13 @@ class Worker:
                 self.tally,
             )
             await runner.run(after.leases, counts)
+            self.ring.found(bucket, more=True)  # the campaigns behind the leases go on
         return counts
 
-    async def _batch(self, after: AfterCommit, *, careful: bool) -> BatchCounts:
-        """One transaction: claim, hand the campaigns to `_handle`, commit. `careful`: a
-        savepoint around each group, so a failing event can be rolled back alone."""
+    async def _batch(self, after: AfterCommit, bucket: int, *, careful: bool) -> BatchCounts:
+        """One transaction in `bucket`: claim, hand the campaigns to `_handle`, commit.
+        `careful`: a savepoint around each group, so a failing event can be rolled back
+        alone."""
         now = self.now()
         session = self.app.settings.worker_session()
         with tracing.span("outbox.batch"):
@@ -184,6 +168,7 @@ class Worker:
                 wanted = self._campaigns_to_claim()
                 campaigns = await claim(
                     conn,
+                    bucket=bucket,
                     limit=self.app.settings.batch_size,
                     ordered=self._claim_ordered(),
                     campaigns=wanted,
@@ -320,7 +305,7 @@ class Worker:
             try:
                 outcomes = await dispatch.apply(event_batch(group))
             except GroupFailed as failed:
-                _raise_transient(failed, closed=dispatch.conn.is_closed())
+                raise_transient(failed, closed=dispatch.conn.is_closed())
                 if not careful:
                     raise _Isolate(failed.describe()) from failed.cause
                 pieces = self._split(group, failed, failures, counts)
@@ -392,5 +377,5 @@ class Worker:
         while True:
             counts = await self.run_once()
             total.add(counts)
-            if counts.claimed == 0 and counts.more_due == 0:
+            if counts.claimed == 0 and counts.more_due == 0 and not self.ring.due_now():
                 return total

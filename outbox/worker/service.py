@@ -1,12 +1,11 @@
 """The long-running worker service: claim loops, LISTEN, heartbeat, metrics, shutdown.
 
 `Service.run()` owns one task group: N claim loops around `Worker.run_once()`, the LISTEN
-connection that rings them, the registry heartbeat and the metrics refresh. Nothing the
-database does ends it: a lost connection (anywhere: claim, apply, commit, release, LISTEN,
-heartbeat, metrics) or any other failure of a batch is logged, backed off and retried; the
-broken connection is discarded, never reused. Only `stop()` (a signal, the end of an embedding
-block), the end of a drain or a failure at start-up (pool, registry) ends the service. One log
-line marks each transition of the database link (`database.lost`, `database.restored`).
+connection that rings them (naming the bucket that got work), the registry heartbeat and the
+metrics refresh. Nothing the database does ends it: a lost connection anywhere or any other
+failure of a batch is logged, backed off and retried; the broken connection is discarded.
+Only `stop()` (a signal, the end of an embedding block), the end of a drain or a failure at
+start-up ends the service. `database.lost` and `database.restored` mark the link's changes.
 
 `Service.signals` says what happened, for tests and embedding code to wait on instead of
 polling: the LISTEN connection is up (`listening`), a batch ended (`batch_done`), a claim loop
@@ -245,7 +244,8 @@ class Service:
                     def on_lost(_conn: object, lost: anyio.Event = lost) -> None:
                         lost.set()
 
-                    def on_work(*_: object) -> None:
+                    def on_work(_c: object, _pid: object, _ch: object, payload: object) -> None:
+                        self.worker.ring.wake(str(payload))  # the bucket that got work
                         self.doorbell.ring()  # one loop: one append, one campaign
 
                     conn.add_termination_listener(on_lost)
@@ -255,7 +255,8 @@ class Service:
                         self.metrics.listener_connected.set(1)
                         _logger.info("listener.connected")
                         self.signals.listening.fire()
-                        self.doorbell.ring_all()  # whatever was appended while we were away
+                        self.worker.ring.wake("")  # appended while we were away: look again
+                        self.doorbell.ring_all()
                         await self._watch(conn, lost)
                     finally:
                         if not self.dsn:  # borrowed from the application's pool: back clean
@@ -392,9 +393,8 @@ async def _stop_on_signal(service: Service) -> None:
 async def _unlisten(
     conn: db.Connection, on_work: Callable[..., None], on_lost: Callable[[object], None]
 ) -> None:
-    """Take the listener's callbacks and its LISTEN off a connection borrowed from the
-    application's pool before it goes back, also when shutting down; a connection that is gone
-    or slow to answer is left as it is (the pool discards a dead one)."""
+    """Take the listener's callbacks and LISTEN off a borrowed connection before it goes back
+    (also at shutdown); one gone or slow to answer is left as it is (the pool discards it)."""
     conn.remove_termination_listener(on_lost)
     with anyio.move_on_after(1, shield=True), contextlib.suppress(Exception):
         await conn.remove_listener(WORK_CHANNEL, on_work)

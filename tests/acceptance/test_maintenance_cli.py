@@ -310,15 +310,15 @@ async def test_requeue_dead_oldest_first_with_limit_and_audit(
 
 async def test_cleanup_honours_retention_and_batch_size(pool: db.Pool, dsn: str) -> None:
     await pool.execute(
-        "INSERT INTO event_journal (campaign_id, seq, event_type, payload) "
-        "SELECT 'c', g, 't', '{}' FROM generate_series(1, 30) g;"
+        "INSERT INTO event_journal (bucket, campaign_id, seq, event_type, payload) "
+        "SELECT outbox_bucket('c'), 'c', g, 't', '{}' FROM generate_series(1, 30) g;"
         # 25 markers 10 days old, 5 fresh.
-        "INSERT INTO processed_markers (campaign_id, seq, handler, applied_at) "
-        "SELECT 'c', g, 'h', clock_timestamp() - CASE WHEN g <= 25 THEN interval '10 days' "
-        "ELSE interval '10 minutes' END FROM generate_series(1, 30) g;"
-        "INSERT INTO append_idempotency_keys (campaign_id, idem_key, expires_at) VALUES "
-        "('c', 'old', clock_timestamp() - interval '1 s'),"
-        "('c', 'live', clock_timestamp() + interval '1 day');"
+        "INSERT INTO processed_markers (bucket, campaign_id, seq, handler, applied_at) "
+        "SELECT outbox_bucket('c'), 'c', g, 'h', clock_timestamp() - CASE WHEN g <= 25 "
+        "THEN interval '10 days' ELSE interval '10 minutes' END FROM generate_series(1, 30) g;"
+        "INSERT INTO append_idempotency_keys (bucket, campaign_id, idem_key, expires_at) VALUES "
+        "(outbox_bucket('c'), 'c', 'old', clock_timestamp() - interval '1 s'),"
+        "(outbox_bucket('c'), 'c', 'live', clock_timestamp() + interval '1 day');"
         "INSERT INTO consumer_claims (scope, event_id, bucket, event_time) VALUES "
         "('s', 'old', current_date - 30, now() - interval '30 days'),"
         "('s', 'new', current_date, now());"

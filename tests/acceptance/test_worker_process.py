@@ -364,10 +364,10 @@ async def test_poll_applies_rows_that_came_without_a_notify(pool: db.Pool, dsn: 
         await wait_for(lambda: _has(pool, LISTENER))
         # Without NOTIFY (enqueued by SQL, no pg_notify), only the poll can find the row.
         await pool.execute(
-            "INSERT INTO event_journal (campaign_id, seq, event_type, payload) "
-            "VALUES ('p', 1, 'dice.rolled', '{\"value\": 4}');"
-            "INSERT INTO projection_apply_outbox (campaign_id, seq, event_type) "
-            "VALUES ('p', 1, 'dice.rolled')"
+            "INSERT INTO event_journal (bucket, campaign_id, seq, event_type, payload) "
+            "VALUES (outbox_bucket('p'), 'p', 1, 'dice.rolled', '{\"value\": 4}');"
+            "INSERT INTO projection_apply_outbox (bucket, campaign_id, seq, event_type) "
+            "VALUES (outbox_bucket('p'), 'p', 1, 'dice.rolled')"
         )
         await queue_campaigns(pool)  # queued, as reconcile would: still no NOTIFY
         await wait_for(lambda: _queue_empty(pool), within=15)

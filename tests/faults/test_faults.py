@@ -166,14 +166,17 @@ async def test_listen_connections_killed_again_and_again(
 # Written the way another client or a manual fix would: valid jsonb no float can hold, and a
 # work row whose journal row is gone (the foreign key has to be switched off for that).
 POISON = """
-INSERT INTO campaign_heads (campaign_id, last_seq) VALUES ('poison-json', 1), ('poison-missing', 1);
-INSERT INTO event_journal (campaign_id, seq, event_type, payload)
-VALUES ('poison-json', 1, 'step', '{"uid": "p", "i": 0, "v": 1e400}'::jsonb);
-INSERT INTO projection_apply_outbox (campaign_id, seq, event_type)
-VALUES ('poison-json', 1, 'step');
+INSERT INTO campaign_heads (bucket, campaign_id, last_seq)
+VALUES (outbox_bucket('poison-json'), 'poison-json', 1),
+       (outbox_bucket('poison-missing'), 'poison-missing', 1);
+INSERT INTO event_journal (bucket, campaign_id, seq, event_type, payload)
+VALUES (outbox_bucket('poison-json'), 'poison-json', 1, 'step',
+        '{"uid": "p", "i": 0, "v": 1e400}'::jsonb);
+INSERT INTO projection_apply_outbox (bucket, campaign_id, seq, event_type)
+VALUES (outbox_bucket('poison-json'), 'poison-json', 1, 'step');
 SET session_replication_role = replica;
-INSERT INTO projection_apply_outbox (campaign_id, seq, event_type)
-VALUES ('poison-missing', 1, 'step');
+INSERT INTO projection_apply_outbox (bucket, campaign_id, seq, event_type)
+VALUES (outbox_bucket('poison-missing'), 'poison-missing', 1, 'step');
 SET session_replication_role = origin;
 """
 

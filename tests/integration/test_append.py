@@ -9,8 +9,9 @@ import anyio
 import pytest
 
 import outbox
-from helpers import counts, journal_seqs, queue_count
+from helpers import campaigns_in_one_bucket, counts, journal_seqs, queue_count
 from outbox import Event, Settings, append, db
+from outbox.buckets import DEFAULT_COUNT, bucket_of
 from outbox.queue.settle import WORK_CHANNEL
 
 
@@ -245,15 +246,19 @@ async def work_notifications(pool: db.Pool, dsn: str) -> AsyncIterator[list[obje
         await listener.close()
 
 
-async def test_one_payload_free_notify_per_append_transaction(
+async def test_one_notify_per_bucket_and_append_transaction(
     pool: db.Pool, dsn: str, settings: Settings
 ) -> None:
+    """Each new campaign's append names its bucket; one transaction sends each bucket once."""
+    names = [*campaigns_in_one_bucket(2, "same"), "other", "solo"]
     async with work_notifications(pool, dsn) as received:
         async with pool.acquire() as conn, conn.transaction():
-            for i in range(3):
-                await append(conn, f"c-{i}", [ev(), ev()], settings=settings)
+            for name in names[:3]:
+                await append(conn, name, [ev(), ev()], settings=settings)
+                await append(conn, name, [ev()], settings=settings)  # known: no second one
         await append(pool, "solo", [ev()], settings=settings)
-    assert received == ["", ""]
+    expected = list(dict.fromkeys(str(bucket_of(n, DEFAULT_COUNT)) for n in names[:3]))
+    assert received == [*expected, str(bucket_of("solo", DEFAULT_COUNT))]
 
 
 async def test_enqueue_off_sends_no_notify(pool: db.Pool, dsn: str) -> None:

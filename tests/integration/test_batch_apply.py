@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from helpers import queue_campaigns
+from helpers import campaigns_in_one_bucket, queue_campaigns
 from outbox import Event, PermanentError, Settings, append, db
 from outbox.errors import CheckpointGap
 from outbox.model import StoredEvent
@@ -45,11 +45,18 @@ def batch_app(settings: Settings, *, ordered: bool, idempotent: bool) -> Outbox:
     return app
 
 
-async def appended(pool: db.Pool, settings: Settings, campaigns: int, per: int) -> Counter[str]:
-    """Append `per` events to each campaign; the oracle: their sum per campaign."""
+async def appended(
+    pool: db.Pool, settings: Settings, campaigns: int, per: int, *, one_bucket: bool = False
+) -> Counter[str]:
+    """Append `per` events to each campaign (`one_bucket`: campaigns one batch can claim
+    together); the oracle: their sum per campaign."""
     expected: Counter[str] = Counter()
-    for c in range(campaigns):
-        cid = f"c{c:03d}"
+    names = (
+        campaigns_in_one_bucket(campaigns, "c")
+        if one_bucket
+        else [f"c{c:03d}" for c in range(campaigns)]
+    )
+    for c, cid in enumerate(names):
         values = [(c * 7 + i) % 11 + 1 for i in range(per)]
         await append(pool, cid, [Event("add", {"n": v}) for v in values], settings=settings)
         expected[cid] = sum(values)
@@ -95,8 +102,8 @@ async def test_redelivered_events_are_skipped_set_wise(pool: db.Pool, dsn: str) 
         await Worker(app, pool).drain()
         # The same work rows again: every event a duplicate, nothing changes.
         await pool.execute(
-            "INSERT INTO projection_apply_outbox (campaign_id, seq, event_type) "
-            "SELECT campaign_id, seq, event_type FROM event_journal"
+            "INSERT INTO projection_apply_outbox (bucket, campaign_id, seq, event_type) "
+            "SELECT bucket, campaign_id, seq, event_type FROM event_journal"
         )
         await queue_campaigns(pool)
         counts = await Worker(app, pool).drain()
@@ -110,24 +117,26 @@ async def test_a_gap_is_refused_naming_the_projector_and_its_campaign_waits(
     await pool.execute(TOTALS)
     settings = Settings(dsn=dsn)
     app = batch_app(settings, ordered=True, idempotent=False)
-    await append(pool, "a", [Event("add", {"n": 1})] * 3, settings=settings)
-    await append(pool, "b", [Event("add", {"n": 5})] * 2, settings=settings)
-    # The checkpoint of 'a' says seq 1 was never applied but stands at 0 while seq 1's row
+    a, b = campaigns_in_one_bucket(2, "g")  # one batch claims both
+    await append(pool, a, [Event("add", {"n": 1})] * 3, settings=settings)
+    await append(pool, b, [Event("add", {"n": 5})] * 2, settings=settings)
+    # The checkpoint of `a` says seq 1 was never applied but stands at 0 while seq 1's row
     # is gone: seq 2 is a gap.
-    await pool.execute("DELETE FROM projection_apply_outbox WHERE campaign_id = 'a' AND seq = 1")
+    await pool.execute("DELETE FROM projection_apply_outbox WHERE campaign_id = $1 AND seq = 1", a)
     counts = await Worker(app, pool).run_once()
     assert (counts.applied, counts.failed) == (2, 1)
     row = await pool.fetchrow(
         "SELECT seq, status, attempt_count, last_error FROM projection_apply_outbox "
-        "WHERE campaign_id = 'a' ORDER BY seq LIMIT 1"
+        "WHERE campaign_id = $1 ORDER BY seq LIMIT 1",
+        a,
     )
     assert row is not None
     assert (row["seq"], row["status"], row["attempt_count"]) == (2, "failed", 1)
     assert row["last_error"] == (
-        f"{CheckpointGap.__name__}: projector 'totals' is at seq 0 of campaign 'a' "
+        f"{CheckpointGap.__name__}: projector 'totals' is at seq 0 of campaign '{a}' "
         "and cannot apply seq 2"
     )
-    assert await totals(pool) == Counter({"b": 10})
+    assert await totals(pool) == Counter({b: 10})
 
 
 @pytest.mark.parametrize("batch", [False, True], ids=["per_event", "batch"])
@@ -160,11 +169,13 @@ async def test_one_failing_event_in_100_records_one_attempt_and_the_rest_apply_i
         async def recorder(tx: db.Connection, event: StoredEvent) -> None:
             await record(tx, [event])
 
-    # 10 campaigns x 10 events, one poison in campaign c3: 99 good events. As c3's last event,
-    # all 99 apply; at seq 4, c3's seqs 5..10 must wait behind it (ordering): 93 apply now.
+    # 10 campaigns x 10 events (in one bucket: one batch), one poison in the fourth: 99 good
+    # events. As its last event, all 99 apply; at seq 4, its seqs 5..10 must wait behind it
+    # (ordering): 93 apply now.
+    names = campaigns_in_one_bucket(10, "c")
     for c in range(10):
         events = [Event("e", {"poison": c == 3 and s == poison_seq}) for s in range(1, 11)]
-        await append(pool, f"c{c}", events, settings=settings)
+        await append(pool, names[c], events, settings=settings)
     counts = await Worker(app, pool).run_once()
     assert (counts.claimed, counts.applied, counts.dead) == (100, applied_now, 1)
     left = await pool.fetch(
@@ -172,14 +183,14 @@ async def test_one_failing_event_in_100_records_one_attempt_and_the_rest_apply_i
         "ORDER BY campaign_id, seq"
     )
     assert [(r["campaign_id"], r["seq"], r["status"], r["attempt_count"]) for r in left] == [
-        ("c3", poison_seq, "dead", 1),
-        *[("c3", s, "pending", 0) for s in range(poison_seq + 1, 11)],
+        (names[3], poison_seq, "dead", 1),
+        *[(names[3], s, "pending", 0) for s in range(poison_seq + 1, 11)],
     ]
     rows = await pool.fetch("SELECT campaign_id, seq FROM applied ORDER BY id")
     applied = [(r["campaign_id"], r["seq"]) for r in rows]
     assert len(applied) == len(set(applied)) == applied_now
     for c in range(10):  # per campaign, in seq order
-        seqs = [s for cid, s in applied if cid == f"c{c}"]
+        seqs = [s for cid, s in applied if cid == names[c]]
         assert seqs == sorted(seqs)
         assert seqs == (list(range(1, poison_seq)) if c == 3 else list(range(1, 11)))
 
@@ -198,10 +209,10 @@ async def test_a_batch_that_applies_is_five_round_trips_without_a_savepoint(
         async with own.acquire() as conn:
             conn.add_query_logger(lambda record: sent.append(record.query.split()[0].strip(";")))
         worker = Worker(app, own)
-        await appended(pool, settings, campaigns=3, per=5)
+        await appended(pool, settings, campaigns=3, per=5, one_bucket=True)
         await worker.run_once()  # the driver prepares the statements (and looks types up)
         await pool.execute("TRUNCATE totals")
-        expected = await appended(pool, settings, campaigns=3, per=5)
+        expected = await appended(pool, settings, campaigns=3, per=5, one_bucket=True)
         sent.clear()
         counts = await worker.run_once()
     finally:
@@ -209,8 +220,10 @@ async def test_a_batch_that_applies_is_five_round_trips_without_a_savepoint(
     assert counts.applied == 15
     assert await totals(pool) == expected
     assert await pool.fetchval("SELECT count(*) FROM projection_apply_campaigns") == 0
-    # The projector's own two statements between the claim and the settle.
-    assert sent == ["BEGIN", "SELECT", "INSERT", "INSERT", "SELECT", "COMMIT"], sent
+    # The projector's own two statements between the claim and the settle. Before the batch,
+    # outside it, the worker's read of which buckets are due: nothing told it (no NOTIFY
+    # here), and it reads them at most once per poll interval while work keeps coming.
+    assert sent == ["SELECT", "BEGIN", "SELECT", "INSERT", "INSERT", "SELECT", "COMMIT"], sent
 
 
 async def test_a_statement_projector_pipelines_and_isolates_a_failing_event(
@@ -234,11 +247,12 @@ async def test_a_statement_projector_pipelines_and_isolates_a_failing_event(
         return None if event.payload["n"] == 0 else (event.campaign_id, event.payload["n"])
 
     expected: Counter[str] = Counter()
+    names = campaigns_in_one_bucket(10, "c")  # one batch claims them all
     for c in range(10):
         values = [0 if s == 2 else (5000 if (c, s) == (4, 7) else c + s) for s in range(1, 11)]
-        await append(pool, f"c{c}", [Event("add", {"n": v}) for v in values], settings=settings)
-        # c4 stops at its failing seq 7 (ordering): 1..6 apply, 7 fails, 8..10 wait.
-        expected[f"c{c}"] = sum(values[:6] if c == 4 else values)
+        await append(pool, names[c], [Event("add", {"n": v}) for v in values], settings=settings)
+        # The fifth stops at its failing seq 7 (ordering): 1..6 apply, 7 fails, 8..10 wait.
+        expected[names[c]] = sum(values[:6] if c == 4 else values)
     counts = await Worker(app, pool).run_once()
     assert (counts.claimed, counts.applied, counts.failed) == (100, 96, 1)
     rows = await pool.fetch("SELECT campaign_id, n FROM sums")

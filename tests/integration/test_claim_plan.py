@@ -24,21 +24,24 @@ import pytest
 
 from helpers import queue_campaigns
 from outbox import db
+from outbox.buckets import DEFAULT_COUNT, bucket_of
 from outbox.queue import settle as settle_queries
 from outbox.queue.claim import Q
 from outbox.queue.settle import refresh_campaigns
 
 JOURNAL = """
-INSERT INTO event_journal (campaign_id, seq, event_type, payload)
-SELECT 'c-' || (g % {campaigns}), g / {campaigns} + 1, 'tick', '{{}}'::jsonb
+INSERT INTO event_journal (bucket, campaign_id, seq, event_type, payload)
+SELECT outbox_bucket('c-' || (g % {campaigns})), 'c-' || (g % {campaigns}), g / {campaigns} + 1,
+       'tick', '{{}}'::jsonb
 FROM generate_series(0, {rows} - 1) g;
 """
 
 LAYOUTS = {
     "dead_and_not_due": JOURNAL.format(campaigns=1000, rows=200_000)
     + """
-INSERT INTO projection_apply_outbox (campaign_id, seq, event_type, status, next_attempt_at)
-SELECT campaign_id, seq, event_type,
+INSERT INTO projection_apply_outbox (bucket, campaign_id, seq, event_type, status,
+                                     next_attempt_at)
+SELECT bucket, campaign_id, seq, event_type,
        CASE WHEN seq <= 100 THEN 'dead' ELSE 'failed' END,
        CASE WHEN seq <= 100 THEN clock_timestamp() - interval '1 day'
             ELSE clock_timestamp() + interval '1 day' END
@@ -46,8 +49,9 @@ FROM event_journal;
 """,
     "blocked_heads": JOURNAL.format(campaigns=1000, rows=200_000)
     + """
-INSERT INTO projection_apply_outbox (campaign_id, seq, event_type, status, next_attempt_at)
-SELECT campaign_id, seq, event_type,
+INSERT INTO projection_apply_outbox (bucket, campaign_id, seq, event_type, status,
+                                     next_attempt_at)
+SELECT bucket, campaign_id, seq, event_type,
        CASE WHEN seq > 1 THEN 'pending' WHEN campaign_id < 'c-5' THEN 'dead' ELSE 'failed' END,
        CASE WHEN seq = 1 AND campaign_id >= 'c-5' THEN clock_timestamp() + interval '1 day'
             ELSE clock_timestamp() - interval '1 day' END
@@ -55,16 +59,17 @@ FROM event_journal;
 """,
     "hot_campaigns": JOURNAL.format(campaigns=10, rows=100_000)
     + """
-INSERT INTO projection_apply_outbox (campaign_id, seq, event_type)
-SELECT campaign_id, seq, event_type FROM event_journal;
+INSERT INTO projection_apply_outbox (bucket, campaign_id, seq, event_type)
+SELECT bucket, campaign_id, seq, event_type FROM event_journal;
 """,
 }
 
 FRESH = """
-INSERT INTO event_journal (campaign_id, seq, event_type, payload)
-SELECT 'fresh-' || g, 1, 'tick', '{}'::jsonb FROM generate_series(1, 5) g;
-INSERT INTO projection_apply_outbox (campaign_id, seq, event_type)
-SELECT campaign_id, seq, event_type FROM event_journal WHERE campaign_id LIKE 'fresh-%';
+INSERT INTO event_journal (bucket, campaign_id, seq, event_type, payload)
+SELECT outbox_bucket('fresh-' || g), 'fresh-' || g, 1, 'tick', '{}'::jsonb
+FROM generate_series(1, 5) g;
+INSERT INTO projection_apply_outbox (bucket, campaign_id, seq, event_type)
+SELECT bucket, campaign_id, seq, event_type FROM event_journal WHERE campaign_id LIKE 'fresh-%';
 """
 
 REFRESH = """
@@ -153,24 +158,26 @@ async def test_claims_never_visit_the_backlog(pool: db.Pool, layout: str) -> Non
         await pool.execute(FRESH)
         await queue_campaigns(pool)  # fresh work, queued as new campaigns are
     await pool.execute(REFRESH)
+    # A claim runs in one bucket: the one of the first fresh (or hot) campaign.
+    names = [f"c-{i}" for i in range(10)] if hot else [f"fresh-{i}" for i in range(1, 6)]
+    bucket = bucket_of(names[0], DEFAULT_COUNT)
+    expected = [n for n in sorted(names) if bucket_of(n, DEFAULT_COUNT) == bucket]
     for mode in ("force_custom_plan", "force_generic_plan"):
         async with pool.acquire() as conn:
             await conn.execute(f"SET plan_cache_mode = {mode}")
             await _explain_everything(conn)
-            _, plans = await _explained(conn, Q.claim_due_rows, 100, None)
+            _, plans = await _explained(conn, Q.claim_due_rows, 100, None, bucket)
             _assert_no_backlog_scan(plans, f"{layout}/{mode}/claim_due_rows")
             used = {n.get("Index Name") for plan in plans for n in nodes(plan)}
             assert "projection_apply_outbox_claim_idx" in used, f"{layout}/{mode}: {used}"
-            rows, plans = await _explained(conn, Q.claim_batch, 100, 100, [], None)
+            rows, plans = await _explained(conn, Q.claim_batch, 100, 100, [], None, bucket)
             _assert_no_backlog_scan(plans, f"{layout}/{mode}/claim_batch")
             buffers = sum(p["Shared Hit Blocks"] + p["Shared Read Blocks"] for p in plans)
             assert buffers <= MAX_BUFFERS, f"{layout}/{mode}: the claim read {buffers} buffers"
             claimed = sorted({r["campaign_id"] for r in rows if r["seq"] is not None})
+            assert claimed == expected
             if hot:
-                assert len(claimed) == 10
                 assert len(rows) == 100
-            else:
-                assert claimed == [f"fresh-{i}" for i in range(1, 6)]
 
 
 def _assert_no_backlog_scan(
@@ -191,28 +198,29 @@ def _assert_no_backlog_scan(
 
 # A queue as a fresh deployment has it when its workers start: 40 campaigns, analyzed.
 SMALL = """
-INSERT INTO campaign_heads (campaign_id, last_seq)
-SELECT 'c-' || g, 1 FROM generate_series(1, 40) g;
-INSERT INTO event_journal (campaign_id, seq, event_type, payload)
-SELECT 'c-' || g, 1, 'tick', '{}' FROM generate_series(1, 40) g;
-INSERT INTO projection_apply_outbox (campaign_id, seq, event_type)
-SELECT campaign_id, seq, event_type FROM event_journal;
-INSERT INTO projection_checkpoints (campaign_id, projector, applied_seq)
-SELECT 'c-' || g, 'p', 0 FROM generate_series(1, 40) g;
+INSERT INTO campaign_heads (bucket, campaign_id, last_seq)
+SELECT outbox_bucket('c-' || g), 'c-' || g, 1 FROM generate_series(1, 40) g;
+INSERT INTO event_journal (bucket, campaign_id, seq, event_type, payload)
+SELECT bucket, campaign_id, 1, 'tick', '{}' FROM campaign_heads;
+INSERT INTO projection_apply_outbox (bucket, campaign_id, seq, event_type)
+SELECT bucket, campaign_id, seq, event_type FROM event_journal;
+INSERT INTO projection_checkpoints (bucket, campaign_id, projector, applied_seq)
+SELECT bucket, campaign_id, 'p', 0 FROM campaign_heads;
 ANALYZE;
 """
 # Then an outage: 100k campaigns whose rows wait for a retry, not analyzed yet (autovacuum is
 # off on these tables for the test, so no statistics refresh re-plans the cached statements).
 GROWN = """
-INSERT INTO campaign_heads (campaign_id, last_seq)
-SELECT 'old-' || g, 1 FROM generate_series(1, 100000) g;
-INSERT INTO event_journal (campaign_id, seq, event_type, payload)
-SELECT 'old-' || g, 1, 'tick', '{}' FROM generate_series(1, 100000) g;
-INSERT INTO projection_apply_outbox (campaign_id, seq, event_type, status, next_attempt_at)
-SELECT 'old-' || g, 1, 'tick', 'failed', clock_timestamp() + interval '1 day'
-FROM generate_series(1, 100000) g;
-INSERT INTO projection_checkpoints (campaign_id, projector, applied_seq)
-SELECT 'old-' || g, 'p', 0 FROM generate_series(1, 100000) g;
+INSERT INTO campaign_heads (bucket, campaign_id, last_seq)
+SELECT outbox_bucket('old-' || g), 'old-' || g, 1 FROM generate_series(1, 100000) g;
+INSERT INTO event_journal (bucket, campaign_id, seq, event_type, payload)
+SELECT bucket, campaign_id, 1, 'tick', '{}' FROM campaign_heads WHERE campaign_id LIKE 'old-%';
+INSERT INTO projection_apply_outbox (bucket, campaign_id, seq, event_type, status,
+                                     next_attempt_at)
+SELECT bucket, campaign_id, 1, 'tick', 'failed', clock_timestamp() + interval '1 day'
+FROM campaign_heads WHERE campaign_id LIKE 'old-%';
+INSERT INTO projection_checkpoints (bucket, campaign_id, projector, applied_seq)
+SELECT bucket, campaign_id, 'p', 0 FROM campaign_heads WHERE campaign_id LIKE 'old-%';
 """
 SETTLE = settle_queries.Q.settle_batch
 NO_AUTOVACUUM = [
@@ -224,8 +232,9 @@ NO_AUTOVACUUM = [
 ]
 
 
-def _settle_args(campaigns: list[str]) -> list[object]:
-    """A settle of one applied row per campaign, each campaign left with nothing live."""
+def _settle_args(campaigns: list[str], bucket: int) -> list[object]:
+    """A settle in `bucket` of one applied row per campaign, each campaign left with nothing
+    live."""
     n = len(campaigns)
     return [
         campaigns, [1] * n,
@@ -233,7 +242,7 @@ def _settle_args(campaigns: list[str]) -> list[object]:
         None,
         campaigns, [2] * n, [None] * n, [False] * n, [True] * n,
         campaigns, ["p"] * n, [1] * n,
-        False, "outbox_test",
+        False, "outbox_test", bucket,
     ]  # fmt: skip
 
 
@@ -247,24 +256,23 @@ async def test_plans_cached_while_small_stay_probes(pool: db.Pool) -> None:
         await pool.execute(f"ALTER TABLE {table} SET (autovacuum_enabled = false)")
     await pool.execute(SMALL)
     await queue_campaigns(pool)
-    campaigns = [f"c-{g}" for g in range(1, 11)]
+    bucket = bucket_of("c-1", DEFAULT_COUNT)  # a batch claims and settles in one bucket
+    campaigns = [f"c-{g}" for g in range(1, 41) if bucket_of(f"c-{g}", DEFAULT_COUNT) == bucket]
     async with pool.acquire() as conn:
         await conn.execute("SET plan_cache_mode = force_generic_plan")
         await _explain_everything(conn)
-        await _explained(conn, Q.claim_batch, 20, 100, ["p"], None)
-        await _explained(conn, SETTLE, *_settle_args(campaigns))
+        await _explained(conn, Q.claim_batch, 20, 100, ["p"], None, bucket)
+        await _explained(conn, SETTLE, *_settle_args(campaigns, bucket))
         await pool.execute(GROWN)
         await queue_campaigns(pool)
         for what, sql, args in (
-            ("claim", Q.claim_batch, [20, 100, ["p"], None]),
-            ("settle", SETTLE, _settle_args(campaigns)),
+            ("claim", Q.claim_batch, [20, 100, ["p"], None, bucket]),
+            ("settle", SETTLE, _settle_args(campaigns, bucket)),
         ):
             rows, plans = await _explained(conn, sql, *args)
             _assert_no_backlog_scan(plans, f"{what}, planned on the small queue", NO_AUTOVACUUM)
-            if what == "claim":  # 20 of the 40 due campaigns, none of the backlog's
-                claimed = {r["campaign_id"] for r in rows}
-                assert len(claimed) == 20
-                assert all(c.startswith("c-") for c in claimed)
+            if what == "claim":  # the bucket's due campaigns, none of the backlog's
+                assert {r["campaign_id"] for r in rows} == set(campaigns)
 
 
 # --- operators' reads (the report, metrics and console) -------------------------------------
@@ -274,8 +282,8 @@ async def test_plans_cached_while_small_stay_probes(pool: db.Pool) -> None:
 TROUBLE = (
     JOURNAL.format(campaigns=1000, rows=200_000)
     + """
-INSERT INTO projection_apply_outbox (campaign_id, seq, event_type, status, last_error)
-SELECT campaign_id, seq, event_type,
+INSERT INTO projection_apply_outbox (bucket, campaign_id, seq, event_type, status, last_error)
+SELECT bucket, campaign_id, seq, event_type,
        CASE WHEN seq = 1 AND campaign_id IN ('c-1', 'c-2', 'c-3', 'c-4', 'c-5') THEN 'dead'
             WHEN seq = 1 AND campaign_id IN ('c-6', 'c-7', 'c-8', 'c-9', 'c-10') THEN 'failed'
             WHEN campaign_id = 'c-11' AND seq BETWEEN 50 AND 200 THEN 'dead'
@@ -309,9 +317,9 @@ async def test_operator_reads_never_visit_the_pending_backlog(pool: db.Pool) -> 
             await _explain_everything(conn)
             for what, sql, args in (
                 ("counts", inspect_q.count_rows_bounded, [100]),
-                ("blocked", inspect_q.list_blocked_campaigns, [None, False, 3, 100]),
-                ("blocked/park", inspect_q.list_blocked_campaigns, [None, True, 3, 100]),
-                ("oldest", inspect_q.get_oldest_claimable, [None, False]),
+                ("blocked", inspect_q.list_blocked_campaigns, [None, False, 3, 100, None]),
+                ("blocked/park", inspect_q.list_blocked_campaigns, [None, True, 3, 100, None]),
+                ("oldest", inspect_q.get_oldest_claimable, [None, False, None]),
             ):
                 rows, plans = await _explained(conn, sql, *args)
                 scanned = sum(

@@ -63,7 +63,7 @@ async def seeded(pool: db.Pool, dsn: str) -> Outbox:
     for i in (1, 2):
         await app.append(pool, f"o-{i}", [Event("order.placed", {"amount": -5 - i})])
     await app.append(pool, "c-ok", [Event("order.placed", {"amount": 1})])
-    await Worker(app, pool).run_once()
+    await Worker(app, pool).drain()
     return app
 
 

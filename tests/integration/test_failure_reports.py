@@ -126,7 +126,7 @@ async def test_failures_group_by_projector_and_error_shape(pool: db.Pool, dsn: s
                 *([Event("order.shipped", {})] if i >= 4 else []),
             ],
         )
-    await Worker(app, pool).run_once()
+    await Worker(app, pool).drain()
     result = await failures(pool)
     assert result.scanned == 6
     groups = [(g.status, g.projector, g.shape, g.rows) for g in result.groups]

@@ -175,18 +175,18 @@ async def test_outbox_table_shape(pool: db.Pool) -> None:
     assert "failed" in predicate
     assert "dead" not in predicate
     await pool.execute(
-        "INSERT INTO event_journal (campaign_id, seq, event_type, payload) "
-        "VALUES ('c', 1, 't', '{}')"
+        "INSERT INTO event_journal (bucket, campaign_id, seq, event_type, payload) "
+        "VALUES (outbox_bucket('c'), 'c', 1, 't', '{}')"
     )
     with pytest.raises(asyncpg.CheckViolationError):
         await pool.execute(
-            "INSERT INTO projection_apply_outbox (campaign_id, seq, event_type, status) "
-            "VALUES ('c', 1, 't', 'done')"
+            "INSERT INTO projection_apply_outbox (bucket, campaign_id, seq, event_type, status) "
+            "VALUES (outbox_bucket('c'), 'c', 1, 't', 'done')"
         )
     with pytest.raises(asyncpg.ForeignKeyViolationError):
         await pool.execute(
-            "INSERT INTO projection_apply_outbox (campaign_id, seq, event_type) "
-            "VALUES ('c', 2, 't')"
+            "INSERT INTO projection_apply_outbox (bucket, campaign_id, seq, event_type) "
+            "VALUES (outbox_bucket('c'), 'c', 2, 't')"
         )
 
 

@@ -11,7 +11,7 @@ import anyio
 import orjson
 import pytest
 
-from helpers import TESTS, WORKER, run_cli, worker_env
+from helpers import TESTS, WORKER, campaigns_in_one_bucket, run_cli, worker_env
 from outbox import Event, Settings, db
 from outbox.model import StoredEvent
 from outbox.ops.pause import list_paused, pause_projector, resume_projector
@@ -70,8 +70,9 @@ async def test_a_paused_projector_holds_its_campaigns_and_a_resume_releases_them
     pool: db.Pool, dsn: str
 ) -> None:
     app = shop(dsn)
-    await app.append(pool, "c", ORDER)
-    await app.append(pool, "d", [Event("order.placed", {})] * 2)
+    c, d = campaigns_in_one_bucket(2, "shop")  # one batch claims both
+    await app.append(pool, c, ORDER)
+    await app.append(pool, d, [Event("order.placed", {})] * 2)
     paused = await pause_projector(pool, "mailer", reason="smtp down", registry=app.registry)
     assert (paused.created, paused.pause.reason) == (True, "smtp down")
     again = await pause_projector(pool, "mailer", reason="later", actor="bob")
@@ -79,17 +80,18 @@ async def test_a_paused_projector_holds_its_campaigns_and_a_resume_releases_them
     worker = Worker(app, pool)
     counts = await worker.run_once()
     assert (counts.applied, counts.paused, counts.failed) == (3, 1, 0)
-    # c waits at its shipped event, no attempt consumed; what follows waits behind it (order).
-    assert await outstanding(pool) == [("c", 2, "pending", 0), ("c", 3, "pending", 0)]
-    assert await tallies(pool) == {("c", "placed"): 1, ("d", "placed"): 2}
+    # `c` waits at its shipped event, no attempt consumed; what follows waits behind it (order).
+    assert await outstanding(pool) == [(c, 2, "pending", 0), (c, 3, "pending", 0)]
+    assert await tallies(pool) == {(c, "placed"): 1, (d, "placed"): 2}
     assert await pool.fetchval(
-        "SELECT due_at > clock_timestamp() FROM projection_apply_campaigns WHERE campaign_id = 'c'"
+        "SELECT due_at > clock_timestamp() FROM projection_apply_campaigns WHERE campaign_id = $1",
+        c,
     )
     assert (await worker.run_once()).claimed == 0  # deferred: not claimed again before its time
     # A poll interval passes: still paused, it is deferred again, still no attempt.
     await pool.execute("UPDATE projection_apply_campaigns SET due_at = clock_timestamp()")
     assert (await worker.run_once()).paused == 1
-    assert await outstanding(pool) == [("c", 2, "pending", 0), ("c", 3, "pending", 0)]
+    assert await outstanding(pool) == [(c, 2, "pending", 0), (c, 3, "pending", 0)]
     resumed = await resume_projector(pool, "mailer")
     assert (resumed.resumed, (await resume_projector(pool, "mailer")).resumed) == (True, False)
     listed = await list_paused(pool)
@@ -102,7 +104,7 @@ async def test_a_paused_projector_holds_its_campaigns_and_a_resume_releases_them
     await pool.execute("UPDATE projection_apply_campaigns SET due_at = clock_timestamp()")
     assert (await worker.run_once()).applied == 2
     assert await outstanding(pool) == []
-    assert await tallies(pool) == {("c", "placed"): 2, ("c", "shipped"): 1, ("d", "placed"): 2}
+    assert await tallies(pool) == {(c, "placed"): 2, (c, "shipped"): 1, (d, "placed"): 2}
 
 
 async def test_under_ordering_none_only_the_paused_rows_wait(pool: db.Pool, dsn: str) -> None:

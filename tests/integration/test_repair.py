@@ -89,7 +89,8 @@ async def test_replay_of_an_already_applied_event_is_skipped(
     await Worker(build_app(Outbox(settings)), pool).drain()
     # The row comes back (say, restored by hand) although the projection already has it.
     await pool.execute(
-        "INSERT INTO projection_apply_outbox (campaign_id, seq, event_type) VALUES ('a', 1, $1)",
+        "INSERT INTO projection_apply_outbox (bucket, campaign_id, seq, event_type) "
+        "VALUES (outbox_bucket('a'), 'a', 1, $1)",
         c.DICE_ROLLED,
     )
     await queue_campaigns(pool)

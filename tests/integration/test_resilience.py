@@ -425,10 +425,11 @@ async def test_session_timeouts_default_explicit_and_the_servers_own_values(
 # --- item 4: poison rows --------------------------------------------------------------------
 
 POISON = """
-INSERT INTO event_journal (campaign_id, seq, event_type, payload)
-VALUES ('poison', 1, 'tick', '{"v": 1e400}'::jsonb), ('poison', 2, 'tick', '{}'::jsonb);
-INSERT INTO projection_apply_outbox (campaign_id, seq, event_type)
-VALUES ('poison', 1, 'tick'), ('poison', 2, 'tick');
+INSERT INTO event_journal (bucket, campaign_id, seq, event_type, payload)
+VALUES (outbox_bucket('poison'), 'poison', 1, 'tick', '{"v": 1e400}'::jsonb),
+       (outbox_bucket('poison'), 'poison', 2, 'tick', '{}'::jsonb);
+INSERT INTO projection_apply_outbox (bucket, campaign_id, seq, event_type)
+SELECT bucket, campaign_id, seq, event_type FROM event_journal WHERE campaign_id = 'poison';
 """
 
 

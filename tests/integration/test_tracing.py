@@ -13,6 +13,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.util._once import Once
 
+from helpers import campaigns_in_one_bucket
 from outbox import Event, Settings, db
 from outbox.model import StoredEvent
 from outbox.projection.app import Outbox
@@ -50,24 +51,25 @@ async def test_an_apply_links_to_the_append_that_wrote_it(
     pool: db.Pool, dsn: str, spans: InMemorySpanExporter
 ) -> None:
     app = orders(dsn)
+    o1, o2, o3 = campaigns_in_one_bucket(3, "o")  # one batch claims them all
     tracer = trace.get_tracer("test")
     with tracer.start_as_current_span("checkout") as checkout:
-        await app.append(pool, "o-1", [Event("order.placed", {"n": 1})] * 2)
+        await app.append(pool, o1, [Event("order.placed", {"n": 1})] * 2)
         traced = checkout.get_span_context()
     # A caller's own `otel` metadata is kept; an append outside any span records nothing.
     own = {"traceparent": "00-" + "a" * 32 + "-" + "b" * 16 + "-01"}
     with tracer.start_as_current_span("other"):
-        await app.append(pool, "o-2", [Event("order.placed", {}, metadata={"otel": own})])
-    await app.append(pool, "o-3", [Event("order.placed", {})])
+        await app.append(pool, o2, [Event("order.placed", {}, metadata={"otel": own})])
+    await app.append(pool, o3, [Event("order.placed", {})])
     stored = {
         (r["campaign_id"], r["seq"]): r["metadata"]
         for r in await pool.fetch("SELECT campaign_id, seq, metadata FROM event_journal")
     }
-    parent = stored[("o-1", 1)]["otel"]["traceparent"]
+    parent = stored[(o1, 1)]["otel"]["traceparent"]
     assert parent.split("-")[1:3] == [f"{traced.trace_id:032x}", f"{traced.span_id:016x}"]
-    assert stored[("o-1", 2)]["otel"]["traceparent"] == parent
-    assert stored[("o-2", 1)]["otel"] == own
-    assert stored[("o-3", 1)] == {}
+    assert stored[(o1, 2)]["otel"]["traceparent"] == parent
+    assert stored[(o2, 1)]["otel"] == own
+    assert stored[(o3, 1)] == {}
     spans.clear()
     counts = await Worker(app, pool).run_once()
     assert counts.applied == 4

@@ -14,6 +14,7 @@ from functools import partial
 import anyio
 import pytest
 
+from helpers import campaigns_in_one_bucket
 from outbox import Event, Outbox, Settings, StoredEvent, append, db, wait_applied
 from outbox.queue.settle import refresh_campaigns
 from outbox.worker.batch import Worker
@@ -183,31 +184,36 @@ async def test_a_claim_takes_at_most_batch_size_oldest_first_across_campaigns(
     pool: db.Pool, dsn: str
 ) -> None:
     settings = Settings(dsn=dsn, batch_size=3)
-    for c in ("a", "b", "c", "d"):
-        await append(pool, c, ticks(5), settings=settings)
+    a, b, c, d, hot = campaigns_in_one_bucket(5, "w")  # a batch claims in one bucket
+    names = [a, b, c, d]
+    for name in names:
+        await append(pool, name, ticks(5), settings=settings)
     # Oldest first by next_attempt_at (the heads'), whatever the campaign ids say: d, b, then
     # a or c (not yet due: an hour ahead) never.
     await pool.execute(
         "UPDATE projection_apply_outbox SET next_attempt_at = clock_timestamp() + CASE "
-        "campaign_id WHEN 'd' THEN interval '-3 hours' WHEN 'b' THEN interval '-2 hours' "
-        "WHEN 'a' THEN interval '-1 hour' ELSE interval '1 hour' END"
+        "campaign_id WHEN $1 THEN interval '-3 hours' WHEN $2 THEN interval '-2 hours' "
+        "WHEN $3 THEN interval '-1 hour' ELSE interval '1 hour' END",
+        d,
+        b,
+        a,
     )
     async with pool.acquire() as conn:
-        await refresh_campaigns(conn, ["a", "b", "c", "d"], park=False, removable=())
+        await refresh_campaigns(conn, names, park=False, removable=())
     worker = Worker(recording_app(settings), pool)
     counts = await worker.run_once()
     assert counts.claimed == 3
     first = await applied(pool)
-    assert sorted({cid for cid, _ in first}) == ["a", "b", "d"]
-    assert all(cid != "c" for cid, _ in await applied(pool))
+    assert sorted({cid for cid, _ in first}) == sorted([a, b, d])
+    assert all(cid != c for cid, _ in await applied(pool))
     counts = await worker.run_once()
     assert counts.claimed == 3
     assert len(await applied(pool)) == 6
     # One hot campaign gets the whole budget, never more.
-    await append(pool, "hot", ticks(50), settings=settings)
-    await pool.execute("DELETE FROM projection_apply_outbox WHERE campaign_id <> 'hot'")
+    await append(pool, hot, ticks(50), settings=settings)
+    await pool.execute("DELETE FROM projection_apply_outbox WHERE campaign_id <> $1", hot)
     async with pool.acquire() as conn:  # nothing live: their campaign rows go
-        await refresh_campaigns(conn, ["a", "b", "c", "d"], park=False)
+        await refresh_campaigns(conn, names, park=False)
     assert (await worker.run_once()).claimed == 3
 
 
@@ -253,7 +259,7 @@ async def test_wait_applied_says_what_holds_the_events(
         True,
     )
     # Woken by the workers' notification alone: no look again for an hour.
-    monkeypatch.setattr("outbox.queue.inspect.RECHECK", 3600.0)
+    monkeypatch.setattr("outbox.queue.applied.RECHECK", 3600.0)
     await pool.execute(
         "UPDATE projection_apply_outbox "
         "SET status = 'pending', attempt_count = 0, next_attempt_at = clock_timestamp()"

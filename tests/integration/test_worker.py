@@ -15,7 +15,7 @@ from functools import partial
 import anyio
 import pytest
 
-from helpers import queue_count
+from helpers import campaigns_in_one_bucket, queue_count
 from outbox import Event, PermanentError, Settings, append, db, wait_applied
 from outbox.errors import TransientBatchError
 from outbox.examples import campaigns as c
@@ -74,20 +74,22 @@ async def test_a_failing_event_never_undoes_its_neighbours(
 ) -> None:
     await install(pool)
     app = demo(settings)
-    await append(pool, "good", [Event(c.DICE_ROLLED, {"value": 3})], settings=settings)
+    good, bad = campaigns_in_one_bucket(2, "dice")  # one batch claims both
+    await append(pool, good, [Event(c.DICE_ROLLED, {"value": 3})], settings=settings)
     await append(
         pool,
-        "bad",
+        bad,
         [Event(c.DICE_CURSED, {"sides": 13}), Event(c.DICE_ROLLED, {"value": 4})],
         settings=settings,
     )
     counts = await Worker(app, pool, now=Clock()).run_once()
     assert (counts.applied, counts.failed) == (1, 1)
     rows = await statuses(pool)
-    assert rows == {("bad", 1): ("failed", 1), ("bad", 2): ("pending", 0)}
+    assert rows == {(bad, 1): ("failed", 1), (bad, 2): ("pending", 0)}
     error = await pool.fetchval("SELECT last_error FROM projection_apply_outbox WHERE seq = 1")
     assert error.startswith("projector 'curse': CursedDice: a 13-sided die")
-    assert await pool.fetchval("SELECT total FROM demo_dice_totals WHERE campaign_id='good'") == 3
+    total = "SELECT total FROM demo_dice_totals WHERE campaign_id = $1"
+    assert await pool.fetchval(total, good) == 3
 
 
 async def test_backoff_bounds_then_dead_at_exactly_max_attempts(
@@ -277,11 +279,12 @@ async def test_unknown_type_fails_and_ignored_type_completes(
 ) -> None:
     app = Outbox(settings.replace(unsubscribed="retry"))  # writers deployed before workers
     app.ignore(["noise"])
-    await append(pool, "a", [Event("noise", {})], settings=settings)
-    await append(pool, "b", [Event("from.a.newer.deploy", {})], settings=settings)
+    a, b = campaigns_in_one_bucket(2)  # one batch claims both
+    await append(pool, a, [Event("noise", {})], settings=settings)
+    await append(pool, b, [Event("from.a.newer.deploy", {})], settings=settings)
     counts = await Worker(app, pool).run_once()
     assert (counts.skipped, counts.failed) == (1, 1)
-    assert await statuses(pool) == {("b", 1): ("failed", 1)}
+    assert await statuses(pool) == {(b, 1): ("failed", 1)}
     assert "from.a.newer.deploy" in await pool.fetchval(
         "SELECT last_error FROM projection_apply_outbox"
     )

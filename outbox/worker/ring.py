@@ -1,0 +1,106 @@
+"""Which bucket a worker's next batch claims from: a round-robin over the buckets known to be due.
+
+A batch claims and settles in one bucket (every statement on one shard under Citus). The ring
+knows, per bucket, when its earliest work falls due; `take()` hands out the next bucket due now
+after the last one taken, so concurrent claim loops and a backlog spread over the buckets are
+served in turn, and no claim scans buckets that have nothing. The knowledge comes from
+`outbox_due_buckets` (one index probe per bucket), read again when it is older than the poll
+interval or when no bucket is known to be due, and from wake-ups: an append's NOTIFY names its
+bucket (`wake`), and a batch reports what it left (`found`). Being wrong costs little either
+way: a bucket wrongly thought due yields an empty claim and is dropped; one wrongly thought idle
+is found at the next refresh, within a poll interval.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+
+import anyio
+
+from outbox.buckets import due_buckets
+from outbox.db import Executor
+
+__all__ = ["BucketRing"]
+
+
+@dataclass
+class BucketRing:
+    """The buckets with work a worker knows of, and when each is due (monotonic seconds)."""
+
+    rows: bool  # ordering `none` (and the shadow worker): due work rows, not campaigns
+    poll_interval: float
+    clock: Callable[[], float] = time.monotonic
+    due: dict[int, float] = field(default_factory=dict)
+    refreshed_at: float | None = None
+    read_from: float | None = None  # when the last read began: it saw what committed before
+    stale: bool = True  # a wake-up without a bucket: read every bucket again
+    last: int = -1
+    _lock: anyio.Lock = field(default_factory=anyio.Lock, repr=False)
+    _told: dict[int, float] = field(default_factory=dict, repr=False)  # wake-ups, batches' news
+
+    def due_now(self) -> bool:
+        """Whether some bucket is known to have work due now."""
+        now = self.clock()
+        return any(at <= now for at in self.due.values())
+
+    def due_in(self) -> float | None:
+        """Seconds until the earliest known work is due (None: none known)."""
+        return None if not self.due else max(0.0, min(self.due.values()) - self.clock())
+
+    async def take(self, executor: Executor, now: datetime | None = None) -> int | None:
+        """The next bucket due now after the last one taken (None: nothing is due), after
+        reading every bucket again when what is known is stale or shows nothing due. `now`:
+        the database's time instead of its clock (tests move time forward)."""
+        if self.stale or not self.due_now() or self._old():
+            await self.refresh(executor, now)
+        at = self.clock()
+        ready = sorted(b for b, due in self.due.items() if due <= at)
+        if not ready:
+            return None
+        bucket = next((b for b in ready if b > self.last), ready[0])
+        self.last = bucket
+        return bucket
+
+    async def refresh(self, executor: Executor, now: datetime | None = None) -> None:
+        """Read which buckets have work and when it is due (one call; concurrent callers
+        share it). What a wake-up or a batch reported meanwhile is kept: the read may have
+        started before that work committed."""
+        started = self.clock()
+        async with self._lock:
+            if self.read_from is not None and self.read_from >= started:
+                return  # another loop's read began after this one asked: it is as fresh
+            self.read_from = self.clock()
+            self.stale = False
+            found = await due_buckets(executor, rows=self.rows, now=now)
+            at = self.clock()
+            self._told = {b: t for b, t in self._told.items() if t >= started}
+            self.due = {bucket: at + max(due_in, 0.0) for bucket, due_in in found}
+            self.due.update(self._told)
+            self.refreshed_at = at
+
+    def wake(self, payload: str) -> None:
+        """A NOTIFY: its payload names a bucket that got work; anything else (a requeue, a
+        reconcile) means read every bucket again."""
+        if payload.isdigit():
+            self._due_now(int(payload))
+        else:
+            self.stale = True
+
+    def found(self, bucket: int, *, more: bool) -> None:
+        """What a batch in `bucket` left: `more` due now (a full batch, campaigns left due), or
+        nothing it could take (the bucket leaves the ring until a refresh or a wake-up finds
+        work in it again)."""
+        if more:
+            self._due_now(bucket)
+        else:
+            self.due.pop(bucket, None)
+            self._told.pop(bucket, None)
+
+    def _due_now(self, bucket: int) -> None:
+        self.due[bucket] = self._told[bucket] = self.clock()
+
+    def _old(self) -> bool:
+        return self.refreshed_at is None or self.clock() - self.refreshed_at >= self.poll_interval

@@ -1,0 +1,177 @@
+"""Buckets (migration 0009): the SQL function and its Python twin, the keys that lead with the
+bucket, the number fixed at the first migration, the ring a worker's claims move over, and a
+drain across every bucket checked against the generator's own counts."""
+
+from __future__ import annotations
+
+import asyncpg
+import pytest
+
+from helpers import campaigns_in_one_bucket
+from outbox import Event, Outbox, Settings, append, db
+from outbox.buckets import DEFAULT_COUNT, bucket_count, bucket_of, due_buckets
+from outbox.errors import MigrationError
+from outbox.model import StoredEvent
+from outbox.queue.settle import notify_work
+from outbox.schema import load_migrations, migrate, script
+from outbox.worker.batch import Worker
+from outbox.worker.ring import BucketRing
+
+CAMPAIGN_TABLES = (
+    "event_journal",
+    "campaign_heads",
+    "projection_apply_outbox",
+    "projection_apply_campaigns",
+    "projection_checkpoints",
+    "processed_markers",
+    "append_idempotency_keys",
+)
+
+
+async def test_the_python_twin_computes_the_sql_bucket(pool: db.Pool) -> None:
+    ids = ["a", "campaign-42", "ü-ß-漢字", "x" * 256, " spaced ", "0", "-1", "c-0", "c-1"]
+    ids += [f"order-{i}" for i in range(500)]
+    rows = await pool.fetch("SELECT c, outbox_bucket(c) AS b FROM unnest($1::text[]) c", ids)
+    assert {r["c"]: r["b"] for r in rows} == {c: bucket_of(c, DEFAULT_COUNT) for c in ids}
+    # Spread: 500 ids leave no bucket of 64 empty.
+    assert len({bucket_of(f"order-{i}", DEFAULT_COUNT) for i in range(500)}) == DEFAULT_COUNT
+
+
+async def test_every_campaign_key_leads_with_the_bucket_and_a_wrong_one_is_refused(
+    pool: db.Pool,
+) -> None:
+    for table in CAMPAIGN_TABLES:
+        key = await pool.fetchval(
+            "SELECT pg_get_constraintdef(oid) FROM pg_constraint "
+            "WHERE conrelid = $1::regclass AND contype = 'p'",
+            table,
+        )
+        assert key.startswith("PRIMARY KEY (bucket, campaign_id"), (table, key)
+    wrong = (bucket_of("c", DEFAULT_COUNT) + 1) % DEFAULT_COUNT
+    with pytest.raises(asyncpg.CheckViolationError):
+        await pool.execute(
+            "INSERT INTO event_journal (bucket, campaign_id, seq, event_type, payload) "
+            "VALUES ($1, 'c', 1, 't', '{}')",
+            wrong,
+        )
+
+
+async def test_the_number_of_buckets_is_fixed_by_the_first_migration(fresh_db: str) -> None:
+    conn = await db.connect(fresh_db)
+    try:
+        await migrate(conn, buckets=8)
+        assert await bucket_count(conn) == 8
+        await append(conn, "acct", [Event("t", {})])
+        stored = await conn.fetchval("SELECT bucket FROM event_journal WHERE campaign_id = 'acct'")
+        assert stored == bucket_of("acct", 8)
+        assert await migrate(conn, buckets=8) == []  # the same number: nothing to do
+        with pytest.raises(MigrationError, match="OUTBOX_BUCKETS is 16 but the schema was given 8"):
+            await migrate(conn, buckets=16)
+    finally:
+        await conn.close()
+    with pytest.raises(MigrationError, match="between 1 and 4096"):
+        await _migrate_fresh(fresh_db, buckets=5000)
+
+
+async def _migrate_fresh(dsn: str, *, buckets: int) -> None:
+    conn = await db.connect(dsn)
+    try:
+        await conn.execute("DROP SCHEMA public CASCADE; CREATE SCHEMA public")
+        try:
+            await migrate(conn, buckets=buckets)
+        except asyncpg.RaiseError as exc:
+            raise MigrationError(str(exc)) from exc
+    finally:
+        await conn.close()
+
+
+def test_the_schema_script_sets_the_number_of_buckets() -> None:
+    assert "SET outbox.buckets = 16;" in script(load_migrations(), buckets=16)
+    assert "SET outbox.buckets = 64;" in script(load_migrations())
+
+
+async def test_an_install_from_before_buckets_is_brought_over(fresh_db: str) -> None:
+    """0009 fills the column of existing rows and keeps them claimable: a worker drains the
+    backlog written under 0008 and the counts match what was appended."""
+    shipped = load_migrations()
+    conn = await db.connect(fresh_db)
+    try:
+        await migrate(conn, [m for m in shipped if m.name < "0009"])
+        for i in range(20):
+            await conn.fetch(
+                "SELECT * FROM outbox_append($1, $2::jsonb)",
+                f"old-{i}",
+                [{"type": "counted", "payload": {"n": 1}}] * 3,
+            )
+        assert await migrate(conn, shipped, buckets=16) == ["0009_buckets.sql"]
+        mismatched = await conn.fetchval(
+            "SELECT count(*) FROM projection_apply_outbox "
+            "WHERE bucket <> outbox_bucket(campaign_id)"
+        )
+        assert mismatched == 0
+    finally:
+        await conn.close()
+    seen: list[tuple[str, int]] = []
+    app = Outbox(Settings(dsn=fresh_db))
+
+    @app.projector("count", events=["counted"])
+    async def count(conn: db.Connection, event: StoredEvent) -> None:
+        seen.append((event.campaign_id, event.seq))
+
+    pool = await db.create_pool(fresh_db)
+    try:
+        totals = await Worker(app, pool).drain()
+        assert totals.applied == 60
+        assert sorted(seen) == sorted((f"old-{i}", s) for i in range(20) for s in (1, 2, 3))
+        assert await pool.fetchval("SELECT count(*) FROM projection_apply_outbox") == 0
+    finally:
+        await pool.close()
+
+
+async def test_the_ring_moves_over_due_buckets_and_follows_wakeups(
+    pool: db.Pool, settings: Settings
+) -> None:
+    names = ["r-a", "r-b", "r-c", "r-d"]
+    wanted = sorted({bucket_of(n, DEFAULT_COUNT) for n in names})
+    for name in names:
+        await append(pool, name, [Event("t", {})], settings=settings)
+    assert sorted(b for b, due_in in await due_buckets(pool, rows=False) if due_in <= 0) == wanted
+    ring = BucketRing(rows=False, poll_interval=3600)
+    taken = [await ring.take(pool) for _ in range(len(wanted) + 1)]
+    assert taken == [*wanted, wanted[0]]  # round-robin, from the lowest
+    for bucket in wanted:
+        ring.found(bucket, more=False)  # each batch took all it could
+    assert not ring.due_now()
+    ring.wake(str(wanted[-1]))  # an append's NOTIFY names its bucket
+    assert ring.due_now()
+    assert await ring.take(pool) == wanted[-1]
+    ring.found(wanted[-1], more=False)
+    async with pool.acquire() as conn:
+        await notify_work(conn)
+    ring.wake("")  # a requeue's NOTIFY names none: read every bucket again
+    assert await ring.take(pool) == wanted[0]
+
+
+async def test_one_batch_claims_in_one_bucket_and_a_drain_covers_them_all(
+    pool: db.Pool, settings: Settings
+) -> None:
+    together = campaigns_in_one_bucket(3, "together")
+    spread = [f"spread-{i}" for i in range(40)]
+    expected: dict[str, int] = {}
+    for name in [*together, *spread]:
+        await append(pool, name, [Event("counted", {})] * 2, settings=settings)
+        expected[name] = 2
+    app = Outbox(settings)
+    applied: dict[str, int] = {}
+
+    @app.projector("count", events=["counted"])
+    async def count(conn: db.Connection, event: StoredEvent) -> None:
+        applied[event.campaign_id] = applied.get(event.campaign_id, 0) + 1
+
+    worker = Worker(app, pool)
+    first = await worker.run_once()
+    buckets_seen = {bucket_of(c, DEFAULT_COUNT) for c in applied}
+    assert len(buckets_seen) == 1
+    assert first.applied == sum(applied.values())
+    await worker.drain()
+    assert applied == expected
