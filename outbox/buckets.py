@@ -81,11 +81,17 @@ async def grouped(
     conn: Connection, items: Iterable[T], campaign: Callable[[T], str]
 ) -> dict[int, list[T]]:
     """`items` by the bucket of their campaign (`campaign(item)`), each group in the items'
-    order, the buckets in ascending order (a fixed lock order across buckets)."""
+    order, the buckets in ascending order (a fixed lock order across buckets). Each campaign
+    is hashed once: a batch's rows, markers and checkpoints name few campaigns many times."""
     count = await bucket_count(conn)
+    known: dict[str, int] = {}
     groups: dict[int, list[T]] = {}
     for item in items:
-        groups.setdefault(bucket_of(campaign(item), count), []).append(item)
+        campaign_id = campaign(item)
+        bucket = known.get(campaign_id)
+        if bucket is None:
+            bucket = known[campaign_id] = bucket_of(campaign_id, count)
+        groups.setdefault(bucket, []).append(item)
     return dict(sorted(groups.items()))
 
 

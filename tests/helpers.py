@@ -7,6 +7,7 @@ service is waited on through its signals (`service.signals`, `service.wait_liste
 
 from __future__ import annotations
 
+import itertools
 import os
 import subprocess
 import sys
@@ -43,8 +44,8 @@ def campaigns_in_one_bucket(n: int, prefix: str = "c") -> list[str]:
     """`n` campaign ids in one bucket (of the tests' schema, DEFAULT_COUNT buckets), in id order:
     what one batch can claim together (a batch claims in one bucket)."""
     wanted = bucket_of(f"{prefix}-0", DEFAULT_COUNT)
-    found = (f"{prefix}-{i}" for i in range(100_000))
-    return sorted([c for c in found if bucket_of(c, DEFAULT_COUNT) == wanted][:n])
+    names = (f"{prefix}-{i}" for i in itertools.count())
+    return sorted(itertools.islice((c for c in names if bucket_of(c, DEFAULT_COUNT) == wanted), n))
 
 
 TABLES = (

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import TYPE_CHECKING
 
 from outbox import buckets, db
@@ -128,7 +129,7 @@ async def applied_events(
         return set()
     checkpoints: dict[CheckpointKey, int] = {}
     markers: set[tuple[str, int, str]] = set()
-    for bucket, group in (await buckets.grouped(conn, events, _campaign)).items():
+    for bucket, group in (await buckets.grouped(conn, events, itemgetter(0))).items():
         rows = await conn.fetch(Q.list_checkpoints, sorted({e[0] for e in group}), bucket)
         checkpoints.update({(r["campaign_id"], r["projector"]): r["applied_seq"] for r in rows})
         rows = await conn.fetch(
@@ -158,7 +159,7 @@ async def reserve_markers(
     """Reserve the processed markers (campaign_id, seq, handler) in one statement; returns the
     ones reserved now (the others were applied before)."""
     reserved: set[tuple[str, int, str]] = set()
-    for bucket, group in (await buckets.grouped(conn, wanted, _campaign)).items():
+    for bucket, group in (await buckets.grouped(conn, wanted, itemgetter(0))).items():
         rows = await conn.fetch(
             Q.reserve_markers,
             [w[0] for w in group],
@@ -179,7 +180,3 @@ async def delete_markers(conn: Connection, campaign_id: str, projector: str) -> 
 async def prune_markers(conn: Connection, *, retention_hours: int, batch_size: int) -> int:
     """Delete markers older than `retention_hours`, `batch_size` per statement; how many."""
     return await db.prune(conn, Q.prune_markers, retention_hours, batch_size)
-
-
-def _campaign(item: tuple[str, int, str]) -> str:
-    return item[0]

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from operator import attrgetter
 from typing import TYPE_CHECKING
 
 from outbox import buckets, db
@@ -69,7 +70,7 @@ async def lease_rows(
     rows no longer at the epoch the claim read are left out. A row taken back from an expired
     lease counts that lease as an attempt."""
     records: list[db.Record] = []
-    for bucket, group in (await buckets.grouped(conn, rows, _campaign)).items():
+    for bucket, group in (await buckets.grouped(conn, rows, attrgetter("campaign_id"))).items():
         records += await conn.fetch(
             Q.lease_rows,
             [r.campaign_id for r in group],
@@ -99,7 +100,8 @@ async def extend_leases(
     those still held (a missing one was taken over or ended). One statement per bucket."""
     held: set[Key] = set()
     async with db.acquire(executor) as conn:
-        for bucket, group in (await buckets.grouped(conn, leases, _lease_campaign)).items():
+        by_bucket = await buckets.grouped(conn, leases, attrgetter("row.campaign_id"))
+        for bucket, group in by_bucket.items():
             rows = await conn.fetch(
                 Q.extend_leases,
                 owner,
@@ -144,11 +146,3 @@ async def release_lease(conn: Connection, lease: Lease, owner: str) -> bool:
     """Hand the lease back unfinished (due now, no attempt counted); False when fenced."""
     bucket = await buckets.bucket_for(conn, lease.row.campaign_id)
     return bool(await conn.fetchval(Q.release_lease, *lease.key, owner, lease.epoch, bucket))
-
-
-def _campaign(row: ClaimedRow) -> str:
-    return row.campaign_id
-
-
-def _lease_campaign(lease: Lease) -> str:
-    return lease.row.campaign_id

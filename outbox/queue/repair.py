@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from operator import itemgetter
 from typing import TYPE_CHECKING
 
 from outbox import buckets
@@ -166,7 +167,7 @@ async def list_unqueued_campaigns(conn: Connection, campaign_id: str | None) -> 
 
 async def enqueue(conn: Connection, events: Sequence[tuple[str, int, str]]) -> None:
     """Work rows for `events` (an existing row wins), their campaigns made claimable."""
-    for bucket, group in (await buckets.grouped(conn, events, _campaign)).items():
+    for bucket, group in (await buckets.grouped(conn, events, itemgetter(0))).items():
         await conn.execute(
             Q.insert_work_rows,
             [e[0] for e in group],
@@ -177,7 +178,3 @@ async def enqueue(conn: Connection, events: Sequence[tuple[str, int, str]]) -> N
     # Queue their campaigns (an existing campaign row moves back to a row enqueued before its
     # head). Never blocked: see requeue_dead.
     await refresh_campaigns(conn, sorted({e[0] for e in events}), park=True, removable=())
-
-
-def _campaign(event: tuple[str, int, str]) -> str:
-    return event[0]

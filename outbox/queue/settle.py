@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from operator import attrgetter, itemgetter
 from typing import TYPE_CHECKING
 
 from outbox import buckets, db
@@ -100,66 +101,58 @@ async def settle(
     needs not: its append has not returned yet)."""
     if not (done or failures or campaigns or checkpoints):
         return Settled()
-    count = await buckets.bucket_count(conn)
-    parts: dict[int, _Part] = {}
-
-    def part(campaign_id: str) -> _Part:
-        return parts.setdefault(buckets.bucket_of(campaign_id, count), _Part())
-
-    for key in done:
-        part(key[0]).done.append(key)
-    for failure in failures:
-        part(failure.campaign_id).failures.append(failure)
-    for write in campaigns:
-        part(write.campaign_id).campaigns.append(write)
-    for move in checkpoints:
-        part(move[0]).checkpoints.append(move)
+    done_by = await buckets.grouped(conn, done, itemgetter(0))
+    failures_by = await buckets.grouped(conn, failures, attrgetter("campaign_id"))
+    campaigns_by = await buckets.grouped(conn, campaigns, attrgetter("campaign_id"))
+    moves_by = await buckets.grouped(conn, checkpoints, itemgetter(0))
     due, ages = 0, list[float]()
-    for bucket, p in sorted(parts.items()):
-        row = await conn.fetchrow(Q.settle_batch, *p.arguments(now, notify_applied), bucket)
+    for bucket in sorted({*done_by, *failures_by, *campaigns_by, *moves_by}):
+        arguments = _arguments(
+            done_by.get(bucket, []),
+            failures_by.get(bucket, []),
+            campaigns_by.get(bucket, []),
+            moves_by.get(bucket, []),
+            now=now,
+            notify=notify_applied,
+        )
+        row = await conn.fetchrow(Q.settle_batch, *arguments, bucket)
         if row is not None:  # the statement always returns one row
             due += row["due"]
             ages += row["ages"] or ()
     return Settled(due, ages)
 
 
-@dataclass(slots=True)
-class _Part:
-    """One bucket's share of a settle."""
-
-    done: list[Key] = field(default_factory=list)
-    failures: list[Failure] = field(default_factory=list)
-    campaigns: list[CampaignWrite] = field(default_factory=list)
-    checkpoints: list[tuple[str, str, int]] = field(default_factory=list)
-
-    def arguments(self, now: datetime | None, notify: bool) -> list[object]:
-        done, failures, campaigns, moves = (
-            self.done,
-            self.failures,
-            self.campaigns,
-            self.checkpoints,
-        )
-        return [
-            [k[0] for k in done],
-            [k[1] for k in done],
-            [f.campaign_id for f in failures],
-            [f.seq for f in failures],
-            [f.attempts for f in failures],
-            [f.delay for f in failures],
-            [f.error for f in failures],
-            [f.dead for f in failures],
-            now,
-            [c.campaign_id for c in campaigns],
-            [c.head_seq for c in campaigns],
-            [c.due_at for c in campaigns],
-            [c.blocked for c in campaigns],
-            [c.gone for c in campaigns],
-            [k[0] for k in moves],
-            [k[1] for k in moves],
-            [k[2] for k in moves],
-            notify,
-            APPLIED_CHANNEL,
-        ]
+def _arguments(
+    done: Sequence[Key],
+    failures: Sequence[Failure],
+    campaigns: Sequence[CampaignWrite],
+    moves: Sequence[tuple[str, str, int]],
+    *,
+    now: datetime | None,
+    notify: bool,
+) -> list[object]:
+    """One bucket's share of a settle as the statement's arguments $1..$19."""
+    return [
+        [k[0] for k in done],
+        [k[1] for k in done],
+        [f.campaign_id for f in failures],
+        [f.seq for f in failures],
+        [f.attempts for f in failures],
+        [f.delay for f in failures],
+        [f.error for f in failures],
+        [f.dead for f in failures],
+        now,
+        [c.campaign_id for c in campaigns],
+        [c.head_seq for c in campaigns],
+        [c.due_at for c in campaigns],
+        [c.blocked for c in campaigns],
+        [c.gone for c in campaigns],
+        [k[0] for k in moves],
+        [k[1] for k in moves],
+        [k[2] for k in moves],
+        notify,
+        APPLIED_CHANNEL,
+    ]
 
 
 async def refresh_campaigns(
@@ -208,7 +201,7 @@ async def record_observations(
     now: datetime | None = None,
 ) -> None:
     """A shadow sighting of each row: counts and timestamps, next look in `look_again_in` s."""
-    for bucket, group in (await buckets.grouped(conn, keys, _campaign)).items():
+    for bucket, group in (await buckets.grouped(conn, keys, itemgetter(0))).items():
         await conn.execute(
             Q.record_observations,
             [k[0] for k in group],
@@ -230,11 +223,7 @@ async def defer(
     `seconds` by the database clock, consuming no attempt: what waits for a paused projector."""
     for bucket, group in (await buckets.grouped(conn, sorted(campaigns), str)).items():
         await conn.execute(Q.defer_campaigns, group, seconds, bucket)
-    for bucket, keys in (await buckets.grouped(conn, sorted(rows), _campaign)).items():
+    for bucket, keys in (await buckets.grouped(conn, sorted(rows), itemgetter(0))).items():
         await conn.execute(
             Q.defer_rows, [k[0] for k in keys], [k[1] for k in keys], seconds, bucket
         )
-
-
-def _campaign(key: Key) -> str:
-    return key[0]

@@ -127,11 +127,13 @@ class Worker:
                 after = AfterCommit()
                 counts = await self._batch(after, bucket, careful=True)
             full = counts.claimed >= self.app.settings.batch_size
-            self.ring.found(bucket, more=bool(counts.more_due) or full or not self.took_all)
-            if not counts.claimed and not self.ring.due_now():
-                # An empty claim on what the ring believed (another batch may have emptied it
-                # meanwhile): read every bucket before saying nothing is due.
-                await self.ring.refresh(self.pool, self.now())
+            await self.ring.found(
+                self.pool,
+                bucket,
+                more=bool(counts.more_due) or full or not self.took_all,
+                empty=not counts.claimed,
+                now=self.now(),
+            )
         except Exception as exc:
             transient = transient_cause(exc)
             if transient is None:
@@ -154,7 +156,7 @@ class Worker:
                 self.tally,
             )
             await runner.run(after.leases, counts)
-            self.ring.found(bucket, more=True)  # the campaigns behind the leases go on
+            self.ring.wake(str(bucket))  # the campaigns behind the leases go on
         return counts
 
     async def _batch(self, after: AfterCommit, bucket: int, *, careful: bool) -> BatchCounts:

@@ -34,7 +34,6 @@ class BucketRing:
     poll_interval: float
     clock: Callable[[], float] = time.monotonic
     due: dict[int, float] = field(default_factory=dict)
-    refreshed_at: float | None = None
     read_from: float | None = None  # when the last read began: it saw what committed before
     stale: bool = True  # a wake-up without a bucket: read every bucket again
     last: int = -1
@@ -45,10 +44,6 @@ class BucketRing:
         """Whether some bucket is known to have work due now."""
         now = self.clock()
         return any(at <= now for at in self.due.values())
-
-    def due_in(self) -> float | None:
-        """Seconds until the earliest known work is due (None: none known)."""
-        return None if not self.due else max(0.0, min(self.due.values()) - self.clock())
 
     async def take(self, executor: Executor, now: datetime | None = None) -> int | None:
         """The next bucket due now after the last one taken (None: nothing is due), after
@@ -72,14 +67,13 @@ class BucketRing:
         async with self._lock:
             if self.read_from is not None and self.read_from >= started:
                 return  # another loop's read began after this one asked: it is as fresh
-            self.read_from = self.clock()
+            self.read_from = began = self.clock()
             self.stale = False
             found = await due_buckets(executor, rows=self.rows, now=now)
             at = self.clock()
-            self._told = {b: t for b, t in self._told.items() if t >= started}
+            self._told = {b: t for b, t in self._told.items() if t >= began}
             self.due = {bucket: at + max(due_in, 0.0) for bucket, due_in in found}
             self.due.update(self._told)
-            self.refreshed_at = at
 
     def wake(self, payload: str) -> None:
         """A NOTIFY: its payload names a bucket that got work; anything else (a requeue, a
@@ -89,18 +83,30 @@ class BucketRing:
         else:
             self.stale = True
 
-    def found(self, bucket: int, *, more: bool) -> None:
+    async def found(
+        self,
+        executor: Executor,
+        bucket: int,
+        *,
+        more: bool,
+        empty: bool,
+        now: datetime | None = None,
+    ) -> None:
         """What a batch in `bucket` left: `more` due now (a full batch, campaigns left due), or
         nothing it could take (the bucket leaves the ring until a refresh or a wake-up finds
-        work in it again)."""
+        work in it again). After an `empty` claim, when nothing else is known to be due, every
+        bucket is read again: the ring says "nothing is due" only from a read that began after
+        a claim found nothing (another batch may have emptied what it believed)."""
         if more:
             self._due_now(bucket)
         else:
             self.due.pop(bucket, None)
             self._told.pop(bucket, None)
+        if empty and not self.due_now():
+            await self.refresh(executor, now)
 
     def _due_now(self, bucket: int) -> None:
         self.due[bucket] = self._told[bucket] = self.clock()
 
     def _old(self) -> bool:
-        return self.refreshed_at is None or self.clock() - self.refreshed_at >= self.poll_interval
+        return self.read_from is None or self.clock() - self.read_from >= self.poll_interval

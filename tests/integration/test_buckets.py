@@ -140,12 +140,12 @@ async def test_the_ring_moves_over_due_buckets_and_follows_wakeups(
     taken = [await ring.take(pool) for _ in range(len(wanted) + 1)]
     assert taken == [*wanted, wanted[0]]  # round-robin, from the lowest
     for bucket in wanted:
-        ring.found(bucket, more=False)  # each batch took all it could
+        await ring.found(pool, bucket, more=False, empty=False)  # each batch took all it could
     assert not ring.due_now()
     ring.wake(str(wanted[-1]))  # an append's NOTIFY names its bucket
     assert ring.due_now()
     assert await ring.take(pool) == wanted[-1]
-    ring.found(wanted[-1], more=False)
+    await ring.found(pool, wanted[-1], more=False, empty=False)
     async with pool.acquire() as conn:
         await notify_work(conn)
     ring.wake("")  # a requeue's NOTIFY names none: read every bucket again
