@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.install-stamp
 LINT_PATHS := outbox tests bench cmd docs/examples
 
 .DEFAULT_GOAL := help
-.PHONY: help install test test-unit test-faults lint demo bench soak clean
+.PHONY: help install test test-unit test-faults test-citus lint demo bench soak clean
 
 help: ## List the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  make %-8s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -28,6 +28,19 @@ test-unit: $(STAMP) ## Run the unit tier only: pure policy, no PostgreSQL at all
 
 test-faults: $(STAMP) ## Run the fault tier: real faults against worker processes (~5 min)
 	$(PY) -m pytest tests/faults -m faults $(PYTEST_ARGS)
+
+# The Citus tier: the core behaviour tests against the coordinator of a throwaway three-node
+# cluster, and tests/citus (router guard, kill soak, a node stopped mid-drain). Citus comes
+# from the server's pkglibdir, or is built from the tarball CITUS_SRC names (root, apt).
+CITUS_CORE := $(patsubst %,tests/integration/test_%.py,append append_keys worker batch_apply \
+	lease dedup repair discard reconcile projectors failure_reports modes pauses queries_prepare)
+test-citus: $(STAMP) ## Run the Citus tier (~15 min): Citus found, or built from CITUS_SRC
+	@bindir="$$($(PY) -c 'from outbox.localpg import find_bindir; print(find_bindir())')"; \
+	rc=0; bash tests/citus/ensure-citus.sh "$$bindir" || rc=$$?; \
+	if [ $$rc = 3 ] && [ -z "$(CITUS_SRC)" ]; then \
+		echo "test-citus: NOT RUN: no Citus on this machine (set CITUS_SRC to build one)" >&2; exit 0; \
+	elif [ $$rc != 0 ]; then echo "test-citus: FAILED: could not get a Citus" >&2; exit 1; fi
+	$(PY) -m pytest --citus tests/citus $(CITUS_CORE) $(PYTEST_ARGS)
 
 lint: $(STAMP) ## ruff check, ruff format --check, mypy --strict, the import contracts
 	$(VENV)/bin/ruff check $(LINT_PATHS)

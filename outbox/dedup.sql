@@ -18,11 +18,12 @@ RETURNING true AS released
 
 -- name: prune_consumer_claims
 -- Consumer claims whose week ended more than $1 days ago, at most $2 per call. The week ends
--- seven days after its Monday 00:00 UTC, whatever the session's TimeZone.
+-- seven days after its Monday 00:00 UTC, whatever the session's TimeZone. By key, not ctid
+-- (see prune_markers); the clock is on the constant side, so Citus evaluates it once.
 DELETE FROM consumer_claims
-WHERE ctid IN (
-    SELECT ctid FROM consumer_claims
-    WHERE (bucket + 7)::timestamp AT TIME ZONE 'UTC'
-          < clock_timestamp() - make_interval(days => $1::integer)
+WHERE (scope, event_id, bucket) IN (
+    SELECT scope, event_id, bucket FROM consumer_claims
+    WHERE (bucket + 7)::timestamp
+          < (statement_timestamp() - make_interval(days => $1::integer)) AT TIME ZONE 'UTC'
     LIMIT $2::integer
 )

@@ -10,11 +10,14 @@ own names, and let the fault tier swap the server).
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
 
+import anyio
 import pytest
+from citus_cluster import CitusCluster
 
 from outbox import db
 from outbox.config import Settings
@@ -38,10 +41,46 @@ def _unit_tests_touch_no_database(request: pytest.FixtureRequest) -> None:
         pytest.fail(f"a unit test uses {sorted(wanted)}: it belongs in tests/integration")
 
 
+CITUS_TIER = Path(__file__).resolve().parent / "citus"
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """tests/citus runs only with `--citus` (make test-citus)."""
+    if not config.getoption("citus") and collection_path == CITUS_TIER:
+        return True
+    return None
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--citus",
+        action="store_true",
+        help="run against a throwaway Citus cluster (make test-citus): a coordinator and two "
+        "workers on loopback, every test's database migrated and distributed",
+    )
+
+
 @pytest.fixture(scope="session")
-def pg_server() -> Iterator[str]:
+def citus(request: pytest.FixtureRequest) -> Iterator[CitusCluster | None]:
+    """The Citus cluster the suite runs on (`--citus`), or None: one PostgreSQL server."""
+    if not request.config.getoption("citus"):
+        yield None
+        return
+    cluster = CitusCluster.temporary()
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.destroy()
+
+
+@pytest.fixture(scope="session")
+def pg_server(citus: CitusCluster | None) -> Iterator[str]:
     """An admin DSN on a server the tests may create databases on (the fault tier overrides
-    it with a server of its own, which it restarts)."""
+    it with a server of its own, which it restarts); with `--citus`, the coordinator's."""
+    if citus is not None:
+        yield citus.coordinator.dsn
+        return
     from outbox.testing import local_server
 
     with local_server() as dsn:
@@ -55,25 +94,42 @@ def outbox_server(pg_server: str) -> str:
 
 
 @pytest.fixture(scope="session")
-def template_db(outbox_template: str) -> str:
-    """A database migrated once per session, cloned by every test."""
-    return outbox_template
+def template_db(request: pytest.FixtureRequest, citus: CitusCluster | None) -> str:
+    """A database migrated once per session, cloned by every test (on Citus: distributed)."""
+    if citus is not None:
+        return anyio.run(citus.create_template)
+    name: str = request.getfixturevalue("outbox_template")
+    return name
 
 
 @pytest.fixture
-async def fresh_db(pg_server: str) -> AsyncIterator[str]:
+async def fresh_db(pg_server: str, citus: CitusCluster | None) -> AsyncIterator[str]:
     """A DSN of an empty, unmigrated database, dropped after the test."""
     from outbox.testing import clone_database, drop_database
 
+    if citus is not None:
+        dsn = await citus.create_database(f"outbox_empty_{uuid.uuid4().hex[:12]}")
+        yield dsn
+        await citus.drop(dsn)
+        return
     dsn = await clone_database(pg_server, None, prefix="outbox_empty")
     yield dsn
     await drop_database(pg_server, urlsplit(dsn).path.lstrip("/"))
 
 
 @pytest.fixture
-def dsn(outbox_dsn: str) -> str:
+async def dsn(pg_server: str, template_db: str, citus: CitusCluster | None) -> AsyncIterator[str]:
     """A DSN of a fresh migrated database, dropped after the test."""
-    return outbox_dsn
+    from outbox.testing import clone_database, drop_database
+
+    if citus is not None:
+        dsn = await citus.clone(template_db)
+        yield dsn
+        await citus.drop(dsn)
+        return
+    dsn = await clone_database(pg_server, template_db)
+    yield dsn
+    await drop_database(pg_server, urlsplit(dsn).path.lstrip("/"))
 
 
 @pytest.fixture

@@ -37,10 +37,12 @@ LEFT JOIN event_journal e
 ORDER BY e.seq
 
 -- name: prune_append_keys
--- Expired append idempotency keys, at most $1 per call.
+-- Expired append idempotency keys, at most $1 per call (by key, not ctid: see prune_markers).
 DELETE FROM append_idempotency_keys
-WHERE ctid IN (
-    SELECT ctid FROM append_idempotency_keys WHERE expires_at <= clock_timestamp() LIMIT $1::integer
+WHERE (bucket, campaign_id, idem_key) IN (
+    SELECT bucket, campaign_id, idem_key FROM append_idempotency_keys
+    WHERE expires_at <= statement_timestamp()
+    LIMIT $1::integer
 )
 
 -- name: list_recent_events

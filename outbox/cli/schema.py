@@ -8,7 +8,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from outbox import db
+from outbox import db, distribution
 from outbox import schema as migrations
 from outbox.cli.common import (
     DsnOption,
@@ -98,3 +98,40 @@ def schema_command(
     for m in shipped:
         table.add_row(m.name, m.checksum)
     stdout.print(table)
+
+
+@app.command("distribute")
+def distribute_command(
+    dsn: DsnOption = None,
+    shard_count: Annotated[
+        int | None,
+        typer.Option(
+            "--shard-count",
+            min=1,
+            help="Shards per table (default: one per bucket; at most the number of buckets).",
+        ),
+    ] = None,
+    as_json: JsonOption = False,
+) -> None:
+    """On a Citus coordinator: distribute the outbox's tables by bucket, co-located (idempotent)."""
+    target = require_dsn(settings_for(dsn=dsn))
+
+    async def body() -> distribution.Distributed:
+        conn = await db.connect(target)
+        try:
+            return await distribution.distribute(conn, shard_count=shard_count)
+        finally:
+            await conn.close()
+
+    result = run(body)
+    if as_json:
+        emit_json("distribute", result)
+        return
+    table = Table("table", "by", "co-located with", "shards", "state")
+    for t in result.tables:
+        table.add_row(t.table, t.column, t.colocated_with or "-", str(t.shards), t.state)
+    stdout.print(table)
+    stderr.print(
+        f"Citus {result.citus_version}: {result.buckets} buckets over {result.shard_count} shards "
+        f"per table, on {result.nodes} node(s)"
+    )

@@ -71,11 +71,12 @@ DELETE FROM processed_markers
 WHERE bucket = $3::integer AND campaign_id = $1::text AND handler = $2::text
 
 -- name: prune_markers
--- Processed markers older than $1 hours, at most $2 per call.
+-- Processed markers older than $1 hours, at most $2 per call (by key, not ctid: on Citus the
+-- inner select runs across shards first, and a ctid means nothing outside its shard).
 DELETE FROM processed_markers
-WHERE ctid IN (
-    SELECT ctid FROM processed_markers
-    WHERE applied_at < clock_timestamp() - make_interval(hours => $1::integer)
+WHERE (bucket, campaign_id, seq, handler) IN (
+    SELECT bucket, campaign_id, seq, handler FROM processed_markers
+    WHERE applied_at < statement_timestamp() - make_interval(hours => $1::integer)
     LIMIT $2::integer
 )
 

@@ -35,34 +35,13 @@ SELECT (SELECT count(*) FROM (
 -- the database clock: a pending or failed campaign head (campaign $1, or all). A row behind an
 -- outstanding head of its campaign waits for that head and is not claimable; under park ($2)
 -- dead rows step aside, so a head is the first row that is not dead. The heads are found by a
--- loose index scan, one descent of the primary key per campaign: the cost grows with the
--- campaigns that have work, not with their rows. $3: the bucket of campaign $1.
-WITH RECURSIVE heads AS (
-    (
-        SELECT o.bucket, o.campaign_id, o.seq, o.status, o.enqueued_at
-        FROM projection_apply_outbox o
-        WHERE ($1::text IS NULL OR (o.bucket = $3::integer AND o.campaign_id = $1::text))
-          AND NOT ($2::boolean AND o.status = 'dead')
-        ORDER BY o.bucket, o.campaign_id, o.seq
-        LIMIT 1
-    )
-    UNION ALL
-    SELECT n.bucket, n.campaign_id, n.seq, n.status, n.enqueued_at
-    FROM heads h
-    CROSS JOIN LATERAL (
-        SELECT o.bucket, o.campaign_id, o.seq, o.status, o.enqueued_at
-        FROM projection_apply_outbox o
-        WHERE $1::text IS NULL AND (o.bucket, o.campaign_id) > (h.bucket, h.campaign_id)
-          AND NOT ($2::boolean AND o.status = 'dead')
-        ORDER BY o.bucket, o.campaign_id, o.seq
-        LIMIT 1
-    ) n
-)
-SELECT campaign_id, seq, enqueued_at,
-       extract(epoch FROM clock_timestamp() - enqueued_at)::double precision AS age_seconds
-FROM heads
-WHERE status IN ('pending', 'failed')
-ORDER BY enqueued_at, seq
+-- loose index scan per bucket (migration 0010), one descent of the primary key per campaign:
+-- the cost grows with the campaigns that have work, not with their rows. $3: the bucket of
+-- campaign $1.
+SELECT h.campaign_id, h.seq, h.enqueued_at,
+       extract(epoch FROM clock_timestamp() - h.enqueued_at)::double precision AS age_seconds
+FROM outbox_oldest_claimable($1::text, $3::integer, $2::boolean) h
+ORDER BY h.enqueued_at, h.seq
 LIMIT 1
 
 -- name: count_dead_rows
@@ -84,55 +63,14 @@ END
 -- Campaigns whose first outstanding row is failed or dead (under park, $2, dead rows step
 -- aside and do not block), campaign $1 or all, with the rows waiting behind the head (counted
 -- up to $4); the oldest head first, at most $3; `total` counts them all, whatever the limit.
--- Found from the attention index: each campaign's first failed or dead row (a loose index
--- scan), kept when nothing outstanding precedes it. The cost grows with the campaigns that
--- have failed or dead rows, not with the queue. $5: the bucket of campaign $1. (Failed or
--- dead is written "neither pending nor processing": the planner's estimate of a rare IN list
--- made it read every such row and sort them, instead of the first one in index order.)
-WITH RECURSIVE firsts AS (
-    (
-        SELECT o.bucket, o.campaign_id, o.seq
-        FROM projection_apply_outbox o
-        WHERE o.status <> 'pending' AND o.status <> 'processing'
-          AND NOT ($2::boolean AND o.status = 'dead')
-          AND ($1::text IS NULL OR (o.bucket = $5::integer AND o.campaign_id = $1::text))
-        ORDER BY o.bucket, o.campaign_id, o.seq
-        LIMIT 1
-    )
-    UNION ALL
-    SELECT n.bucket, n.campaign_id, n.seq
-    FROM firsts f
-    CROSS JOIN LATERAL (
-        SELECT o.bucket, o.campaign_id, o.seq
-        FROM projection_apply_outbox o
-        WHERE o.status <> 'pending' AND o.status <> 'processing'
-          AND NOT ($2::boolean AND o.status = 'dead')
-          AND $1::text IS NULL AND (o.bucket, o.campaign_id) > (f.bucket, f.campaign_id)
-        ORDER BY o.bucket, o.campaign_id, o.seq
-        LIMIT 1
-    ) n
-), blocked AS (
-    SELECT o.bucket, o.campaign_id, o.seq, o.status, o.enqueued_at, count(*) OVER () AS total
-    FROM firsts f
-    JOIN projection_apply_outbox o
-        ON o.bucket = f.bucket AND o.campaign_id = f.campaign_id AND o.seq = f.seq
-    WHERE NOT EXISTS (
-        SELECT 1 FROM projection_apply_outbox e
-        WHERE e.bucket = f.bucket AND e.campaign_id = f.campaign_id AND e.seq < f.seq
-          AND NOT ($2::boolean AND e.status = 'dead')
-    )
-    ORDER BY o.enqueued_at, o.campaign_id
-    LIMIT $3::integer
-)
-SELECT b.campaign_id, b.seq AS blocking_seq, b.status,
-       (SELECT count(*) FROM (
-            SELECT 1 FROM projection_apply_outbox w
-            WHERE w.bucket = b.bucket AND w.campaign_id = b.campaign_id AND w.seq > b.seq
-            LIMIT $4::integer
-        ) AS behind) AS waiting,
+-- Found from the attention index, bucket by bucket (migration 0010): each campaign's first
+-- failed or dead row (a loose index scan), kept when nothing outstanding precedes it. The cost
+-- grows with the campaigns that have failed or dead rows, not with the queue. $5: the bucket
+-- of campaign $1.
+SELECT b.campaign_id, b.blocking_seq, b.status, b.waiting,
        extract(epoch FROM clock_timestamp() - b.enqueued_at)::double precision AS age_seconds,
        b.total
-FROM blocked b
+FROM outbox_blocked_campaigns($1::text, $5::integer, $2::boolean, $3::integer, $4::integer) b
 ORDER BY b.enqueued_at, b.campaign_id
 
 -- name: list_failure_groups
@@ -175,12 +113,8 @@ LIMIT $3::integer
 SELECT o.campaign_id, o.seq, o.event_type, o.status, o.attempt_count, o.next_attempt_at,
        o.enqueued_at, o.updated_at, o.last_error, j.payload
 FROM projection_apply_outbox o
-LEFT JOIN LATERAL (
-    SELECT e.payload::text AS payload
-    FROM event_journal e
-    WHERE $4::boolean AND e.bucket = o.bucket AND e.campaign_id = o.campaign_id
-      AND e.seq = o.seq
-) j ON true
+LEFT JOIN (SELECT bucket, campaign_id, seq, payload::text AS payload FROM event_journal) j
+    ON $4::boolean AND j.bucket = o.bucket AND j.campaign_id = o.campaign_id AND j.seq = o.seq
 WHERE ($1::text IS NULL OR o.status = $1::text)
   AND ($2::text IS NULL OR (o.bucket = $5::integer AND o.campaign_id = $2::text))
 ORDER BY o.status IN ('failed', 'dead') DESC, o.next_attempt_at, o.seq

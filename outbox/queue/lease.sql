@@ -2,30 +2,30 @@
 -- leased by a batch, run outside any queue transaction, kept alive by heartbeats and ended by
 -- a compare-and-set on owner, epoch and status. While a row is processing its next_attempt_at
 -- equals lease_expires_at, so the ordinary claim takes it back when the lease expires. Every
--- statement names its bucket; instants come from statement_timestamp() (a statement that
--- writes calls no volatile function: Citus would refuse to route it).
+-- statement names its bucket; instants come from statement_timestamp() and parameters, never
+-- from a volatile function, and no stable function or operator (format, timestamptz +
+-- interval) takes a column: Citus refuses both in a distributed UPDATE.
 
 -- name: lease_rows
 -- Lease rows ($1, $2) that a batch holds (its claim locked their campaigns) to owner $3 for $4
 -- seconds, if each is still at the epoch the claim read ($5; null: never leased). A row whose
 -- lease expired (reclaimed) counts that lease as an attempt and says so in last_error. Returns
 -- the rows leased with their epoch, expiry and attempts. $6 = now; $7 their bucket.
-WITH t AS (
-    SELECT coalesce($6::timestamptz, statement_timestamp()) AS at
-)
 UPDATE projection_apply_outbox o
 SET status = 'processing',
     lease_owner = $3::text,
     claim_epoch = coalesce(o.claim_epoch, 0) + 1,
-    leased_at = t.at,
-    lease_expires_at = t.at + make_interval(secs => $4::double precision),
-    next_attempt_at = t.at + make_interval(secs => $4::double precision),
+    leased_at = outbox_now($6::timestamptz),
+    lease_expires_at = outbox_now($6::timestamptz)
+        + make_interval(secs => $4::double precision),
+    next_attempt_at = outbox_now($6::timestamptz)
+        + make_interval(secs => $4::double precision),
     attempt_count = o.attempt_count + (o.status = 'processing')::integer,
     last_error = CASE WHEN o.status = 'processing'
-        THEN format('lease expired: owner %s, epoch %s', o.lease_owner, o.claim_epoch)
+        THEN 'lease expired: owner ' || o.lease_owner || ', epoch ' || o.claim_epoch::text
         ELSE o.last_error END,
-    updated_at = t.at
-FROM t, unnest($1::text[], $2::bigint[], $5::bigint[]) AS l(campaign_id, seq, epoch)
+    updated_at = outbox_now($6::timestamptz)
+FROM unnest($1::text[], $2::bigint[], $5::bigint[]) AS l(campaign_id, seq, epoch)
 WHERE o.bucket = $7::integer AND o.campaign_id = l.campaign_id AND o.seq = l.seq
   AND o.claim_epoch IS NOT DISTINCT FROM l.epoch
   AND o.status IN ('pending', 'failed', 'processing')
@@ -34,24 +34,26 @@ RETURNING o.campaign_id, o.seq, o.claim_epoch, o.lease_expires_at, o.attempt_cou
 -- name: extend_leases
 -- Heartbeat: extend by $4 seconds the leases owner $1 still holds ($2, $3 with epochs $5);
 -- returns those still held (a missing one was taken over or ended). All in bucket $6.
-WITH t AS (
-    SELECT statement_timestamp() + make_interval(secs => $4::double precision) AS until
-)
 UPDATE projection_apply_outbox o
-SET lease_expires_at = t.until, next_attempt_at = t.until
-FROM t, unnest($2::text[], $3::bigint[], $5::bigint[]) AS l(campaign_id, seq, epoch)
-WHERE o.bucket = $6::integer AND o.campaign_id = l.campaign_id AND o.seq = l.seq AND o.claim_epoch = l.epoch
-  AND o.lease_owner = $1::text AND o.status = 'processing'
+SET lease_expires_at = statement_timestamp() + make_interval(secs => $4::double precision),
+    next_attempt_at = statement_timestamp() + make_interval(secs => $4::double precision)
+FROM unnest($2::text[], $3::bigint[], $5::bigint[]) AS l(campaign_id, seq, epoch)
+WHERE o.bucket = $6::integer AND o.campaign_id = l.campaign_id AND o.seq = l.seq
+  AND o.claim_epoch = l.epoch AND o.lease_owner = $1::text AND o.status = 'processing'
 RETURNING o.campaign_id, o.seq
 
 -- name: complete_lease
 -- The fenced end of a lease that succeeded: delete the row only while owner $3 at epoch $4
 -- still holds it, returning the seconds since it was enqueued; no row back means the lease was
 -- taken over and nothing changed. $5: the bucket.
-DELETE FROM projection_apply_outbox
-WHERE bucket = $5::integer AND campaign_id = $1::text AND seq = $2::bigint AND status = 'processing'
-  AND lease_owner = $3::text AND claim_epoch = $4::bigint
-RETURNING extract(epoch FROM statement_timestamp() - enqueued_at)::double precision AS age
+-- (The age is taken outside the DELETE: Citus allows no clock in a RETURNING list.)
+WITH gone AS (
+    DELETE FROM projection_apply_outbox
+    WHERE bucket = $5::integer AND campaign_id = $1::text AND seq = $2::bigint
+      AND status = 'processing' AND lease_owner = $3::text AND claim_epoch = $4::bigint
+    RETURNING enqueued_at
+)
+SELECT extract(epoch FROM statement_timestamp() - enqueued_at)::double precision AS age FROM gone
 
 -- name: fail_lease
 -- The fenced end of a lease whose projector failed: attempts $5, next attempt in $6 seconds,

@@ -8,10 +8,11 @@ means, in what chunks, and whether an event counts as applied are the callers' (
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from operator import itemgetter
+from operator import attrgetter, itemgetter
 from typing import TYPE_CHECKING
 
 from outbox import buckets
@@ -19,7 +20,7 @@ from outbox.queries import Queries
 from outbox.queue.settle import refresh_campaigns
 
 if TYPE_CHECKING:
-    from outbox.db import Connection
+    from outbox.db import Connection, Record
 
 __all__ = [
     "START",
@@ -36,7 +37,9 @@ __all__ = [
 
 
 class RepairQueries(Queries):
+    list_dead_rows: str
     requeue_dead_rows: str
+    insert_requeue_audit: str
     list_unqueued_events: str
     insert_work_rows: str
     list_unqueued_campaigns: str
@@ -76,37 +79,50 @@ async def requeue_dead(
     its audit row; rows other transactions hold are skipped. `fingerprint`: only rows of that
     error group (`inspect.failure_groups`). `dry_run`: change nothing."""
     named = one[0] if one else campaign_id
-    rows = await conn.fetch(
-        Q.requeue_dead_rows,
+    listed = await conn.fetch(
+        Q.list_dead_rows,
         limit,
         campaign_id,
         event_type,
         one[0] if one else None,
         one[1] if one else None,
-        dry_run,
-        actor,
-        reason,
         fingerprint,
         None if named is None else await buckets.bucket_for(conn, named),
     )
-    if not dry_run:
-        # Live again: their campaigns are claimable at once. The dead policy is the workers'
-        # to know; never marking a campaign blocked is the safe side (a block worker's next
-        # claim of it marks it again if a dead row still precedes).
-        await refresh_campaigns(
-            conn, sorted({r["campaign_id"] for r in rows}), park=True, removable=()
+    if dry_run:
+        return [_dead(r) for r in listed]
+    rows = []
+    # The locking statement stays in one bucket: one per bucket the listed rows are in.
+    by_bucket = itemgetter("bucket")
+    for bucket, part in itertools.groupby(sorted(listed, key=by_bucket), key=by_bucket):
+        keys = list(part)
+        rows += await conn.fetch(
+            Q.requeue_dead_rows,
+            bucket,
+            [k["campaign_id"] for k in keys],
+            [k["seq"] for k in keys],
         )
-    return [
-        DeadRow(
-            r["campaign_id"],
-            r["seq"],
-            r["event_type"],
-            r["attempt_count"],
-            r["last_error"],
-            r["next_attempt_at"],
+    if rows:
+        columns = ("campaign_id", "seq", "status", "attempt_count", "last_error", "next_attempt_at")
+        await conn.execute(
+            Q.insert_requeue_audit, actor, reason, *([r[c] for r in rows] for c in columns)
         )
-        for r in rows
-    ]
+    # Live again: their campaigns are claimable at once. The dead policy is the workers' to
+    # know; never marking a campaign blocked is the safe side (a block worker's next claim of
+    # it marks it again if a dead row still precedes).
+    await refresh_campaigns(conn, sorted({r["campaign_id"] for r in rows}), park=True, removable=())
+    return sorted(map(_dead, rows), key=attrgetter("next_attempt_at", "seq"))
+
+
+def _dead(r: Record) -> DeadRow:
+    return DeadRow(
+        r["campaign_id"],
+        r["seq"],
+        r["event_type"],
+        r["attempt_count"],
+        r["last_error"],
+        r["next_attempt_at"],
+    )
 
 
 async def discard_dead_row(

@@ -1,43 +1,57 @@
 -- Repairs of the work queue: dead rows back to pending (audited), and journal events that
 -- never got a work row enqueued.
 
+-- name: list_dead_rows
+-- Dead rows an operator names, oldest first by next_attempt_at, seq, at most $1: a batch
+-- (campaign $2, event type $3, error fingerprint $6: see migration 0008) or one row ($4, $5);
+-- $7: the bucket of the campaign or row named. A read: `requeue_dead_rows` takes them, bucket
+-- by bucket (a statement that locks rows stays in one bucket).
+SELECT bucket, campaign_id, seq, event_type, attempt_count, last_error, next_attempt_at
+FROM projection_apply_outbox
+WHERE status = 'dead' AND ($7::integer IS NULL OR bucket = $7::integer)
+  AND ($2::text IS NULL OR campaign_id = $2::text)
+  AND ($3::text IS NULL OR event_type = $3::text)
+  AND ($4::text IS NULL OR (campaign_id = $4::text AND seq = $5::bigint))
+  AND ($6::text IS NULL OR outbox_error_fingerprint(
+           outbox_error_projector(last_error), outbox_error_shape(last_error)) = $6::text)
+ORDER BY next_attempt_at, seq
+LIMIT $1::integer
+
 -- name: requeue_dead_rows
--- Dead rows back to pending, due now, with a fresh attempt budget, oldest first by
--- next_attempt_at, seq: a batch (limit $1, campaign $2, event type $3, error fingerprint $9:
--- see migration 0008) or one row ($4, $5); $10: the bucket of the campaign or row named.
--- Rows other transactions hold are skipped. $6 dry run: select, change nothing. Each requeue
--- writes its audit row (actor $7, reason $8) keeping the previous status, attempts and error.
+-- Dead rows ($2, $3), all in bucket $1, back to pending, due now, with a fresh attempt budget;
+-- rows other transactions hold, or no longer dead, are skipped. Returns each row as it was, for
+-- its audit row (`insert_requeue_audit`, in the same transaction: on Citus the audit is the
+-- coordinator's own table, and one statement must not write both).
 WITH target AS (
-    SELECT bucket, campaign_id, seq, event_type, status, attempt_count, last_error,
-           next_attempt_at
-    FROM projection_apply_outbox
-    WHERE status = 'dead' AND ($10::integer IS NULL OR bucket = $10::integer)
-      AND ($2::text IS NULL OR campaign_id = $2::text)
-      AND ($3::text IS NULL OR event_type = $3::text)
-      AND ($4::text IS NULL OR (campaign_id = $4::text AND seq = $5::bigint))
-      AND ($9::text IS NULL OR outbox_error_fingerprint(
-               outbox_error_projector(last_error), outbox_error_shape(last_error)) = $9::text)
-    ORDER BY next_attempt_at, seq
-    LIMIT $1::integer
-    FOR UPDATE SKIP LOCKED
+    SELECT o.bucket, o.campaign_id, o.seq, o.event_type, o.status, o.attempt_count,
+           o.last_error, o.next_attempt_at
+    FROM projection_apply_outbox o
+    JOIN unnest($2::text[], $3::bigint[]) AS k(campaign_id, seq)
+        ON o.campaign_id = k.campaign_id AND o.seq = k.seq
+    WHERE o.bucket = $1::integer AND o.status = 'dead'
+    FOR UPDATE OF o SKIP LOCKED
 ), moved AS (
     UPDATE projection_apply_outbox o
     SET status = 'pending', attempt_count = 0, next_attempt_at = statement_timestamp(),
         updated_at = statement_timestamp()
     FROM target t
-    WHERE NOT $6::boolean AND o.bucket = t.bucket AND o.campaign_id = t.campaign_id
-      AND o.seq = t.seq
+    WHERE o.bucket = $1::integer AND o.campaign_id = t.campaign_id AND o.seq = t.seq
     RETURNING o.campaign_id, o.seq
-), audit AS (
-    INSERT INTO outbox_requeue_audit (campaign_id, seq, actor, reason, previous_status,
-        previous_attempt_count, previous_last_error, previous_next_attempt_at)
-    SELECT t.campaign_id, t.seq, $7::text, $8::text, t.status, t.attempt_count, t.last_error,
-           t.next_attempt_at
-    FROM target t JOIN moved m ON m.campaign_id = t.campaign_id AND m.seq = t.seq
 )
-SELECT t.campaign_id, t.seq, t.event_type, t.attempt_count, t.last_error, t.next_attempt_at
-FROM target t
-ORDER BY t.next_attempt_at, t.seq
+SELECT t.campaign_id, t.seq, t.event_type, t.status, t.attempt_count, t.last_error,
+       t.next_attempt_at
+FROM target t JOIN moved m ON m.campaign_id = t.campaign_id AND m.seq = t.seq
+
+-- name: insert_requeue_audit
+-- The audit rows of requeued rows ($3..$8: campaign, seq, and what each was), actor $1,
+-- reason $2.
+INSERT INTO outbox_requeue_audit (campaign_id, seq, actor, reason, previous_status,
+    previous_attempt_count, previous_last_error, previous_next_attempt_at)
+SELECT a.campaign_id, a.seq, $1::text, $2::text, a.status, a.attempt_count, a.last_error,
+       a.next_attempt_at
+FROM unnest($3::text[], $4::bigint[], $5::text[], $6::integer[], $7::text[],
+            $8::timestamptz[]) AS a(campaign_id, seq, status, attempt_count, last_error,
+                                    next_attempt_at)
 
 -- name: list_unqueued_events
 -- Journal events with no work row, after the keyset cursor ($5, $2, $3: bucket, campaign, seq),

@@ -79,10 +79,9 @@ SELECT pg_notify($1::text, $2::text)
 -- again after $3 seconds (attempts, status and errors stay as they are). All in bucket $5.
 UPDATE projection_apply_outbox o
 SET seen_count = o.seen_count + 1,
-    first_seen_at = coalesce(o.first_seen_at, coalesce($4::timestamptz, statement_timestamp())),
-    last_seen_at = coalesce($4::timestamptz, statement_timestamp()),
-    next_attempt_at = coalesce($4::timestamptz, statement_timestamp())
-        + make_interval(secs => $3::double precision)
+    first_seen_at = least(o.first_seen_at, outbox_now($4::timestamptz)),
+    last_seen_at = outbox_now($4::timestamptz),
+    next_attempt_at = outbox_now($4::timestamptz) + make_interval(secs => $3::double precision)
 FROM unnest($1::text[], $2::bigint[]) AS s(campaign_id, seq)
 WHERE o.bucket = $5::integer AND o.campaign_id = s.campaign_id AND o.seq = s.seq
 

@@ -26,7 +26,7 @@ async def test_append_writes_journal_head_and_work_rows(pool: db.Pool, settings:
     assert (result.first_seq, result.last_seq) == (4, 4)
     rows = await pool.fetch(
         "SELECT j.seq, j.event_type, j.payload, j.metadata, o.status, o.attempt_count "
-        "FROM event_journal j JOIN projection_apply_outbox o USING (campaign_id, seq) "
+        "FROM event_journal j JOIN projection_apply_outbox o USING (bucket, campaign_id, seq) "
         "WHERE campaign_id = 'c-1' ORDER BY seq"
     )
     assert [r["seq"] for r in rows] == [1, 2, 3, 4]
@@ -149,7 +149,8 @@ async def test_expired_key_appends_again(pool: db.Pool, settings: Settings) -> N
     await append(pool, "c", [ev()], idempotency_key="req", settings=settings)
     # The TTL running out, written as the database would see it: expires_at in the past.
     await pool.execute(
-        "UPDATE append_idempotency_keys SET expires_at = clock_timestamp() - interval '1 second'"
+        "UPDATE append_idempotency_keys "
+        "SET expires_at = statement_timestamp() - interval '1 second'"
     )
     again = await append(pool, "c", [ev()], idempotency_key="req", settings=settings)
     assert (again.first_seq, again.duplicate) == (2, False)

@@ -85,13 +85,14 @@ async def expired_lease(pool: db.Pool, *, epoch: int, attempts: int) -> None:
     """The one queued row, leased by a worker that died (`gone:1`) a minute past its expiry."""
     await pool.execute(
         "UPDATE projection_apply_outbox SET status = 'processing', lease_owner = 'gone:1', "
-        "claim_epoch = $1, attempt_count = $2, leased_at = clock_timestamp() - interval '2 min', "
-        "lease_expires_at = clock_timestamp() - interval '1 min', "
-        "next_attempt_at = clock_timestamp() - interval '1 min'",
+        "claim_epoch = $1, attempt_count = $2, "
+        "leased_at = statement_timestamp() - interval '2 min', "
+        "lease_expires_at = statement_timestamp() - interval '1 min', "
+        "next_attempt_at = statement_timestamp() - interval '1 min'",
         epoch,
         attempts,
     )
-    await pool.execute("UPDATE projection_apply_campaigns SET due_at = clock_timestamp()")
+    await pool.execute("UPDATE projection_apply_campaigns SET due_at = statement_timestamp()")
 
 
 async def deliveries(pool: db.Pool) -> list[tuple[str, int]]:

@@ -89,7 +89,7 @@ async def test_a_paused_projector_holds_its_campaigns_and_a_resume_releases_them
     )
     assert (await worker.run_once()).claimed == 0  # deferred: not claimed again before its time
     # A poll interval passes: still paused, it is deferred again, still no attempt.
-    await pool.execute("UPDATE projection_apply_campaigns SET due_at = clock_timestamp()")
+    await pool.execute("UPDATE projection_apply_campaigns SET due_at = statement_timestamp()")
     assert (await worker.run_once()).paused == 1
     assert await outstanding(pool) == [(c, 2, "pending", 0), (c, 3, "pending", 0)]
     resumed = await resume_projector(pool, "mailer")
@@ -101,7 +101,7 @@ async def test_a_paused_projector_holds_its_campaigns_and_a_resume_releases_them
         ("resume", None),
         ("pause", "smtp down"),
     ]
-    await pool.execute("UPDATE projection_apply_campaigns SET due_at = clock_timestamp()")
+    await pool.execute("UPDATE projection_apply_campaigns SET due_at = statement_timestamp()")
     assert (await worker.run_once()).applied == 2
     assert await outstanding(pool) == []
     assert await tallies(pool) == {(c, "placed"): 2, (c, "shipped"): 1, (d, "placed"): 2}
@@ -185,5 +185,5 @@ async def test_a_paused_lease_mode_projector_leases_nothing(pool: db.Pool, dsn: 
     assert (counts.leased, counts.paused) == (0, 1)
     assert await outstanding(pool) == [("c", 1, "pending", 0)]
     await resume_projector(pool, "notify")
-    await pool.execute("UPDATE projection_apply_campaigns SET due_at = clock_timestamp()")
+    await pool.execute("UPDATE projection_apply_campaigns SET due_at = statement_timestamp()")
     assert (await Worker(app, pool).run_once()).leased == 1

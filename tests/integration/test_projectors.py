@@ -7,6 +7,7 @@ from typing import Any
 
 import anyio
 import pytest
+from citus_cluster import CitusCluster
 
 from helpers import wait_for
 from outbox import ConfigError, Settings, db
@@ -163,7 +164,9 @@ async def test_ordered_projector_of_a_subset_of_types_sees_no_gap(pool: db.Pool)
     assert {r["projector"]: r["applied_seq"] for r in rows} == {"only_u": 5, "only_t": 5}
 
 
-async def test_two_first_applications_of_a_campaign_apply_it_once(pool: db.Pool) -> None:
+async def test_two_first_applications_of_a_campaign_apply_it_once(
+    pool: db.Pool, citus: CitusCluster | None
+) -> None:
     """With no checkpoint row yet, a second applier outside the queue (a tool, a replay) waits
     for the first instead of reading "missing" as 0 and applying the event again."""
     app = Outbox(Settings())
@@ -178,7 +181,15 @@ async def test_two_first_applications_of_a_campaign_apply_it_once(pool: db.Pool)
         tx = first.transaction()
         await tx.start()
         assert await apply_event(first, app.registry, event) is ApplyOutcome.APPLIED
-        pid: int = await second.fetchval("SELECT pg_backend_pid()")
+        # The lock wait happens where the checkpoint's row is: here, or (Citus) on a worker node.
+        waits = (
+            "SELECT cardinality(pg_blocking_pids($1)) > 0"
+            if citus is None
+            else "SELECT EXISTS (SELECT 1 FROM citus_lock_waits WHERE waiting_gpid = $1)"
+        )
+        pid: int = await second.fetchval(
+            "SELECT pg_backend_pid()" if citus is None else "SELECT citus_backend_gpid()"
+        )
         outcome: list[ApplyOutcome] = []
 
         async def apply_second() -> None:
@@ -191,9 +202,7 @@ async def test_two_first_applications_of_a_campaign_apply_it_once(pool: db.Pool)
             # The second applier either waits for the first's checkpoint row, or (the bug) has
             # applied already; either way it is safe to commit the first now.
             async def waits_or_done() -> bool:
-                blocked: bool = await pool.fetchval(
-                    "SELECT cardinality(pg_blocking_pids($1)) > 0", pid
-                )
+                blocked: bool = await pool.fetchval(waits, pid)
                 return blocked or bool(outcome)
 
             await wait_for(waits_or_done)

@@ -173,7 +173,8 @@ async def test_the_console_reads_as_the_report_role(
                     "/api/projectors",
                 )
             }
-            # A dry run takes the requeue's row locks: the report role is refused, in a line.
+            # A dry run is a read (the requeue locks its rows only when it writes, bucket by
+            # bucket): the report role may preview what a requeue would take.
             preview = await console.get("/api/failures/requeue?fingerprint=0123456789ab")
     finally:
         await report.close()
@@ -182,8 +183,8 @@ async def test_the_console_reads_as_the_report_role(
     for path, response in pages.items():
         assert response.status_code == 200, (path, response.text)
     assert len(pages["/api/campaign?id=c"].json()["data"]["rows"]) == 2
-    assert preview.status_code == 503
-    assert preview.json()["error"].startswith("the database refused: InsufficientPrivilegeError")
+    assert preview.status_code == 200, preview.text
+    assert "error" not in preview.json() or preview.json()["error"] is None
 
 
 async def test_the_consumer_role_claims_and_releases_and_no_more(

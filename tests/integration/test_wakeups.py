@@ -264,7 +264,7 @@ async def test_wait_applied_says_what_holds_the_events(
         "UPDATE projection_apply_outbox "
         "SET status = 'pending', attempt_count = 0, next_attempt_at = clock_timestamp()"
     )
-    await pool.execute("UPDATE projection_apply_campaigns SET due_at = clock_timestamp()")
+    await pool.execute("UPDATE projection_apply_campaigns SET due_at = statement_timestamp()")
     fast = settings.replace(poll_interval=0.05)
     async with serving(Service(Worker(recording_app(fast), pool), dsn)):
         with anyio.fail_after(30):

@@ -168,7 +168,7 @@ async def test_transient_error_consumes_no_attempt(pool: db.Pool, settings: Sett
             terminated = True
             pid = await tx.fetchval("SELECT pg_backend_pid()")
             async with pool.acquire() as other:  # the backend dies under the worker
-                await other.execute("SELECT pg_terminate_backend($1)", pid)
+                await other.execute("SELECT pg_terminate_backend($1::integer)", pid)
         await tx.execute("CREATE TABLE IF NOT EXISTS fragile_applied (seq bigint)")
         await tx.execute("INSERT INTO fragile_applied VALUES ($1)", event.seq)
 

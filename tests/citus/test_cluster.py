@@ -1,0 +1,177 @@
+"""The outbox on a three-node Citus cluster: every worker statement one task, a projection
+table co-located by bucket, a kill soak with the generator's oracle, and a worker node stopped
+mid-drain.
+
+The router guard sets `citus.multi_task_query_log_level = error` on the database: from then
+on Citus refuses, with an error, any statement that needs more than one task. The claim, the
+settle, the leases, the ring's reads and the retries run under it, those inside the PL/pgSQL
+functions included (an EXPLAIN of a function call would not show them).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from datetime import UTC, datetime, timedelta
+from urllib.parse import urlsplit
+
+import orjson
+import pytest
+from citus_cluster import CitusCluster
+from harness import scaled
+from test_faults import _soak
+
+from helpers import queue_count, run_cli
+from outbox import Event, Settings, append, db
+from outbox.buckets import bucket_of
+from outbox.distribution import PLAN
+from outbox.model import StoredEvent
+from outbox.projection.app import Outbox
+from outbox.worker.batch import Worker
+
+# A projection table placed as docs/scaling.md says: a bucket column, distributed by it and
+# co-located with the journal, so a batch's projector writes stay on the batch's shard.
+TALLIES = """
+CREATE TABLE tallies (
+    bucket      integer NOT NULL,
+    campaign_id text    NOT NULL,
+    events      bigint  NOT NULL,
+    PRIMARY KEY (bucket, campaign_id)
+);
+SELECT create_distributed_table('tallies', 'bucket', colocate_with => 'event_journal');
+"""
+
+ADD = """
+INSERT INTO tallies (bucket, campaign_id, events) VALUES (outbox_bucket($1), $1, 1)
+ON CONFLICT (bucket, campaign_id) DO UPDATE SET events = tallies.events + 1
+"""
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.at = datetime.now(UTC)
+
+    def __call__(self) -> datetime:
+        return self.at
+
+
+def tally_app(settings: Settings, *, flaky: set[tuple[str, int]]) -> Outbox:
+    """An additive projector on the co-located table; `flaky` events fail their first time."""
+    app = Outbox(settings)
+
+    @app.projector("tallies", events=["step"])
+    async def tallies(tx: db.Connection, event: StoredEvent) -> None:
+        key = (event.campaign_id, event.seq)
+        if key in flaky:
+            flaky.discard(key)
+            raise RuntimeError(f"first attempt of {key} fails")
+        await tx.execute(ADD, event.campaign_id)
+
+    return app
+
+
+async def tallies_by_campaign(pool: db.Pool, campaigns: list[str], count: int) -> Counter[str]:
+    """Per campaign, read in its own bucket (one shard each)."""
+    found: Counter[str] = Counter()
+    for campaign in campaigns:
+        n = await pool.fetchval(
+            "SELECT events FROM tallies WHERE bucket = $1 AND campaign_id = $2",
+            bucket_of(campaign, count),
+            campaign,
+        )
+        found[campaign] = n or 0
+    return found
+
+
+async def test_worker_statements_are_one_router_task_each(dsn: str, pool: db.Pool) -> None:
+    await pool.execute(TALLIES)
+    name = urlsplit(dsn).path.lstrip("/")
+    await pool.execute(f'ALTER DATABASE "{name}" SET citus.multi_task_query_log_level = error')
+    settings = Settings(dsn=dsn, backoff_base=0.01, backoff_cap=0.02)
+    campaigns = [f"guard-{i}" for i in range(40)]
+    expected = Counter({c: 3 for c in campaigns})
+    flaky = {(c, 2) for c in campaigns[::4]}
+    guarded = await db.create_pool(dsn, min_size=1, max_size=4)
+    try:
+        with pytest.raises(Exception, match="multi-task"):
+            await guarded.fetchval("SELECT count(*) FROM projection_apply_outbox")
+        for campaign in campaigns:
+            await append(guarded, campaign, [Event("step", {})] * 3, settings=settings)
+        clock = Clock()
+        worker = Worker(tally_app(settings, flaky=flaky), guarded, now=clock)
+        applied = 0
+        for _ in range(200):
+            counts = await worker.run_once()
+            applied += counts.applied
+            clock.at += timedelta(seconds=1)
+            if applied == sum(expected.values()):
+                break
+        assert not flaky  # every flaky event failed once and was retried
+        count = await guarded.fetchval("SELECT outbox_bucket_count()")
+        assert await tallies_by_campaign(guarded, campaigns, count) == expected
+    finally:
+        await guarded.close()
+    assert await queue_count(pool) == 0
+
+
+async def test_a_kill_soak_on_the_cluster(
+    pool: db.Pool, dsn: str, fleet: object, witness_table: None
+) -> None:
+    """SIGKILLed worker processes against the coordinator: lost 0, applied twice 0, order
+    violations 0, counted against the generator's own record (the fault tier's harness)."""
+    await _soak("citus_sigkill_soak", pool, dsn, fleet, kills=scaled(20))  # type: ignore[arg-type]
+
+
+async def test_a_worker_node_stopped_mid_drain(
+    pool: db.Pool, dsn: str, citus: CitusCluster
+) -> None:
+    """Buckets whose shards are on the other node keep draining while one node is down;
+    once it is back, the rest drains, and every campaign's tally equals what was appended."""
+    await pool.execute(TALLIES)
+    settings = Settings(dsn=dsn, backoff_base=0.01, backoff_cap=0.02)
+    count = await pool.fetchval("SELECT outbox_bucket_count()")
+    rows = await pool.fetch(
+        "SELECT b, p.nodeport FROM generate_series(0, $1 - 1) AS b, "
+        "LATERAL get_shard_id_for_distribution_column('event_journal', b) AS s, "
+        "pg_dist_shard_placement p WHERE p.shardid = s",
+        count,
+    )
+    placement: dict[int, int] = {r["b"]: r["nodeport"] for r in rows}
+    campaigns = [f"node-{i}" for i in range(60)]
+    for campaign in campaigns:
+        await append(pool, campaign, [Event("step", {})] * 2, settings=settings)
+    stopped = citus.workers[1]
+    on_stopped = {c for c in campaigns if placement[bucket_of(c, count)] == stopped.port}
+    alive = [c for c in campaigns if c not in on_stopped]
+    assert on_stopped
+    assert alive
+    worker = Worker(tally_app(settings, flaky=set()), pool)
+    stopped.stop()
+    try:
+        errors = 0
+        for _ in range(400):
+            try:
+                await worker.run_once()
+            except Exception:  # the stopped node's buckets: the worker's errors, retried
+                errors += 1
+            found = await tallies_by_campaign(pool, alive, count)
+            if all(found[c] == 2 for c in alive):
+                break
+        assert await tallies_by_campaign(pool, alive, count) == Counter({c: 2 for c in alive})
+        assert errors > 0  # the stopped node was met, and did not stop the others
+    finally:
+        stopped.start()
+    await worker.drain()
+    assert await tallies_by_campaign(pool, campaigns, count) == Counter({c: 2 for c in campaigns})
+    assert await queue_count(pool) == 0
+
+
+def test_distribute_again_leaves_every_table_as_it_is(dsn: str) -> None:
+    """The template was distributed by `distribute()`; the command finds every table placed."""
+    result = run_cli("maintenance", "distribute", "--json", dsn=dsn)
+    assert result.returncode == 0, result.stderr
+    body = orjson.loads(result.stdout)
+    assert body["nodes"] == 2
+    assert body["shard_count"] == body["buckets"]
+    assert {t["table"]: (t["column"], t["state"]) for t in body["tables"]} == {
+        p.table: (p.column, "already") for p in PLAN
+    }
