@@ -20,6 +20,7 @@ from outbox import db
 from outbox.distribution import distribute
 from outbox.localpg import LocalCluster
 from outbox.schema import migrate
+from outbox.testing import with_database
 
 __all__ = ["CITUS_SETTINGS", "CitusCluster"]
 
@@ -106,12 +107,6 @@ class CitusCluster:
         for node in self.nodes:
             await _close(node.dsn, name)
             await _admin(node.dsn, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-
-def with_database(dsn: str, name: str) -> str:
-    from outbox.testing import with_database as on
-
-    return on(dsn, name)
 
 
 async def _admin(dsn: str, statement: str) -> None:

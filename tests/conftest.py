@@ -13,14 +13,19 @@ from __future__ import annotations
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 import anyio
 import pytest
-from citus_cluster import CitusCluster
 
 from outbox import db
 from outbox.config import Settings
+
+if TYPE_CHECKING:
+    # Imported when the fixture runs: it imports outbox.testing, which the plugin line below
+    # must load first (a plugin imported earlier is not rewritten for asserts).
+    from citus_cluster import CitusCluster
 
 # The plugin applications use: the suite's template and per-test database are its fixtures,
 # under the suite's names (below), on the suite's server. The fixtures here import it only when
@@ -66,6 +71,8 @@ def citus(request: pytest.FixtureRequest) -> Iterator[CitusCluster | None]:
     if not request.config.getoption("citus"):
         yield None
         return
+    from citus_cluster import CitusCluster
+
     cluster = CitusCluster.temporary()
     try:
         cluster.start()

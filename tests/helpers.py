@@ -13,6 +13,7 @@ import subprocess
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from urllib.parse import quote
 
@@ -38,6 +39,19 @@ DSNS = {
     "query_first": f"postgresql://app@127.0.0.1:1/db?password={CANARY}&sslmode=disable",
     "percent_encoded": "postgresql://app:" + quote(f"p@ss/{CANARY}", safe="") + "@127.0.0.1:1/db",
 }
+
+
+class Clock:
+    """An injected clock for the worker; starts at the real time and only moves when told."""
+
+    def __init__(self) -> None:
+        self.at = datetime.now(UTC)
+
+    def __call__(self) -> datetime:
+        return self.at
+
+    def advance(self, seconds: float) -> None:
+        self.at += timedelta(seconds=seconds)
 
 
 def campaigns_in_one_bucket(n: int, prefix: str = "c") -> list[str]:

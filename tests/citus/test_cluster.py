@@ -11,16 +11,15 @@ functions included (an EXPLAIN of a function call would not show them).
 from __future__ import annotations
 
 from collections import Counter
-from datetime import UTC, datetime, timedelta
 from urllib.parse import urlsplit
 
 import orjson
 import pytest
 from citus_cluster import CitusCluster
-from harness import scaled
+from harness import Fleet, scaled
 from test_faults import _soak
 
-from helpers import queue_count, run_cli
+from helpers import Clock, queue_count, run_cli
 from outbox import Event, Settings, append, db
 from outbox.buckets import bucket_of
 from outbox.distribution import PLAN
@@ -44,14 +43,6 @@ ADD = """
 INSERT INTO tallies (bucket, campaign_id, events) VALUES (outbox_bucket($1), $1, 1)
 ON CONFLICT (bucket, campaign_id) DO UPDATE SET events = tallies.events + 1
 """
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.at = datetime.now(UTC)
-
-    def __call__(self) -> datetime:
-        return self.at
 
 
 def tally_app(settings: Settings, *, flaky: set[tuple[str, int]]) -> Outbox:
@@ -102,7 +93,7 @@ async def test_worker_statements_are_one_router_task_each(dsn: str, pool: db.Poo
         for _ in range(200):
             counts = await worker.run_once()
             applied += counts.applied
-            clock.at += timedelta(seconds=1)
+            clock.advance(1)
             if applied == sum(expected.values()):
                 break
         assert not flaky  # every flaky event failed once and was retried
@@ -114,11 +105,11 @@ async def test_worker_statements_are_one_router_task_each(dsn: str, pool: db.Poo
 
 
 async def test_a_kill_soak_on_the_cluster(
-    pool: db.Pool, dsn: str, fleet: object, witness_table: None
+    pool: db.Pool, dsn: str, fleet: Fleet, witness_table: None
 ) -> None:
     """SIGKILLed worker processes against the coordinator: lost 0, applied twice 0, order
     violations 0, counted against the generator's own record (the fault tier's harness)."""
-    await _soak("citus_sigkill_soak", pool, dsn, fleet, kills=scaled(20))  # type: ignore[arg-type]
+    await _soak("citus_sigkill_soak", pool, dsn, fleet, kills=scaled(20))
 
 
 async def test_a_worker_node_stopped_mid_drain(

@@ -13,12 +13,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from faults_app import SCHEMA
-from harness import SUMMARY, Fleet
+from harness import SUMMARY, fleet, witness_table
 
-from outbox import db
 from outbox.errors import LocalClusterError
 from outbox.localpg import LocalCluster, find_bindir
+
+__all__ = ["fleet", "witness_table"]  # the scenario fixtures (harness), shared with tests/citus
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -57,12 +57,5 @@ def pg_server(cluster: LocalCluster) -> str:
 
 
 @pytest.fixture(autouse=True)
-async def witness_table(pool: db.Pool) -> None:
-    await pool.execute(SCHEMA)
-
-
-@pytest.fixture
-def fleet(dsn: str, tmp_path: Path) -> Iterator[Fleet]:
-    fleet = Fleet(dsn, tmp_path)
-    yield fleet
-    fleet.kill_all()  # a scenario that failed midway stopped none of its workers
+def _every_scenario_has_the_witness(witness_table: None) -> None:
+    """Every scenario here writes the witness tables (`harness.witness_table`)."""

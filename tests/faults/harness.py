@@ -20,10 +20,13 @@ import subprocess
 import sys
 import uuid
 from collections import Counter, defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import anyio
+import pytest
+from faults_app import SCHEMA
 
 from helpers import ROOT
 from outbox import AppendOutcomeUnknown, Event, Settings, append, db
@@ -304,3 +307,18 @@ async def finish(
     result = await tally(name, pool, generator.expected, fleet, faults=faults, notes=notes)
     record(result)
     assert result.clean, result.line() + f" unplanned={fleet.unplanned[:3]}"
+
+
+# The fixtures of the tiers that run scenarios (tests/faults, tests/citus): their conftests
+# import them.
+@pytest.fixture
+async def witness_table(pool: db.Pool) -> None:
+    """The tables the scenario apps' projectors write (`faults_app.SCHEMA`)."""
+    await pool.execute(SCHEMA)
+
+
+@pytest.fixture
+def fleet(dsn: str, tmp_path: Path) -> Iterator[Fleet]:
+    fleet = Fleet(dsn, tmp_path)
+    yield fleet
+    fleet.kill_all()  # a scenario that failed midway stopped none of its workers

@@ -9,13 +9,13 @@ from __future__ import annotations
 import logging
 import os
 import random
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from functools import partial
 
 import anyio
 import pytest
 
-from helpers import campaigns_in_one_bucket, queue_count
+from helpers import Clock, campaigns_in_one_bucket, queue_count
 from outbox import Event, PermanentError, Settings, append, db, wait_applied
 from outbox.errors import TransientBatchError
 from outbox.examples import campaigns as c
@@ -27,19 +27,6 @@ from outbox.projection.dispatch import apply_event
 from outbox.worker.batch import Worker
 from outbox.worker.registration import live_workers
 from outbox.worker.service import Service
-
-
-class Clock:
-    """An injected clock for the worker; starts at the real time and only moves when told."""
-
-    def __init__(self) -> None:
-        self.at = datetime.now(UTC)
-
-    def __call__(self) -> datetime:
-        return self.at
-
-    def advance(self, seconds: float) -> None:
-        self.at += timedelta(seconds=seconds)
 
 
 def demo(settings: Settings) -> Outbox:
