@@ -115,6 +115,7 @@ class Worker:
         gone, so every row is as it was and no attempt was consumed.
         """
         after = AfterCommit()
+        bucket: int | None = None
         try:
             bucket = await self.ring.take(self.pool, self.now())
             if bucket is None:
@@ -135,6 +136,8 @@ class Worker:
                 now=self.now(),
             )
         except Exception as exc:
+            if bucket is not None:  # the next batch tries another bucket; a read brings it back
+                self.ring.drop(bucket)
             transient = transient_cause(exc)
             if transient is None:
                 raise

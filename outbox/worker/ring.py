@@ -8,7 +8,8 @@ served in turn, and no claim scans buckets that have nothing. The knowledge come
 interval or when no bucket is known to be due, and from wake-ups: an append's NOTIFY names its
 bucket (`wake`), and a batch reports what it left (`found`). Being wrong costs little either
 way: a bucket wrongly thought due yields an empty claim and is dropped; one wrongly thought idle
-is found at the next refresh, within a poll interval.
+is found at the next refresh, within a poll interval. A bucket whose batch failed is dropped too
+and comes back with the next read that finds it due.
 """
 
 from __future__ import annotations
@@ -100,10 +101,16 @@ class BucketRing:
         if more:
             self._due_now(bucket)
         else:
-            self.due.pop(bucket, None)
-            self._told.pop(bucket, None)
+            self.drop(bucket)
         if empty and not self.due_now():
             await self.refresh(executor, now)
+
+    def drop(self, bucket: int) -> None:
+        """`bucket` leaves the ring until a read or a wake-up finds work in it again: nothing
+        left in it, or its batch failed (under Citus, a node down: the read leaves its buckets
+        out while it cannot be reached, so the other nodes' buckets are served meanwhile)."""
+        self.due.pop(bucket, None)
+        self._told.pop(bucket, None)
 
     def _due_now(self, bucket: int) -> None:
         self.due[bucket] = self._told[bucket] = self.clock()

@@ -10,7 +10,7 @@ import pytest
 from helpers import campaigns_in_one_bucket, run_cli
 from outbox import Event, Outbox, Settings, append, db
 from outbox.buckets import DEFAULT_COUNT, bucket_count, bucket_of, due_buckets
-from outbox.errors import MigrationError
+from outbox.errors import MigrationError, TransientBatchError
 from outbox.model import StoredEvent
 from outbox.queue.settle import notify_work
 from outbox.schema import load_migrations, migrate, script
@@ -151,6 +151,40 @@ async def test_the_ring_moves_over_due_buckets_and_follows_wakeups(
         await notify_work(conn)
     ring.wake("")  # a requeue's NOTIFY names none: read every bucket again
     assert await ring.take(pool) == wanted[0]
+
+
+async def test_a_bucket_whose_batch_failed_waits_for_the_next_read(
+    pool: db.Pool, settings: Settings
+) -> None:
+    """The batch after a failed one claims in another bucket (under Citus: the buckets of the
+    nodes still up); the failed bucket comes back with the next read."""
+    failing, other = (
+        "drop-a",
+        next(f"drop-{i}" for i in range(100) if bucket_of(f"drop-{i}", DEFAULT_COUNT) > 0),
+    )
+    if bucket_of(failing, DEFAULT_COUNT) > bucket_of(other, DEFAULT_COUNT):
+        failing, other = other, failing  # the ring takes the lowest bucket first
+    for name in (failing, other):
+        await append(pool, name, [Event("t", {})], settings=settings)
+    app = Outbox(settings)
+    applied: list[str] = []
+    lost_once = {failing}
+
+    @app.projector("log", events=["t"])
+    async def log(conn: db.Connection, event: StoredEvent) -> None:
+        if event.campaign_id in lost_once:
+            lost_once.discard(event.campaign_id)
+            raise asyncpg.DeadlockDetectedError("a transient failure: the batch rolls back")
+        applied.append(event.campaign_id)
+
+    worker = Worker(app, pool)
+    with pytest.raises(TransientBatchError):
+        await worker.run_once()
+    assert bucket_of(failing, DEFAULT_COUNT) not in worker.ring.due
+    assert (await worker.run_once()).applied == 1
+    assert applied == [other]
+    await worker.drain()
+    assert applied == [other, failing]
 
 
 async def test_one_batch_claims_in_one_bucket_and_a_drain_covers_them_all(
