@@ -61,9 +61,15 @@ FLOORS = ("asyncpg, SELECT 1 instead", "SQLAlchemy, SELECT 1 instead", "psycopg,
 
 
 async def run_case(
-    pool: db.Pool, appender: Appender, *, writers: int, appends: int, cold: bool
+    pool: db.Pool,
+    appender: Appender,
+    *,
+    writers: int,
+    appends: int,
+    cold: bool,
+    clear: str = CLEAR,
 ) -> dict[str, float]:
-    await pool.execute(CLEAR)
+    await pool.execute(clear)
     latencies: list[float] = []
 
     async def writer(w: int) -> None:

@@ -41,8 +41,8 @@ INSERT INTO projection_apply_outbox (bucket, campaign_id, seq, event_type, statu
                                      next_attempt_at)
 SELECT bucket, campaign_id, seq, event_type,
        CASE WHEN seq % 2 = 0 THEN 'dead' ELSE 'failed' END,
-       CASE WHEN seq % 2 = 0 THEN clock_timestamp() - interval '1 day'
-            ELSE clock_timestamp() + interval '1 day' END
+       CASE WHEN seq % 2 = 0 THEN now() - interval '1 day'
+            ELSE now() + interval '1 day' END
 FROM event_journal
 """,
     "blocked_heads": """
@@ -50,8 +50,8 @@ INSERT INTO projection_apply_outbox (bucket, campaign_id, seq, event_type, statu
                                      next_attempt_at)
 SELECT bucket, campaign_id, seq, event_type,
        CASE WHEN seq > 1 THEN 'pending' WHEN campaign_id < 'c-5' THEN 'dead' ELSE 'failed' END,
-       CASE WHEN seq = 1 AND campaign_id >= 'c-5' THEN clock_timestamp() + interval '1 day'
-            ELSE clock_timestamp() - interval '1 day' END
+       CASE WHEN seq = 1 AND campaign_id >= 'c-5' THEN now() + interval '1 day'
+            ELSE now() - interval '1 day' END
 FROM event_journal
 """,
     "hot": """
@@ -72,8 +72,9 @@ SELECT bucket, campaign_id, seq, event_type FROM j
 """
 
 
-async def load(conn: asyncpg.Connection, layout: str, rows: int) -> None:
-    await conn.execute(CLEAR)
+async def load(conn: asyncpg.Connection, layout: str, rows: int, *, clear: str = CLEAR) -> None:
+    """`rows` work rows in `layout`, after `clear` (also on a Citus coordinator: bench/cluster)."""
+    await conn.execute(clear)
     campaigns = 10 if layout == "hot" else max(10, rows // 1000)
     await conn.execute(JOURNAL, rows, campaigns)
     await conn.execute(LAYOUTS[layout])

@@ -20,7 +20,8 @@ Fixtures:
 - `outbox_pool`: an outbox pool on that database.
 
 The functions behind them (`local_server`, `create_template`, `clone_database`,
-`drop_database`) serve suites with fixtures of their own. Importing this module needs pytest.
+`drop_database`, `admin_execute`) serve suites with fixtures of their own. Importing this module
+needs pytest.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from outbox.worker.runtime import drain_now
 
 __all__ = [
     "TEST_DSN_ENV",
+    "admin_execute",
     "assert_queue_empty",
     "clone_database",
     "create_template",
@@ -78,7 +80,8 @@ def local_server() -> Iterator[str]:
         cluster.destroy()
 
 
-async def _admin(admin_dsn: str, statement: str) -> None:
+async def admin_execute(admin_dsn: str, statement: str) -> None:
+    """One statement on its own connection (CREATE DATABASE and the like)."""
     conn = await db.connect(admin_dsn, codecs=False)
     try:
         await conn.execute(statement)
@@ -89,7 +92,7 @@ async def _admin(admin_dsn: str, statement: str) -> None:
 async def create_template(admin_dsn: str) -> str:
     """A new database on the server of `admin_dsn`, migrated; its name."""
     name = f"outbox_tpl_{os.getpid()}_{uuid.uuid4().hex[:6]}"
-    await _admin(admin_dsn, f'CREATE DATABASE "{name}"')
+    await admin_execute(admin_dsn, f'CREATE DATABASE "{name}"')
     conn = await db.connect(with_database(admin_dsn, name))
     try:
         await migrate(conn)
@@ -104,12 +107,12 @@ async def clone_database(
     """A fresh database cloned from `template` (None: empty, unmigrated); its DSN."""
     name = f"{prefix}_{uuid.uuid4().hex[:12]}"
     clause = f' TEMPLATE "{template}"' if template else ""
-    await _admin(admin_dsn, f'CREATE DATABASE "{name}"{clause}')
+    await admin_execute(admin_dsn, f'CREATE DATABASE "{name}"{clause}')
     return with_database(admin_dsn, name)
 
 
 async def drop_database(admin_dsn: str, name: str) -> None:
-    await _admin(admin_dsn, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    await admin_execute(admin_dsn, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 async def assert_queue_empty(executor: db.Executor) -> None:

@@ -16,7 +16,6 @@ from urllib.parse import urlsplit
 import asyncpg
 import orjson
 import pytest
-from citus_cluster import CitusCluster
 from harness import Fleet, scaled
 from test_faults import _soak
 
@@ -25,6 +24,7 @@ from outbox import Event, Settings, append, db
 from outbox.buckets import bucket_of
 from outbox.distribution import PLAN
 from outbox.errors import TransientBatchError
+from outbox.localcitus import CitusCluster
 from outbox.model import StoredEvent
 from outbox.projection.app import Outbox
 from outbox.worker.batch import Worker

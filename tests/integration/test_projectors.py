@@ -7,11 +7,11 @@ from typing import Any
 
 import anyio
 import pytest
-from citus_cluster import CitusCluster
 
 from helpers import wait_for
 from outbox import ConfigError, Settings, db
 from outbox.errors import CheckpointGap, UnknownEventType
+from outbox.localcitus import CitusCluster
 from outbox.model import StoredEvent
 from outbox.projection.app import Outbox
 from outbox.projection.dispatch import ApplyOutcome, apply_event

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import pytest
-from citus_cluster import CitusCluster
 from queries_loaded import all_queries
 
 from outbox import db
 from outbox.distribution import DistributionQueries
+from outbox.localcitus import CitusCluster
 from outbox.queries import Queries
 
 # Statements that read Citus's own catalog: they prepare only where Citus is installed.

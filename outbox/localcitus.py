@@ -1,5 +1,6 @@
-"""A Citus cluster on loopback for `make test-citus`: a coordinator and two workers, three
-ordinary local PostgreSQL clusters with Citus preloaded (`outbox.localpg` runs each).
+"""A Citus cluster on loopback for `make test-citus` and the cluster bench: a coordinator and
+two workers, three ordinary local PostgreSQL clusters with Citus preloaded (`outbox.localpg`
+runs each; the machine's PostgreSQL must have Citus, see tests/citus/ensure-citus.sh).
 
 A database on the cluster is the same database on every node: created on each, `CREATE
 EXTENSION citus` in each, the workers added from the coordinator. `clone()` copies a prepared
@@ -20,7 +21,7 @@ from outbox import db
 from outbox.distribution import distribute
 from outbox.localpg import LocalCluster
 from outbox.schema import migrate
-from outbox.testing import with_database
+from outbox.testing import admin_execute, with_database
 
 __all__ = ["CITUS_SETTINGS", "CitusCluster"]
 
@@ -69,8 +70,8 @@ class CitusCluster:
     async def create_database(self, name: str) -> str:
         """An empty Citus database `name` on every node, the workers added; its DSN."""
         for node in self.nodes:
-            await _admin(node.dsn, f'CREATE DATABASE "{name}"')
-            await _admin(with_database(node.dsn, name), "CREATE EXTENSION citus")
+            await admin_execute(node.dsn, f'CREATE DATABASE "{name}"')
+            await admin_execute(with_database(node.dsn, name), "CREATE EXTENSION citus")
         conn = await db.connect(with_database(self.coordinator.dsn, name), codecs=False)
         try:
             await conn.execute(
@@ -99,22 +100,14 @@ class CitusCluster:
         """A copy of database `template` on every node under a new name; its DSN."""
         name = f"{prefix}_{uuid.uuid4().hex[:12]}"
         for node in self.nodes:
-            await _admin(node.dsn, f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
+            await admin_execute(node.dsn, f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
         return with_database(self.coordinator.dsn, name)
 
     async def drop(self, dsn: str) -> None:
         name = urlsplit(dsn).path.lstrip("/")
         for node in self.nodes:
             await _close(node.dsn, name)
-            await _admin(node.dsn, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-
-async def _admin(dsn: str, statement: str) -> None:
-    conn = await db.connect(dsn, codecs=False)
-    try:
-        await conn.execute(statement)
-    finally:
-        await conn.close()
+            await admin_execute(node.dsn, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 async def _close(admin_dsn: str, name: str) -> None:

@@ -1,0 +1,257 @@
+#!/usr/bin/env python3
+"""The outbox on a three-node Citus cluster beside one plain server, in one run: drain
+events/s, append appends/s, and the claim's p50 in one bucket as the backlog grows.
+
+Usage: python bench/cluster.py [--events N] [--appends N] [--sizes 10000,1000000] [--claims N]
+Needs Citus in the machine's PostgreSQL (found, or built from CITUS_SRC by
+tests/citus/ensure-citus.sh); without it, says so and exits 0. Four durable servers on this
+machine: the plain one, and the cluster's coordinator and two workers (loopback). Both
+databases carry the same schema and the same projection, placed as docs/scaling.md says (a
+`bucket` column; on the cluster distributed by it, co-located with the outbox's tables).
+- drain: a backlog of N events over 1,000 campaigns drained by the worker (batch 100, 2 and 4
+  claim loops, the best) with a batch projector (one set-wise upsert per batch) and a statement
+  projector (one upsert per event, pipelined); totals checked against the generator's sums;
+- append: 8 writers of one-event appends, enqueueing off (journal only) and on;
+- claim: bench/claim.py's layouts at each size, p50 of an ordered claim of 100 in one bucket.
+On 2 cores the cluster cannot be faster than one server: its figure is its overhead (every
+statement is planned on the coordinator and run on a worker node over loopback). Prints a
+table, cluster / plain ratios, and one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+from _support import EVENT_TYPE, load_backlog, percentiles, print_json
+from append import run_case, tick
+from claim import LAYOUTS
+from claim import load as load_layout
+from claim import measure as measure_claims
+
+from outbox import EventBatch, Outbox, Settings, StoredEvent, append, db
+from outbox.distribution import distribute
+from outbox.localcitus import CitusCluster
+from outbox.localpg import LocalCluster, find_bindir
+from outbox.schema import migrate
+from outbox.testing import admin_execute, with_database
+from outbox.worker.runtime import drain_now
+
+ENSURE_CITUS = Path(__file__).resolve().parent.parent / "tests" / "citus" / "ensure-citus.sh"
+TARGETS = ("plain", "cluster")
+LOOPS = (2, 4)
+KINDS = ("batch", "statement")
+
+PROJECTION = """
+CREATE TABLE bench_bucket_totals (
+    bucket      integer NOT NULL,
+    campaign_id text    NOT NULL,
+    events      bigint  NOT NULL,
+    amount      bigint  NOT NULL,
+    PRIMARY KEY (bucket, campaign_id)
+)
+"""
+CO_LOCATE = (
+    "SELECT create_distributed_table('bench_bucket_totals', 'bucket',"
+    " colocate_with => 'event_journal')"
+)
+UPSERT_MANY = """
+INSERT INTO bench_bucket_totals AS t (bucket, campaign_id, events, amount)
+SELECT outbox_bucket(e.campaign_id), e.campaign_id, count(*), sum(e.amount)
+FROM unnest($1::text[], $2::bigint[]) AS e(campaign_id, amount)
+GROUP BY e.campaign_id
+ORDER BY e.campaign_id
+ON CONFLICT (bucket, campaign_id) DO UPDATE
+SET events = t.events + excluded.events, amount = t.amount + excluded.amount
+"""
+UPSERT_ONE = """
+INSERT INTO bench_bucket_totals AS t (bucket, campaign_id, events, amount)
+VALUES (outbox_bucket($1), $1, 1, $2)
+ON CONFLICT (bucket, campaign_id) DO UPDATE
+SET events = t.events + 1, amount = t.amount + excluded.amount
+"""
+CLEAR = (
+    "TRUNCATE event_journal, campaign_heads, projection_apply_outbox, projection_apply_campaigns,"
+    " projection_checkpoints, processed_markers, append_idempotency_keys, bench_bucket_totals"
+)
+
+
+def bucket_app(settings: Settings, *, kind: str) -> Outbox:
+    """The per-campaign totals in the bucketed table: one upsert per batch, or per event."""
+    app = Outbox(settings)
+    if kind == "batch":
+
+        @app.projector("totals", events=[EVENT_TYPE], batch=True)
+        async def totals_batch(tx: db.Connection, events: EventBatch) -> None:
+            await tx.execute(
+                UPSERT_MANY, events.campaign_ids, [p["amount"] for p in events.payloads]
+            )
+
+    else:
+
+        @app.statement("totals", events=[EVENT_TYPE], sql=UPSERT_ONE)
+        def totals_args(event: StoredEvent) -> tuple[str, int]:
+            return (event.campaign_id, event.payload["amount"])
+
+    return app
+
+
+def have_citus() -> bool:
+    """Citus in the machine's PostgreSQL, or built now from CITUS_SRC (the tier's script)."""
+    script = ["bash", str(ENSURE_CITUS), str(find_bindir())]
+    return subprocess.run(script, check=False).returncode == 0
+
+
+@asynccontextmanager
+async def databases() -> AsyncIterator[dict[str, str]]:
+    """A migrated database with the projection on a plain durable server and on a durable
+    three-node cluster (distributed, the projection co-located); their DSNs by target."""
+    plain = LocalCluster.temporary(durable=True)
+    cluster = CitusCluster.temporary(durable=True)
+    try:
+        name = f"bench_{uuid.uuid4().hex[:8]}"
+        server = plain.start()
+        await admin_execute(server, f'CREATE DATABASE "{name}"')
+        cluster.start()
+        dsns = {
+            "plain": with_database(server, name),
+            "cluster": await cluster.create_database(name),
+        }
+        for target, dsn in dsns.items():
+            conn = await db.connect(dsn)
+            try:
+                await migrate(conn)
+                await conn.execute(PROJECTION)
+                if target == "cluster":
+                    await distribute(conn)
+                    await conn.execute(CO_LOCATE)
+            finally:
+                await conn.close()
+        yield dsns
+    finally:
+        cluster.destroy()
+        plain.destroy()
+
+
+async def drain_case(dsn: str, *, events: int, kind: str, loops: int) -> float:
+    """events/s of one drain of a fresh backlog; the totals checked (exactly once)."""
+    conn = await db.connect(dsn)
+    try:
+        await conn.execute(CLEAR)
+        await load_backlog(conn, campaigns=1000, events=events, clear=False)
+        settings = Settings(dsn=dsn, batch_size=100)
+        pool = await db.create_pool(dsn, min_size=1, max_size=loops + 1)
+        try:
+            started = time.perf_counter()
+            counts = await drain_now(bucket_app(settings, kind=kind), pool, concurrency=loops)
+            rate = events / (time.perf_counter() - started)
+        finally:
+            await pool.close()
+        assert counts.failed == counts.dead == 0, counts
+        sums = "SELECT sum(events), sum(amount) FROM bench_bucket_totals"
+        got = tuple(await conn.fetchrow(sums) or ())
+        want = (events, sum(g % 7 for g in range(events)))
+        if got != want:
+            raise SystemExit(f"cluster bench: totals {got} != expected {want}")
+        return rate
+    finally:
+        await conn.close()
+
+
+async def append_case(dsn: str, *, appends: int, enabled: bool) -> dict[str, float]:
+    settings = Settings(dsn=dsn, enabled=enabled)
+    pool = await db.create_pool(dsn, min_size=8, max_size=8)
+    try:
+
+        async def one(w: int, campaign: str, i: int) -> object:
+            return await append(pool, campaign, tick(i), settings=settings)
+
+        return await run_case(pool, one, writers=8, appends=appends, cold=False, clear=CLEAR)
+    finally:
+        await pool.close()
+
+
+async def claim_case(dsn: str, *, layout: str, size: int, claims: int) -> float:
+    """p50 (ms) of an ordered claim of 100 rows in one bucket, over `size` work rows."""
+    conn = await db.connect(dsn, server_settings={"plan_cache_mode": "force_custom_plan"})
+    try:
+        await load_layout(conn, layout, size, clear=CLEAR)
+        await measure_claims(conn, 10)  # warm the plan and the cache
+        return percentiles(await measure_claims(conn, claims))["p50_ms"]
+    finally:
+        await conn.close()
+
+
+async def main(events: int, appends: int, sizes: list[int], claims: int) -> None:
+    figures: dict[str, dict[str, float]] = {t: {} for t in TARGETS}
+
+    def show(target: str, case: str, value: float, unit: str) -> None:
+        figures[target][case] = round(value, 3)
+        print(f"  {target:<8} {case:<34} {value:>10,.2f} {unit}", flush=True)
+
+    async with databases() as dsns:
+        print("cluster: a coordinator and 2 workers beside one plain server, all durable")
+        for target, dsn in dsns.items():
+            for kind in KINDS:
+                best = 0.0
+                for loops in LOOPS:
+                    best = max(best, await drain_case(dsn, events=events, kind=kind, loops=loops))
+                show(target, f"drain {kind}", best, "events/s")
+        for target, dsn in dsns.items():
+            for enabled in (False, True):
+                rates = await append_case(dsn, appends=appends, enabled=enabled)
+                name = f"append {'on' if enabled else 'off'}"
+                show(target, name, rates["appends_per_s"], "appends/s")
+                show(target, f"{name} p95", rates["p95_ms"], "ms")
+        for target, dsn in dsns.items():
+            for layout in LAYOUTS:
+                for size in sizes:
+                    p50 = await claim_case(dsn, layout=layout, size=size, claims=claims)
+                    show(target, f"claim {layout} {size:,} p50", p50, "ms")
+    ratios: dict[str, float] = {}
+    print("ratios:")
+    for case in figures["plain"]:
+        if " p50" in case or " p95" in case:
+            continue
+        ratios[f"cluster_vs_plain {case}"] = figures["cluster"][case] / figures["plain"][case]
+    for target in TARGETS:
+        for layout in LAYOUTS:
+            big, small = (
+                figures[target][f"claim {layout} {s:,} p50"] for s in (max(sizes), min(sizes))
+            )
+            ratios[f"{target} claim {layout} growth"] = big / small
+    for name, value in ratios.items():
+        print(f"  {name:<44} {value:5.2f}x")
+    print_json(
+        "cluster",
+        {
+            "events": events,
+            "appends_per_writer": appends,
+            "sizes": sizes,
+            "claims": claims,
+            "figures": figures,
+            "ratios": {k: round(v, 3) for k, v in ratios.items()},
+        },
+    )
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--events", type=int, default=50_000)
+    parser.add_argument("--appends", type=int, default=300)
+    parser.add_argument("--sizes", default="10000,1000000")
+    parser.add_argument("--claims", type=int, default=300)
+    args = parser.parse_args()
+    if not have_citus():
+        print("cluster: NOT RUN: no Citus on this machine (set CITUS_SRC to build one)")
+        sys.exit(0)
+    asyncio.run(
+        main(args.events, args.appends, [int(s) for s in args.sizes.split(",")], args.claims)
+    )
