@@ -25,6 +25,8 @@ from outbox.testing import admin_execute, with_database
 
 __all__ = ["CITUS_SETTINGS", "CitusCluster"]
 
+OBJECT_IN_USE = "55006"  # DROP DATABASE: "is being accessed by other users"
+
 CITUS_SETTINGS = (
     "shared_preload_libraries = 'citus'",
     # Transactions that write on two workers commit by 2PC.
@@ -106,8 +108,23 @@ class CitusCluster:
     async def drop(self, dsn: str) -> None:
         name = urlsplit(dsn).path.lstrip("/")
         for node in self.nodes:
-            await _close(node.dsn, name)
-            await admin_execute(node.dsn, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            await _drop(node.dsn, name)
+
+
+async def _drop(admin_dsn: str, name: str) -> None:
+    """Drop database `name`, or leave it to the cluster's removal. Citus stops its maintenance
+    daemon in the database on DROP DATABASE, and PostgreSQL waits up to 5 s for it to exit; a
+    daemon busy longer than that fails the drop ("being accessed by other users"). One more
+    try after ending the sessions again; then the database stays (it refuses connections and
+    goes with the throwaway cluster), so a test's teardown never fails for it."""
+    for _ in range(2):
+        await _close(admin_dsn, name)
+        try:
+            await admin_execute(admin_dsn, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            return
+        except Exception as exc:
+            if db.sqlstate_of(exc) != OBJECT_IN_USE:
+                raise
 
 
 async def _close(admin_dsn: str, name: str) -> None:
