@@ -34,7 +34,7 @@ test-faults: $(STAMP) ## Run the fault tier: real faults against worker processe
 # from the server's pkglibdir, or is built from the tarball CITUS_SRC names (root, apt).
 CITUS_CORE := $(patsubst %,tests/integration/test_%.py,append append_keys worker batch_apply \
 	lease dedup repair discard reconcile projectors failure_reports modes pauses queries_prepare)
-test-citus: $(STAMP) ## Run the Citus tier (~15 min): Citus found, or built from CITUS_SRC
+test-citus: $(STAMP) ## Run the Citus tier (~17 min): Citus found, or built from CITUS_SRC
 	@bindir="$$($(PY) -c 'from outbox.localpg import find_bindir; print(find_bindir())')"; \
 	rc=0; bash tests/citus/ensure-citus.sh "$$bindir" || rc=$$?; \
 	if [ $$rc = 3 ] && [ -z "$(CITUS_SRC)" ]; then \
@@ -56,7 +56,7 @@ $(BENCH_STAMP): $(STAMP) pyproject.toml
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev,bench]'
 	@touch $(BENCH_STAMP)
 
-bench: $(BENCH_STAMP) ## Run the benchmarks (durable local PostgreSQL, ~15 min) and print their figures
+bench: $(BENCH_STAMP) ## Run the benchmarks (durable local PostgreSQL, and Citus where found; ~25 min) and print their figures
 	$(PY) bench/run.py $(BENCH_ARGS)
 
 SOAK_MINUTES ?= 10
