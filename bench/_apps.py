@@ -16,7 +16,15 @@ from outbox import EventBatch, Outbox, Settings, StoredEvent, db
 KINDS = ("batch", "per-event", "statement")
 
 
-def outbox_app(settings: Settings | None = None, *, kind: str) -> Outbox:
+def outbox_app(
+    settings: Settings | None = None,
+    *,
+    kind: str,
+    upsert_many: str = UPSERT_MANY,
+    upsert_one: str = UPSERT_ONE,
+) -> Outbox:
+    """The totals kept by a `kind` projector, with the bench's upserts (or others taking the
+    same arguments: bench/cluster.py's bucketed table)."""
     app = Outbox(settings)
     if kind == "batch":
 
@@ -24,18 +32,18 @@ def outbox_app(settings: Settings | None = None, *, kind: str) -> Outbox:
         async def totals_batch(tx: db.Connection, events: EventBatch) -> None:
             # The columns it needs: no object per event.
             await tx.execute(
-                UPSERT_MANY, events.campaign_ids, [p["amount"] for p in events.payloads]
+                upsert_many, events.campaign_ids, [p["amount"] for p in events.payloads]
             )
 
     elif kind == "per-event":
 
         @app.projector("totals", events=[EVENT_TYPE])
         async def totals_one(tx: db.Connection, event: StoredEvent) -> None:
-            await tx.execute(UPSERT_ONE, event.campaign_id, event.payload["amount"])
+            await tx.execute(upsert_one, event.campaign_id, event.payload["amount"])
 
     else:
 
-        @app.statement("totals", events=[EVENT_TYPE], sql=UPSERT_ONE)
+        @app.statement("totals", events=[EVENT_TYPE], sql=upsert_one)
         def totals_args(event: StoredEvent) -> tuple[str, int]:
             return (event.campaign_id, event.payload["amount"])
 

@@ -68,17 +68,21 @@ WITH heads AS (
 INSERT INTO projection_apply_outbox (bucket, campaign_id, seq, event_type)
 SELECT bucket, campaign_id, seq, event_type FROM journal ORDER BY seq, campaign_id
 """
-CLEAR = (
-    "TRUNCATE event_journal, campaign_heads, projection_apply_outbox, projection_apply_campaigns,"
-    " projection_checkpoints, processed_markers, append_idempotency_keys, bench_totals"
+# The outbox's campaign-keyed tables, emptied before each case with the bench's projection.
+OUTBOX_TABLES = (
+    "event_journal, campaign_heads, projection_apply_outbox, projection_apply_campaigns,"
+    " projection_checkpoints, processed_markers, append_idempotency_keys"
 )
+CLEAR = f"TRUNCATE {OUTBOX_TABLES}, bench_totals"
 
 
 @asynccontextmanager
-async def bench_database(*, commit_timestamps: bool = False) -> AsyncIterator[str]:
-    """Yield the DSN of a fresh migrated database with the bench projection; drop it (and any
-    cluster) afterwards. `commit_timestamps`: track_commit_timestamp on (set on our own
-    cluster; a given server must have it)."""
+async def bench_database(
+    *, commit_timestamps: bool = False, projection: str = PROJECTION
+) -> AsyncIterator[str]:
+    """Yield the DSN of a fresh migrated database with the bench projection (`projection`: its
+    DDL); drop it (and any cluster) afterwards. `commit_timestamps`: track_commit_timestamp on
+    (set on our own cluster; a given server must have it)."""
     cluster: LocalCluster | None = None
     server = os.environ.get("OUTBOX_BENCH_DSN", "")
     if not server:
@@ -100,7 +104,7 @@ async def bench_database(*, commit_timestamps: bool = False) -> AsyncIterator[st
             conn = await asyncpg.connect(dsn)
             try:
                 await migrate(conn)
-                await conn.execute(PROJECTION)
+                await conn.execute(projection)
             finally:
                 await conn.close()
             yield dsn
@@ -128,9 +132,11 @@ async def load_backlog(
     await conn.execute("ANALYZE event_journal")
 
 
-async def check_totals(conn: asyncpg.Connection, events: int) -> None:
-    """Every event applied exactly once: the totals against the generator's own sums."""
-    got = tuple(await conn.fetchrow("SELECT sum(events), sum(amount) FROM bench_totals") or ())
+async def check_totals(
+    conn: asyncpg.Connection, events: int, *, table: str = "bench_totals"
+) -> None:
+    """Every event applied exactly once: the totals in `table` against the generator's sums."""
+    got = tuple(await conn.fetchrow(f"SELECT sum(events), sum(amount) FROM {table}") or ())
     want = (events, sum(g % 7 for g in range(events)))
     if got != want:
         raise SystemExit(f"bench: totals {got} != expected {want}")

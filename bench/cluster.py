@@ -30,18 +30,25 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
-from _support import EVENT_TYPE, load_backlog, percentiles, print_json
+from _apps import outbox_app
+from _support import (
+    OUTBOX_TABLES,
+    bench_database,
+    check_totals,
+    load_backlog,
+    percentiles,
+    print_json,
+)
 from append import run_case, tick
 from claim import LAYOUTS
 from claim import load as load_layout
 from claim import measure as measure_claims
 
-from outbox import EventBatch, Outbox, Settings, StoredEvent, append, db
+from outbox import Settings, append, db
 from outbox.distribution import distribute
 from outbox.localcitus import CitusCluster
-from outbox.localpg import LocalCluster, find_bindir
+from outbox.localpg import find_bindir
 from outbox.schema import migrate
-from outbox.testing import admin_execute, with_database
 from outbox.worker.runtime import drain_now
 
 ENSURE_CITUS = Path(__file__).resolve().parent.parent / "tests" / "citus" / "ensure-citus.sh"
@@ -77,30 +84,7 @@ VALUES (outbox_bucket($1), $1, 1, $2)
 ON CONFLICT (bucket, campaign_id) DO UPDATE
 SET events = t.events + 1, amount = t.amount + excluded.amount
 """
-CLEAR = (
-    "TRUNCATE event_journal, campaign_heads, projection_apply_outbox, projection_apply_campaigns,"
-    " projection_checkpoints, processed_markers, append_idempotency_keys, bench_bucket_totals"
-)
-
-
-def bucket_app(settings: Settings, *, kind: str) -> Outbox:
-    """The per-campaign totals in the bucketed table: one upsert per batch, or per event."""
-    app = Outbox(settings)
-    if kind == "batch":
-
-        @app.projector("totals", events=[EVENT_TYPE], batch=True)
-        async def totals_batch(tx: db.Connection, events: EventBatch) -> None:
-            await tx.execute(
-                UPSERT_MANY, events.campaign_ids, [p["amount"] for p in events.payloads]
-            )
-
-    else:
-
-        @app.statement("totals", events=[EVENT_TYPE], sql=UPSERT_ONE)
-        def totals_args(event: StoredEvent) -> tuple[str, int]:
-            return (event.campaign_id, event.payload["amount"])
-
-    return app
+CLEAR = f"TRUNCATE {OUTBOX_TABLES}, bench_bucket_totals"
 
 
 def have_citus() -> bool:
@@ -111,33 +95,25 @@ def have_citus() -> bool:
 
 @asynccontextmanager
 async def databases() -> AsyncIterator[dict[str, str]]:
-    """A migrated database with the projection on a plain durable server and on a durable
-    three-node cluster (distributed, the projection co-located); their DSNs by target."""
-    plain = LocalCluster.temporary(durable=True)
+    """A migrated database with the projection on a plain durable server (the bench's own,
+    `bench_database`) and on a durable three-node cluster (distributed, the projection
+    co-located); their DSNs by target."""
     cluster = CitusCluster.temporary(durable=True)
     try:
-        name = f"bench_{uuid.uuid4().hex[:8]}"
-        server = plain.start()
-        await admin_execute(server, f'CREATE DATABASE "{name}"')
         cluster.start()
-        dsns = {
-            "plain": with_database(server, name),
-            "cluster": await cluster.create_database(name),
-        }
-        for target, dsn in dsns.items():
-            conn = await db.connect(dsn)
-            try:
-                await migrate(conn)
-                await conn.execute(PROJECTION)
-                if target == "cluster":
-                    await distribute(conn)
-                    await conn.execute(CO_LOCATE)
-            finally:
-                await conn.close()
-        yield dsns
+        dsn = await cluster.create_database(f"bench_{uuid.uuid4().hex[:8]}")
+        conn = await db.connect(dsn)
+        try:
+            await migrate(conn)
+            await conn.execute(PROJECTION)
+            await distribute(conn)
+            await conn.execute(CO_LOCATE)
+        finally:
+            await conn.close()
+        async with bench_database(projection=PROJECTION) as plain:
+            yield {"plain": plain, "cluster": dsn}
     finally:
         cluster.destroy()
-        plain.destroy()
 
 
 async def drain_case(dsn: str, *, events: int, kind: str, loops: int) -> float:
@@ -150,16 +126,13 @@ async def drain_case(dsn: str, *, events: int, kind: str, loops: int) -> float:
         pool = await db.create_pool(dsn, min_size=1, max_size=loops + 1)
         try:
             started = time.perf_counter()
-            counts = await drain_now(bucket_app(settings, kind=kind), pool, concurrency=loops)
+            app = outbox_app(settings, kind=kind, upsert_many=UPSERT_MANY, upsert_one=UPSERT_ONE)
+            counts = await drain_now(app, pool, concurrency=loops)
             rate = events / (time.perf_counter() - started)
         finally:
             await pool.close()
         assert counts.failed == counts.dead == 0, counts
-        sums = "SELECT sum(events), sum(amount) FROM bench_bucket_totals"
-        got = tuple(await conn.fetchrow(sums) or ())
-        want = (events, sum(g % 7 for g in range(events)))
-        if got != want:
-            raise SystemExit(f"cluster bench: totals {got} != expected {want}")
+        await check_totals(conn, events, table="bench_bucket_totals")
         return rate
     finally:
         await conn.close()

@@ -25,7 +25,7 @@ from outbox.queries import Queries
 if TYPE_CHECKING:
     from outbox.db import Connection
 
-__all__ = ["ANCHOR", "PLAN", "Distributed", "Placement", "distribute", "is_citus"]
+__all__ = ["ANCHOR", "PLAN", "Distributed", "Placement", "distribute"]
 
 _logger = log.get_logger("outbox.distribution")
 
@@ -93,11 +93,6 @@ class Distributed:
     buckets: int
     shard_count: int
     tables: list[TableState]
-
-
-async def is_citus(conn: Connection) -> bool:
-    """Whether the database has the Citus extension."""
-    return await conn.fetchval(Q.get_citus_version) is not None
 
 
 async def _existing(conn: Connection) -> dict[str, tuple[str | None, int, int]]:

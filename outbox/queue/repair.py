@@ -87,7 +87,7 @@ async def requeue_dead(
         one[0] if one else None,
         one[1] if one else None,
         fingerprint,
-        None if named is None else await buckets.bucket_for(conn, named),
+        await buckets.filter_bucket(conn, named),
     )
     if dry_run:
         return [_dead(r) for r in listed]
