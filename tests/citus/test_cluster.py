@@ -11,6 +11,8 @@ functions included (an EXPLAIN of a function call would not show them).
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from urllib.parse import urlsplit
 
 import asyncpg
@@ -104,6 +106,103 @@ async def test_worker_statements_are_one_router_task_each(dsn: str, pool: db.Poo
     finally:
         await guarded.close()
     assert await queue_count(pool) == 0
+
+
+@asynccontextmanager
+async def remote_commands(dsn: str) -> AsyncIterator[tuple[db.Pool, list[str]]]:
+    """A one-connection pool on the coordinator and the list it fills with every command the
+    coordinator sends to the worker nodes for it (`citus.log_remote_commands`; the listener
+    goes on at each acquire: a release clears it)."""
+    sent: list[str] = []
+
+    async def listen(conn: db.Connection) -> None:
+        conn.add_log_listener(lambda _conn, message: sent.append(message.message))
+
+    pool: db.Pool = await asyncpg.create_pool(
+        dsn,
+        min_size=1,
+        max_size=1,
+        init=db.init_connection,
+        setup=listen,
+        server_settings={"citus.log_remote_commands": "on", "client_min_messages": "log"},
+    )
+    try:
+        yield pool, sent
+    finally:
+        await pool.close()
+
+
+# The release that clears the listener warns about it; the next acquire puts it back.
+LISTENER_RELEASED = "ignore:.*active log listener:asyncpg.InterfaceWarning"
+
+
+def two_phase(sent: list[str]) -> list[str]:
+    return [m for m in sent if "PREPARE TRANSACTION" in m]
+
+
+@pytest.mark.filterwarnings(LISTENER_RELEASED)
+async def test_a_batch_whose_writes_stay_on_its_shard_commits_without_2pc(
+    dsn: str, pool: db.Pool
+) -> None:
+    """Claim, co-located projector writes, failures, first and later checkpoint moves, the
+    campaign rows and the settle: every batch's transaction ends with one plain COMMIT on the
+    worker node, never PREPARE TRANSACTION (Citus's two-phase commit)."""
+    await pool.execute(TALLIES)
+    settings = Settings(dsn=dsn, batch_size=4, backoff_base=0.01, backoff_cap=0.02)
+    campaigns = [f"plain-{i}" for i in range(6)]
+    for campaign in campaigns:
+        await append(pool, campaign, [Event("step", {})] * 5, settings=settings)
+    flaky = {(c, 3) for c in campaigns[::2]}
+    batches = commits = 0
+    async with remote_commands(dsn) as (logged, sent):
+        clock = Clock()
+        worker = Worker(tally_app(settings, flaky=flaky), logged, now=clock)
+        for _ in range(200):
+            sent.clear()
+            counts = await worker.run_once()
+            clock.advance(1)
+            if counts.claimed:
+                batches += 1
+                assert not two_phase(sent), sent
+                commits += sent.count("issuing COMMIT")
+            if not await queue_count(pool):
+                break
+    assert not flaky  # the failure path ran: every flaky event failed once, then applied
+    assert batches > len(campaigns)  # batches of 4 over 5 events each: first and later ones
+    assert commits >= batches  # the listener saw each batch's commit go out
+    count = await pool.fetchval("SELECT outbox_bucket_count()")
+    assert await tallies_by_campaign(pool, campaigns, count) == Counter({c: 5 for c in campaigns})
+
+
+@pytest.mark.filterwarnings(LISTENER_RELEASED)
+@pytest.mark.parametrize("events", [1, 2, 4])
+async def test_an_append_of_up_to_4_events_commits_without_2pc(
+    dsn: str, pool: db.Pool, events: int
+) -> None:
+    """New campaign, existing one, with an append key (and its retry), with an expected seq:
+    the rows go by
+    INSERT ... VALUES, routed to the campaign's shard, and the transaction ends plainly."""
+    settings = Settings(dsn=dsn)
+    batch = [Event("step", {"i": i}) for i in range(events)]
+    async with remote_commands(dsn) as (logged, sent):
+        first = await append(logged, "two-phase", batch, settings=settings)
+        again = await append(logged, "two-phase", batch, settings=settings, idempotency_key="k")
+        retried = await append(logged, "two-phase", batch, settings=settings, idempotency_key="k")
+        await append(logged, "two-phase", batch, settings=settings, expected_seq=again.last_seq)
+        assert not two_phase(sent), sent
+        assert sent.count("issuing COMMIT") == 4
+    assert (first.first_seq, again.last_seq) == (1, 2 * events)
+    assert retried.duplicate
+    assert retried.last_seq == again.last_seq
+    assert await queue_count(pool) == 3 * events
+    bucket = bucket_of("two-phase", await pool.fetchval("SELECT outbox_bucket_count()"))
+    assert (
+        await pool.fetchval(
+            "SELECT max(seq) FROM event_journal WHERE bucket = $1 AND campaign_id = 'two-phase'",
+            bucket,
+        )
+        == 3 * events
+    )
 
 
 async def test_a_kill_soak_on_the_cluster(
