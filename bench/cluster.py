@@ -9,8 +9,11 @@ machine: the plain one, and the cluster's coordinator and two workers (loopback)
 databases carry the same schema and the same projection, placed as docs/scaling.md says (a
 `bucket` column; on the cluster distributed by it, co-located with the outbox's tables).
 - drain: a backlog of N events over 1,000 campaigns drained by the worker (batch 100, 2 and 4
-  claim loops, the best) with a batch projector (one set-wise upsert per batch) and a statement
-  projector (one upsert per event, pipelined); totals checked against the generator's sums;
+  claim loops, the best) with a batch projector (one set-wise upsert per batch: INSERT ...
+  SELECT from the arrays, which Citus commits by two-phase commit), the same batch projector
+  with its upsert in routed statements ("batch routed": a function updating from the arrays and
+  inserting the missing rows by VALUES) and a statement projector (one upsert per event,
+  pipelined); totals checked against the generator's sums;
 - append: 8 writers of one-event appends, enqueueing off (journal only) and on;
 - claim: bench/claim.py's layouts at each size, p50 of an ordered claim of 100 in one bucket.
 On 2 cores the cluster cannot be faster than one server: its figure is its overhead (every
@@ -54,7 +57,8 @@ from outbox.worker.runtime import drain_now
 ENSURE_CITUS = Path(__file__).resolve().parent.parent / "tests" / "citus" / "ensure-citus.sh"
 TARGETS = ("plain", "cluster")
 LOOPS = (2, 4)
-KINDS = ("batch", "statement")
+# The projectors the drain runs: the app kind and the set-wise upsert it sends.
+KINDS = {"batch": "batch", "batch routed": "batch", "statement": "statement"}
 
 PROJECTION = """
 CREATE TABLE bench_bucket_totals (
@@ -63,7 +67,42 @@ CREATE TABLE bench_bucket_totals (
     events      bigint  NOT NULL,
     amount      bigint  NOT NULL,
     PRIMARY KEY (bucket, campaign_id)
-)
+);
+-- The set-wise upsert in statements Citus routes to the batch's shard (docs/scaling.md): the
+-- rows there move by UPDATE ... FROM unnest, the missing ones come by INSERT ... VALUES.
+CREATE FUNCTION bench_add_totals(p_campaigns text[], p_amounts bigint[]) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    b integer := outbox_bucket(p_campaigns[1]);  -- a batch is one bucket
+    moved text[];
+    r record;
+BEGIN
+    WITH m AS (
+        UPDATE bench_bucket_totals t
+        SET events = t.events + e.events, amount = t.amount + e.amount
+        FROM (
+            SELECT e.campaign_id, count(*) AS events, sum(e.amount) AS amount
+            FROM unnest(p_campaigns, p_amounts) AS e(campaign_id, amount)
+            GROUP BY e.campaign_id
+        ) e
+        WHERE t.bucket = b AND t.campaign_id = e.campaign_id
+        RETURNING t.campaign_id
+    )
+    SELECT coalesce(array_agg(m.campaign_id), '{}') INTO moved FROM m;
+    FOR r IN
+        SELECT e.campaign_id, count(*) AS events, sum(e.amount) AS amount
+        FROM unnest(p_campaigns, p_amounts) AS e(campaign_id, amount)
+        WHERE NOT e.campaign_id = ANY (moved)
+        GROUP BY e.campaign_id
+        ORDER BY e.campaign_id
+    LOOP
+        INSERT INTO bench_bucket_totals AS t (bucket, campaign_id, events, amount)
+        VALUES (b, r.campaign_id, r.events, r.amount)
+        ON CONFLICT (bucket, campaign_id) DO UPDATE
+        SET events = t.events + excluded.events, amount = t.amount + excluded.amount;
+    END LOOP;
+END
+$$;
 """
 CO_LOCATE = (
     "SELECT create_distributed_table('bench_bucket_totals', 'bucket',"
@@ -78,6 +117,11 @@ ORDER BY e.campaign_id
 ON CONFLICT (bucket, campaign_id) DO UPDATE
 SET events = t.events + excluded.events, amount = t.amount + excluded.amount
 """
+UPSERTS_MANY = {
+    "batch": UPSERT_MANY,
+    "batch routed": "SELECT bench_add_totals($1::text[], $2::bigint[])",
+    "statement": UPSERT_MANY,
+}
 UPSERT_ONE = """
 INSERT INTO bench_bucket_totals AS t (bucket, campaign_id, events, amount)
 VALUES (outbox_bucket($1), $1, 1, $2)
@@ -126,7 +170,9 @@ async def drain_case(dsn: str, *, events: int, kind: str, loops: int) -> float:
         pool = await db.create_pool(dsn, min_size=1, max_size=loops + 1)
         try:
             started = time.perf_counter()
-            app = outbox_app(settings, kind=kind, upsert_many=UPSERT_MANY, upsert_one=UPSERT_ONE)
+            app = outbox_app(
+                settings, kind=KINDS[kind], upsert_many=UPSERTS_MANY[kind], upsert_one=UPSERT_ONE
+            )
             counts = await drain_now(app, pool, concurrency=loops)
             rate = events / (time.perf_counter() - started)
         finally:
