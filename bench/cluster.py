@@ -57,8 +57,6 @@ from outbox.worker.runtime import drain_now
 ENSURE_CITUS = Path(__file__).resolve().parent.parent / "tests" / "citus" / "ensure-citus.sh"
 TARGETS = ("plain", "cluster")
 LOOPS = (2, 4)
-# The projectors the drain runs: the app kind and the set-wise upsert it sends.
-KINDS = {"batch": "batch", "batch routed": "batch", "statement": "statement"}
 
 PROJECTION = """
 CREATE TABLE bench_bucket_totals (
@@ -117,10 +115,12 @@ ORDER BY e.campaign_id
 ON CONFLICT (bucket, campaign_id) DO UPDATE
 SET events = t.events + excluded.events, amount = t.amount + excluded.amount
 """
-UPSERTS_MANY = {
-    "batch": UPSERT_MANY,
-    "batch routed": "SELECT bench_add_totals($1::text[], $2::bigint[])",
-    "statement": UPSERT_MANY,
+# The projectors the drain runs, by name: the app's kind, and the set-wise upsert a batch
+# projector sends (INSERT ... SELECT, or the routed function).
+KINDS = {
+    "batch": ("batch", UPSERT_MANY),
+    "batch routed": ("batch", "SELECT bench_add_totals($1::text[], $2::bigint[])"),
+    "statement": ("statement", UPSERT_MANY),
 }
 UPSERT_ONE = """
 INSERT INTO bench_bucket_totals AS t (bucket, campaign_id, events, amount)
@@ -170,8 +170,9 @@ async def drain_case(dsn: str, *, events: int, kind: str, loops: int) -> float:
         pool = await db.create_pool(dsn, min_size=1, max_size=loops + 1)
         try:
             started = time.perf_counter()
+            app_kind, upsert_many = KINDS[kind]
             app = outbox_app(
-                settings, kind=KINDS[kind], upsert_many=UPSERTS_MANY[kind], upsert_one=UPSERT_ONE
+                settings, kind=app_kind, upsert_many=upsert_many, upsert_one=UPSERT_ONE
             )
             counts = await drain_now(app, pool, concurrency=loops)
             rate = events / (time.perf_counter() - started)

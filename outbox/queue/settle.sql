@@ -5,12 +5,13 @@
 -- what Citus refuses to route).
 
 -- name: settle_batch
--- The end of a batch in bucket $20 in one call (`outbox_settle`, sql/0009_buckets.sql): the append
--- heads of campaigns it left with nothing live held ($14 marks them), then, in a statement
--- that sees every append committed before that: completed rows ($1, $2) deleted, failures
--- ($3..$8) recorded, the campaign rows ($10..$14) and the moved checkpoints ($15..$17, sorted)
--- written, and with $18 and rows deleted one NOTIFY on $19 (payload: the bucket). Returns the
--- campaigns left due now and each deleted row's seconds since it was enqueued. $9 = now.
+-- The end of a batch in bucket $20 in one call (`outbox_settle`, sql/0013_settle_routed.sql):
+-- the append heads of campaigns it left with nothing live held ($14 marks them); the moved
+-- checkpoints ($15..$17, sorted) written; then, in a statement that sees every append
+-- committed before that: completed rows ($1, $2) deleted, failures ($3..$8) recorded, the
+-- campaign rows ($10..$14) written, and with $18 and rows deleted one NOTIFY on $19 (payload:
+-- the bucket). Returns the campaigns left due now and each deleted row's seconds since it was
+-- enqueued. $9 = now.
 SELECT due, ages
 FROM outbox_settle(
     $20::integer,

@@ -180,8 +180,8 @@ async def test_an_append_of_up_to_4_events_commits_without_2pc(
     dsn: str, pool: db.Pool, events: int
 ) -> None:
     """New campaign, existing one, with an append key (and its retry), with an expected seq:
-    the rows go by
-    INSERT ... VALUES, routed to the campaign's shard, and the transaction ends plainly."""
+    the rows go by INSERT ... VALUES, routed to the campaign's shard, and the transaction ends
+    plainly."""
     settings = Settings(dsn=dsn)
     batch = [Event("step", {"i": i}) for i in range(events)]
     async with remote_commands(dsn) as (logged, sent):
