@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.install-stamp
 LINT_PATHS := outbox tests bench cmd docs/examples
 
 .DEFAULT_GOAL := help
-.PHONY: help install test test-unit test-faults test-citus lint demo bench soak clean
+.PHONY: help install test test-unit test-faults test-citus lint schema demo bench soak clean
 
 help: ## List the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  make %-8s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -47,6 +47,9 @@ lint: $(STAMP) ## ruff check, ruff format --check, mypy --strict, the import con
 	$(VENV)/bin/ruff format --check $(LINT_PATHS)
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
+
+schema: $(STAMP) ## Regenerate sql/schema.sql: a fresh install, dumped (a test fails when it is stale)
+	$(PY) tests/schema_snapshot.py
 
 demo: $(STAMP) ## Run the demo: local PostgreSQL (or OUTBOX_DSN), migrate, append, drain, report
 	$(PY) cmd/demo.py

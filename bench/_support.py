@@ -55,23 +55,25 @@ EVENT_TYPE = "bench.tick"
 # the campaigns).
 LOAD_BACKLOG = """
 WITH heads AS (
-    INSERT INTO campaign_heads (bucket, campaign_id, last_seq)
-    SELECT outbox_bucket($3::text || c), $3::text || c, ($2::integer - c - 1) / $1::integer + 1
+    INSERT INTO outbox.campaign_heads (bucket, campaign_id, last_seq)
+    SELECT outbox.outbox_bucket($3::text || c), $3::text || c,
+           ($2::integer - c - 1) / $1::integer + 1
     FROM generate_series(0, least($1::integer, $2::integer) - 1) c
 ), journal AS (
-    INSERT INTO event_journal (bucket, campaign_id, seq, event_type, payload)
-    SELECT outbox_bucket($3::text || (g % $1::integer)), $3::text || (g % $1::integer),
+    INSERT INTO outbox.event_journal (bucket, campaign_id, seq, event_type, payload)
+    SELECT outbox.outbox_bucket($3::text || (g % $1::integer)), $3::text || (g % $1::integer),
            g / $1::integer + 1, 'bench.tick', jsonb_build_object('amount', g % 7)
     FROM generate_series(0, $2::integer - 1) g
     RETURNING bucket, campaign_id, seq, event_type
 )
-INSERT INTO projection_apply_outbox (bucket, campaign_id, seq, event_type)
+INSERT INTO outbox.projection_apply_outbox (bucket, campaign_id, seq, event_type)
 SELECT bucket, campaign_id, seq, event_type FROM journal ORDER BY seq, campaign_id
 """
 # The outbox's campaign-keyed tables, emptied before each case with the bench's projection.
 OUTBOX_TABLES = (
-    "event_journal, campaign_heads, projection_apply_outbox, projection_apply_campaigns,"
-    " projection_checkpoints, processed_markers, append_idempotency_keys"
+    "outbox.event_journal, outbox.campaign_heads, outbox.projection_apply_outbox,"
+    " outbox.projection_apply_campaigns, outbox.projection_checkpoints,"
+    " outbox.processed_markers, outbox.append_idempotency_keys"
 )
 CLEAR = f"TRUNCATE {OUTBOX_TABLES}, bench_totals"
 
@@ -127,9 +129,9 @@ async def load_backlog(
     # Queue the campaigns, as the append does for each (rows written around it need this).
     ids = [f"{prefix}{c}" for c in range(min(campaigns, events))]
     await refresh_campaigns(conn, ids, park=False, removable=())
-    await conn.execute("ANALYZE projection_apply_outbox")
-    await conn.execute("ANALYZE projection_apply_campaigns")
-    await conn.execute("ANALYZE event_journal")
+    await conn.execute("ANALYZE outbox.projection_apply_outbox")
+    await conn.execute("ANALYZE outbox.projection_apply_campaigns")
+    await conn.execute("ANALYZE outbox.event_journal")
 
 
 async def check_totals(

@@ -48,10 +48,10 @@ BEGIN
     PERFORM pg_notify('outbox_work', '');
     RETURN NULL;
 END $$;
-CREATE TRIGGER bench_notify_always AFTER INSERT ON projection_apply_outbox
+CREATE TRIGGER bench_notify_always AFTER INSERT ON outbox.projection_apply_outbox
     FOR EACH STATEMENT EXECUTE FUNCTION bench_notify_always();
 """
-DROP_NOTIFY_ALWAYS = "DROP TRIGGER bench_notify_always ON projection_apply_outbox"
+DROP_NOTIFY_ALWAYS = "DROP TRIGGER bench_notify_always ON outbox.projection_apply_outbox"
 SELECT_1 = text("SELECT 1")
 
 # An append by writer `w` to `campaign`, its `i`-th.

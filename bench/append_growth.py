@@ -37,20 +37,20 @@ QUEUE_TABLES = ("projection_apply_outbox", "projection_apply_campaigns")
 CONTROL = """
 CREATE FUNCTION bench_old_enqueued() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    INSERT INTO projection_apply_campaigns (bucket, campaign_id, head_seq, due_at)
+    INSERT INTO outbox.projection_apply_campaigns (bucket, campaign_id, head_seq, due_at)
     SELECT n.bucket, n.campaign_id,
-           (SELECT min(o.seq) FROM projection_apply_outbox o
+           (SELECT min(o.seq) FROM outbox.projection_apply_outbox o
             WHERE o.bucket = n.bucket AND o.campaign_id = n.campaign_id),
            min(n.next_attempt_at)
     FROM enqueued n GROUP BY n.bucket, n.campaign_id ORDER BY n.campaign_id
     ON CONFLICT (bucket, campaign_id) DO NOTHING;
     RETURN NULL;
 END $$;
-CREATE TRIGGER bench_old_enqueued AFTER INSERT ON projection_apply_outbox
+CREATE TRIGGER bench_old_enqueued AFTER INSERT ON outbox.projection_apply_outbox
     REFERENCING NEW TABLE AS enqueued FOR EACH STATEMENT EXECUTE FUNCTION bench_old_enqueued();
 """
 DROP_CONTROL = """
-DROP TRIGGER IF EXISTS bench_old_enqueued ON projection_apply_outbox;
+DROP TRIGGER IF EXISTS bench_old_enqueued ON outbox.projection_apply_outbox;
 DROP FUNCTION IF EXISTS bench_old_enqueued();
 """
 
@@ -133,7 +133,7 @@ async def main(writers: int, events: int, control: bool) -> None:
                 started = time.perf_counter()
                 samples = await grow(dsn, writers, events)
                 elapsed = time.perf_counter() - started
-                rows = await admin.fetchval("SELECT count(*) FROM projection_apply_outbox")
+                rows = await admin.fetchval("SELECT count(*) FROM outbox.projection_apply_outbox")
             finally:
                 await admin.execute(DROP_CONTROL)
                 await admin.close()

@@ -30,44 +30,46 @@ from outbox.queue.settle import refresh_campaigns
 
 # $1 rows over $2 campaigns.
 JOURNAL = """
-INSERT INTO event_journal (bucket, campaign_id, seq, event_type, payload)
-SELECT outbox_bucket('c-' || (g % $2::integer)), 'c-' || (g % $2::integer), g / $2::integer + 1,
+INSERT INTO outbox.event_journal (bucket, campaign_id, seq, event_type, payload)
+SELECT outbox.outbox_bucket('c-' || (g % $2::integer)), 'c-' || (g % $2::integer),
+       g / $2::integer + 1,
        'bench.tick', '{}'::jsonb
 FROM generate_series(0, $1::integer - 1) g
 """
 LAYOUTS = {
     "split": """
-INSERT INTO projection_apply_outbox (bucket, campaign_id, seq, event_type, status,
+INSERT INTO outbox.projection_apply_outbox (bucket, campaign_id, seq, event_type, status,
                                      next_attempt_at)
 SELECT bucket, campaign_id, seq, event_type,
        CASE WHEN seq % 2 = 0 THEN 'dead' ELSE 'failed' END,
        CASE WHEN seq % 2 = 0 THEN now() - interval '1 day'
             ELSE now() + interval '1 day' END
-FROM event_journal
+FROM outbox.event_journal
 """,
     "blocked_heads": """
-INSERT INTO projection_apply_outbox (bucket, campaign_id, seq, event_type, status,
+INSERT INTO outbox.projection_apply_outbox (bucket, campaign_id, seq, event_type, status,
                                      next_attempt_at)
 SELECT bucket, campaign_id, seq, event_type,
        CASE WHEN seq > 1 THEN 'pending' WHEN campaign_id < 'c-5' THEN 'dead' ELSE 'failed' END,
        CASE WHEN seq = 1 AND campaign_id >= 'c-5' THEN now() + interval '1 day'
             ELSE now() - interval '1 day' END
-FROM event_journal
+FROM outbox.event_journal
 """,
     "hot": """
-INSERT INTO projection_apply_outbox (bucket, campaign_id, seq, event_type)
-SELECT bucket, campaign_id, seq, event_type FROM event_journal
+INSERT INTO outbox.projection_apply_outbox (bucket, campaign_id, seq, event_type)
+SELECT bucket, campaign_id, seq, event_type FROM outbox.event_journal
 """,
 }
 FRESH = """
 WITH j AS (
-    INSERT INTO event_journal (bucket, campaign_id, seq, event_type, payload)
-    SELECT outbox_bucket('fresh-' || g || '-' || s), 'fresh-' || g || '-' || s, s, 'bench.tick',
+    INSERT INTO outbox.event_journal (bucket, campaign_id, seq, event_type, payload)
+    SELECT outbox.outbox_bucket('fresh-' || g || '-' || s), 'fresh-' || g || '-' || s, s,
+        'bench.tick',
            '{}'::jsonb
     FROM generate_series(1, 50) g, generate_series(1, 4) s
     RETURNING bucket, campaign_id, seq, event_type
 )
-INSERT INTO projection_apply_outbox (bucket, campaign_id, seq, event_type)
+INSERT INTO outbox.projection_apply_outbox (bucket, campaign_id, seq, event_type)
 SELECT bucket, campaign_id, seq, event_type FROM j
 """
 
@@ -80,7 +82,7 @@ async def load(conn: asyncpg.Connection, layout: str, rows: int, *, clear: str =
     await conn.execute(LAYOUTS[layout])
     if layout != "hot":
         await conn.execute(FRESH)
-    ids = [r[0] for r in await conn.fetch("SELECT DISTINCT campaign_id FROM event_journal")]
+    ids = [r[0] for r in await conn.fetch("SELECT DISTINCT campaign_id FROM outbox.event_journal")]
     # Campaign rows as workers leave them (heads found, blocked ones marked); rows inserted
     # by hand get theirs here, as `maintenance reconcile` gives them.
     for i in range(0, len(ids), 5000):

@@ -71,7 +71,7 @@ CREATE TABLE bench_bucket_totals (
 CREATE FUNCTION bench_add_totals(p_campaigns text[], p_amounts bigint[]) RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
-    b integer := outbox_bucket(p_campaigns[1]);  -- a batch is one bucket
+    b integer := outbox.outbox_bucket(p_campaigns[1]);  -- a batch is one bucket
     moved text[];
     r record;
 BEGIN
@@ -108,7 +108,7 @@ CO_LOCATE = (
 )
 UPSERT_MANY = """
 INSERT INTO bench_bucket_totals AS t (bucket, campaign_id, events, amount)
-SELECT outbox_bucket(e.campaign_id), e.campaign_id, count(*), sum(e.amount)
+SELECT outbox.outbox_bucket(e.campaign_id), e.campaign_id, count(*), sum(e.amount)
 FROM unnest($1::text[], $2::bigint[]) AS e(campaign_id, amount)
 GROUP BY e.campaign_id
 ORDER BY e.campaign_id
@@ -124,7 +124,7 @@ KINDS = {
 }
 UPSERT_ONE = """
 INSERT INTO bench_bucket_totals AS t (bucket, campaign_id, events, amount)
-VALUES (outbox_bucket($1), $1, 1, $2)
+VALUES (outbox.outbox_bucket($1), $1, 1, $2)
 ON CONFLICT (bucket, campaign_id) DO UPDATE
 SET events = t.events + 1, amount = t.amount + excluded.amount
 """

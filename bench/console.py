@@ -47,14 +47,16 @@ MAINTENANCE = Path(sys.executable).parent / "maintenance"
 # $1 campaigns of $2 rows: the first tenth all dead (three error groups), the next tenth with a
 # failed head, the rest pending; nothing due for a day (an outage's backlog).
 STATE = """
-INSERT INTO campaign_heads (bucket, campaign_id, last_seq)
-SELECT outbox_bucket('c-' || c), 'c-' || c, $2::integer FROM generate_series(0, $1::integer - 1) c;
-INSERT INTO event_journal (bucket, campaign_id, seq, event_type, payload)
-SELECT outbox_bucket('c-' || c), 'c-' || c, s, 'bench.tick', jsonb_build_object('amount', s % 7)
+INSERT INTO outbox.campaign_heads (bucket, campaign_id, last_seq)
+SELECT outbox.outbox_bucket('c-' || c), 'c-' || c, $2::integer FROM generate_series(0,
+    $1::integer - 1) c;
+INSERT INTO outbox.event_journal (bucket, campaign_id, seq, event_type, payload)
+SELECT outbox.outbox_bucket('c-' || c), 'c-' || c, s, 'bench.tick',
+    jsonb_build_object('amount', s % 7)
 FROM generate_series(0, $1::integer - 1) c, generate_series(1, $2::integer) s;
-INSERT INTO projection_apply_outbox
+INSERT INTO outbox.projection_apply_outbox
     (bucket, campaign_id, seq, event_type, status, attempt_count, next_attempt_at, last_error)
-SELECT outbox_bucket('c-' || c), 'c-' || c, s, 'bench.tick',
+SELECT outbox.outbox_bucket('c-' || c), 'c-' || c, s, 'bench.tick',
        CASE WHEN c < $1::integer / 10 THEN 'dead'
             WHEN c < $1::integer / 5 AND s = 1 THEN 'failed' ELSE 'pending' END,
        CASE WHEN c < $1::integer / 10 THEN 8 WHEN c < $1::integer / 5 AND s = 1 THEN 3 ELSE 0 END,
@@ -73,10 +75,10 @@ DRAIN_CAMPAIGNS = 500
 async def load_state(dsn: str, campaigns: int, per_campaign: int) -> None:
     conn = await asyncpg.connect(dsn)
     try:
-        await conn.execute("ALTER TABLE projection_apply_outbox DISABLE TRIGGER USER")
+        await conn.execute("ALTER TABLE outbox.projection_apply_outbox DISABLE TRIGGER USER")
         for statement in STATE.split(";\n"):
             await conn.execute(statement, campaigns, per_campaign)
-        await conn.execute("ALTER TABLE projection_apply_outbox ENABLE TRIGGER USER")
+        await conn.execute("ALTER TABLE outbox.projection_apply_outbox ENABLE TRIGGER USER")
         ids = [f"c-{c}" for c in range(campaigns)]
         for i in range(0, len(ids), 2000):  # campaign rows, as `maintenance reconcile` makes
             await refresh_campaigns(conn, ids[i : i + 2000], park=False, removable=())

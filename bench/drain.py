@@ -48,11 +48,11 @@ RAW_CONNECTIONS = 4
 # The raw loop claims across the whole queue, through an index of its own (created for its run):
 # the strongest plain loop over these tables, whatever the outbox's own keys lead with.
 RAW_INDEX = (
-    "CREATE INDEX raw_claim_idx ON projection_apply_outbox (next_attempt_at, seq) "
+    "CREATE INDEX raw_claim_idx ON outbox.projection_apply_outbox (next_attempt_at, seq) "
     "WHERE status IN ('pending', 'failed')"
 )
 RAW_CLAIM = """
-SELECT bucket, campaign_id, seq FROM projection_apply_outbox
+SELECT bucket, campaign_id, seq FROM outbox.projection_apply_outbox
 WHERE status IN ('pending', 'failed') AND next_attempt_at <= now()
 ORDER BY next_attempt_at, seq
 LIMIT {limit}
@@ -61,10 +61,11 @@ FOR UPDATE SKIP LOCKED
 RAW_LOAD = """
 SELECT j.campaign_id, j.payload::text AS payload
 FROM unnest($1::text[], $2::bigint[], $3::integer[]) AS k(campaign_id, seq, bucket)
-JOIN event_journal j ON j.bucket = k.bucket AND j.campaign_id = k.campaign_id AND j.seq = k.seq
+JOIN outbox.event_journal j ON j.bucket = k.bucket AND j.campaign_id = k.campaign_id AND j.seq
+    = k.seq
 """
 RAW_DELETE = """
-DELETE FROM projection_apply_outbox o
+DELETE FROM outbox.projection_apply_outbox o
 USING unnest($1::text[], $2::bigint[], $3::integer[]) AS d(campaign_id, seq, bucket)
 WHERE o.bucket = d.bucket AND o.campaign_id = d.campaign_id AND o.seq = d.seq
 """
@@ -94,7 +95,7 @@ async def raw_drain(dsn: str, batch: int) -> None:
     admin = await asyncpg.connect(dsn)
     try:
         await admin.execute(RAW_INDEX)
-        await admin.execute("ANALYZE projection_apply_outbox")
+        await admin.execute("ANALYZE outbox.projection_apply_outbox")
         await asyncio.gather(*(loop() for _ in range(RAW_CONNECTIONS)))
     finally:
         await admin.execute("DROP INDEX IF EXISTS raw_claim_idx")
@@ -165,7 +166,7 @@ async def main(campaigns: int, events: int, pgq_events: int, skip_pgqueuer: bool
             await run
             rate = events / (time.perf_counter() - started)
             await check_totals(conn, events)
-            left = await conn.fetchval("SELECT count(*) FROM projection_apply_outbox")
+            left = await conn.fetchval("SELECT count(*) FROM outbox.projection_apply_outbox")
             assert left == 0, f"{name}: {left} rows left"
             results[name] = rate
             print(f"  {name:<28} {rate:>9,.0f} events/s", flush=True)

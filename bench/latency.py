@@ -57,7 +57,7 @@ OUTBOX_LATENCY = """
 SELECT extract(
     epoch FROM pg_xact_commit_timestamp(v.xmin) - pg_xact_commit_timestamp(j.xmin)
 )::float8
-FROM bench_visible v JOIN event_journal j USING (campaign_id, seq)
+FROM bench_visible v JOIN outbox.event_journal j USING (campaign_id, seq)
 """
 # The projection's commit, per waited-for (campaign, seq), against when wait_applied returned.
 WAIT_LATENCY = """

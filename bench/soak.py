@@ -79,9 +79,9 @@ WHERE c.relname = ANY ($1::text[]) AND c.relkind = 'r'
 """
 CONNECTIONS = "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
 APPLIED = "SELECT coalesce(sum(applied), 0)::bigint FROM soak_applied"
-BACKLOG = "SELECT count(*) FROM projection_apply_outbox"
-LIVE_BACKLOG = "SELECT count(*) FROM projection_apply_outbox WHERE status <> 'dead'"
-DEAD = "SELECT count(*) FROM projection_apply_outbox WHERE status = 'dead'"
+BACKLOG = "SELECT count(*) FROM outbox.projection_apply_outbox"
+LIVE_BACKLOG = "SELECT count(*) FROM outbox.projection_apply_outbox WHERE status <> 'dead'"
+DEAD = "SELECT count(*) FROM outbox.projection_apply_outbox WHERE status = 'dead'"
 TERMINATE_ONE = """
 SELECT count(pg_terminate_backend(pid)) FROM (
     SELECT pid FROM pg_stat_activity

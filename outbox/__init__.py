@@ -32,7 +32,9 @@ from outbox.errors import (
 )
 from outbox.model import AppendResult, BatchCounts, Event, EventBatch, StoredEvent
 from outbox.projection.app import Outbox
+from outbox.queries import using_schema
 from outbox.queue.applied import Applied, wait_applied
+from outbox.version import __version__ as __version__
 from outbox.worker.runtime import drain_now, running_worker
 
 __all__ = [
@@ -70,7 +72,6 @@ __all__ = [
     "drain_now",
     "running_worker",
     "sync",
+    "using_schema",
     "wait_applied",
 ]
-
-__version__ = "0.1.0"

@@ -1,4 +1,4 @@
-"""Buckets: where a campaign's rows live (migration 0009).
+"""Buckets: where a campaign's rows live.
 
 Every campaign-keyed row carries `bucket = outbox_bucket(campaign_id)`: the first 32 bits of the
 id's MD5 modulo N, where N (`OUTBOX_BUCKETS`, default 64) was fixed when the schema was first
@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, TypeVar
 from weakref import WeakKeyDictionary
 
 from outbox import db
-from outbox.queries import Queries
+from outbox.queries import Queries, current_schema
 
 if TYPE_CHECKING:
     from outbox.db import Connection, Executor
@@ -47,8 +47,9 @@ class BucketQueries(Queries):
 
 Q = BucketQueries
 
-# The schema's N per (raw) connection: read once, the first time a connection needs it.
-_counts: WeakKeyDictionary[object, int] = WeakKeyDictionary()
+# The install's N per (raw) connection and schema: read once, the first time a connection needs
+# it (two installs in one database may have different numbers).
+_counts: WeakKeyDictionary[object, dict[str, int]] = WeakKeyDictionary()
 
 
 def bucket_of(campaign_id: str, count: int) -> int:
@@ -59,11 +60,11 @@ def bucket_of(campaign_id: str, count: int) -> int:
 
 async def bucket_count(conn: Connection) -> int:
     """How many buckets the schema on `conn` has (cached per connection)."""
-    key = db.raw_connection(conn)
-    count = _counts.get(key)
+    known = _counts.setdefault(db.raw_connection(conn), {})
+    schema = current_schema()
+    count = known.get(schema)
     if count is None:
-        count = int(await conn.fetchval(Q.get_bucket_count))
-        _counts[key] = count
+        count = known[schema] = int(await conn.fetchval(Q.get_bucket_count))
     return count
 
 

@@ -9,14 +9,16 @@ SELECT extversion FROM pg_extension WHERE extname = 'citus'
 SELECT citus_is_coordinator()
 
 -- name: list_citus_tables
--- Every distributed or reference table of the database: name, distribution column (NULL for a
--- reference table) and co-location group.
-SELECT p.logicalrelid::regclass::text AS table_name,
+-- Every distributed or reference table of the install's schema: name, distribution column
+-- (NULL for a reference table) and co-location group.
+SELECT c.relname::text AS table_name,
        CASE WHEN p.partmethod = 'h' THEN column_to_column_name(p.logicalrelid, p.partkey) END
            AS column_name,
        p.colocationid AS colocation_id,
        (SELECT count(*) FROM pg_dist_shard s WHERE s.logicalrelid = p.logicalrelid) AS shards
 FROM pg_dist_partition p
+JOIN pg_class c ON c.oid = p.logicalrelid
+WHERE c.relnamespace = '@extschema@'::regnamespace
 
 -- name: count_citus_nodes
 -- Active primary nodes that may hold shards.
@@ -24,7 +26,11 @@ SELECT count(*) FROM pg_dist_node
 WHERE isactive AND noderole = 'primary' AND shouldhaveshards
 
 -- name: create_distributed_table
--- Distribute table $1 by column $2, co-located with table $3 ('none': a group of its own, of
--- $4 shards; a table's name: that table's shards, $4 NULL). Existing rows move to the shards.
-SELECT create_distributed_table($1::text::regclass, $2::text, colocate_with => $3::text,
-                                shard_count => $4::integer)
+-- Distribute the install's table $1 by column $2, co-located with its table $3 ('none': a
+-- group of its own, of $4 shards; a table's name: that table's shards, $4 NULL). Existing rows
+-- move to the shards.
+SELECT create_distributed_table(
+    ('@extschema@.' || $1::text)::regclass, $2::text,
+    colocate_with => CASE WHEN $3::text = 'none' THEN 'none' ELSE '@extschema@.' || $3::text END,
+    shard_count => $4::integer
+)

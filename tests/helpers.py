@@ -73,7 +73,7 @@ TABLES = (
 async def counts(executor: db.Executor) -> dict[str, int]:
     """Row counts of the append path's tables."""
     async with db.acquire(executor) as conn:
-        return {t: await conn.fetchval(f"SELECT count(*) FROM {t}") for t in TABLES}
+        return {t: await conn.fetchval(f"SELECT count(*) FROM outbox.{t}") for t in TABLES}
 
 
 async def queue_count(
@@ -82,7 +82,7 @@ async def queue_count(
     """Work rows, of one status and one campaign when given."""
     async with db.acquire(executor) as conn:
         n: int = await conn.fetchval(
-            "SELECT count(*) FROM projection_apply_outbox "
+            "SELECT count(*) FROM outbox.projection_apply_outbox "
             "WHERE ($1::text IS NULL OR status = $1) AND ($2::text IS NULL OR campaign_id = $2)",
             status,
             campaign_id,
@@ -93,7 +93,7 @@ async def queue_count(
 async def journal_seqs(executor: db.Executor, campaign_id: str) -> list[int]:
     async with db.acquire(executor) as conn:
         rows = await conn.fetch(
-            "SELECT seq FROM event_journal WHERE campaign_id = $1 ORDER BY seq", campaign_id
+            "SELECT seq FROM outbox.event_journal WHERE campaign_id = $1 ORDER BY seq", campaign_id
         )
     return [r["seq"] for r in rows]
 
@@ -171,11 +171,13 @@ async def login_role(pool: db.Pool, dsn: str, *alter: str) -> AsyncIterator[tupl
 
     role = f"outbox_role_{uuid.uuid4().hex[:8]}"
     grants = " ".join(
-        f"GRANT ALL ON ALL {kind} IN SCHEMA public TO {role};" for kind in ("TABLES", "SEQUENCES")
+        f"GRANT ALL ON ALL {kind} IN SCHEMA {schema} TO {role};"
+        for kind in ("TABLES", "SEQUENCES")
+        for schema in ("public", "outbox")
     )
     await pool.execute(
-        f"CREATE ROLE {role} LOGIN; {grants} "
-        f"GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA public TO {role};"
+        f"CREATE ROLE {role} LOGIN; GRANT USAGE ON SCHEMA outbox TO {role}; {grants} "
+        f"GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA outbox TO {role};"
         + "".join(f"ALTER ROLE {role} {change};" for change in alter)
     )
     parts = urlsplit(dsn)

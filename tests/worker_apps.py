@@ -57,7 +57,8 @@ async def flaky_tick(tx: db.Connection, event: StoredEvent) -> None:
     if event.type == "poison":
         raise PermanentError("poisoned on purpose")
     attempts = await tx.fetchval(
-        "SELECT attempt_count FROM projection_apply_outbox WHERE campaign_id = $1 AND seq = $2",
+        "SELECT attempt_count FROM outbox.projection_apply_outbox WHERE campaign_id = $1 AND "
+        "seq = $2",
         event.campaign_id,
         event.seq,
     )

@@ -1,7 +1,7 @@
 """The append function's call: its statement in each driver's paramstyle, its arguments, and
 what its answer (or a driver's error) means.
 
-Every client appends with one call of `outbox_try_append` (migration 0006), in the caller's
+Every client appends with one call of `outbox_try_append` (`call_fn.sql`), in the caller's
 own transaction: the function allocates gap-free seqs, journals, enqueues, keeps the
 idempotency key and wakes the workers. This module is what every Python driver shares:
 `arguments()` from a checked `Batch`, `result()` from the row it returns (a refusal becomes
@@ -16,7 +16,8 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from functools import cache
+from typing import Any, Literal
 
 from outbox.append.validate import Batch
 from outbox.config import Settings
@@ -29,18 +30,17 @@ from outbox.errors import (
     ValidationError,
 )
 from outbox.model import AppendResult
-from outbox.queries import Queries
+from outbox.queries import Queries, current_schema
 from outbox.retry import describe_error
 
 __all__ = [
-    "STATEMENT",
-    "STATEMENT_NAMED",
-    "STATEMENT_PYFORMAT",
+    "Paramstyle",
     "arguments",
     "failures",
     "named",
     "result",
     "sqlstate",
+    "statement",
 ]
 
 
@@ -49,12 +49,25 @@ class CallQueries(Queries):
 
 
 # `$n` (asyncpg), `%s` (psycopg, DB-API cursors such as Django's), `:pN` (SQLAlchemy text()).
-STATEMENT = CallQueries.append_events
-STATEMENT_PYFORMAT = re.sub(r"\$\d+", "%s", STATEMENT)
-STATEMENT_NAMED = re.sub(r"\$(\d+)", r":p\1", STATEMENT)
+Paramstyle = Literal["numeric", "format", "named"]
 
-# SQLSTATEs of a database without the function: not migrated (or not to 0006).
-_NOT_MIGRATED = {"42883", "42P01"}  # undefined_function, undefined_table
+
+@cache
+def _styled(text: str, style: Paramstyle) -> str:
+    if style == "format":
+        return re.sub(r"\$\d+", "%s", text)
+    if style == "named":
+        return re.sub(r"\$(\d+)", r":p\1", text)
+    return text
+
+
+def statement(style: Paramstyle = "numeric") -> str:
+    """The call, naming the schema in effect, in a driver's paramstyle."""
+    return _styled(CallQueries.append_events, style)
+
+
+# SQLSTATEs of a database without the function: not migrated, or the outbox in another schema.
+_NOT_MIGRATED = {"42883", "42P01", "3F000"}  # undefined function, table, schema
 
 
 def arguments(batch: Batch, settings: Settings) -> tuple[Any, ...]:
@@ -70,7 +83,7 @@ def arguments(batch: Batch, settings: Settings) -> tuple[Any, ...]:
 
 
 def named(values: Sequence[Any]) -> dict[str, Any]:
-    """The values for `STATEMENT_NAMED` (`p1`, `p2`, ...)."""
+    """The values for the `named` statement (`p1`, `p2`, ...)."""
     return {f"p{i}": value for i, value in enumerate(values, start=1)}
 
 
@@ -124,6 +137,7 @@ def failures(campaign_id: str, lost: Callable[[BaseException], bool]) -> Iterato
             ) from exc
         if sqlstate(exc) in _NOT_MIGRATED:
             raise SchemaNotReady(
-                "the database is not migrated (outbox_append is missing): run `maintenance migrate`"
+                f"outbox_try_append is missing from schema {current_schema()!r}: run "
+                "`maintenance migrate`, or set OUTBOX_SCHEMA to the schema the outbox is in"
             ) from exc
         raise

@@ -1,21 +1,21 @@
-"""The append function's call through each driver, on the caller's own object.
+"""The drivers an append runs through: one per kind of object a caller may hold.
 
-The statement goes through what the caller holds (an SQLAlchemy session or connection, a
-psycopg connection, Django's connection), so it begins or joins the caller's transaction the
-way that driver does: with SQLAlchemy, the session's own `execute`, never the raw driver
-connection underneath (whose transaction SQLAlchemy has not begun yet). Optional packages are
-never imported here unless the caller's object came from them (`sys.modules`): the core needs
-asyncpg only. asyncpg itself goes through `outbox.append.journal`.
-
-Each `run_*` returns the function's row; `lost()` says whether a driver's error lost the
-connection (the append's outcome is then unknown).
+Every append is one call of the append function (`call`), made through the caller's own
+object so it begins or joins the caller's transaction the way that driver does: asyncpg's
+pool (a transaction of its own) or connection; SQLAlchemy's session or connection through its
+own `execute` (never the raw driver connection underneath, whose transaction SQLAlchemy has not
+begun yet); psycopg's connection; Django's connection (a DB-API cursor). A `Driver` knows the
+statement's paramstyle, how to run it, and whether an error it raised lost the connection (the
+append's outcome is then unknown). `async_driver`/`sync_driver` pick the driver for an object.
+Optional packages are never imported here unless the caller's object came from them
+(`sys.modules`): the core needs asyncpg only, through `outbox.db`.
 """
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any, Protocol
 
 from outbox import db
 from outbox.append import call
@@ -23,15 +23,14 @@ from outbox.append import call
 __all__ = [
     "ASYNC_TYPES",
     "SYNC_TYPES",
-    "async_kind",
+    "AsyncDriver",
+    "SyncDriver",
+    "async_driver",
     "lost",
-    "run_async",
-    "run_sync",
-    "sync_kind",
+    "sync_driver",
 ]
 
-AsyncKind = Literal["sqlalchemy", "psycopg"]
-SyncKind = Literal["sqlalchemy", "psycopg", "django"]
+Row = Sequence[Any] | None
 
 ASYNC_TYPES = (
     "an asyncpg Pool or Connection, an SQLAlchemy AsyncConnection or AsyncSession, "
@@ -43,62 +42,20 @@ SYNC_TYPES = (
 )
 
 
-def _loaded(module: str) -> Any:
-    """The module if something in this process imported it (then the caller's object may be
-    one of its types); None otherwise, without importing it."""
-    return sys.modules.get(module)
+class AsyncDriver(Protocol):
+    """Runs the append's call through an async caller's object."""
+
+    async def call(self, target: Any, values: Sequence[Any]) -> Row: ...
+
+    def lost(self, exc: BaseException) -> bool: ...
 
 
-def async_kind(x: object) -> AsyncKind | None:
-    """Which driver an async caller's object belongs to (asyncpg is the caller's own path)."""
-    sa = _loaded("sqlalchemy.ext.asyncio")
-    if sa is not None and isinstance(x, sa.AsyncConnection | sa.AsyncSession):
-        return "sqlalchemy"
-    pg = _loaded("psycopg")
-    if pg is not None and isinstance(x, pg.AsyncConnection):
-        return "psycopg"
-    return None
+class SyncDriver(Protocol):
+    """Runs the append's call through a blocking caller's object."""
 
+    def call(self, target: Any, values: Sequence[Any]) -> Row: ...
 
-def sync_kind(x: object) -> SyncKind | None:
-    sa = _loaded("sqlalchemy.engine")
-    orm = _loaded("sqlalchemy.orm")
-    if (sa is not None and isinstance(x, sa.Connection)) or (
-        orm is not None and isinstance(x, orm.Session)
-    ):
-        return "sqlalchemy"
-    pg = _loaded("psycopg")
-    if pg is not None and isinstance(x, pg.Connection):
-        return "psycopg"
-    django = _loaded("django.db.backends.base.base")
-    if django is not None and isinstance(x, django.BaseDatabaseWrapper):
-        return "django"
-    return None
-
-
-async def run_async(kind: AsyncKind, x: Any, values: Sequence[Any]) -> Sequence[Any] | None:
-    """The function's row, through the caller's SQLAlchemy or psycopg async object."""
-    if kind == "sqlalchemy":
-        from sqlalchemy import text
-
-        result = await x.execute(text(call.STATEMENT_NAMED), call.named(values))
-        return tuple(result.one())
-    async with x.cursor() as cur:
-        await cur.execute(call.STATEMENT_PYFORMAT, values)
-        row: Sequence[Any] | None = await cur.fetchone()
-        return row
-
-
-def run_sync(kind: SyncKind, x: Any, values: Sequence[Any]) -> Sequence[Any] | None:
-    """The function's row, through the caller's SQLAlchemy, psycopg or Django object."""
-    if kind == "sqlalchemy":
-        from sqlalchemy import text
-
-        return tuple(x.execute(text(call.STATEMENT_NAMED), call.named(values)).one())
-    with x.cursor() as cur:
-        cur.execute(call.STATEMENT_PYFORMAT, values)
-        row: Sequence[Any] | None = cur.fetchone()
-        return row
+    def lost(self, exc: BaseException) -> bool: ...
 
 
 # SQLSTATEs after which the session is gone (the server ended it, or the link broke).
@@ -121,3 +78,94 @@ def lost(exc: BaseException) -> bool:
         orig = getattr(seen, "orig", None)
         seen = orig if isinstance(orig, BaseException) else seen.__cause__
     return False
+
+
+class _Asyncpg:
+    async def call(self, target: Any, values: Sequence[Any]) -> Row:
+        async with db.acquire(target) as conn:
+            row = await conn.fetchrow(call.statement("numeric"), *values)
+        return None if row is None else tuple(row)
+
+    def lost(self, exc: BaseException) -> bool:
+        return db.connection_lost(exc)
+
+
+class _AsyncSqlAlchemy:
+    async def call(self, target: Any, values: Sequence[Any]) -> Row:
+        from sqlalchemy import text
+
+        result = await target.execute(text(call.statement("named")), call.named(values))
+        return tuple(result.one())
+
+    def lost(self, exc: BaseException) -> bool:
+        return lost(exc)
+
+
+class _AsyncPsycopg:
+    async def call(self, target: Any, values: Sequence[Any]) -> Row:
+        async with target.cursor() as cur:
+            await cur.execute(call.statement("format"), values)
+            row: Row = await cur.fetchone()
+            return row
+
+    def lost(self, exc: BaseException) -> bool:
+        return lost(exc)
+
+
+class _SqlAlchemy:
+    def call(self, target: Any, values: Sequence[Any]) -> Row:
+        from sqlalchemy import text
+
+        return tuple(target.execute(text(call.statement("named")), call.named(values)).one())
+
+    def lost(self, exc: BaseException) -> bool:
+        return lost(exc)
+
+
+class _DbApi:
+    """A DB-API connection in `format` paramstyle: psycopg's, Django's."""
+
+    def call(self, target: Any, values: Sequence[Any]) -> Row:
+        with target.cursor() as cur:
+            cur.execute(call.statement("format"), values)
+            row: Row = cur.fetchone()
+            return row
+
+    def lost(self, exc: BaseException) -> bool:
+        return lost(exc)
+
+
+def _loaded(module: str) -> Any:
+    """The module if something in this process imported it (then the caller's object may be
+    one of its types); None otherwise, without importing it."""
+    return sys.modules.get(module)
+
+
+def async_driver(x: object) -> AsyncDriver | None:
+    """The driver for an async caller's object, None when no driver takes it."""
+    if db.is_executor(x):
+        return _Asyncpg()
+    sa = _loaded("sqlalchemy.ext.asyncio")
+    if sa is not None and isinstance(x, sa.AsyncConnection | sa.AsyncSession):
+        return _AsyncSqlAlchemy()
+    pg = _loaded("psycopg")
+    if pg is not None and isinstance(x, pg.AsyncConnection):
+        return _AsyncPsycopg()
+    return None
+
+
+def sync_driver(x: object) -> SyncDriver | None:
+    """The driver for a blocking caller's object, None when no driver takes it."""
+    sa = _loaded("sqlalchemy.engine")
+    orm = _loaded("sqlalchemy.orm")
+    if (sa is not None and isinstance(x, sa.Connection)) or (
+        orm is not None and isinstance(x, orm.Session)
+    ):
+        return _SqlAlchemy()
+    pg = _loaded("psycopg")
+    if pg is not None and isinstance(x, pg.Connection):
+        return _DbApi()
+    django = _loaded("django.db.backends.base.base")
+    if django is not None and isinstance(x, django.BaseDatabaseWrapper):
+        return _DbApi()
+    return None

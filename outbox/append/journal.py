@@ -1,16 +1,10 @@
-"""The journal: the append on asyncpg, and the journal's reads.
-
-`append()` takes an asyncpg executor first: a pool (the append runs in its own transaction) or
-a connection (inside the caller's transaction when one is open, so the append joins the
-caller's write unit). Either way it is one statement, the append function's call (`call`),
-atomic on its own: the function allocates seqs, journals, enqueues (the only writer of work
-rows outside `outbox.queue`), keeps the key and wakes the workers. Other drivers make the same
-call through `outbox.append.api` and `outbox.sync`.
+"""The journal's reads: events, heads and campaigns, and decoding rows for projectors.
 
 It owns the reads of `event_journal` and `campaign_heads`, the pruning of
 `append_idempotency_keys`, and decoding journal rows into what projectors see: one row into a
-`StoredEvent`, a claim's rows in bulk (`decode_bulk`).
-It never runs projectors.
+`StoredEvent`, a claim's rows in bulk (`decode_bulk`). The journal is written only by the
+append function (`call_fn.sql`), which every driver calls through `outbox.append.api`. It never
+runs projectors.
 """
 
 from __future__ import annotations
@@ -23,11 +17,8 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from outbox import buckets, db
-from outbox.append import call
-from outbox.append.validate import prepare
-from outbox.config import Settings
 from outbox.errors import EventUnavailable
-from outbox.model import AppendResult, Event, StoredEvent
+from outbox.model import StoredEvent
 from outbox.queries import Queries
 
 if TYPE_CHECKING:
@@ -36,7 +27,6 @@ if TYPE_CHECKING:
 __all__ = [
     "Decoded",
     "JournalEntry",
-    "append",
     "decode_bulk",
     "decode_event",
     "decode_record",
@@ -59,29 +49,6 @@ class JournalQueries(Queries):
 
 
 Q = JournalQueries
-
-
-async def append(
-    executor: Executor,
-    campaign_id: str,
-    events: Sequence[Event],
-    *,
-    expected_seq: int | None = None,
-    idempotency_key: str | None = None,
-    raise_on_duplicate: bool = False,
-    settings: Settings | None = None,
-) -> AppendResult:
-    """Append `events` to `campaign_id`'s journal and enqueue their work rows, on an asyncpg
-    pool (a transaction of its own) or connection (inside the caller's transaction when one is
-    open): one call of the append function. See `outbox.append.api.append` for the rules."""
-    batch = prepare(campaign_id, events, expected_seq, idempotency_key)
-    settings = settings if settings is not None else Settings.from_env()
-    with call.failures(batch.campaign_id, db.connection_lost):
-        async with db.acquire(executor) as conn:
-            row = await conn.fetchrow(call.STATEMENT, *call.arguments(batch, settings))
-    return call.result(
-        batch, None if row is None else tuple(row), raise_on_duplicate=raise_on_duplicate
-    )
 
 
 def decode_event(

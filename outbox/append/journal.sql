@@ -1,22 +1,22 @@
 -- The journal's reads, and the pruning of expired append keys. The append itself is one call
--- of the append function (call.sql, migration 0006).
+-- of the append function (call.sql; the function is in call_fn.sql).
 
 -- name: get_campaign_head
 -- The last allocated seq of a campaign (no row: the campaign has no events). $2: its bucket.
-SELECT last_seq FROM campaign_heads WHERE bucket = $2::integer AND campaign_id = $1::text
+SELECT last_seq FROM @extschema@.campaign_heads WHERE bucket = $2::integer AND campaign_id = $1::text
 
 -- name: load_events
 -- A campaign's events from seq $2 to $3, as projectors see them (payload and metadata as
 -- text: `decode_event` decodes each one, so one undecodable event is that event's failure).
 -- $4: the campaign's bucket.
 SELECT seq, event_type, payload::text AS payload, metadata::text AS metadata, recorded_at
-FROM event_journal
+FROM @extschema@.event_journal
 WHERE bucket = $4::integer AND campaign_id = $1::text AND seq BETWEEN $2::bigint AND $3::bigint
 ORDER BY seq
 
 -- name: list_campaigns
 -- Campaigns with events, one ($1, in bucket $2) or all, in id order.
-SELECT campaign_id FROM campaign_heads
+SELECT campaign_id FROM @extschema@.campaign_heads
 WHERE $1::text IS NULL OR (bucket = $2::integer AND campaign_id = $1::text)
 ORDER BY campaign_id
 
@@ -26,21 +26,21 @@ ORDER BY campaign_id
 -- head never passes an event the rebuild did not see. One row with null seq: no such events.
 -- $3: the campaign's bucket.
 WITH head AS (
-    SELECT coalesce(max(seq), 0) AS last_seq FROM event_journal
+    SELECT coalesce(max(seq), 0) AS last_seq FROM @extschema@.event_journal
     WHERE bucket = $3::integer AND campaign_id = $1::text
 )
 SELECT h.last_seq, e.seq, e.event_type, e.payload::text AS payload,
        e.metadata::text AS metadata, e.recorded_at
 FROM head h
-LEFT JOIN event_journal e
+LEFT JOIN @extschema@.event_journal e
     ON e.bucket = $3::integer AND e.campaign_id = $1::text AND e.event_type = ANY ($2::text[]) AND e.seq <= h.last_seq
 ORDER BY e.seq
 
 -- name: prune_append_keys
 -- Expired append idempotency keys, at most $1 per call (by key, not ctid: see prune_markers).
-DELETE FROM append_idempotency_keys
+DELETE FROM @extschema@.append_idempotency_keys
 WHERE (bucket, campaign_id, idem_key) IN (
-    SELECT bucket, campaign_id, idem_key FROM append_idempotency_keys
+    SELECT bucket, campaign_id, idem_key FROM @extschema@.append_idempotency_keys
     WHERE expires_at <= statement_timestamp()
     LIMIT $1::integer
 )
@@ -50,7 +50,7 @@ WHERE (bucket, campaign_id, idem_key) IN (
 -- still shows): the journal tail an operator reads beside the campaign's queue rows. $3: the
 -- campaign's bucket.
 SELECT seq, event_type, payload::text AS payload, metadata::text AS metadata, recorded_at
-FROM event_journal
+FROM @extschema@.event_journal
 WHERE bucket = $3::integer AND campaign_id = $1::text
 ORDER BY seq DESC
 LIMIT $2::integer

@@ -1,12 +1,14 @@
-"""Append input checked before anything is written: ids, types, keys, payloads, metadata.
+"""An append's arguments made into the append function's: what Python must check itself.
 
 `prepare()` turns an append's arguments into a `Batch`: the append function's arguments, the
-events encoded as one JSON array. The append function (`outbox_try_append`, migration 0006)
-enforces every rule for every client; this module checks the same rules first, so a bad call
-from Python costs no round trip, raises a `ValidationError` naming the field, and leaves the
-caller's transaction usable. It also refuses what cannot reach the server as it is: values
-JSON cannot carry (NaN, non-string keys), NUL characters. A test runs every bad input through
-both and compares. Pure: no I/O. `check_identifier` also serves the dedup guard's ids.
+events encoded as one JSON array. The append function (`outbox_try_append`, `call_fn.sql`) is
+the authority on every rule an append keeps, for every language (ids, counts, types, sizes,
+the events' shape, the metadata's key): a refusal comes back as a row, raised as the same
+`ValidationError` in Python, and the caller's transaction stays usable. This module refuses
+only what cannot reach the function as it is: arguments of the wrong Python type, values JSON
+cannot carry (NaN, infinities, objects it cannot encode, non-string keys) and NUL characters
+(text and jsonb cannot hold one). Pure: no I/O. `check_identifier` serves the dedup guard's
+ids, which no SQL function checks.
 """
 
 from __future__ import annotations
@@ -24,21 +26,11 @@ from outbox.obs import tracing
 
 __all__ = [
     "KEY_METADATA",
-    "MAX_EVENTS",
-    "MAX_ID_LENGTH",
-    "MAX_KEY_LENGTH",
-    "MAX_PAYLOAD_BYTES",
-    "MAX_TYPE_LENGTH",
     "Batch",
     "check_identifier",
     "prepare",
 ]
 
-MAX_ID_LENGTH = 256
-MAX_TYPE_LENGTH = 256
-MAX_KEY_LENGTH = 256
-MAX_EVENTS = 10_000
-MAX_PAYLOAD_BYTES = 1 << 20
 # The metadata field that carries an append's idempotency key into each of its events, so a
 # projector can pass it on to an external system (docs/idempotency.md).
 KEY_METADATA = "idempotency_key"
@@ -94,13 +86,18 @@ def _encode(field: str, value: Any) -> str:
     except TypeError as exc:
         raise ValidationError(field, f"not JSON-encodable: {exc}") from None
     _check_finite(field, value)
-    if len(encoded) > MAX_PAYLOAD_BYTES:
-        raise ValidationError(
-            field, f"encodes to {len(encoded)} bytes, more than {MAX_PAYLOAD_BYTES}"
-        )
     if _JSON_NUL.search(encoded):
         raise ValidationError(field, "must not contain NUL characters (\\u0000)")
     return encoded.decode()
+
+
+def _text(field: str, value: object) -> str:
+    """A string PostgreSQL can hold (no NUL); its length and blankness are the function's."""
+    if not isinstance(value, str):
+        raise ValidationError(field, f"expected a string, got {type(value).__name__}")
+    if "\x00" in value:
+        raise ValidationError(field, "must not contain NUL characters")
+    return value
 
 
 def prepare(
@@ -109,22 +106,16 @@ def prepare(
     expected_seq: object,
     idempotency_key: object,
 ) -> Batch:
-    """Validate everything and encode the payloads, before anything is written."""
-    campaign = check_identifier("campaign_id", campaign_id, MAX_ID_LENGTH)
+    """Check what only Python can and encode the events (see the module docstring)."""
+    campaign = _text("campaign_id", campaign_id)
     if isinstance(events, Event) or not isinstance(events, Sequence) or isinstance(events, str):
         raise ValidationError("events", "expected a sequence of outbox.Event")
-    if not events:
-        raise ValidationError("events", "must not be empty")
-    if len(events) > MAX_EVENTS:
-        raise ValidationError("events", f"at most {MAX_EVENTS} per append, got {len(events)}")
     expected: int | None = None
     if expected_seq is not None:
-        if isinstance(expected_seq, bool) or not isinstance(expected_seq, int) or expected_seq < 0:
+        if isinstance(expected_seq, bool) or not isinstance(expected_seq, int):
             raise ValidationError("expected_seq", f"expected an integer >= 0, got {expected_seq!r}")
         expected = expected_seq
-    key: str | None = None
-    if idempotency_key is not None:
-        key = check_identifier("idempotency_key", idempotency_key, MAX_KEY_LENGTH)
+    key = None if idempotency_key is None else _text("idempotency_key", idempotency_key)
     encoded: list[str] = []
     traced = tracing.carrier()  # the caller's span, recorded in each event (outbox[tracing])
     for i, event in enumerate(events):
@@ -132,19 +123,13 @@ def prepare(
             raise ValidationError(
                 f"events[{i}]", f"expected outbox.Event, got {type(event).__name__}"
             )
-        kind = check_identifier(f"events[{i}].type", event.type, MAX_TYPE_LENGTH)
+        kind = _text(f"events[{i}].type", event.type)
         payload = _encode(f"events[{i}].payload", event.payload)
-        if event.metadata is not None and not isinstance(event.metadata, Mapping):
-            raise ValidationError(f"events[{i}].metadata", "expected a mapping or None")
-        meta = dict(event.metadata or {})
-        if key is not None and meta.get(KEY_METADATA, key) != key:
-            raise ValidationError(
-                f"events[{i}].metadata",
-                f"{KEY_METADATA!r} is set by the append from its idempotency_key; got a "
-                "different value",
-            )
-        if traced is not None:
-            meta.setdefault(tracing.TRACE_METADATA, traced)
+        meta: object = event.metadata
+        if meta is None or isinstance(meta, Mapping):
+            meta = dict(meta or {})
+            if traced is not None:
+                meta.setdefault(tracing.TRACE_METADATA, traced)
         metadata = _encode(f"events[{i}].metadata", meta)
         encoded.append(
             f'{{"type":{orjson.dumps(kind).decode()},"payload":{payload},"metadata":{metadata}}}'

@@ -1,4 +1,4 @@
-"""`maintenance migrate` and `maintenance schema`: the schema's migrations."""
+"""`maintenance migrate` and `maintenance schema`: the schema's migrations and definitions."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ from outbox.cli.common import (
 from outbox.cli.operator import (
     app,
 )
+from outbox.errors import UsageError
 
 
 @app.command("migrate")
@@ -33,7 +34,8 @@ def migrate_command(
     ] = False,
     as_json: JsonOption = False,
 ) -> None:
-    """Apply pending schema migrations in order (idempotent, under an advisory lock)."""
+    """Apply pending migrations, then changed function definitions (idempotent, under an
+    advisory lock), in the schema OUTBOX_SCHEMA names (default `outbox`)."""
     settings = settings_for(dsn=dsn)
     target = require_dsn(settings)
 
@@ -41,27 +43,36 @@ def migrate_command(
         conn = await db.connect(target)
         try:
             if show_status:
-                return await migrations.status(conn)
-            return await migrations.migrate(conn, buckets=settings.buckets)
+                return (
+                    await migrations.status(conn, schema=settings.schema),
+                    await migrations.definition_status(conn, schema=settings.schema),
+                )
+            return await migrations.migrate(conn, buckets=settings.buckets, schema=settings.schema)
         finally:
             await conn.close()
 
     result = run(body)
     if show_status:
+        files, functions = result
         rows = [
+            {"name": s.name, "state": s.state, "checksum": s.checksum, "applied_at": s.applied_at}
+            for s in files
+        ]
+        definitions = [
             {
-                "name": s.name,
-                "state": s.state,
-                "checksum": s.checksum,
-                "applied_at": s.applied_at,
+                "name": d.name,
+                "state": d.state,
+                "checksum": d.checksum,
+                "version": d.version,
+                "applied_at": d.applied_at,
             }
-            for s in result
+            for d in functions
         ]
         if as_json:
-            emit_json("migrate-status", {"migrations": rows})
+            emit_json("migrate-status", {"migrations": rows, "definitions": definitions})
             return
-        table = Table("migration", "state", "applied at")
-        for r in rows:
+        table = Table("file", "state", "applied at")
+        for r in [*rows, *definitions]:
             applied_at = r["applied_at"].isoformat(timespec="seconds") if r["applied_at"] else "-"
             table.add_row(r["name"], r["state"], applied_at)
         stdout.print(table)
@@ -79,24 +90,55 @@ def schema_command(
     sql: Annotated[
         bool,
         typer.Option(
-            "--sql", help="Print the migrations as one SQL script for your own migration tool."
+            "--sql",
+            help="Print the install (migrations, then definitions) as one SQL script for your "
+            "own migration tool.",
+        ),
+    ] = False,
+    only_definitions: Annotated[
+        bool,
+        typer.Option(
+            "--definitions",
+            help="With --sql: the function definitions alone (an upgrade ends with them).",
         ),
     ] = False,
     as_json: JsonOption = False,
 ) -> None:
-    """The schema migrations this version ships (no database needed)."""
+    """The migrations and function definitions this version ships (no database needed)."""
     shipped = migrations.load_migrations()
+    functions = migrations.load_definitions()
+    settings = settings_for()
+    if only_definitions and not sql:
+        raise UsageError("--definitions goes with --sql")
     if sql:
-        sys.stdout.write(migrations.script(shipped, buckets=settings_for().buckets))
+        sys.stdout.write(
+            migrations.script(
+                shipped,
+                functions,
+                buckets=settings.buckets,
+                schema=settings.schema,
+                only_definitions=only_definitions,
+            )
+        )
         return
     if as_json:
         emit_json(
-            "schema", {"migrations": [{"name": m.name, "checksum": m.checksum} for m in shipped]}
+            "schema",
+            {
+                "migrations": [{"name": m.name, "checksum": m.checksum} for m in shipped],
+                "definitions": [
+                    {"name": d.name, "checksum": d.checksum, "functions": list(d.functions)}
+                    for d in functions
+                ],
+            },
         )
         return
-    table = Table("migration", "sha256", title="shipped migrations")
-    for m in shipped:
-        table.add_row(m.name, m.checksum)
+    table = Table("file", "sha256", title="shipped migrations and definitions")
+    for name, checksum in [
+        *((m.name, m.checksum) for m in shipped),
+        *((d.name, d.checksum) for d in functions),
+    ]:
+        table.add_row(name, checksum)
     stdout.print(table)
 
 

@@ -5,16 +5,26 @@
 validation and the worker-mode rules. Everything is re-exported here.
 """
 
-from outbox.config.fields import FIELDS, SESSION_TIMEOUTS, FieldSpec, parse_bool, shorten
+from outbox.config.fields import (
+    DEFAULT_SCHEMA,
+    FIELDS,
+    SESSION_TIMEOUTS,
+    FieldSpec,
+    check_schema_name,
+    parse_bool,
+    shorten,
+)
 from outbox.config.settings import ModeResolution, Session, Settings, resolve_worker_mode
 
 __all__ = [
+    "DEFAULT_SCHEMA",
     "FIELDS",
     "SESSION_TIMEOUTS",
     "FieldSpec",
     "ModeResolution",
     "Session",
     "Settings",
+    "check_schema_name",
     "parse_bool",
     "resolve_worker_mode",
     "shorten",

@@ -8,15 +8,18 @@ parsing and range checks, no environment access of its own.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
+    "DEFAULT_SCHEMA",
     "DSN_SCHEMES",
     "FIELDS",
     "SESSION_TIMEOUTS",
     "FieldSpec",
+    "check_schema_name",
     "parse_bool",
     "shorten",
 ]
@@ -72,6 +75,29 @@ def _parse_word(raw: str) -> str:
     return raw.strip().lower()
 
 
+# A schema the outbox may live in: a plain lower-case identifier (never quoted, so the same
+# text names it in SQL, in a setting and in a NOTIFY channel), short enough that its channels'
+# names (`<schema>.outbox_applied`) stay within PostgreSQL's 63 bytes, and none of the system's.
+SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,47}")
+DEFAULT_SCHEMA = "outbox"
+
+
+def check_schema_name(name: object) -> str:
+    """`name` if the outbox may live in a schema of that name; else ValueError."""
+    if not isinstance(name, str) or not SCHEMA_NAME.fullmatch(name):
+        raise ValueError(
+            "expected a lower-case identifier of at most 48 characters (a-z, 0-9, _; not "
+            "starting with a digit)"
+        )
+    if name.startswith("pg_") or name == "information_schema":
+        raise ValueError("expected a schema of your own, not one of the system's")
+    return name
+
+
+def _parse_schema(raw: str) -> str:
+    return check_schema_name(raw.strip())
+
+
 @dataclass(frozen=True, slots=True)
 class FieldSpec:
     """How one setting is read and checked; also the source of the docs' configuration table."""
@@ -97,6 +123,8 @@ class FieldSpec:
     def check(self, value: Any) -> None:
         if self.choices and value not in self.choices:
             raise ValueError(f"expected one of {'/'.join(self.choices)}")
+        if self.parse is _parse_schema:
+            check_schema_name(value)
         if self.parse is parse_bool and not isinstance(value, bool):
             raise ValueError("expected a boolean")
         if self.parse in (_parse_int, _parse_float):
@@ -215,6 +243,15 @@ FIELDS: dict[str, FieldSpec] = {
         "migrate` (unset: 64); a later migrate refuses a different number",
         low=1,
         high=4096,
+        optional=True,
+        cli=False,
+    ),
+    "schema": FieldSpec(
+        "OUTBOX_SCHEMA",
+        _parse_schema,
+        "the schema that holds every table, function and type of the outbox, chosen by the "
+        "first `maintenance migrate` (unset: `outbox`); an install made before schemas were an "
+        "option lives in `public`",
         optional=True,
         cli=False,
     ),

@@ -57,6 +57,7 @@ class Settings:
     lease_seconds: float = 120.0
     dedup_scope: str | None = None
     buckets: int | None = None
+    schema: str | None = None
     statement_timeout: float | None = None
     lock_timeout: float | None = None
     idle_in_transaction_timeout: float | None = None

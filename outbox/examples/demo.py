@@ -19,7 +19,7 @@ import typer
 from rich.table import Table
 
 from outbox import db
-from outbox.append.journal import append
+from outbox.append.api import append
 from outbox.cli.common import main as run_main
 from outbox.cli.common import run, settings_for, stderr, stdout
 from outbox.config import Settings
@@ -100,8 +100,8 @@ async def _run(settings: Settings, campaigns: int, events: int, concurrency: int
         projected = await pool.fetchval("SELECT coalesce(sum(rolls), 0) FROM demo_dice_totals")
         # The oracle, from the journal: rolls whose work row is gone (applied).
         journal = await pool.fetchval(
-            "SELECT count(*) FROM event_journal j WHERE j.event_type = $1 AND NOT EXISTS ("
-            "SELECT 1 FROM projection_apply_outbox o "
+            "SELECT count(*) FROM outbox.event_journal j WHERE j.event_type = $1 AND NOT EXISTS ("
+            "SELECT 1 FROM outbox.projection_apply_outbox o "
             "WHERE o.campaign_id = j.campaign_id AND o.seq = j.seq)",
             DICE_ROLLED,
         )

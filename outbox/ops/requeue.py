@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 __all__ = ["RequeueOne", "RequeueResult", "current_actor", "requeue_dead", "requeue_one"]
 
 REQUEUE_CHUNK = 500
-# An error group's fingerprint (migration 0008's outbox_error_fingerprint).
+# An error group's fingerprint (outbox_error_fingerprint, queue/inspect_fn.sql).
 _FINGERPRINT = re.compile(r"[0-9a-f]{12}")
 
 

@@ -20,6 +20,7 @@ from outbox.model import AppendResult, Event, StoredEvent
 from outbox.projection.inline import append_inline
 from outbox.projection.pauses import PausedProjectors
 from outbox.projection.registry import Projector, Registry, ResetFn
+from outbox.queries import using_schema
 from outbox.retry import FailurePolicy
 
 __all__ = ["Outbox"]
@@ -179,15 +180,16 @@ class Outbox:
                 f"or connection, not {type(executor).__name__}, or turn OUTBOX_INLINE_APPLY off "
                 "(a worker applies the events)"
             )
-        return await append_inline(
-            executor,
-            campaign_id,
-            events,
-            registry=self.registry,
-            settings=self.settings,
-            policy=self.failure_policy(),
-            pauses=self.pauses,
-            expected_seq=expected_seq,
-            idempotency_key=idempotency_key,
-            raise_on_duplicate=raise_on_duplicate,
-        )
+        with using_schema(self.settings.schema):
+            return await append_inline(
+                executor,
+                campaign_id,
+                events,
+                registry=self.registry,
+                settings=self.settings,
+                policy=self.failure_policy(),
+                pauses=self.pauses,
+                expected_seq=expected_seq,
+                idempotency_key=idempotency_key,
+                raise_on_duplicate=raise_on_duplicate,
+            )

@@ -14,7 +14,7 @@ SELECT t.campaign_id, k.projector, k.applied_seq
 FROM (SELECT DISTINCT u.c FROM unnest($1::text[]) AS u(c) ORDER BY u.c) AS t(campaign_id)
 CROSS JOIN LATERAL (
     SELECT k.projector, k.applied_seq
-    FROM projection_checkpoints k
+    FROM @extschema@.projection_checkpoints k
     WHERE k.bucket = $3::integer AND k.campaign_id = t.campaign_id
       AND k.projector = ANY ($2::text[])
     ORDER BY k.projector
@@ -26,7 +26,7 @@ CROSS JOIN LATERAL (
 -- none, so a caller that does not hold the campaign has rows to lock: two concurrent first
 -- applications of one campaign then queue on the row instead of both reading "missing".
 -- Waits for a concurrent creator of the same row, then leaves its row as it is.
-INSERT INTO projection_checkpoints (bucket, campaign_id, projector, applied_seq)
+INSERT INTO @extschema@.projection_checkpoints (bucket, campaign_id, projector, applied_seq)
 SELECT $3::integer, c, p, 0
 FROM unnest($1::text[]) AS c, unnest($2::text[]) AS p
 ORDER BY c, p
@@ -46,7 +46,7 @@ ROLLBACK TO SAVEPOINT outbox_group
 -- statement; the rows back are the reservations made now, the others were already applied.
 -- A concurrent reserver of the same marker waits for the first to commit or roll back. All in
 -- bucket $4.
-INSERT INTO processed_markers (bucket, campaign_id, seq, handler)
+INSERT INTO @extschema@.processed_markers (bucket, campaign_id, seq, handler)
 SELECT $4::integer, r.campaign_id, r.seq, r.handler
 FROM unnest($1::text[], $2::bigint[], $3::text[]) AS r(campaign_id, seq, handler)
 ORDER BY r.campaign_id, r.seq, r.handler
@@ -55,27 +55,27 @@ RETURNING campaign_id, seq, handler
 
 -- name: list_checkpoints
 -- Checkpoints of the given campaigns (all in bucket $2).
-SELECT campaign_id, projector, applied_seq FROM projection_checkpoints
+SELECT campaign_id, projector, applied_seq FROM @extschema@.projection_checkpoints
 WHERE bucket = $2::integer AND campaign_id = ANY ($1::text[])
 
 -- name: list_markers
 -- Processed markers of the given events (all in bucket $3).
 SELECT m.campaign_id, m.seq, m.handler
-FROM processed_markers m
+FROM @extschema@.processed_markers m
 JOIN unnest($1::text[], $2::bigint[]) AS e(campaign_id, seq)
   ON m.bucket = $3::integer AND m.campaign_id = e.campaign_id AND m.seq = e.seq
 
 -- name: delete_markers
 -- A rebuild of an idempotent projector forgets what it applied in the campaign (bucket $3).
-DELETE FROM processed_markers
+DELETE FROM @extschema@.processed_markers
 WHERE bucket = $3::integer AND campaign_id = $1::text AND handler = $2::text
 
 -- name: prune_markers
 -- Processed markers older than $1 hours, at most $2 per call (by key, not ctid: on Citus the
 -- inner select runs across shards first, and a ctid means nothing outside its shard).
-DELETE FROM processed_markers
+DELETE FROM @extschema@.processed_markers
 WHERE (bucket, campaign_id, seq, handler) IN (
-    SELECT bucket, campaign_id, seq, handler FROM processed_markers
+    SELECT bucket, campaign_id, seq, handler FROM @extschema@.processed_markers
     WHERE applied_at < statement_timestamp() - make_interval(hours => $1::integer)
     LIMIT $2::integer
 )
@@ -91,8 +91,8 @@ WITH behind AS (
     SELECT p.projector, h.bucket, h.campaign_id, h.last_seq,
            coalesce(k.applied_seq, 0) AS applied_seq
     FROM unnest($1::text[]) AS p(projector)
-    CROSS JOIN campaign_heads h
-    LEFT JOIN projection_checkpoints k
+    CROSS JOIN @extschema@.campaign_heads h
+    LEFT JOIN @extschema@.projection_checkpoints k
         ON k.bucket = h.bucket AND k.campaign_id = h.campaign_id AND k.projector = p.projector
     WHERE h.last_seq > coalesce(k.applied_seq, 0)
 )
@@ -101,6 +101,6 @@ SELECT b.projector, count(*) AS campaigns_behind,
        extract(epoch FROM clock_timestamp() - min(e.recorded_at))::double precision
            AS oldest_unapplied_seconds
 FROM behind b
-LEFT JOIN event_journal e
+LEFT JOIN @extschema@.event_journal e
     ON e.bucket = b.bucket AND e.campaign_id = b.campaign_id AND e.seq = b.applied_seq + 1
 GROUP BY b.projector

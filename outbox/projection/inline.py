@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING
 
 from outbox import db
 from outbox.append import call
-from outbox.append.journal import append, load_events
+from outbox.append.api import append
+from outbox.append.journal import load_events
 from outbox.config import Settings
 from outbox.model import AppendResult, Event
 from outbox.projection.dispatch import Dispatch, GroupFailed

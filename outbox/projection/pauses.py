@@ -1,6 +1,6 @@
 """Paused projectors: an operator's hold on one projector, and what appliers make of it.
 
-A pause is a row of `outbox_projector_pauses` (migration 0008): who paused the projector, when
+A pause is a row of `outbox_projector_pauses`: who paused the projector, when
 and why. Appliers (the worker's batches, lease mode, inline apply) read the pauses at most once
 per poll interval (`PausedProjectors`) and leave every event a paused projector subscribes to
 where it is: no attempt is consumed, nothing is applied, and under campaign ordering the rest of

@@ -1,22 +1,22 @@
--- Paused projectors (migration 0008): operators' holds on a projector, their audit, and the
+-- Paused projectors: operators' holds on a projector, their audit, and the
 -- workers' read.
 
 -- name: list_paused_projectors
 -- Every pause in force, by projector name.
 SELECT projector, paused_at, paused_by, reason
-FROM outbox_projector_pauses
+FROM @extschema@.outbox_projector_pauses
 ORDER BY projector
 
 -- name: pause_projector
 -- Pause projector $1 (by $2, because $3), audited. A projector already paused keeps its first
 -- pause: no row comes back then, and nothing is audited.
 WITH paused AS (
-    INSERT INTO outbox_projector_pauses (projector, paused_by, reason)
+    INSERT INTO @extschema@.outbox_projector_pauses (projector, paused_by, reason)
     VALUES ($1::text, $2::text, $3::text)
     ON CONFLICT (projector) DO NOTHING
     RETURNING projector, paused_at, paused_by, reason
 ), audited AS (
-    INSERT INTO outbox_projector_audit (projector, action, actor, reason)
+    INSERT INTO @extschema@.outbox_projector_audit (projector, action, actor, reason)
     SELECT p.projector, 'pause', p.paused_by, p.reason FROM paused p
 )
 SELECT projector, paused_at, paused_by, reason FROM paused
@@ -25,11 +25,11 @@ SELECT projector, paused_at, paused_by, reason FROM paused
 -- Lift the pause of projector $1 (by $2, because $3), audited; the pause as it was (no row:
 -- it was not paused, and nothing is audited).
 WITH resumed AS (
-    DELETE FROM outbox_projector_pauses
+    DELETE FROM @extschema@.outbox_projector_pauses
     WHERE projector = $1::text
     RETURNING projector, paused_at, paused_by, reason
 ), audited AS (
-    INSERT INTO outbox_projector_audit (projector, action, actor, reason)
+    INSERT INTO @extschema@.outbox_projector_audit (projector, action, actor, reason)
     SELECT r.projector, 'resume', $2::text, $3::text FROM resumed r
 )
 SELECT projector, paused_at, paused_by, reason FROM resumed
@@ -37,6 +37,6 @@ SELECT projector, paused_at, paused_by, reason FROM resumed
 -- name: list_projector_audit
 -- Pauses and resumes, newest first, at most $1.
 SELECT at, projector, action, actor, reason
-FROM outbox_projector_audit
+FROM @extschema@.outbox_projector_audit
 ORDER BY audit_id DESC
 LIMIT $1::integer

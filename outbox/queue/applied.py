@@ -12,7 +12,7 @@ import anyio
 
 from outbox import buckets, db
 from outbox.queries import Queries
-from outbox.queue.settle import APPLIED_CHANNEL
+from outbox.queue.settle import applied_channel
 
 if TYPE_CHECKING:
     from outbox.db import Connection, Executor
@@ -95,6 +95,7 @@ async def wait_applied(
     It LISTENs for the workers' applied notification (sent when a batch deletes rows) and looks
     again on each, so it returns within a round trip of the projection's commit. On a connection
     inside a transaction (where notifications wait for the transaction's end) it polls."""
+    channel = applied_channel()
     async with db.acquire(executor) as conn:
         listening = not db.in_transaction(conn)
         woken = [anyio.Event()]
@@ -103,7 +104,7 @@ async def wait_applied(
             woken[0].set()
 
         if listening:
-            await conn.add_listener(APPLIED_CHANNEL, ring)
+            await conn.add_listener(channel, ring)
         try:
             deadline = anyio.current_time() + timeout
             poll = 0.005
@@ -122,4 +123,4 @@ async def wait_applied(
                 poll = min(poll * 2, 0.25)
         finally:
             if listening:
-                await conn.remove_listener(APPLIED_CHANNEL, ring)
+                await conn.remove_listener(channel, ring)

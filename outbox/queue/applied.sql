@@ -3,7 +3,7 @@
 -- name: get_outstanding_upto
 -- Whether any work row of campaign $1 (in bucket $3) at or below seq $2 is still outstanding.
 SELECT EXISTS (
-    SELECT 1 FROM projection_apply_outbox
+    SELECT 1 FROM @extschema@.projection_apply_outbox
     WHERE bucket = $3::integer AND campaign_id = $1::text AND seq <= $2::bigint
 )
 
@@ -13,7 +13,7 @@ SELECT EXISTS (
 -- until that attempt by the database clock. $3: the campaign's bucket.
 SELECT seq, status, attempt_count, last_error, next_attempt_at,
        extract(epoch FROM next_attempt_at - clock_timestamp())::double precision AS due_in
-FROM projection_apply_outbox
+FROM @extschema@.projection_apply_outbox
 WHERE bucket = $3::integer AND campaign_id = $1::text AND seq <= $2::bigint
 ORDER BY seq
 LIMIT 1

@@ -16,10 +16,10 @@ j.event_type, j.payload::text AS payload, j.metadata::text AS metadata, j.record
 -- Ordering `campaign`, in bucket $5: up to $1 due campaigns locked (oldest due first, skipping
 -- those other workers hold) and their rows from the head, at most $2 in all, with their events
 -- and the checkpoints of the ordered projectors ($3), locked; $4 = now. One call, two
--- snapshots: the function (`outbox_claim`, sql/0009_buckets.sql) reads the rows in a statement
+-- snapshots: the function (`outbox_claim`, claim_fn.sql) reads the rows in a statement
 -- after the lock, so a campaign locked as its previous holder committed comes back as that
 -- holder left it. Columns as `claim_due_rows`.
-SELECT * FROM outbox_claim($5::integer, $1::integer, $2::integer, $3::text[], $4::timestamptz)
+SELECT * FROM @extschema@.outbox_claim($5::integer, $1::integer, $2::integer, $3::text[], $4::timestamptz)
 
 -- name: claim_due_rows
 -- Ordering `none`, in bucket $3: claim up to $1 due rows, oldest first, skipping rows other
@@ -27,7 +27,7 @@ SELECT * FROM outbox_claim($5::integer, $1::integer, $2::integer, $3::text[], $4
 WITH o AS (
     SELECT x.campaign_id, x.seq, x.status, x.attempt_count, x.next_attempt_at, x.lease_owner,
            x.claim_epoch
-    FROM projection_apply_outbox x
+    FROM @extschema@.projection_apply_outbox x
     WHERE x.bucket = $3::integer AND x.status IN ('pending', 'failed')
       AND x.next_attempt_at <= coalesce($2::timestamptz, statement_timestamp())
     ORDER BY x.next_attempt_at, x.seq
@@ -42,7 +42,7 @@ LEFT JOIN LATERAL (
     -- One index probe per claimed row. OFFSET 0 keeps this a probe: a generic plan guesses
     -- the claim's LIMIT at a tenth of the queue and would join the whole journal by hash.
     SELECT e.event_type, e.payload, e.metadata, e.recorded_at
-    FROM event_journal e
+    FROM @extschema@.event_journal e
     WHERE e.bucket = $3::integer AND e.campaign_id = o.campaign_id AND e.seq = o.seq
     OFFSET 0
 ) j ON true
@@ -53,18 +53,18 @@ ORDER BY o.campaign_id, o.seq
 -- holds raises 55P03) and load its event; blocked_by is the earliest earlier outstanding row
 -- of its campaign (dead rows do not count under park, $3). $4: the campaign's bucket.
 WITH held AS (
-    SELECT 1 FROM projection_apply_campaigns
+    SELECT 1 FROM @extschema@.projection_apply_campaigns
     WHERE bucket = $4::integer AND campaign_id = $1::text
     FOR UPDATE NOWAIT
 )
 SELECT o.campaign_id, true AS due, NULL::bigint AS first_seq, NULL::bigint AS last_seq,
-       (SELECT min(e.seq) FROM projection_apply_outbox e
+       (SELECT min(e.seq) FROM @extschema@.projection_apply_outbox e
         WHERE e.bucket = $4::integer AND e.campaign_id = o.campaign_id AND e.seq < o.seq
           AND NOT ($3::boolean AND e.status = 'dead')) AS blocked_by,
        (SELECT count(*) FROM held) AS campaign_held,
        -- include: claimed_row
-FROM projection_apply_outbox o
-LEFT JOIN event_journal j
+FROM @extschema@.projection_apply_outbox o
+LEFT JOIN @extschema@.event_journal j
     ON j.bucket = $4::integer AND j.campaign_id = o.campaign_id AND j.seq = o.seq
 WHERE o.bucket = $4::integer AND o.campaign_id = $1::text AND o.seq = $2::bigint
 FOR UPDATE OF o NOWAIT
@@ -72,14 +72,14 @@ FOR UPDATE OF o NOWAIT
 -- name: lock_heads
 -- Hold the append heads of campaigns ($2, all in bucket $1) a batch or a repair may leave with
 -- nothing live, skipping any an append holds now; a campaign with no head row counts as held
--- (`outbox_lock_heads`, sql/0009_buckets.sql, which the settle calls too).
-SELECT campaign_id FROM outbox_lock_heads($1::integer, $2::text[])
+-- (`outbox_lock_heads`, claim_fn.sql, which the settle calls too).
+SELECT campaign_id FROM @extschema@.outbox_lock_heads($1::integer, $2::text[])
 
 -- name: hold_campaign
 -- Lock one campaign's queue row (waiting for a batch that holds it), before anything else of the
 -- campaign: the order a batch takes them in (campaign row, then checkpoints and work rows).
 -- $2: the campaign's bucket.
-SELECT 1 FROM projection_apply_campaigns
+SELECT 1 FROM @extschema@.projection_apply_campaigns
 WHERE bucket = $2::integer AND campaign_id = $1::text
 FOR UPDATE
 
@@ -89,7 +89,7 @@ FOR UPDATE
 -- them: the rows' lateral depends on it. $2: the campaign's bucket.
 WITH held AS (
     SELECT count(*) AS n FROM (
-        SELECT 1 FROM projection_apply_campaigns
+        SELECT 1 FROM @extschema@.projection_apply_campaigns
         WHERE bucket = $2::integer AND campaign_id = $1::text
         FOR UPDATE
     ) c
@@ -97,7 +97,7 @@ WITH held AS (
 SELECT count(*) AS locked
 FROM held
 CROSS JOIN LATERAL (
-    SELECT 1 FROM projection_apply_outbox o
+    SELECT 1 FROM @extschema@.projection_apply_outbox o
     WHERE o.bucket = $2::integer AND o.campaign_id = $1::text AND held.n >= 0
     FOR UPDATE
 ) r

@@ -5,7 +5,7 @@
 -- name: count_rows_by_status
 -- Rows per status, optionally for one campaign ($1, in bucket $2).
 SELECT status, count(*) AS n
-FROM projection_apply_outbox
+FROM @extschema@.projection_apply_outbox
 WHERE ($1::text IS NULL OR (bucket = $2::integer AND campaign_id = $1::text))
 GROUP BY status
 
@@ -15,18 +15,18 @@ GROUP BY status
 -- claim index or the table (whichever finds $1 soonest), the rare statuses from the attention
 -- index alone.
 SELECT (SELECT count(*) FROM (
-            SELECT 1 FROM projection_apply_outbox WHERE status = 'pending' LIMIT $1::integer
+            SELECT 1 FROM @extschema@.projection_apply_outbox WHERE status = 'pending' LIMIT $1::integer
         ) AS found) AS pending,
        (SELECT count(*) FROM (
-            SELECT 1 FROM projection_apply_outbox
+            SELECT 1 FROM @extschema@.projection_apply_outbox
             WHERE status <> 'pending' AND status = 'processing' LIMIT $1::integer
         ) AS found) AS processing,
        (SELECT count(*) FROM (
-            SELECT 1 FROM projection_apply_outbox
+            SELECT 1 FROM @extschema@.projection_apply_outbox
             WHERE status <> 'pending' AND status = 'failed' LIMIT $1::integer
         ) AS found) AS failed,
        (SELECT count(*) FROM (
-            SELECT 1 FROM projection_apply_outbox
+            SELECT 1 FROM @extschema@.projection_apply_outbox
             WHERE status <> 'pending' AND status = 'dead' LIMIT $1::integer
         ) AS found) AS dead
 
@@ -35,26 +35,26 @@ SELECT (SELECT count(*) FROM (
 -- the database clock: a pending or failed campaign head (campaign $1, or all). A row behind an
 -- outstanding head of its campaign waits for that head and is not claimable; under park ($2)
 -- dead rows step aside, so a head is the first row that is not dead. The heads are found by a
--- loose index scan per bucket (migration 0010), one descent of the primary key per campaign:
+-- loose index scan per bucket (inspect_fn.sql), one descent of the primary key per campaign:
 -- the cost grows with the campaigns that have work, not with their rows. $3: the bucket of
 -- campaign $1.
 SELECT h.campaign_id, h.seq, h.enqueued_at,
        extract(epoch FROM clock_timestamp() - h.enqueued_at)::double precision AS age_seconds
-FROM outbox_oldest_claimable($1::text, $3::integer, $2::boolean) h
+FROM @extschema@.outbox_oldest_claimable($1::text, $3::integer, $2::boolean) h
 ORDER BY h.enqueued_at, h.seq
 LIMIT 1
 
 -- name: count_dead_rows
 -- How many rows are dead (campaign $1, in bucket $2, or all).
-SELECT count(*) FROM projection_apply_outbox
+SELECT count(*) FROM @extschema@.projection_apply_outbox
 WHERE status = 'dead' AND ($1::text IS NULL OR (bucket = $2::integer AND campaign_id = $1::text))
 
 -- name: get_earliest_next_attempt
 -- The earliest next_attempt_at among claimable statuses, of campaign $1 (in bucket $2) or of
 -- all (one probe per bucket, `outbox_due_buckets`).
 SELECT CASE WHEN $1::text IS NULL
-    THEN (SELECT min(d.due_at) FROM outbox_due_buckets(true, '-infinity') d)
-    ELSE (SELECT min(o.next_attempt_at) FROM projection_apply_outbox o
+    THEN (SELECT min(d.due_at) FROM @extschema@.outbox_due_buckets(true, '-infinity') d)
+    ELSE (SELECT min(o.next_attempt_at) FROM @extschema@.projection_apply_outbox o
           WHERE o.bucket = $2::integer AND o.campaign_id = $1::text
             AND o.status IN ('pending', 'failed'))
 END
@@ -63,33 +63,33 @@ END
 -- Campaigns whose first outstanding row is failed or dead (under park, $2, dead rows step
 -- aside and do not block), campaign $1 or all, with the rows waiting behind the head (counted
 -- up to $4); the oldest head first, at most $3; `total` counts them all, whatever the limit.
--- Found from the attention index, bucket by bucket (migration 0010): each campaign's first
+-- Found from the attention index, bucket by bucket (inspect_fn.sql): each campaign's first
 -- failed or dead row (a loose index scan), kept when nothing outstanding precedes it. The cost
 -- grows with the campaigns that have failed or dead rows, not with the queue. $5: the bucket
 -- of campaign $1.
 SELECT b.campaign_id, b.blocking_seq, b.status, b.waiting,
        extract(epoch FROM clock_timestamp() - b.enqueued_at)::double precision AS age_seconds,
        b.total
-FROM outbox_blocked_campaigns($1::text, $5::integer, $2::boolean, $3::integer, $4::integer) b
+FROM @extschema@.outbox_blocked_campaigns($1::text, $5::integer, $2::boolean, $3::integer, $4::integer) b
 ORDER BY b.enqueued_at, b.campaign_id
 
 -- name: list_failure_groups
--- Failed and dead rows grouped by status, projector and error shape (migration 0008): each
+-- Failed and dead rows grouped by status, projector and error shape (inspect_fn.sql): each
 -- group's fingerprint, rows, event types, first and last failure, and its latest row with the
 -- whole error. Reads at most $1 rows of the attention index ($2: one status, or both), so its
 -- cost is bounded whatever the number of failures; `scanned` is how many it read (as many as
 -- $1: there may be more). Largest groups first, at most $3.
 WITH scanned AS (
     SELECT o.campaign_id, o.seq, o.status, o.event_type, o.last_error, o.updated_at,
-           outbox_error_projector(o.last_error) AS projector,
-           outbox_error_shape(o.last_error) AS shape
-    FROM projection_apply_outbox o
+           @extschema@.outbox_error_projector(o.last_error) AS projector,
+           @extschema@.outbox_error_shape(o.last_error) AS shape
+    FROM @extschema@.projection_apply_outbox o
     WHERE o.status <> 'pending' AND o.status IN ('failed', 'dead')
       AND ($2::text IS NULL OR o.status = $2::text)
     LIMIT $1::integer
 )
 SELECT s.status, s.projector, s.shape,
-       outbox_error_fingerprint(s.projector, s.shape) AS fingerprint,
+       @extschema@.outbox_error_fingerprint(s.projector, s.shape) AS fingerprint,
        count(*) AS rows,
        array_agg(DISTINCT s.event_type ORDER BY s.event_type) AS event_types,
        min(s.updated_at) AS first_at,
@@ -112,8 +112,8 @@ LIMIT $3::integer
 -- per row listed; without it the journal is not read. $5: the bucket of campaign $2.
 SELECT o.campaign_id, o.seq, o.event_type, o.status, o.attempt_count, o.next_attempt_at,
        o.enqueued_at, o.updated_at, o.last_error, j.payload
-FROM projection_apply_outbox o
-LEFT JOIN (SELECT bucket, campaign_id, seq, payload::text AS payload FROM event_journal) j
+FROM @extschema@.projection_apply_outbox o
+LEFT JOIN (SELECT bucket, campaign_id, seq, payload::text AS payload FROM @extschema@.event_journal) j
     ON $4::boolean AND j.bucket = o.bucket AND j.campaign_id = o.campaign_id AND j.seq = o.seq
 WHERE ($1::text IS NULL OR o.status = $1::text)
   AND ($2::text IS NULL OR (o.bucket = $5::integer AND o.campaign_id = $2::text))
@@ -128,7 +128,7 @@ SELECT campaign_id, seq, event_type, lease_owner, claim_epoch, attempt_count, la
        extract(epoch FROM clock_timestamp() - leased_at)::double precision AS lease_age_seconds,
        extract(epoch FROM lease_expires_at - clock_timestamp())::double precision
            AS expires_in_seconds
-FROM projection_apply_outbox
+FROM @extschema@.projection_apply_outbox
 WHERE status = 'processing'
   AND ($1::text IS NULL OR (bucket = $3::integer AND campaign_id = $1::text))
 ORDER BY leased_at, campaign_id, seq
@@ -140,7 +140,7 @@ LIMIT $2::integer
 SELECT count(*) FILTER (WHERE seen_count > 0) AS rows_seen,
        coalesce(sum(seen_count), 0)::bigint AS sightings,
        max(extract(epoch FROM first_seen_at - enqueued_at))::double precision AS max_lag_seconds
-FROM projection_apply_outbox
+FROM @extschema@.projection_apply_outbox
 WHERE $1::text IS NULL OR (bucket = $2::integer AND campaign_id = $1::text)
 
 -- name: get_next_due
@@ -150,7 +150,7 @@ WHERE $1::text IS NULL OR (bucket = $2::integer AND campaign_id = $1::text)
 -- could waits for the rest by time (what is due now is another batch's, or its NOTIFY rings).
 -- One probe per bucket (`outbox_due_buckets`).
 SELECT extract(epoch FROM min(d.due_at) - clock_timestamp())::double precision
-FROM outbox_due_buckets(
+FROM @extschema@.outbox_due_buckets(
     $1::boolean,
     CASE WHEN $2::boolean THEN statement_timestamp() ELSE '-infinity'::timestamptz END
 ) d

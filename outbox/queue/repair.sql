@@ -3,17 +3,17 @@
 
 -- name: list_dead_rows
 -- Dead rows an operator names, oldest first by next_attempt_at, seq, at most $1: a batch
--- (campaign $2, event type $3, error fingerprint $6: see migration 0008) or one row ($4, $5);
+-- (campaign $2, event type $3, error fingerprint $6: see inspect_fn.sql) or one row ($4, $5);
 -- $7: the bucket of the campaign or row named. A read: `requeue_dead_rows` takes them, bucket
 -- by bucket (a statement that locks rows stays in one bucket).
 SELECT bucket, campaign_id, seq, event_type, attempt_count, last_error, next_attempt_at
-FROM projection_apply_outbox
+FROM @extschema@.projection_apply_outbox
 WHERE status = 'dead' AND ($7::integer IS NULL OR bucket = $7::integer)
   AND ($2::text IS NULL OR campaign_id = $2::text)
   AND ($3::text IS NULL OR event_type = $3::text)
   AND ($4::text IS NULL OR (campaign_id = $4::text AND seq = $5::bigint))
-  AND ($6::text IS NULL OR outbox_error_fingerprint(
-           outbox_error_projector(last_error), outbox_error_shape(last_error)) = $6::text)
+  AND ($6::text IS NULL OR @extschema@.outbox_error_fingerprint(
+           @extschema@.outbox_error_projector(last_error), @extschema@.outbox_error_shape(last_error)) = $6::text)
 ORDER BY next_attempt_at, seq
 LIMIT $1::integer
 
@@ -25,13 +25,13 @@ LIMIT $1::integer
 WITH target AS (
     SELECT o.bucket, o.campaign_id, o.seq, o.event_type, o.status, o.attempt_count,
            o.last_error, o.next_attempt_at
-    FROM projection_apply_outbox o
+    FROM @extschema@.projection_apply_outbox o
     JOIN unnest($2::text[], $3::bigint[]) AS k(campaign_id, seq)
         ON o.campaign_id = k.campaign_id AND o.seq = k.seq
     WHERE o.bucket = $1::integer AND o.status = 'dead'
     FOR UPDATE OF o SKIP LOCKED
 ), moved AS (
-    UPDATE projection_apply_outbox o
+    UPDATE @extschema@.projection_apply_outbox o
     SET status = 'pending', attempt_count = 0, next_attempt_at = statement_timestamp(),
         updated_at = statement_timestamp()
     FROM target t
@@ -45,7 +45,7 @@ FROM target t JOIN moved m ON m.campaign_id = t.campaign_id AND m.seq = t.seq
 -- name: insert_requeue_audit
 -- The audit rows of requeued rows ($3..$8: campaign, seq, and what each was), actor $1,
 -- reason $2.
-INSERT INTO outbox_requeue_audit (campaign_id, seq, actor, reason, previous_status,
+INSERT INTO @extschema@.outbox_requeue_audit (campaign_id, seq, actor, reason, previous_status,
     previous_attempt_count, previous_last_error, previous_next_attempt_at)
 SELECT a.campaign_id, a.seq, $1::text, $2::text, a.status, a.attempt_count, a.last_error,
        a.next_attempt_at
@@ -57,11 +57,11 @@ FROM unnest($3::text[], $4::bigint[], $5::text[], $6::integer[], $7::text[],
 -- Journal events with no work row, after the keyset cursor ($5, $2, $3: bucket, campaign, seq),
 -- one campaign ($1) or all, in (bucket, campaign_id, seq) order, at most $4.
 SELECT j.bucket, j.campaign_id, j.seq, j.event_type
-FROM event_journal j
+FROM @extschema@.event_journal j
 WHERE ($1::text IS NULL OR j.campaign_id = $1::text)
   AND (j.bucket, j.campaign_id, j.seq) > ($5::integer, $2::text, $3::bigint)
   AND NOT EXISTS (
-      SELECT 1 FROM projection_apply_outbox o
+      SELECT 1 FROM @extschema@.projection_apply_outbox o
       WHERE o.bucket = j.bucket AND o.campaign_id = j.campaign_id AND o.seq = j.seq
   )
 ORDER BY j.bucket, j.campaign_id, j.seq
@@ -70,7 +70,7 @@ LIMIT $4::integer
 -- name: insert_work_rows
 -- Work rows for the given events, all in bucket $4 (an existing row wins: enqueueing twice is a
 -- no-op).
-INSERT INTO projection_apply_outbox (bucket, campaign_id, seq, event_type)
+INSERT INTO @extschema@.projection_apply_outbox (bucket, campaign_id, seq, event_type)
 SELECT $4::integer, e.campaign_id, e.seq, e.event_type
 FROM unnest($1::text[], $2::bigint[], $3::text[]) AS e(campaign_id, seq, event_type)
 ON CONFLICT (bucket, campaign_id, seq) DO NOTHING
@@ -80,11 +80,11 @@ ON CONFLICT (bucket, campaign_id, seq) DO NOTHING
 -- append function (by hand, by a tool, a partial restore). Scans the work rows: a repair,
 -- never a worker's statement.
 SELECT DISTINCT o.campaign_id
-FROM projection_apply_outbox o
+FROM @extschema@.projection_apply_outbox o
 WHERE o.status IN ('pending', 'failed')
   AND ($1::text IS NULL OR o.campaign_id = $1::text)
   AND NOT EXISTS (
-      SELECT 1 FROM projection_apply_campaigns c
+      SELECT 1 FROM @extschema@.projection_apply_campaigns c
       WHERE c.bucket = o.bucket AND c.campaign_id = o.campaign_id
   )
 ORDER BY o.campaign_id
@@ -94,11 +94,11 @@ ORDER BY o.campaign_id
 -- it was; the event stays in the journal. Returns the row as it was (no row: it is not there,
 -- or not dead). The caller holds the campaign and the row (`claim_one`). $5: the bucket.
 WITH gone AS (
-    DELETE FROM projection_apply_outbox
+    DELETE FROM @extschema@.projection_apply_outbox
     WHERE bucket = $5::integer AND campaign_id = $1::text AND seq = $2::bigint AND status = 'dead'
     RETURNING campaign_id, seq, event_type, status, attempt_count, last_error, next_attempt_at
 ), audit AS (
-    INSERT INTO outbox_requeue_audit (campaign_id, seq, action, actor, reason, previous_status,
+    INSERT INTO @extschema@.outbox_requeue_audit (campaign_id, seq, action, actor, reason, previous_status,
         previous_attempt_count, previous_last_error, previous_next_attempt_at)
     SELECT g.campaign_id, g.seq, 'discard', $3::text, $4::text, g.status, g.attempt_count,
            g.last_error, g.next_attempt_at
@@ -111,7 +111,7 @@ SELECT campaign_id, seq, event_type, attempt_count, last_error, next_attempt_at 
 -- what the row was before (status, attempts, last error). `action`: requeue or discard.
 SELECT a.action, a.at, a.campaign_id, a.seq, a.actor, a.reason,
        a.previous_status, a.previous_attempt_count, a.previous_last_error
-FROM outbox_requeue_audit a
+FROM @extschema@.outbox_requeue_audit a
 WHERE ($1::text IS NULL OR a.campaign_id = $1::text)
 ORDER BY a.at DESC, a.audit_id DESC
 LIMIT $2::integer

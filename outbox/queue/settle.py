@@ -20,32 +20,38 @@ from typing import TYPE_CHECKING
 
 from outbox import buckets, db
 from outbox.model import Failure, Key
-from outbox.queries import Queries
+from outbox.queries import Queries, current_schema
 from outbox.queue.claim import lock_heads
 
 if TYPE_CHECKING:
     from outbox.db import Connection, Executor
 
 __all__ = [
-    "APPLIED_CHANNEL",
-    "WORK_CHANNEL",
     "CampaignWrite",
     "Settled",
+    "applied_channel",
     "defer",
     "notify_work",
     "record_observations",
     "refresh_campaigns",
     "settle",
     "unblock_campaigns",
+    "work_channel",
 ]
 
-# The LISTEN/NOTIFY channel that wakes the workers: its payload is the bucket that got work
-# ('': look at every bucket), sent by the append function when a campaign gets queued work
-# (sql/0009_buckets.sql names it too).
-WORK_CHANNEL = "outbox_work"
-# The channel that wakes readers waiting for their writes (`wait_applied`), sent when a batch
-# (or a lease's end) deleted work rows (the payload, a bucket, is not read).
-APPLIED_CHANNEL = "outbox_applied"
+
+def work_channel() -> str:
+    """The LISTEN/NOTIFY channel that wakes the install's workers: its payload is the bucket
+    that got work ('': look at every bucket), sent by the append function when a campaign gets
+    queued work (`call_fn.sql`). Each install's channels carry its schema's name, so two
+    installs in one database never wake each other."""
+    return f"{current_schema()}.outbox_work"
+
+
+def applied_channel() -> str:
+    """The channel that wakes readers waiting for their writes (`wait_applied`), sent when a
+    batch (or a lease's end) deleted work rows (the payload, a bucket, is not read)."""
+    return f"{current_schema()}.outbox_applied"
 
 
 class SettleQueries(Queries):
@@ -151,7 +157,7 @@ def _arguments(
         [k[1] for k in moves],
         [k[2] for k in moves],
         notify,
-        APPLIED_CHANNEL,
+        applied_channel(),
     ]
 
 
@@ -186,11 +192,12 @@ async def unblock_campaigns(executor: Executor) -> int:
 
 
 async def notify_work(
-    conn: Connection, channel: str = WORK_CHANNEL, *, bucket: int | None = None
+    conn: Connection, channel: str | None = None, *, bucket: int | None = None
 ) -> None:
     """Wake the workers now (naming `bucket`, like an append's NOTIFY; None: every bucket),
     or those listening on `channel`."""
-    await conn.execute(Q.notify_work, channel, "" if bucket is None else str(bucket))
+    target = channel if channel is not None else work_channel()
+    await conn.execute(Q.notify_work, target, "" if bucket is None else str(bucket))
 
 
 async def record_observations(

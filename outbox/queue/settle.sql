@@ -5,7 +5,7 @@
 -- what Citus refuses to route).
 
 -- name: settle_batch
--- The end of a batch in bucket $20 in one call (`outbox_settle`, sql/0013_settle_routed.sql):
+-- The end of a batch in bucket $20 in one call (`outbox_settle`, settle_fn.sql):
 -- the append heads of campaigns it left with nothing live held ($14 marks them); the moved
 -- checkpoints ($15..$17, sorted) written; then, in a statement that sees every append
 -- committed before that: completed rows ($1, $2) deleted, failures ($3..$8) recorded, the
@@ -13,7 +13,7 @@
 -- the bucket). Returns the campaigns left due now and each deleted row's seconds since it was
 -- enqueued. $9 = now.
 SELECT due, ages
-FROM outbox_settle(
+FROM @extschema@.outbox_settle(
     $20::integer,
     $1::text[], $2::bigint[],
     $3::text[], $4::bigint[], $5::integer[], $6::double precision[], $7::text[], $8::boolean[],
@@ -33,25 +33,25 @@ FROM outbox_settle(
 WITH state AS (
     SELECT t.campaign_id, h.seq, h.next_attempt_at,
            NOT $2::boolean AND EXISTS (
-               SELECT 1 FROM projection_apply_outbox d
+               SELECT 1 FROM @extschema@.projection_apply_outbox d
                WHERE d.bucket = $4::integer AND d.campaign_id = t.campaign_id AND d.seq < h.seq
            ) AS blocked
     FROM unnest($1::text[]) AS t(campaign_id)
     LEFT JOIN LATERAL (
         SELECT o.seq, o.next_attempt_at
-        FROM projection_apply_outbox o
+        FROM @extschema@.projection_apply_outbox o
         WHERE o.bucket = $4::integer AND o.campaign_id = t.campaign_id
           AND o.status IN ('pending', 'failed', 'processing')
         ORDER BY o.seq
         LIMIT 1
     ) h ON true
 ), removed AS (
-    DELETE FROM projection_apply_campaigns c
+    DELETE FROM @extschema@.projection_apply_campaigns c
     USING state s
     WHERE c.bucket = $4::integer AND c.campaign_id = s.campaign_id AND s.seq IS NULL
       AND s.campaign_id = ANY ($3::text[])
 )
-INSERT INTO projection_apply_campaigns AS c (bucket, campaign_id, head_seq, due_at, blocked,
+INSERT INTO @extschema@.projection_apply_campaigns AS c (bucket, campaign_id, head_seq, due_at, blocked,
                                              updated_at)
 SELECT $4::integer, s.campaign_id, coalesce(s.seq, 0),
        coalesce(s.next_attempt_at, statement_timestamp()), coalesce(s.blocked, false),
@@ -66,7 +66,7 @@ SET head_seq = excluded.head_seq, due_at = excluded.due_at, blocked = excluded.b
 -- name: unblock_campaigns
 -- dead_policy=park: dead rows step aside, so no campaign is blocked (a fleet that ran with
 -- block before leaves some marked).
-UPDATE projection_apply_campaigns SET blocked = false, updated_at = statement_timestamp()
+UPDATE @extschema@.projection_apply_campaigns SET blocked = false, updated_at = statement_timestamp()
 WHERE blocked
 
 -- name: notify_work
@@ -78,11 +78,11 @@ SELECT pg_notify($1::text, $2::text)
 -- name: record_observations
 -- A shadow pass over claimed rows: count the sighting, stamp first and last seen, and look
 -- again after $3 seconds (attempts, status and errors stay as they are). All in bucket $5.
-UPDATE projection_apply_outbox o
+UPDATE @extschema@.projection_apply_outbox o
 SET seen_count = o.seen_count + 1,
-    first_seen_at = least(o.first_seen_at, outbox_now($4::timestamptz)),
-    last_seen_at = outbox_now($4::timestamptz),
-    next_attempt_at = outbox_now($4::timestamptz) + make_interval(secs => $3::double precision)
+    first_seen_at = least(o.first_seen_at, @extschema@.outbox_now($4::timestamptz)),
+    last_seen_at = @extschema@.outbox_now($4::timestamptz),
+    next_attempt_at = @extschema@.outbox_now($4::timestamptz) + make_interval(secs => $3::double precision)
 FROM unnest($1::text[], $2::bigint[]) AS s(campaign_id, seq)
 WHERE o.bucket = $5::integer AND o.campaign_id = s.campaign_id AND o.seq = s.seq
 
@@ -90,7 +90,7 @@ WHERE o.bucket = $5::integer AND o.campaign_id = s.campaign_id AND o.seq = s.seq
 -- Campaigns $1 due again in $2 seconds by the database clock: their head waits for a paused
 -- projector (no attempt counts). Run after the settle that wrote their rows, in its transaction.
 -- All in bucket $3.
-UPDATE projection_apply_campaigns
+UPDATE @extschema@.projection_apply_campaigns
 SET due_at = statement_timestamp() + make_interval(secs => $2::double precision),
     updated_at = statement_timestamp()
 WHERE bucket = $3::integer AND campaign_id = ANY ($1::text[])
@@ -98,7 +98,7 @@ WHERE bucket = $3::integer AND campaign_id = ANY ($1::text[])
 -- name: defer_rows
 -- Work rows ($1, $2) due again in $3 seconds by the database clock, under ordering `none`:
 -- their event waits for a paused projector (no attempt counts). All in bucket $4.
-UPDATE projection_apply_outbox o
+UPDATE @extschema@.projection_apply_outbox o
 SET next_attempt_at = statement_timestamp() + make_interval(secs => $3::double precision),
     updated_at = statement_timestamp()
 FROM unnest($1::text[], $2::bigint[]) AS d(campaign_id, seq)

@@ -37,7 +37,7 @@ from outbox.projection.registry import Registry
 from outbox.queue import lease as statements
 from outbox.queue.claim import ClaimedRow, hold_campaign
 from outbox.queue.lease import Lease
-from outbox.queue.settle import APPLIED_CHANNEL, notify_work, refresh_campaigns, settle
+from outbox.queue.settle import applied_channel, notify_work, refresh_campaigns, settle
 from outbox.retry import (
     ErrorClass,
     FailurePolicy,
@@ -195,7 +195,7 @@ class LeaseRunner:
                     await dispatch.apply([event])
                     await settle(conn, checkpoints=dispatch.moves())
                     await self._requeue(conn, cid)
-                    await notify_work(conn, APPLIED_CHANNEL)
+                    await notify_work(conn, applied_channel())
             except GroupFailed as failed:
                 if classify(failed.cause) is not ErrorClass.TRANSIENT:
                     return failed

@@ -33,6 +33,7 @@ from outbox.config import Settings, resolve_worker_mode
 from outbox.errors import DatabaseUnavailable
 from outbox.model import BatchCounts, WorkerMode
 from outbox.obs import log
+from outbox.queries import using_schema
 from outbox.retry import backoff_delay, describe_error
 from outbox.schema import check_current
 from outbox.worker.batch import Worker
@@ -104,7 +105,8 @@ async def _open_ready(settings: Settings, max_size: int | None) -> Pool:
     try:
         refusal = await db.write_refusal(pool)
         if refusal is None:
-            await check_current(pool)
+            with using_schema(settings.schema):
+                await check_current(pool)
     except Exception as exc:
         pool.terminate()
         if not db.transient(exc):
@@ -169,10 +171,13 @@ async def running_worker(
     app.validate()
     settings = app.settings.replace(concurrency=concurrency, shutdown_timeout=shutdown_timeout)
     resolved = resolve_worker_mode(settings, mode).mode
-    await check_current(pool)
+    with using_schema(settings.schema):
+        await check_current(pool)
     service = build_service(app, pool, settings=settings, mode=resolved)
     async with anyio.create_task_group() as tg:
-        await tg.start(service.run)
+        # The service's tasks name the app's schema; the application's own block is left as is.
+        with using_schema(settings.schema):
+            await tg.start(service.run)
         try:
             yield service
         finally:
@@ -184,5 +189,6 @@ async def drain_now(app: Outbox, pool: Pool, *, concurrency: int | None = None) 
     for tests that append and then assert on read models (and for scripts)."""
     settings = app.settings.replace(concurrency=concurrency)
     service = build_service(app, pool, settings=settings, mode="apply", until_idle=True)
-    await service.run(shutdown_timeout=0)
+    with using_schema(settings.schema):
+        await service.run(shutdown_timeout=0)
     return service.totals

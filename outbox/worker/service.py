@@ -30,7 +30,7 @@ from outbox.model import BatchCounts, WorkerMode
 from outbox.obs import log
 from outbox.obs.metrics import REFRESH_INTERVAL, Metrics
 from outbox.queue import inspect
-from outbox.queue.settle import WORK_CHANNEL, unblock_campaigns
+from outbox.queue.settle import unblock_campaigns, work_channel
 from outbox.retry import backoff_delay, describe_error
 from outbox.worker.batch import Worker
 from outbox.worker.registration import HEARTBEAT_INTERVAL, Registration, registry_counters
@@ -249,7 +249,7 @@ class Service:
                         self.doorbell.ring()  # one loop: one append, one campaign
 
                     conn.add_termination_listener(on_lost)
-                    await conn.add_listener(WORK_CHANNEL, on_work)
+                    await conn.add_listener(work_channel(), on_work)
                     try:
                         self.listener_connected, attempt = True, 0
                         self.metrics.listener_connected.set(1)
@@ -397,4 +397,4 @@ async def _unlisten(
     (also at shutdown); one gone or slow to answer is left as it is (the pool discards it)."""
     conn.remove_termination_listener(on_lost)
     with anyio.move_on_after(1, shield=True), contextlib.suppress(Exception):
-        await conn.remove_listener(WORK_CHANNEL, on_work)
+        await conn.remove_listener(work_channel(), on_work)

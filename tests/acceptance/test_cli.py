@@ -75,7 +75,7 @@ async def test_migrate_refuses_an_edited_migration_with_one_line(fresh_db: str) 
     assert run("maintenance", "migrate", "--dsn", fresh_db).returncode == 0
     conn = await asyncpg.connect(fresh_db)
     try:
-        await conn.execute("UPDATE outbox_schema_migrations SET checksum = 'tampered'")
+        await conn.execute("UPDATE outbox.outbox_schema_migrations SET checksum = 'tampered'")
     finally:
         await conn.close()
     proc = run("maintenance", "migrate", "--dsn", fresh_db)

@@ -95,8 +95,9 @@ def cases() -> list[tuple[str, list[str], dict[str, str], int]]:
 async def snapshot(pool: db.Pool) -> list[tuple[object, ...]]:
     rows = await pool.fetch(
         "SELECT 'q', campaign_id, seq, status, attempt_count, last_error FROM "
-        "projection_apply_outbox UNION ALL SELECT 'j', campaign_id, seq, event_type, 0, NULL "
-        "FROM event_journal ORDER BY 1, 2, 3"
+        "outbox.projection_apply_outbox UNION ALL SELECT 'j', campaign_id, seq, event_type, "
+        "0, NULL "
+        "FROM outbox.event_journal ORDER BY 1, 2, 3"
     )
     return [tuple(r) for r in rows]
 
@@ -106,7 +107,7 @@ async def test_every_bad_input_is_one_bounded_redacted_line_and_changes_nothing(
     pool: db.Pool, dsn: str, settings: Settings
 ) -> None:
     await append(pool, "c", [Event("dice.cursed", {}), Event("dice.rolled", {"value": 1})])
-    await pool.execute("UPDATE projection_apply_outbox SET status = 'dead' WHERE seq = 1")
+    await pool.execute("UPDATE outbox.projection_apply_outbox SET status = 'dead' WHERE seq = 1")
     before = await snapshot(pool)
     problems: list[str] = []
     for prog, args, env, code in cases():

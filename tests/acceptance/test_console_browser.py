@@ -183,5 +183,5 @@ async def test_an_incident_from_dead_rows_to_zero_in_the_browser(
         "SELECT campaign_id, total, orders FROM shop_totals"
     )}  # fmt: skip
     assert totals == {c: (sum(abs(a) for a in v), len(v)) for c, v in ORDERS.items()}
-    assert await pool.fetchval("SELECT count(*) FROM projection_apply_outbox") == 0
+    assert await pool.fetchval("SELECT count(*) FROM outbox.projection_apply_outbox") == 0
     assert worker.poll() is None  # still serving

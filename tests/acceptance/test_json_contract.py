@@ -48,28 +48,28 @@ async def seed(pool: db.Pool, settings: Settings) -> None:
     await append(pool, "c-ok", [Event("note.added", {"text": "x"})], settings=settings)
     await append(pool, "c-curse", [Event("dice.cursed", {"sides": 13})], settings=settings)
     await pool.execute(
-        "UPDATE projection_apply_outbox SET status = 'dead', attempt_count = 8, "
+        "UPDATE outbox.projection_apply_outbox SET status = 'dead', attempt_count = 8, "
         "last_error = 'Boom', seen_count = 1, first_seen_at = clock_timestamp(), "
         "last_seen_at = clock_timestamp() WHERE campaign_id = 'c-dead' AND seq = 1"
     )
     await pool.execute(
-        "UPDATE projection_apply_outbox SET status = 'failed', attempt_count = 2, "
+        "UPDATE outbox.projection_apply_outbox SET status = 'failed', attempt_count = 2, "
         "last_error = 'Flaky', next_attempt_at = clock_timestamp() - interval '1 minute' "
         "WHERE campaign_id = 'c-failed' AND seq = 1"
     )
     # On its last attempt: the replay makes it dead, for the requeue to take back.
     await pool.execute(
-        "UPDATE projection_apply_outbox SET status = 'failed', attempt_count = 7 "
+        "UPDATE outbox.projection_apply_outbox SET status = 'failed', attempt_count = 7 "
         "WHERE campaign_id = 'c-curse'"
     )
     await pool.execute(
-        "UPDATE projection_apply_outbox SET status = 'processing', lease_owner = 'w-1', "
+        "UPDATE outbox.projection_apply_outbox SET status = 'processing', lease_owner = 'w-1', "
         "claim_epoch = 1, leased_at = clock_timestamp(), "
         "lease_expires_at = clock_timestamp() - interval '1 second', "
         "next_attempt_at = clock_timestamp() - interval '1 second' WHERE campaign_id = 'c-lease'"
     )
     await pool.execute(
-        "INSERT INTO outbox_workers (worker_id, host, pid, mode, concurrency, counters) "
+        "INSERT INTO outbox.outbox_workers (worker_id, host, pid, mode, concurrency, counters) "
         "VALUES ('w-1', 'host', 1, 'apply', 2, '{\"applied\": 3}')"
     )
 

@@ -21,7 +21,8 @@ TABLES = "CREATE TABLE applied (campaign_id text, seq bigint); " + (
 
 async def queue(pool: db.Pool) -> list[tuple[int, str, int, int | None]]:
     rows = await pool.fetch(
-        "SELECT seq, status, attempt_count, claim_epoch FROM projection_apply_outbox ORDER BY seq"
+        "SELECT seq, status, attempt_count, claim_epoch FROM outbox.projection_apply_outbox "
+        "ORDER BY seq"
     )
     return [(r["seq"], r["status"], r["attempt_count"], r["claim_epoch"]) for r in rows]
 
@@ -49,7 +50,7 @@ async def test_sigkill_mid_projector_reclaims_after_the_lease_and_applies_again(
         try:
             await wait_for(lambda: projector_is_waiting(pool))
             owner = await pool.fetchval(
-                "SELECT lease_owner FROM projection_apply_outbox WHERE seq = 1"
+                "SELECT lease_owner FROM outbox.projection_apply_outbox WHERE seq = 1"
             )
             assert owner.split(":")[1] == str(proc.pid)
             assert await queue(pool) == [(1, "processing", 0, 1), (2, "pending", 0, None)]
@@ -63,7 +64,8 @@ async def test_sigkill_mid_projector_reclaims_after_the_lease_and_applies_again(
 
     async def lease_expired() -> bool:
         expired: bool = await pool.fetchval(
-            "SELECT lease_expires_at < clock_timestamp() FROM projection_apply_outbox WHERE seq = 1"
+            "SELECT lease_expires_at < clock_timestamp() FROM outbox.projection_apply_outbox "
+            "WHERE seq = 1"
         )
         return expired
 
@@ -106,7 +108,9 @@ async def test_sigterm_mid_projector_hands_the_lease_back_without_an_attempt(
     assert code == 0
     # Released at once, not left to expire: pending again, no attempt counted, due now.
     assert await queue(pool) == [(1, "pending", 0, 1)]
-    assert await pool.fetchval("SELECT due_at <= clock_timestamp() FROM projection_apply_campaigns")
+    assert await pool.fetchval(
+        "SELECT due_at <= clock_timestamp() FROM outbox.projection_apply_campaigns"
+    )
     drained = await anyio.run_process(
         [*WORKER, "--app", "worker_apps:leasing", "--drain"], cwd=TESTS, env=worker_env(dsn)
     )

@@ -29,13 +29,13 @@ async def seed(pool: db.Pool, settings: Settings) -> None:
     for campaign, n in [("c-a", 3), ("c-b", 2), ("c-c", 1), ("c-d", 1)]:
         await append(pool, campaign, [Event("t", {})] * n, settings=settings)
     await pool.execute(
-        "UPDATE projection_apply_outbox SET status = 'dead', attempt_count = 8, "
+        "UPDATE outbox.projection_apply_outbox SET status = 'dead', attempt_count = 8, "
         "last_error = 'Boom: ' || campaign_id, "
         "next_attempt_at = clock_timestamp() - (CASE campaign_id WHEN 'c-d' THEN 2 ELSE 1 END) "
         "* interval '1 hour' WHERE (campaign_id, seq) IN (('c-a', 1), ('c-d', 1))"
     )
     await pool.execute(
-        "UPDATE projection_apply_outbox SET status = 'failed', attempt_count = 2, "
+        "UPDATE outbox.projection_apply_outbox SET status = 'failed', attempt_count = 2, "
         "last_error = 'Flaky', next_attempt_at = clock_timestamp() + interval '1 minute' "
         "WHERE campaign_id = 'c-b' AND seq = 1"
     )
@@ -117,7 +117,7 @@ async def test_report_table_shows_the_counts(pool: db.Pool, dsn: str, settings: 
 
 
 @pytest.mark.parametrize(
-    "value", ["x' OR '1'='1", "%", "_", "c-%", "'; DROP TABLE projection_apply_outbox; --"]
+    "value", ["x' OR '1'='1", "%", "_", "c-%", "'; DROP TABLE outbox.projection_apply_outbox; --"]
 )
 async def test_filters_are_bound_parameters(
     pool: db.Pool, dsn: str, settings: Settings, value: str
@@ -202,11 +202,11 @@ async def test_requeue_one_keeps_history_and_writes_the_audit(
     }
     row = await pool.fetchrow(
         "SELECT status, attempt_count, next_attempt_at <= clock_timestamp() "
-        "AS due FROM projection_apply_outbox WHERE campaign_id = 'c-a' AND seq = 1"
+        "AS due FROM outbox.projection_apply_outbox WHERE campaign_id = 'c-a' AND seq = 1"
     )
     assert row is not None
     assert (row["status"], row["attempt_count"], row["due"]) == ("pending", 0, True)
-    audit = await pool.fetchrow("SELECT * FROM outbox_requeue_audit")
+    audit = await pool.fetchrow("SELECT * FROM outbox.outbox_requeue_audit")
     assert audit is not None
     assert (
         audit["campaign_id"],
@@ -239,14 +239,14 @@ async def test_requeue_refuses_a_row_held_by_a_running_batch(
     await seed(pool, settings)
     async with pool.acquire() as conn, conn.transaction():
         await conn.execute(
-            "SELECT 1 FROM projection_apply_outbox WHERE campaign_id = 'c-d' FOR UPDATE"
+            "SELECT 1 FROM outbox.projection_apply_outbox WHERE campaign_id = 'c-d' FOR UPDATE"
         )
         proc = await asyncio.to_thread(
             cli, "outbox-requeue", "--campaign-id", "c-d", "--seq", "1", dsn=dsn
         )
     assert proc.returncode == 1
     assert "held by a running batch" in proc.stderr
-    assert await pool.fetchval("SELECT count(*) FROM outbox_requeue_audit") == 0
+    assert await pool.fetchval("SELECT count(*) FROM outbox.outbox_requeue_audit") == 0
 
 
 async def test_requeue_dead_oldest_first_with_limit_and_audit(
@@ -267,7 +267,7 @@ async def test_requeue_dead_oldest_first_with_limit_and_audit(
     assert table.returncode == 0
     assert table.stdout == ""
     assert "2 row(s) would be requeued" in table.stderr
-    assert await pool.fetchval("SELECT count(*) FROM outbox_requeue_audit") == 0
+    assert await pool.fetchval("SELECT count(*) FROM outbox.outbox_requeue_audit") == 0
     first = as_json(
         cli("outbox-requeue-dead", "--outbox-requeue-dead-limit", "1", "--json", dsn=dsn)
     )
@@ -293,7 +293,7 @@ async def test_requeue_dead_oldest_first_with_limit_and_audit(
     rest = as_json(cli("outbox-requeue-dead", "--limit", "10", "--json", dsn=dsn))
     assert [(r["campaign_id"], r["seq"]) for r in rest["rows"]] == [("c-a", 1)]
     assert await queue_count(pool, status="dead") == 0
-    assert await pool.fetchval("SELECT count(*) FROM outbox_requeue_audit") == 2
+    assert await pool.fetchval("SELECT count(*) FROM outbox.outbox_requeue_audit") == 2
     # `maintenance audit` lists them newest first, with the rows as they were.
     audit = as_json(cli("audit", "--json", dsn=dsn))
     assert (audit["mode"], audit["campaign_id"], audit["limit"]) == ("audit", None, 50)
@@ -310,19 +310,21 @@ async def test_requeue_dead_oldest_first_with_limit_and_audit(
 
 async def test_cleanup_honours_retention_and_batch_size(pool: db.Pool, dsn: str) -> None:
     await pool.execute(
-        "INSERT INTO event_journal (bucket, campaign_id, seq, event_type, payload) "
-        "SELECT outbox_bucket('c'), 'c', g, 't', '{}' FROM generate_series(1, 30) g;"
+        "INSERT INTO outbox.event_journal (bucket, campaign_id, seq, event_type, payload) "
+        "SELECT outbox.outbox_bucket('c'), 'c', g, 't', '{}' FROM generate_series(1, 30) g;"
         # 25 markers 10 days old, 5 fresh.
-        "INSERT INTO processed_markers (bucket, campaign_id, seq, handler, applied_at) "
-        "SELECT outbox_bucket('c'), 'c', g, 'h', clock_timestamp() - CASE WHEN g <= 25 "
+        "INSERT INTO outbox.processed_markers (bucket, campaign_id, seq, handler, applied_at) "
+        "SELECT outbox.outbox_bucket('c'), 'c', g, 'h', clock_timestamp() - CASE WHEN g <= 25 "
         "THEN interval '10 days' ELSE interval '10 minutes' END FROM generate_series(1, 30) g;"
-        "INSERT INTO append_idempotency_keys (bucket, campaign_id, idem_key, expires_at) VALUES "
-        "(outbox_bucket('c'), 'c', 'old', clock_timestamp() - interval '1 s'),"
-        "(outbox_bucket('c'), 'c', 'live', clock_timestamp() + interval '1 day');"
-        "INSERT INTO consumer_claims (scope, event_id, bucket, event_time) VALUES "
+        "INSERT INTO outbox.append_idempotency_keys (bucket, campaign_id, idem_key, "
+        "expires_at) VALUES "
+        "(outbox.outbox_bucket('c'), 'c', 'old', clock_timestamp() - interval '1 s'),"
+        "(outbox.outbox_bucket('c'), 'c', 'live', clock_timestamp() + interval '1 day');"
+        "INSERT INTO outbox.consumer_claims (scope, event_id, bucket, event_time) VALUES "
         "('s', 'old', current_date - 30, now() - interval '30 days'),"
         "('s', 'new', current_date, now());"
-        "INSERT INTO outbox_workers (worker_id, host, pid, mode, heartbeat_at, stopped_at) VALUES "
+        "INSERT INTO outbox.outbox_workers (worker_id, host, pid, mode, heartbeat_at, "
+        "stopped_at) VALUES "
         "('gone', 'h', 1, 'apply', now() - interval '30 days', now() - interval '30 days'),"
         "('live', 'h', 2, 'apply', now(), NULL)"
     )
@@ -337,13 +339,13 @@ async def test_cleanup_honours_retention_and_batch_size(pool: db.Pool, dsn: str)
             "outbox_workers": 1,
         },
     }
-    assert await pool.fetchval("SELECT count(*) FROM processed_markers") == 5
+    assert await pool.fetchval("SELECT count(*) FROM outbox.processed_markers") == 5
     # Ten-minute-old markers outlive a one-hour retention; the keys, claims, workers left are live.
     body = as_json(cli("cleanup", "--markers-retention-hours", "1", "--json", dsn=dsn))
     assert body["removed"]["processed_markers"] == 0
-    assert await pool.fetchval("SELECT idem_key FROM append_idempotency_keys") == "live"
-    assert await pool.fetchval("SELECT event_id FROM consumer_claims") == "new"
-    assert await pool.fetchval("SELECT worker_id FROM outbox_workers") == "live"
+    assert await pool.fetchval("SELECT idem_key FROM outbox.append_idempotency_keys") == "live"
+    assert await pool.fetchval("SELECT event_id FROM outbox.consumer_claims") == "new"
+    assert await pool.fetchval("SELECT worker_id FROM outbox.outbox_workers") == "live"
 
 
 async def test_health_exit_codes(
@@ -353,7 +355,9 @@ async def test_health_exit_codes(
     body = as_json(ok)
     assert (body["mode"], body["healthy"], body["migrations"]) == ("health", True, "current")
     await append(pool, "c", [Event("t", {})], settings=settings)
-    await pool.execute("UPDATE projection_apply_outbox SET enqueued_at = now() - interval '1 hour'")
+    await pool.execute(
+        "UPDATE outbox.projection_apply_outbox SET enqueued_at = now() - interval '1 hour'"
+    )
     assert cli("health", "--max-oldest-age", "7200", dsn=dsn).returncode == 0
     old = cli("health", "--max-oldest-age", "60", dsn=dsn)
     assert old.returncode == 1
@@ -374,10 +378,10 @@ async def test_health_fails_on_dead_rows_and_blocked_campaigns_until_repaired(
     rolls = [Event("dice.rolled", {"value": 3}), Event("dice.rolled", {"value": 4})]
     await append(pool, "c", rolls, settings=settings)
     await pool.execute(
-        "UPDATE projection_apply_outbox SET status = 'dead', attempt_count = 8, "
+        "UPDATE outbox.projection_apply_outbox SET status = 'dead', attempt_count = 8, "
         "last_error = 'boom' WHERE seq = 1"
     )
-    await pool.execute("UPDATE projection_apply_campaigns SET blocked = true")
+    await pool.execute("UPDATE outbox.projection_apply_campaigns SET blocked = true")
     sick = cli("health", "--json", dsn=dsn)
     assert sick.returncode == 1
     body = orjson.loads(sick.stdout)  # the JSON is printed, then the exit says unhealthy
@@ -412,7 +416,9 @@ async def test_the_report_reads_at_80_columns_without_cutting_ids(
 ) -> None:
     long_id = "tenant-0042/account-" + "9" * 40  # longer than any column at 80
     await append(pool, long_id, [Event("account.opened.with.a.long.type", {})], settings=settings)
-    await pool.execute("UPDATE projection_apply_outbox SET status = 'dead', last_error = 'x'")
+    await pool.execute(
+        "UPDATE outbox.projection_apply_outbox SET status = 'dead', last_error = 'x'"
+    )
     narrow = run_cli("maintenance", "outbox-report", dsn=dsn, env={"COLUMNS": "80"})
     assert narrow.returncode == 0, narrow.stderr
     lines = narrow.stdout.splitlines()
@@ -434,7 +440,9 @@ async def test_the_report_shows_the_shadow_workers_sightings_and_lag(
 ) -> None:
     await install(pool)
     await append(pool, "c", [Event("dice.rolled", {"value": 2})] * 2, settings=settings)
-    await pool.execute("UPDATE projection_apply_outbox SET enqueued_at = now() - interval '30 s'")
+    await pool.execute(
+        "UPDATE outbox.projection_apply_outbox SET enqueued_at = now() - interval '30 s'"
+    )
     shadow = run_cli(
         "outbox-worker",
         "--app",
@@ -463,7 +471,7 @@ async def test_the_report_shows_payloads_and_prints_data_as_it_is(
     note = {"note": "[/x] [red]not red[/red] <b>", "n": [1, 2]}
     await append(pool, "c-[/x]", [Event("t", note)], settings=settings)
     await pool.execute(
-        "UPDATE projection_apply_outbox SET status = 'dead', attempt_count = 8, "
+        "UPDATE outbox.projection_apply_outbox SET status = 'dead', attempt_count = 8, "
         "last_error = 'Boom: [/oops] [bold]'"
     )
     body = as_json(cli("outbox-report", "--status", "dead", "--payload", "--json", dsn=dsn))

@@ -61,7 +61,9 @@ async def test_wheel_installs_and_migrates_from_outside_the_source_tree(
 
     conn = await asyncpg.connect(fresh_db)
     try:
-        assert await conn.fetchval("SELECT to_regclass('projection_apply_outbox') IS NOT NULL")
+        assert await conn.fetchval(
+            "SELECT to_regclass('outbox.projection_apply_outbox') IS NOT NULL"
+        )
     finally:
         await conn.close()
 

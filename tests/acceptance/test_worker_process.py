@@ -37,7 +37,7 @@ async def rows(pool: db.Pool) -> list[tuple[str, int, str, int]]:
         (r["campaign_id"], r["seq"], r["status"], r["attempt_count"])
         for r in await pool.fetch(
             "SELECT campaign_id, seq, status, attempt_count "
-            "FROM projection_apply_outbox ORDER BY 1, 2"
+            "FROM outbox.projection_apply_outbox ORDER BY 1, 2"
         )
     ]
 
@@ -109,7 +109,7 @@ async def test_every_worker_line_carries_its_worker_id_in_json_or_text(
     info = command[:-2]
     text = await anyio.run_process([*info, "--log-format", "text"], env=worker_env(dsn))
     assert " batch.done " not in text.stderr.decode()
-    assert await pool.fetchval("SELECT count(*) FROM projection_apply_outbox") == 0
+    assert await pool.fetchval("SELECT count(*) FROM outbox.projection_apply_outbox") == 0
     started = [ln for ln in text.stderr.decode().splitlines() if " worker.started " in ln]
     assert len(started) == 1
     assert " info    worker.started " in started[0]
@@ -364,10 +364,10 @@ async def test_poll_applies_rows_that_came_without_a_notify(pool: db.Pool, dsn: 
         await wait_for(lambda: _has(pool, LISTENER))
         # Without NOTIFY (enqueued by SQL, no pg_notify), only the poll can find the row.
         await pool.execute(
-            "INSERT INTO event_journal (bucket, campaign_id, seq, event_type, payload) "
-            "VALUES (outbox_bucket('p'), 'p', 1, 'dice.rolled', '{\"value\": 4}');"
-            "INSERT INTO projection_apply_outbox (bucket, campaign_id, seq, event_type) "
-            "VALUES (outbox_bucket('p'), 'p', 1, 'dice.rolled')"
+            "INSERT INTO outbox.event_journal (bucket, campaign_id, seq, event_type, payload) "
+            "VALUES (outbox.outbox_bucket('p'), 'p', 1, 'dice.rolled', '{\"value\": 4}');"
+            "INSERT INTO outbox.projection_apply_outbox (bucket, campaign_id, seq, event_type) "
+            "VALUES (outbox.outbox_bucket('p'), 'p', 1, 'dice.rolled')"
         )
         await queue_campaigns(pool)  # queued, as reconcile would: still no NOTIFY
         await wait_for(lambda: _queue_empty(pool), within=15)

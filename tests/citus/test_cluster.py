@@ -44,7 +44,7 @@ SELECT create_distributed_table('tallies', 'bucket', colocate_with => 'event_jou
 """
 
 ADD = """
-INSERT INTO tallies (bucket, campaign_id, events) VALUES (outbox_bucket($1), $1, 1)
+INSERT INTO tallies (bucket, campaign_id, events) VALUES (outbox.outbox_bucket($1), $1, 1)
 ON CONFLICT (bucket, campaign_id) DO UPDATE SET events = tallies.events + 1
 """
 
@@ -88,7 +88,7 @@ async def test_worker_statements_are_one_router_task_each(dsn: str, pool: db.Poo
     guarded = await db.create_pool(dsn, min_size=1, max_size=4)
     try:
         with pytest.raises(Exception, match="multi-task"):
-            await guarded.fetchval("SELECT count(*) FROM projection_apply_outbox")
+            await guarded.fetchval("SELECT count(*) FROM outbox.projection_apply_outbox")
         for campaign in campaigns:
             await append(guarded, campaign, [Event("step", {})] * 3, settings=settings)
         clock = Clock()
@@ -101,7 +101,7 @@ async def test_worker_statements_are_one_router_task_each(dsn: str, pool: db.Poo
             if applied == sum(expected.values()):
                 break
         assert not flaky  # every flaky event failed once and was retried
-        count = await guarded.fetchval("SELECT outbox_bucket_count()")
+        count = await guarded.fetchval("SELECT outbox.outbox_bucket_count()")
         assert await tallies_by_campaign(guarded, campaigns, count) == expected
     finally:
         await guarded.close()
@@ -170,7 +170,7 @@ async def test_a_batch_whose_writes_stay_on_its_shard_commits_without_2pc(
     assert not flaky  # the failure path ran: every flaky event failed once, then applied
     assert batches > len(campaigns)  # batches of 4 over 5 events each: first and later ones
     assert commits >= batches  # the listener saw each batch's commit go out
-    count = await pool.fetchval("SELECT outbox_bucket_count()")
+    count = await pool.fetchval("SELECT outbox.outbox_bucket_count()")
     assert await tallies_by_campaign(pool, campaigns, count) == Counter({c: 5 for c in campaigns})
 
 
@@ -195,10 +195,11 @@ async def test_an_append_of_up_to_4_events_commits_without_2pc(
     assert retried.duplicate
     assert retried.last_seq == again.last_seq
     assert await queue_count(pool) == 3 * events
-    bucket = bucket_of("two-phase", await pool.fetchval("SELECT outbox_bucket_count()"))
+    bucket = bucket_of("two-phase", await pool.fetchval("SELECT outbox.outbox_bucket_count()"))
     assert (
         await pool.fetchval(
-            "SELECT max(seq) FROM event_journal WHERE bucket = $1 AND campaign_id = 'two-phase'",
+            "SELECT max(seq) FROM outbox.event_journal WHERE bucket = $1 AND campaign_id = "
+            "'two-phase'",
             bucket,
         )
         == 3 * events
@@ -220,7 +221,7 @@ async def test_a_worker_node_stopped_mid_drain(
     once it is back, the rest drains, and every campaign's tally equals what was appended."""
     await pool.execute(TALLIES)
     settings = Settings(dsn=dsn, batch_size=10, backoff_base=0.01, backoff_cap=0.02)
-    count = await pool.fetchval("SELECT outbox_bucket_count()")
+    count = await pool.fetchval("SELECT outbox.outbox_bucket_count()")
     rows = await pool.fetch(
         "SELECT b, p.nodeport FROM generate_series(0, $1 - 1) AS b, "
         "LATERAL get_shard_id_for_distribution_column('event_journal', b) AS s, "

@@ -224,7 +224,7 @@ async def wait_drained(pool: db.Pool, *, waiting: str = "", within: float = 180)
     LIKE `waiting` (rows meant to wait behind a dead head)."""
     with anyio.fail_after(within):
         while await pool.fetchval(  # noqa: ASYNC110 - database state, polled
-            "SELECT count(*) FROM projection_apply_outbox "
+            "SELECT count(*) FROM outbox.projection_apply_outbox "
             "WHERE status IN ('pending', 'failed', 'processing') "
             "AND NOT ($1 <> '' AND campaign_id LIKE $1)",
             waiting,

@@ -149,7 +149,8 @@ async def test_failover_to_a_promoted_standby(
             journal = {
                 r["uid"]
                 for r in await promoted.fetch(
-                    "SELECT payload->>'uid' AS uid FROM event_journal WHERE event_type = 'step'"
+                    "SELECT payload->>'uid' AS uid FROM outbox.event_journal WHERE event_type "
+                    "= 'step'"
                 )
             }
             held = {c: [u for u in uids if u in journal] for c, uids in generator.expected.items()}
@@ -177,7 +178,7 @@ async def _applied_some(dsn: str) -> bool:
     conn = await asyncpg.connect(dsn)
     try:
         applied = await conn.fetchval("SELECT count(*) FROM fault_applied")
-        queued = await conn.fetchval("SELECT count(*) FROM projection_apply_outbox")
+        queued = await conn.fetchval("SELECT count(*) FROM outbox.projection_apply_outbox")
         return bool(applied >= 100 and queued)
     finally:
         await conn.close()

@@ -166,17 +166,17 @@ async def test_listen_connections_killed_again_and_again(
 # Written the way another client or a manual fix would: valid jsonb no float can hold, and a
 # work row whose journal row is gone (the foreign key has to be switched off for that).
 POISON = """
-INSERT INTO campaign_heads (bucket, campaign_id, last_seq)
-VALUES (outbox_bucket('poison-json'), 'poison-json', 1),
-       (outbox_bucket('poison-missing'), 'poison-missing', 1);
-INSERT INTO event_journal (bucket, campaign_id, seq, event_type, payload)
-VALUES (outbox_bucket('poison-json'), 'poison-json', 1, 'step',
+INSERT INTO outbox.campaign_heads (bucket, campaign_id, last_seq)
+VALUES (outbox.outbox_bucket('poison-json'), 'poison-json', 1),
+       (outbox.outbox_bucket('poison-missing'), 'poison-missing', 1);
+INSERT INTO outbox.event_journal (bucket, campaign_id, seq, event_type, payload)
+VALUES (outbox.outbox_bucket('poison-json'), 'poison-json', 1, 'step',
         '{"uid": "p", "i": 0, "v": 1e400}'::jsonb);
-INSERT INTO projection_apply_outbox (bucket, campaign_id, seq, event_type)
-VALUES (outbox_bucket('poison-json'), 'poison-json', 1, 'step');
+INSERT INTO outbox.projection_apply_outbox (bucket, campaign_id, seq, event_type)
+VALUES (outbox.outbox_bucket('poison-json'), 'poison-json', 1, 'step');
 SET session_replication_role = replica;
-INSERT INTO projection_apply_outbox (bucket, campaign_id, seq, event_type)
-VALUES (outbox_bucket('poison-missing'), 'poison-missing', 1, 'step');
+INSERT INTO outbox.projection_apply_outbox (bucket, campaign_id, seq, event_type)
+VALUES (outbox.outbox_bucket('poison-missing'), 'poison-missing', 1, 'step');
 SET session_replication_role = origin;
 """
 
@@ -217,7 +217,7 @@ async def _poison(policy: str, pool: db.Pool, dsn: str, fleet: Fleet) -> None:
     waiting = "poison-%" if policy == "block" else ""
     await finish(f"poison_rows_{policy}", pool, fleet, generator, faults=3, waiting=waiting)
     left = await pool.fetch(
-        "SELECT campaign_id, seq, status FROM projection_apply_outbox ORDER BY 1, 2"
+        "SELECT campaign_id, seq, status FROM outbox.projection_apply_outbox ORDER BY 1, 2"
     )
     dead = [(r["campaign_id"], r["seq"]) for r in left if r["status"] == "dead"]
     assert dead == [("poison-json", 1), ("poison-missing", 1), ("poison-unknown", 1)]

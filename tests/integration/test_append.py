@@ -12,7 +12,7 @@ import outbox
 from helpers import campaigns_in_one_bucket, counts, journal_seqs, queue_count
 from outbox import Event, Settings, append, db
 from outbox.buckets import DEFAULT_COUNT, bucket_of
-from outbox.queue.settle import WORK_CHANNEL
+from outbox.queue.settle import work_channel
 
 
 def ev(n: int = 0, type_: str = "note.added") -> Event:
@@ -26,7 +26,8 @@ async def test_append_writes_journal_head_and_work_rows(pool: db.Pool, settings:
     assert (result.first_seq, result.last_seq) == (4, 4)
     rows = await pool.fetch(
         "SELECT j.seq, j.event_type, j.payload, j.metadata, o.status, o.attempt_count "
-        "FROM event_journal j JOIN projection_apply_outbox o USING (bucket, campaign_id, seq) "
+        "FROM outbox.event_journal j JOIN outbox.projection_apply_outbox o USING (bucket, "
+        "campaign_id, seq) "
         "WHERE campaign_id = 'c-1' ORDER BY seq"
     )
     assert [r["seq"] for r in rows] == [1, 2, 3, 4]
@@ -34,7 +35,10 @@ async def test_append_writes_journal_head_and_work_rows(pool: db.Pool, settings:
     assert rows[0]["metadata"] == {"source": "test"}
     assert {r["status"] for r in rows} == {"pending"}
     assert {r["attempt_count"] for r in rows} == {0}
-    assert await pool.fetchval("SELECT last_seq FROM campaign_heads WHERE campaign_id='c-1'") == 4
+    assert (
+        await pool.fetchval("SELECT last_seq FROM outbox.campaign_heads WHERE campaign_id='c-1'")
+        == 4
+    )
 
 
 async def test_enqueue_off_writes_the_journal_only(pool: db.Pool, dsn: str) -> None:
@@ -149,13 +153,13 @@ async def test_expired_key_appends_again(pool: db.Pool, settings: Settings) -> N
     await append(pool, "c", [ev()], idempotency_key="req", settings=settings)
     # The TTL running out, written as the database would see it: expires_at in the past.
     await pool.execute(
-        "UPDATE append_idempotency_keys "
+        "UPDATE outbox.append_idempotency_keys "
         "SET expires_at = statement_timestamp() - interval '1 second'"
     )
     again = await append(pool, "c", [ev()], idempotency_key="req", settings=settings)
     assert (again.first_seq, again.duplicate) == (2, False)
     row = await pool.fetchrow(
-        "SELECT first_seq, last_seq, expires_at > now() AS live FROM append_idempotency_keys"
+        "SELECT first_seq, last_seq, expires_at > now() AS live FROM outbox.append_idempotency_keys"
     )
     assert row is not None
     assert (row["first_seq"], row["last_seq"], row["live"]) == (2, 2, True)
@@ -165,7 +169,7 @@ async def test_key_ttl_comes_from_settings(pool: db.Pool, dsn: str) -> None:
     short = Settings(dsn=dsn, append_key_ttl=60)
     await append(pool, "c", [ev()], idempotency_key="req", settings=short)
     ttl = await pool.fetchval(
-        "SELECT extract(epoch FROM expires_at - created_at) FROM append_idempotency_keys"
+        "SELECT extract(epoch FROM expires_at - created_at) FROM outbox.append_idempotency_keys"
     )
     assert 59 <= float(ttl) <= 61
 
@@ -174,7 +178,7 @@ async def test_failed_append_leaves_no_key(pool: db.Pool, settings: Settings) ->
     await append(pool, "c", [ev()], settings=settings)
     with pytest.raises(outbox.ConcurrencyError):
         await append(pool, "c", [ev()], expected_seq=5, idempotency_key="req", settings=settings)
-    assert await pool.fetchval("SELECT count(*) FROM append_idempotency_keys") == 0
+    assert await pool.fetchval("SELECT count(*) FROM outbox.append_idempotency_keys") == 0
     retried = await append(
         pool, "c", [ev()], expected_seq=1, idempotency_key="req", settings=settings
     )
@@ -205,8 +209,8 @@ async def test_append_joins_callers_transaction_and_commits_with_it(
         # The caller's own write in the same unit.
         await conn.execute("CREATE TABLE side_effect AS SELECT 1 AS x")
         # Not visible to anyone else before the caller commits.
-        assert await pool.fetchval("SELECT count(*) FROM event_journal") == 0
-    assert await pool.fetchval("SELECT count(*) FROM event_journal") == 1
+        assert await pool.fetchval("SELECT count(*) FROM outbox.event_journal") == 0
+    assert await pool.fetchval("SELECT count(*) FROM outbox.event_journal") == 1
 
 
 async def test_conflict_inside_callers_transaction_keeps_the_transaction_usable(
@@ -217,7 +221,7 @@ async def test_conflict_inside_callers_transaction_keeps_the_transaction_usable(
         with pytest.raises(outbox.ConcurrencyError):
             await append(conn, "c", [ev()], expected_seq=0, idempotency_key="k", settings=settings)
         # The savepoint took the key back; the caller's transaction goes on.
-        assert await conn.fetchval("SELECT count(*) FROM append_idempotency_keys") == 0
+        assert await conn.fetchval("SELECT count(*) FROM outbox.append_idempotency_keys") == 0
         await append(conn, "c", [ev()], expected_seq=1, settings=settings)
     assert await journal_seqs(pool, "c") == [1, 2]
 
@@ -238,9 +242,9 @@ async def work_notifications(pool: db.Pool, dsn: str) -> AsyncIterator[list[obje
 
     listener = await db.connect(dsn)
     try:
-        await listener.add_listener(WORK_CHANNEL, on_notify)
+        await listener.add_listener(work_channel(), on_notify)
         yield received
-        await pool.execute("SELECT pg_notify($1, 'sentinel')", WORK_CHANNEL)
+        await pool.execute("SELECT pg_notify($1, 'sentinel')", work_channel())
         with anyio.fail_after(10):
             await sentinel.wait()
     finally:

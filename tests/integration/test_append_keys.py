@@ -55,14 +55,14 @@ async def test_a_refused_retry_inside_the_callers_transaction_leaves_it_usable(
             await append(conn, "acct-3", [deposit(2)], idempotency_key="k", settings=settings)
         # The append's savepoint rolled back; the caller's own transaction goes on.
         await append(conn, "acct-3", [deposit(2)], idempotency_key="k2", settings=settings)
-    assert await pool.fetchval("SELECT last_seq FROM campaign_heads") == 2
+    assert await pool.fetchval("SELECT last_seq FROM outbox.campaign_heads") == 2
 
 
 async def test_keys_written_before_fingerprints_are_still_honoured(
     pool: db.Pool, settings: Settings
 ) -> None:
     first = await append(pool, "acct-4", [deposit(9)], idempotency_key="old", settings=settings)
-    await pool.execute("UPDATE append_idempotency_keys SET fingerprint = NULL")
+    await pool.execute("UPDATE outbox.append_idempotency_keys SET fingerprint = NULL")
     again = await append(pool, "acct-4", [deposit(10)], idempotency_key="old", settings=settings)
     assert again.duplicate
     assert again.seqs == first.seqs

@@ -95,15 +95,15 @@ async def test_redelivered_events_are_skipped_set_wise(pool: db.Pool, dsn: str) 
     await pool.execute(TOTALS)
     settings = Settings(dsn=dsn)
     for ordered, idempotent in [(True, False), (False, True)]:
-        await pool.execute("TRUNCATE totals, calls, projection_apply_outbox")
-        await pool.execute("TRUNCATE event_journal, campaign_heads CASCADE")
+        await pool.execute("TRUNCATE totals, calls, outbox.projection_apply_outbox")
+        await pool.execute("TRUNCATE outbox.event_journal, outbox.campaign_heads CASCADE")
         app = batch_app(settings, ordered=ordered, idempotent=idempotent)
         expected = await appended(pool, settings, campaigns=3, per=4)
         await Worker(app, pool).drain()
         # The same work rows again: every event a duplicate, nothing changes.
         await pool.execute(
-            "INSERT INTO projection_apply_outbox (bucket, campaign_id, seq, event_type) "
-            "SELECT bucket, campaign_id, seq, event_type FROM event_journal"
+            "INSERT INTO outbox.projection_apply_outbox (bucket, campaign_id, seq, event_type) "
+            "SELECT bucket, campaign_id, seq, event_type FROM outbox.event_journal"
         )
         await queue_campaigns(pool)
         counts = await Worker(app, pool).drain()
@@ -122,11 +122,13 @@ async def test_a_gap_is_refused_naming_the_projector_and_its_campaign_waits(
     await append(pool, b, [Event("add", {"n": 5})] * 2, settings=settings)
     # The checkpoint of `a` says seq 1 was never applied but stands at 0 while seq 1's row
     # is gone: seq 2 is a gap.
-    await pool.execute("DELETE FROM projection_apply_outbox WHERE campaign_id = $1 AND seq = 1", a)
+    await pool.execute(
+        "DELETE FROM outbox.projection_apply_outbox WHERE campaign_id = $1 AND seq = 1", a
+    )
     counts = await Worker(app, pool).run_once()
     assert (counts.applied, counts.failed) == (2, 1)
     row = await pool.fetchrow(
-        "SELECT seq, status, attempt_count, last_error FROM projection_apply_outbox "
+        "SELECT seq, status, attempt_count, last_error FROM outbox.projection_apply_outbox "
         "WHERE campaign_id = $1 ORDER BY seq LIMIT 1",
         a,
     )
@@ -179,7 +181,7 @@ async def test_one_failing_event_in_100_records_one_attempt_and_the_rest_apply_i
     counts = await Worker(app, pool).run_once()
     assert (counts.claimed, counts.applied, counts.dead) == (100, applied_now, 1)
     left = await pool.fetch(
-        "SELECT campaign_id, seq, status, attempt_count FROM projection_apply_outbox "
+        "SELECT campaign_id, seq, status, attempt_count FROM outbox.projection_apply_outbox "
         "ORDER BY campaign_id, seq"
     )
     assert [(r["campaign_id"], r["seq"], r["status"], r["attempt_count"]) for r in left] == [
@@ -219,7 +221,7 @@ async def test_a_batch_that_applies_is_five_round_trips_without_a_savepoint(
         await own.close()
     assert counts.applied == 15
     assert await totals(pool) == expected
-    assert await pool.fetchval("SELECT count(*) FROM projection_apply_campaigns") == 0
+    assert await pool.fetchval("SELECT count(*) FROM outbox.projection_apply_campaigns") == 0
     # The projector's own two statements between the claim and the settle. Before the batch,
     # outside it, the worker's read of which buckets are due: nothing told it (no NOTIFY
     # here), and it reads them at most once per poll interval while work keeps coming.
@@ -258,7 +260,7 @@ async def test_a_statement_projector_pipelines_and_isolates_a_failing_event(
     rows = await pool.fetch("SELECT campaign_id, n FROM sums")
     assert Counter({r["campaign_id"]: r["n"] for r in rows}) == expected
     left = await pool.fetch(
-        "SELECT seq, status, attempt_count FROM projection_apply_outbox ORDER BY seq"
+        "SELECT seq, status, attempt_count FROM outbox.projection_apply_outbox ORDER BY seq"
     )
     assert [(r["seq"], r["status"], r["attempt_count"]) for r in left] == [
         (7, "failed", 1),

@@ -1,6 +1,7 @@
-"""Buckets (migration 0009): the SQL function and its Python twin, the keys that lead with the
-bucket, the number fixed at the first migration, the ring a worker's claims move over, and a
-drain across every bucket checked against the generator's own counts."""
+"""Buckets: the SQL function and its Python twin, the keys that lead with the bucket, the number
+fixed at the first migration, the ring a worker's claims move over, and a drain across every
+bucket checked against the generator's own counts. (An install from before buckets is brought
+over by tests/integration/test_upgrade.py.)"""
 
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ CAMPAIGN_TABLES = (
 async def test_the_python_twin_computes_the_sql_bucket(pool: db.Pool) -> None:
     ids = ["a", "campaign-42", "ü-ß-漢字", "x" * 256, " spaced ", "0", "-1", "c-0", "c-1"]
     ids += [f"order-{i}" for i in range(500)]
-    rows = await pool.fetch("SELECT c, outbox_bucket(c) AS b FROM unnest($1::text[]) c", ids)
+    rows = await pool.fetch("SELECT c, outbox.outbox_bucket(c) AS b FROM unnest($1::text[]) c", ids)
     assert {r["c"]: r["b"] for r in rows} == {c: bucket_of(c, DEFAULT_COUNT) for c in ids}
     # Spread: 500 ids leave no bucket of 64 empty.
     assert len({bucket_of(f"order-{i}", DEFAULT_COUNT) for i in range(500)}) == DEFAULT_COUNT
@@ -44,13 +45,13 @@ async def test_every_campaign_key_leads_with_the_bucket_and_a_wrong_one_is_refus
         key = await pool.fetchval(
             "SELECT pg_get_constraintdef(oid) FROM pg_constraint "
             "WHERE conrelid = $1::regclass AND contype = 'p'",
-            table,
+            f"outbox.{table}",
         )
         assert key.startswith("PRIMARY KEY (bucket, campaign_id"), (table, key)
     wrong = (bucket_of("c", DEFAULT_COUNT) + 1) % DEFAULT_COUNT
     with pytest.raises(asyncpg.CheckViolationError):
         await pool.execute(
-            "INSERT INTO event_journal (bucket, campaign_id, seq, event_type, payload) "
+            "INSERT INTO outbox.event_journal (bucket, campaign_id, seq, event_type, payload) "
             "VALUES ($1, 'c', 1, 't', '{}')",
             wrong,
         )
@@ -62,7 +63,9 @@ async def test_the_number_of_buckets_is_fixed_by_the_first_migration(fresh_db: s
         await migrate(conn, buckets=8)
         assert await bucket_count(conn) == 8
         await append(conn, "acct", [Event("t", {})])
-        stored = await conn.fetchval("SELECT bucket FROM event_journal WHERE campaign_id = 'acct'")
+        stored = await conn.fetchval(
+            "SELECT bucket FROM outbox.event_journal WHERE campaign_id = 'acct'"
+        )
         assert stored == bucket_of("acct", 8)
         assert await migrate(conn, buckets=8) == []  # the same number: nothing to do
         with pytest.raises(MigrationError, match="OUTBOX_BUCKETS is 16 but the schema was given 8"):
@@ -76,7 +79,7 @@ async def test_the_number_of_buckets_is_fixed_by_the_first_migration(fresh_db: s
 async def _migrate_fresh(dsn: str, *, buckets: int) -> None:
     conn = await db.connect(dsn)
     try:
-        await conn.execute("DROP SCHEMA public CASCADE; CREATE SCHEMA public")
+        await conn.execute("DROP SCHEMA outbox CASCADE")
         try:
             await migrate(conn, buckets=buckets)
         except asyncpg.RaiseError as exc:
@@ -88,45 +91,6 @@ async def _migrate_fresh(dsn: str, *, buckets: int) -> None:
 def test_the_schema_script_sets_the_number_of_buckets() -> None:
     assert "SET outbox.buckets = 16;" in script(load_migrations(), buckets=16)
     assert "SET outbox.buckets = 64;" in script(load_migrations())
-
-
-async def test_an_install_from_before_buckets_is_brought_over(fresh_db: str) -> None:
-    """0009 fills the column of existing rows and keeps them claimable: a worker drains the
-    backlog written under 0008 and the counts match what was appended."""
-    shipped = load_migrations()
-    conn = await db.connect(fresh_db)
-    try:
-        await migrate(conn, [m for m in shipped if m.name < "0009"])
-        for i in range(20):
-            await conn.fetch(
-                "SELECT * FROM outbox_append($1, $2::jsonb)",
-                f"old-{i}",
-                [{"type": "counted", "payload": {"n": 1}}] * 3,
-            )
-        later = [m.name for m in shipped if m.name >= "0009"]
-        assert await migrate(conn, shipped, buckets=16) == later
-        mismatched = await conn.fetchval(
-            "SELECT count(*) FROM projection_apply_outbox "
-            "WHERE bucket <> outbox_bucket(campaign_id)"
-        )
-        assert mismatched == 0
-    finally:
-        await conn.close()
-    seen: list[tuple[str, int]] = []
-    app = Outbox(Settings(dsn=fresh_db))
-
-    @app.projector("count", events=["counted"])
-    async def count(conn: db.Connection, event: StoredEvent) -> None:
-        seen.append((event.campaign_id, event.seq))
-
-    pool = await db.create_pool(fresh_db)
-    try:
-        totals = await Worker(app, pool).drain()
-        assert totals.applied == 60
-        assert sorted(seen) == sorted((f"old-{i}", s) for i in range(20) for s in (1, 2, 3))
-        assert await pool.fetchval("SELECT count(*) FROM projection_apply_outbox") == 0
-    finally:
-        await pool.close()
 
 
 async def test_the_ring_moves_over_due_buckets_and_follows_wakeups(

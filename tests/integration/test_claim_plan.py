@@ -30,8 +30,9 @@ from outbox.queue.claim import Q
 from outbox.queue.settle import refresh_campaigns
 
 JOURNAL = """
-INSERT INTO event_journal (bucket, campaign_id, seq, event_type, payload)
-SELECT outbox_bucket('c-' || (g % {campaigns})), 'c-' || (g % {campaigns}), g / {campaigns} + 1,
+INSERT INTO outbox.event_journal (bucket, campaign_id, seq, event_type, payload)
+SELECT outbox.outbox_bucket('c-' || (g % {campaigns})), 'c-' || (g % {campaigns}),
+       g / {campaigns} + 1,
        'tick', '{{}}'::jsonb
 FROM generate_series(0, {rows} - 1) g;
 """
@@ -39,44 +40,45 @@ FROM generate_series(0, {rows} - 1) g;
 LAYOUTS = {
     "dead_and_not_due": JOURNAL.format(campaigns=1000, rows=200_000)
     + """
-INSERT INTO projection_apply_outbox (bucket, campaign_id, seq, event_type, status,
+INSERT INTO outbox.projection_apply_outbox (bucket, campaign_id, seq, event_type, status,
                                      next_attempt_at)
 SELECT bucket, campaign_id, seq, event_type,
        CASE WHEN seq <= 100 THEN 'dead' ELSE 'failed' END,
        CASE WHEN seq <= 100 THEN clock_timestamp() - interval '1 day'
             ELSE clock_timestamp() + interval '1 day' END
-FROM event_journal;
+FROM outbox.event_journal;
 """,
     "blocked_heads": JOURNAL.format(campaigns=1000, rows=200_000)
     + """
-INSERT INTO projection_apply_outbox (bucket, campaign_id, seq, event_type, status,
+INSERT INTO outbox.projection_apply_outbox (bucket, campaign_id, seq, event_type, status,
                                      next_attempt_at)
 SELECT bucket, campaign_id, seq, event_type,
        CASE WHEN seq > 1 THEN 'pending' WHEN campaign_id < 'c-5' THEN 'dead' ELSE 'failed' END,
        CASE WHEN seq = 1 AND campaign_id >= 'c-5' THEN clock_timestamp() + interval '1 day'
             ELSE clock_timestamp() - interval '1 day' END
-FROM event_journal;
+FROM outbox.event_journal;
 """,
     "hot_campaigns": JOURNAL.format(campaigns=10, rows=100_000)
     + """
-INSERT INTO projection_apply_outbox (bucket, campaign_id, seq, event_type)
-SELECT bucket, campaign_id, seq, event_type FROM event_journal;
+INSERT INTO outbox.projection_apply_outbox (bucket, campaign_id, seq, event_type)
+SELECT bucket, campaign_id, seq, event_type FROM outbox.event_journal;
 """,
 }
 
 FRESH = """
-INSERT INTO event_journal (bucket, campaign_id, seq, event_type, payload)
-SELECT outbox_bucket('fresh-' || g), 'fresh-' || g, 1, 'tick', '{}'::jsonb
+INSERT INTO outbox.event_journal (bucket, campaign_id, seq, event_type, payload)
+SELECT outbox.outbox_bucket('fresh-' || g), 'fresh-' || g, 1, 'tick', '{}'::jsonb
 FROM generate_series(1, 5) g;
-INSERT INTO projection_apply_outbox (bucket, campaign_id, seq, event_type)
-SELECT bucket, campaign_id, seq, event_type FROM event_journal WHERE campaign_id LIKE 'fresh-%';
+INSERT INTO outbox.projection_apply_outbox (bucket, campaign_id, seq, event_type)
+SELECT bucket, campaign_id, seq, event_type FROM outbox.event_journal WHERE campaign_id LIKE
+    'fresh-%';
 """
 
 REFRESH = """
-SELECT count(*) FROM projection_apply_campaigns;
-ANALYZE projection_apply_outbox;
-ANALYZE projection_apply_campaigns;
-ANALYZE event_journal;
+SELECT count(*) FROM outbox.projection_apply_campaigns;
+ANALYZE outbox.projection_apply_outbox;
+ANALYZE outbox.projection_apply_campaigns;
+ANALYZE outbox.event_journal;
 """
 
 AUTO_EXPLAIN = """
@@ -142,7 +144,8 @@ async def _explained(
 async def _settle_campaigns(conn: db.Connection) -> None:
     """Campaign rows as a worker leaves them: heads found, blocked campaigns marked."""
     ids = [
-        r["campaign_id"] for r in await conn.fetch("SELECT DISTINCT campaign_id FROM event_journal")
+        r["campaign_id"]
+        for r in await conn.fetch("SELECT DISTINCT campaign_id FROM outbox.event_journal")
     ]
     await refresh_campaigns(conn, ids, park=False, removable=())
 
@@ -198,29 +201,30 @@ def _assert_no_backlog_scan(
 
 # A queue as a fresh deployment has it when its workers start: 40 campaigns, analyzed.
 SMALL = """
-INSERT INTO campaign_heads (bucket, campaign_id, last_seq)
-SELECT outbox_bucket('c-' || g), 'c-' || g, 1 FROM generate_series(1, 40) g;
-INSERT INTO event_journal (bucket, campaign_id, seq, event_type, payload)
-SELECT bucket, campaign_id, 1, 'tick', '{}' FROM campaign_heads;
-INSERT INTO projection_apply_outbox (bucket, campaign_id, seq, event_type)
-SELECT bucket, campaign_id, seq, event_type FROM event_journal;
-INSERT INTO projection_checkpoints (bucket, campaign_id, projector, applied_seq)
-SELECT bucket, campaign_id, 'p', 0 FROM campaign_heads;
+INSERT INTO outbox.campaign_heads (bucket, campaign_id, last_seq)
+SELECT outbox.outbox_bucket('c-' || g), 'c-' || g, 1 FROM generate_series(1, 40) g;
+INSERT INTO outbox.event_journal (bucket, campaign_id, seq, event_type, payload)
+SELECT bucket, campaign_id, 1, 'tick', '{}' FROM outbox.campaign_heads;
+INSERT INTO outbox.projection_apply_outbox (bucket, campaign_id, seq, event_type)
+SELECT bucket, campaign_id, seq, event_type FROM outbox.event_journal;
+INSERT INTO outbox.projection_checkpoints (bucket, campaign_id, projector, applied_seq)
+SELECT bucket, campaign_id, 'p', 0 FROM outbox.campaign_heads;
 ANALYZE;
 """
 # Then an outage: 100k campaigns whose rows wait for a retry, not analyzed yet (autovacuum is
 # off on these tables for the test, so no statistics refresh re-plans the cached statements).
 GROWN = """
-INSERT INTO campaign_heads (bucket, campaign_id, last_seq)
-SELECT outbox_bucket('old-' || g), 'old-' || g, 1 FROM generate_series(1, 100000) g;
-INSERT INTO event_journal (bucket, campaign_id, seq, event_type, payload)
-SELECT bucket, campaign_id, 1, 'tick', '{}' FROM campaign_heads WHERE campaign_id LIKE 'old-%';
-INSERT INTO projection_apply_outbox (bucket, campaign_id, seq, event_type, status,
+INSERT INTO outbox.campaign_heads (bucket, campaign_id, last_seq)
+SELECT outbox.outbox_bucket('old-' || g), 'old-' || g, 1 FROM generate_series(1, 100000) g;
+INSERT INTO outbox.event_journal (bucket, campaign_id, seq, event_type, payload)
+SELECT bucket, campaign_id, 1, 'tick', '{}' FROM outbox.campaign_heads WHERE campaign_id LIKE
+    'old-%';
+INSERT INTO outbox.projection_apply_outbox (bucket, campaign_id, seq, event_type, status,
                                      next_attempt_at)
 SELECT bucket, campaign_id, 1, 'tick', 'failed', clock_timestamp() + interval '1 day'
-FROM campaign_heads WHERE campaign_id LIKE 'old-%';
-INSERT INTO projection_checkpoints (bucket, campaign_id, projector, applied_seq)
-SELECT bucket, campaign_id, 'p', 0 FROM campaign_heads WHERE campaign_id LIKE 'old-%';
+FROM outbox.campaign_heads WHERE campaign_id LIKE 'old-%';
+INSERT INTO outbox.projection_checkpoints (bucket, campaign_id, projector, applied_seq)
+SELECT bucket, campaign_id, 'p', 0 FROM outbox.campaign_heads WHERE campaign_id LIKE 'old-%';
 """
 SETTLE = settle_queries.Q.settle_batch
 NO_AUTOVACUUM = [
@@ -253,7 +257,7 @@ async def test_plans_cached_while_small_stay_probes(pool: db.Pool) -> None:
     the work rows, the journal, the checkpoints or the heads (each scan would cost the whole
     backlog per batch until a statistics refresh re-planned it)."""
     for table in NO_AUTOVACUUM:
-        await pool.execute(f"ALTER TABLE {table} SET (autovacuum_enabled = false)")
+        await pool.execute(f"ALTER TABLE outbox.{table} SET (autovacuum_enabled = false)")
     await pool.execute(SMALL)
     await queue_campaigns(pool)
     bucket = bucket_of("c-1", DEFAULT_COUNT)  # a batch claims and settles in one bucket
@@ -282,15 +286,16 @@ async def test_plans_cached_while_small_stay_probes(pool: db.Pool) -> None:
 TROUBLE = (
     JOURNAL.format(campaigns=1000, rows=200_000)
     + """
-INSERT INTO projection_apply_outbox (bucket, campaign_id, seq, event_type, status, last_error)
+INSERT INTO outbox.projection_apply_outbox (bucket, campaign_id, seq, event_type, status,
+    last_error)
 SELECT bucket, campaign_id, seq, event_type,
        CASE WHEN seq = 1 AND campaign_id IN ('c-1', 'c-2', 'c-3', 'c-4', 'c-5') THEN 'dead'
             WHEN seq = 1 AND campaign_id IN ('c-6', 'c-7', 'c-8', 'c-9', 'c-10') THEN 'failed'
             WHEN campaign_id = 'c-11' AND seq BETWEEN 50 AND 200 THEN 'dead'
             ELSE 'pending' END,
        'boom'
-FROM event_journal;
-ANALYZE projection_apply_outbox;
+FROM outbox.event_journal;
+ANALYZE outbox.projection_apply_outbox;
 """
 )
 
@@ -308,7 +313,7 @@ async def test_operator_reads_never_visit_the_pending_backlog(pool: db.Pool) -> 
     # A read that walked the backlog would touch every page of the table; these touch the few
     # rows of interest (and, unvacuumed, their heap pages): a small fraction of it.
     pages = await pool.fetchval(
-        "SELECT relpages FROM pg_class WHERE oid = 'projection_apply_outbox'::regclass"
+        "SELECT relpages FROM pg_class WHERE oid = 'outbox.projection_apply_outbox'::regclass"
     )
     assert pages > 1000
     for mode in ("force_custom_plan", "force_generic_plan"):

@@ -33,14 +33,14 @@ async def seed(pool: db.Pool, settings: Settings) -> None:
     await append(pool, "c1", [Event("t", {})] * 3, settings=settings)
     await append(pool, "c2", [Event("t", {})] * 2, settings=settings)
     await pool.execute(
-        "UPDATE projection_apply_outbox SET status = 'dead', attempt_count = 8, "
+        "UPDATE outbox.projection_apply_outbox SET status = 'dead', attempt_count = 8, "
         "last_error = 'Boom' WHERE campaign_id = 'c2' AND seq = 1"
     )
     await pool.execute(
-        "UPDATE projection_apply_campaigns SET blocked = true WHERE campaign_id = 'c2'"
+        "UPDATE outbox.projection_apply_campaigns SET blocked = true WHERE campaign_id = 'c2'"
     )
     await pool.execute(
-        "INSERT INTO outbox_workers (worker_id, host, pid, mode, concurrency, counters) "
+        "INSERT INTO outbox.outbox_workers (worker_id, host, pid, mode, concurrency, counters) "
         "VALUES ($1, 'host', 1, 'apply', 2, '{}')",
         HOSTILE,
     )
@@ -117,7 +117,7 @@ async def test_a_failed_read_keeps_the_last_figures_and_says_why(
 ) -> None:
     await append(pool, "c1", [Event("t", {})], settings=settings)
     assert (await console.get("/api/overview")).json()["error"] is None
-    await pool.execute("ALTER TABLE outbox_workers RENAME TO outbox_workers_away")
+    await pool.execute("ALTER TABLE outbox.outbox_workers RENAME TO outbox_workers_away")
     try:
         poller = console._transport.app.state.poller  # type: ignore[attr-defined]
         poller.interval = 0
@@ -126,7 +126,7 @@ async def test_a_failed_read_keeps_the_last_figures_and_says_why(
         assert body["overview"]["counts"]["pending"] == 1  # the last figures
         assert "The last read failed" in (await console.get("/")).text
     finally:
-        await pool.execute("ALTER TABLE outbox_workers_away RENAME TO outbox_workers")
+        await pool.execute("ALTER TABLE outbox.outbox_workers_away RENAME TO outbox_workers")
 
 
 def test_maintenance_console_serves_under_its_base_path(dsn: str) -> None:

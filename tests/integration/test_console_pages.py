@@ -142,7 +142,7 @@ async def test_controls_are_refused_without_actions_auth_or_csrf(
         sent = {**form, **({"csrf": token} if token else {})}
         refused = await operator.post("/actions/requeue", data=sent)
         assert refused.status_code == 403
-    assert await pool.fetchval("SELECT count(*) FROM outbox_requeue_audit") == 0
+    assert await pool.fetchval("SELECT count(*) FROM outbox.outbox_requeue_audit") == 0
     # Another actor's token is not this actor's.
     other = create_app(pool, actions=True, auth=basic_auth("eve", "x"), app=app)
     async with client(other) as eve:
@@ -185,7 +185,8 @@ async def test_requeue_and_discard_one_row_audited_with_the_actor(
     assert discard.status_code == 200, discard.text
     assert "checkpoints moved: totals" in discard.text
     audit = [tuple(r) for r in await pool.fetch(
-        "SELECT action, campaign_id, actor, reason FROM outbox_requeue_audit ORDER BY audit_id"
+        "SELECT action, campaign_id, actor, reason FROM outbox.outbox_requeue_audit ORDER BY "
+        "audit_id"
     )]  # fmt: skip
     assert audit == [("requeue", "o-1", USER, "fix 12"), ("discard", "o-2", USER, "bad")]
     blank = await operator.post(
@@ -217,7 +218,9 @@ async def test_an_error_group_is_previewed_then_requeued(
     rows = [(r["campaign_id"], r["seq"]) for r in twin["data"]["result"]["rows"]]
     assert sorted(rows) == [(HOSTILE_ID, 1), ("o-1", 1), ("o-2", 1)]
     assert (
-        await pool.fetchval("SELECT count(*) FROM projection_apply_outbox WHERE status = 'dead'")
+        await pool.fetchval(
+            "SELECT count(*) FROM outbox.projection_apply_outbox WHERE status = 'dead'"
+        )
         == 3
     )
     done = await operator.post(
@@ -232,7 +235,9 @@ async def test_an_error_group_is_previewed_then_requeued(
     assert done.status_code == 200, done.text
     assert "requeued 3 row(s)" in done.text
     assert (
-        await pool.fetchval("SELECT count(*) FROM projection_apply_outbox WHERE status = 'dead'")
+        await pool.fetchval(
+            "SELECT count(*) FROM outbox.projection_apply_outbox WHERE status = 'dead'"
+        )
         == 0
     )
     bad = await operator.get("/failures/requeue", params={"fingerprint": "nope"})
@@ -262,7 +267,7 @@ async def test_a_projector_is_paused_and_resumed_from_its_page(
     lag = row["lag"]
     assert (lag["campaigns_behind"], lag["events_behind"]) == (3, 4)
     recorded = await pool.fetchval(
-        "SELECT extract(epoch FROM clock_timestamp() - recorded_at) FROM event_journal "
+        "SELECT extract(epoch FROM clock_timestamp() - recorded_at) FROM outbox.event_journal "
         "WHERE campaign_id = $1 AND seq = 1",
         HOSTILE_ID,
     )
@@ -274,7 +279,7 @@ async def test_a_projector_is_paused_and_resumed_from_its_page(
     assert unknown.status_code == 400
     resumed = await operator.post("/actions/resume", data={"projector": "totals", "csrf": token})
     assert "totals: resumed" in resumed.text
-    assert await pool.fetchval("SELECT count(*) FROM outbox_projector_pauses") == 0
+    assert await pool.fetchval("SELECT count(*) FROM outbox.outbox_projector_pauses") == 0
     history = (await operator.get("/api/projectors")).json()["data"]["history"]
     assert [(e["action"], e["actor"]) for e in history] == [("resume", USER), ("pause", USER)]
 
@@ -284,7 +289,7 @@ async def test_projector_outcomes_add_up_over_the_live_workers(
 ) -> None:
     for worker, applied in (("w1", 5), ("w2", 7)):
         await pool.execute(
-            "INSERT INTO outbox_workers (worker_id, host, pid, mode, concurrency, counters) "
+            "INSERT INTO outbox.outbox_workers (worker_id, host, pid, mode, concurrency, counters) "
             "VALUES ($1, 'h', 1, 'apply', 1, $2)",
             worker,
             {"applied": applied, "projectors": [

@@ -27,7 +27,9 @@ def claimed_total(scope: str, outcome: str) -> float:
 
 
 async def claims(pool: Pool) -> list[tuple[str, str, date]]:
-    rows = await pool.fetch("SELECT scope, event_id, bucket FROM consumer_claims ORDER BY 1, 2")
+    rows = await pool.fetch(
+        "SELECT scope, event_id, bucket FROM outbox.consumer_claims ORDER BY 1, 2"
+    )
     return [(r["scope"], r["event_id"], r["bucket"]) for r in rows]
 
 
@@ -119,7 +121,8 @@ async def test_own_transaction_claim_refuses_a_connection_inside_a_transaction(
 async def test_forensic_source_fields_are_stored(pool: Pool) -> None:
     await dedup.claim_now(pool, "s", "m", T, topic="orders", partition=7, offset=123_456_789_012)
     row = await pool.fetchrow(
-        "SELECT event_time, source_topic, source_partition, source_offset FROM consumer_claims"
+        "SELECT event_time, source_topic, source_partition, source_offset FROM "
+        "outbox.consumer_claims"
     )
     assert row is not None
     assert tuple(row) == (T, "orders", 7, 123_456_789_012)

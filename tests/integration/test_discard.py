@@ -56,10 +56,10 @@ async def test_a_discarded_row_lets_its_campaign_apply_and_keeps_its_event(
         ("c", 1),
         ("c", 3),
     ]
-    assert await pool.fetchval("SELECT count(*) FROM projection_apply_outbox") == 0
-    assert await pool.fetchval("SELECT count(*) FROM projection_apply_campaigns") == 0
-    assert await pool.fetchval("SELECT count(*) FROM event_journal WHERE seq = 2") == 1
-    assert await pool.fetchval("SELECT applied_seq FROM projection_checkpoints") == 3
+    assert await pool.fetchval("SELECT count(*) FROM outbox.projection_apply_outbox") == 0
+    assert await pool.fetchval("SELECT count(*) FROM outbox.projection_apply_campaigns") == 0
+    assert await pool.fetchval("SELECT count(*) FROM outbox.event_journal WHERE seq = 2") == 1
+    assert await pool.fetchval("SELECT applied_seq FROM outbox.projection_checkpoints") == 3
     async with pool.acquire() as conn:
         (entry,) = await list_audit(conn, "c", limit=10)
     assert (entry.action, entry.seq, entry.actor, entry.reason) == (
@@ -80,9 +80,9 @@ async def test_a_discard_is_refused_without_changing_anything(pool: db.Pool, dsn
     with pytest.raises(Conflict, match="is pending, not dead"):
         await discard_one(pool, app.registry, "c", 3, reason="r")
     # A checkpoint before the event's predecessor: the events before it are not applied.
-    await pool.execute("UPDATE projection_checkpoints SET applied_seq = 0")
+    await pool.execute("UPDATE outbox.projection_checkpoints SET applied_seq = 0")
     with pytest.raises(Conflict, match="projector 'applied' is at seq 0"):
         await discard_one(pool, app.registry, "c", 2, reason="r")
-    rows = await pool.fetch("SELECT seq, status FROM projection_apply_outbox ORDER BY seq")
+    rows = await pool.fetch("SELECT seq, status FROM outbox.projection_apply_outbox ORDER BY seq")
     assert [tuple(r) for r in rows] == [(2, "dead"), (3, "pending")]
-    assert await pool.fetchval("SELECT count(*) FROM outbox_requeue_audit") == 0
+    assert await pool.fetchval("SELECT count(*) FROM outbox.outbox_requeue_audit") == 0

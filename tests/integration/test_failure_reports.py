@@ -34,7 +34,7 @@ async def test_last_error_names_the_projector(pool: db.Pool, dsn: str) -> None:
     await app.append(pool, "acct", [Event("deposited", {}), Event("memo.added", {"memo_key": "x"})])
     counts = await Worker(app, pool).run_once()
     assert (counts.applied, counts.failed) == (1, 1)
-    error = await pool.fetchval("SELECT last_error FROM projection_apply_outbox")
+    error = await pool.fetchval("SELECT last_error FROM outbox.projection_apply_outbox")
     assert error == "projector 'alerts': KeyError: 'memo'"
 
 
@@ -46,8 +46,8 @@ async def test_the_dead_letter_logs_its_traceback_at_warning(
     worker = Worker(app, pool)
     with caplog.at_level(logging.DEBUG, logger="outbox"):
         await worker.run_once()  # attempt 1: debug
-        await pool.execute("UPDATE projection_apply_outbox SET next_attempt_at = now()")
-        await pool.execute("UPDATE projection_apply_campaigns SET due_at = now()")
+        await pool.execute("UPDATE outbox.projection_apply_outbox SET next_attempt_at = now()")
+        await pool.execute("UPDATE outbox.projection_apply_campaigns SET due_at = now()")
         await worker.run_once()  # attempt 2: dead, warning
     lines = [r for r in caplog.records if getattr(r, "event", "") in ("apply.failed", "apply.dead")]
     assert [(r.__dict__["event"], r.levelno) for r in lines] == [

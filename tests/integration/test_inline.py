@@ -19,7 +19,7 @@ async def rows(pool: db.Pool) -> list[tuple[str, int, str, int, str | None]]:
         (r["campaign_id"], r["seq"], r["status"], r["attempt_count"], r["last_error"])
         for r in await pool.fetch(
             "SELECT campaign_id, seq, status, attempt_count, last_error "
-            "FROM projection_apply_outbox ORDER BY 1, 2"
+            "FROM outbox.projection_apply_outbox ORDER BY 1, 2"
         )
     ]
 
@@ -47,7 +47,7 @@ async def test_inline_failure_commits_the_append_and_records_attempt_1(
     await install(pool)
     app = inline_app(settings)
     await app.append(pool, "c", [Event(c.DICE_ROLLED, {"value": 2}), Event(c.DICE_CURSED, {})])
-    assert await pool.fetchval("SELECT count(*) FROM event_journal") == 2
+    assert await pool.fetchval("SELECT count(*) FROM outbox.event_journal") == 2
     (first, cursed) = await rows(pool)
     assert first == ("c", 1, "pending", 0, None)  # rolled back with the savepoint
     assert cursed[:4] == ("c", 2, "failed", 1)
@@ -86,7 +86,7 @@ async def test_inline_and_worker_together_apply_each_event_once(
     await Worker(app, pool).drain()
     assert await rows(pool) == []
     rolls = await pool.fetchval(
-        "SELECT count(*) FROM event_journal WHERE event_type = $1", c.DICE_ROLLED
+        "SELECT count(*) FROM outbox.event_journal WHERE event_type = $1", c.DICE_ROLLED
     )
     assert await pool.fetchval("SELECT sum(rolls) FROM demo_dice_totals") == rolls
 

@@ -42,17 +42,19 @@ async def test_running_worker_applies_in_the_background_and_stops_cleanly(
             for r in results:
                 assert await outbox.wait_applied(pool, r.campaign_id, r.last_seq, timeout=30)
         registered = await pool.fetchval(
-            "SELECT stopped_at IS NULL FROM outbox_workers WHERE worker_id = $1", service.worker_id
+            "SELECT stopped_at IS NULL FROM outbox.outbox_workers WHERE worker_id = $1",
+            service.worker_id,
         )
         assert registered
     assert service.totals.applied == 15
     assert await pool.fetchval("SELECT sum(n) FROM tally") == 15
     assert await pool.fetchval(
-        "SELECT stopped_at IS NOT NULL FROM outbox_workers WHERE worker_id = $1", service.worker_id
+        "SELECT stopped_at IS NOT NULL FROM outbox.outbox_workers WHERE worker_id = $1",
+        service.worker_id,
     )
     # Its registry row keeps what it did, per projector too (the console's projectors page).
     counters = await pool.fetchval(
-        "SELECT counters FROM outbox_workers WHERE worker_id = $1", service.worker_id
+        "SELECT counters FROM outbox.outbox_workers WHERE worker_id = $1", service.worker_id
     )
     assert counters["applied"] == 15
     assert counters["projectors"] == [
@@ -92,11 +94,11 @@ async def test_a_drain_claims_past_campaigns_left_with_nothing_live(
     empty = [f"e-{i:02}" for i in range(30)]
     for campaign in empty:
         await app.append(pool, campaign, [Event("order.placed", {})])
-    await pool.execute("UPDATE projection_apply_outbox SET status = 'dead'")
+    await pool.execute("UPDATE outbox.projection_apply_outbox SET status = 'dead'")
     async with pool.acquire() as conn:  # due now, head 0
         await refresh_campaigns(conn, empty, park=False, removable=())
     await app.append(pool, "o-1", [Event("order.placed", {})] * 3)
     counts = await outbox.drain_now(app, pool)
     assert counts.applied == 3
     assert await pool.fetchval("SELECT n FROM tally WHERE campaign_id = 'o-1'") == 3
-    assert await pool.fetchval("SELECT count(*) FROM projection_apply_campaigns") == 0
+    assert await pool.fetchval("SELECT count(*) FROM outbox.projection_apply_campaigns") == 0

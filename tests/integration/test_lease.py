@@ -74,7 +74,7 @@ async def row(pool: db.Pool, campaign_id: str, seq: int) -> dict[str, Any] | Non
         "extract(epoch FROM lease_expires_at - leased_at) AS lease, "
         "lease_expires_at > clock_timestamp() AS live, "
         "next_attempt_at = lease_expires_at AS due_at_expiry "
-        "FROM projection_apply_outbox WHERE campaign_id = $1 AND seq = $2",
+        "FROM outbox.projection_apply_outbox WHERE campaign_id = $1 AND seq = $2",
         campaign_id,
         seq,
     )
@@ -84,7 +84,7 @@ async def row(pool: db.Pool, campaign_id: str, seq: int) -> dict[str, Any] | Non
 async def expired_lease(pool: db.Pool, *, epoch: int, attempts: int) -> None:
     """The one queued row, leased by a worker that died (`gone:1`) a minute past its expiry."""
     await pool.execute(
-        "UPDATE projection_apply_outbox SET status = 'processing', lease_owner = 'gone:1', "
+        "UPDATE outbox.projection_apply_outbox SET status = 'processing', lease_owner = 'gone:1', "
         "claim_epoch = $1, attempt_count = $2, "
         "leased_at = statement_timestamp() - interval '2 min', "
         "lease_expires_at = statement_timestamp() - interval '1 min', "
@@ -92,7 +92,9 @@ async def expired_lease(pool: db.Pool, *, epoch: int, attempts: int) -> None:
         epoch,
         attempts,
     )
-    await pool.execute("UPDATE projection_apply_campaigns SET due_at = statement_timestamp()")
+    await pool.execute(
+        "UPDATE outbox.projection_apply_campaigns SET due_at = statement_timestamp()"
+    )
 
 
 async def deliveries(pool: db.Pool) -> list[tuple[str, int]]:
@@ -157,7 +159,7 @@ async def test_a_lease_commits_processing_then_completes_outside_the_batch(
     assert await row(pool, "o-1", 2) is None
     assert await deliveries(pool) == [("o-1", 2)]
     assert await ledger(pool) == [("o-1", 1), ("o-1", 2)]
-    assert await pool.fetchval("SELECT count(*) FROM projection_apply_campaigns") == 0
+    assert await pool.fetchval("SELECT count(*) FROM outbox.projection_apply_campaigns") == 0
 
 
 async def _entered(gate: Gate) -> bool:
@@ -194,12 +196,12 @@ async def test_fencing_a_slow_worker_changes_nothing_after_a_reclaim(
         assert await row(pool, "o-2", 1) is None
         assert await ledger(pool) == [("o-2", 1)]
         # Now the slow worker finishes: its completion is fenced and changes nothing.
-        before = await pool.fetchval("SELECT count(*) FROM projection_checkpoints")
+        before = await pool.fetchval("SELECT count(*) FROM outbox.projection_checkpoints")
         slow_gate.opened.set()
     assert (slow_counts.applied, slow_counts.fenced) == (0, 1)
     assert await ledger(pool) == [("o-2", 1)]  # the transactional projector: once
     assert await deliveries(pool) == [("o-2", 1), ("o-2", 1)]  # at-least-once, both ran
-    assert await pool.fetchval("SELECT count(*) FROM projection_checkpoints") == before
+    assert await pool.fetchval("SELECT count(*) FROM outbox.projection_checkpoints") == before
     fenced = [r for r in caplog.records if r.getMessage() == "lease.fenced"]
     assert len(fenced) == 1
     assert fenced[0].__dict__["stage"] == "completion"
@@ -277,7 +279,7 @@ async def test_a_failing_projector_records_an_attempt_fenced_by_its_lease(
     assert (failed["status"], failed["attempt_count"]) == ("failed", 1)
     assert "503 from the webhook" in str(failed["last_error"])
     # The campaign is queued again for the retry.
-    assert await pool.fetchval("SELECT head_seq FROM projection_apply_campaigns") == 1
+    assert await pool.fetchval("SELECT head_seq FROM outbox.projection_apply_campaigns") == 1
 
 
 async def test_the_heartbeat_keeps_a_long_projector_alive(
@@ -288,12 +290,12 @@ async def test_the_heartbeat_keeps_a_long_projector_alive(
     await app.append(pool, "o-6", [Event("order.placed", {})])
     worker = Worker(app, pool)
     async with batch_held_at(gate, worker) as counts:
-        first = await pool.fetchval("SELECT lease_expires_at FROM projection_apply_outbox")
+        first = await pool.fetchval("SELECT lease_expires_at FROM outbox.projection_apply_outbox")
 
         async def held_past_its_first_expiry() -> bool:
             held: bool = await pool.fetchval(
                 "SELECT clock_timestamp() > $1 AND lease_expires_at > clock_timestamp() "
-                "FROM projection_apply_outbox",
+                "FROM outbox.projection_apply_outbox",
                 first,
             )
             return held
@@ -320,7 +322,8 @@ async def test_the_heartbeat_survives_a_projector_that_blocks_the_event_loop(
             await anyio.lowlevel.checkpoint()
             alive.append(
                 await pool_.fetchval(
-                    "SELECT lease_expires_at > clock_timestamp() FROM projection_apply_outbox"
+                    "SELECT lease_expires_at > clock_timestamp() FROM "
+                    "outbox.projection_apply_outbox"
                 )
             )
 

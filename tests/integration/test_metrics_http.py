@@ -110,7 +110,9 @@ async def test_a_scrape_during_a_run_shows_the_per_projector_series_moving(
 async def test_the_gauges_carry_values(pool: db.Pool, dsn: str) -> None:
     app = ledger_app(dsn)
     await app.append(pool, "waiting", [Event("deposited", {})])
-    await pool.execute("UPDATE projection_apply_outbox SET enqueued_at = now() - interval '90 s'")
+    await pool.execute(
+        "UPDATE outbox.projection_apply_outbox SET enqueued_at = now() - interval '90 s'"
+    )
     metrics = Metrics()
     await refresh_gauges(metrics, pool, park=False)
     sample = metrics.registry.get_sample_value

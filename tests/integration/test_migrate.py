@@ -1,4 +1,5 @@
-"""Migrations: ordered, idempotent, checksummed, locked; the schema they create."""
+"""Migrations and definitions: ordered, idempotent, checksummed, locked; the schema they
+create; a changed definitions file applied again, never an older one over a newer."""
 
 from __future__ import annotations
 
@@ -10,10 +11,16 @@ import anyio
 import asyncpg
 import pytest
 
-import outbox
 from helpers import ROOT
-from outbox import Event, MigrationError, SchemaNotReady, db
-from outbox.schema import check_current, load_migrations, migrate, status
+from outbox import MigrationError, SchemaNotReady, db
+from outbox.schema import (
+    check_current,
+    definition_status,
+    load_definitions,
+    load_migrations,
+    migrate,
+    status,
+)
 
 SQL_DIR = ROOT / "sql"
 TABLES = {
@@ -32,7 +39,7 @@ SCHEMA_SNAPSHOT = """
 SELECT c.relname, c.relkind, c.reloptions::text, a.attname, a.atttypid::regtype::text
 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 LEFT JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0
-WHERE n.nspname = 'public' ORDER BY 1, 4
+WHERE n.nspname = 'outbox' ORDER BY 1, 4
 """
 
 
@@ -58,8 +65,12 @@ async def test_migrate_creates_every_table_and_second_run_changes_nothing(fresh_
         with pytest.raises(SchemaNotReady, match="maintenance migrate"):
             await check_current(conn)
         applied = await migrate(conn)
-        assert applied == [m.name for m in load_migrations()]
-        tables = {r["tablename"] for r in await conn.fetch("SELECT tablename FROM pg_tables")}
+        shipped = [m.name for m in load_migrations()] + [d.name for d in load_definitions()]
+        assert applied == shipped
+        tables = {
+            r["tablename"]
+            for r in await conn.fetch("SELECT tablename FROM pg_tables WHERE schemaname = 'outbox'")
+        }
         assert tables >= TABLES
         before = await conn.fetch(SCHEMA_SNAPSHOT)
         assert await migrate(conn) == []
@@ -84,7 +95,8 @@ async def test_concurrent_migrators_apply_each_file_once(fresh_db: str) -> None:
     async with anyio.create_task_group() as tg:
         for _ in range(4):
             tg.start_soon(run)
-    assert sorted(len(r) for r in results) == [0, 0, 0, len(load_migrations())]
+    shipped = len(load_migrations()) + len(load_definitions())
+    assert sorted(len(r) for r in results) == [0, 0, 0, shipped]
 
 
 async def test_edited_applied_file_is_refused(fresh_db: str, sql_copy: Path) -> None:
@@ -112,7 +124,7 @@ async def test_pending_file_is_listed_then_applied(fresh_db: str, sql_copy: Path
         states = {s.name: s.state for s in await status(conn, with_extra)}
         assert states["9000_extra.sql"] == "pending"
         assert await migrate(conn, with_extra) == ["9000_extra.sql"]
-        assert await conn.fetchval("SELECT to_regclass('extra_thing') IS NOT NULL")
+        assert await conn.fetchval("SELECT to_regclass('outbox.extra_thing') IS NOT NULL")
     finally:
         await conn.close()
 
@@ -124,7 +136,7 @@ async def test_failed_migration_file_leaves_nothing_behind(fresh_db: str, sql_co
         (sql_copy / "9001_broken.sql").write_text("CREATE TABLE half (x int);\nSELECT 1/0;\n")
         with pytest.raises(asyncpg.DivisionByZeroError):
             await migrate(conn, load_migrations(sql_copy))
-        assert not await conn.fetchval("SELECT to_regclass('half') IS NOT NULL")
+        assert not await conn.fetchval("SELECT to_regclass('outbox.half') IS NOT NULL")
         states = {s.name: s.state for s in await status(conn, load_migrations(sql_copy))}
         assert states["9001_broken.sql"] == "pending"
         # The advisory lock was released: another migrator is not blocked.
@@ -162,64 +174,97 @@ def test_file_names_and_versions_are_checked(tmp_path: Path) -> None:
 
 async def test_outbox_table_shape(pool: db.Pool) -> None:
     options = await pool.fetchval(
-        "SELECT reloptions FROM pg_class WHERE relname = 'projection_apply_outbox'"
+        "SELECT reloptions FROM pg_class WHERE oid = 'outbox.projection_apply_outbox'::regclass"
     )
     assert "autovacuum_vacuum_scale_factor=0.01" in options
     assert "autovacuum_vacuum_threshold=1000" in options
     assert "autovacuum_vacuum_cost_delay=0" in options
     predicate = await pool.fetchval(
         "SELECT pg_get_expr(indpred, indrelid) FROM pg_index "
-        "WHERE indexrelid = 'projection_apply_outbox_claim_idx'::regclass"
+        "WHERE indexrelid = 'outbox.projection_apply_outbox_claim_idx'::regclass"
     )
     assert "pending" in predicate
     assert "failed" in predicate
     assert "dead" not in predicate
     await pool.execute(
-        "INSERT INTO event_journal (bucket, campaign_id, seq, event_type, payload) "
-        "VALUES (outbox_bucket('c'), 'c', 1, 't', '{}')"
+        "INSERT INTO outbox.event_journal (bucket, campaign_id, seq, event_type, payload) "
+        "VALUES (outbox.outbox_bucket('c'), 'c', 1, 't', '{}')"
     )
     with pytest.raises(asyncpg.CheckViolationError):
         await pool.execute(
-            "INSERT INTO projection_apply_outbox (bucket, campaign_id, seq, event_type, status) "
-            "VALUES (outbox_bucket('c'), 'c', 1, 't', 'done')"
+            "INSERT INTO outbox.projection_apply_outbox (bucket, campaign_id, seq, "
+            "event_type, status) "
+            "VALUES (outbox.outbox_bucket('c'), 'c', 1, 't', 'done')"
         )
     with pytest.raises(asyncpg.ForeignKeyViolationError):
         await pool.execute(
-            "INSERT INTO projection_apply_outbox (bucket, campaign_id, seq, event_type) "
-            "VALUES (outbox_bucket('c'), 'c', 2, 't')"
+            "INSERT INTO outbox.projection_apply_outbox (bucket, campaign_id, seq, event_type) "
+            "VALUES (outbox.outbox_bucket('c'), 'c', 2, 't')"
         )
 
 
-async def test_keys_from_before_the_append_function_still_match_their_retry(
-    fresh_db: str,
+def _definitions_copy(tmp_path: Path) -> Path:
+    """The shipped definitions files, copied where a test may edit them."""
+    root = ROOT / "outbox"
+    for d in load_definitions():
+        target = tmp_path / "fn" / d.name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text((root / d.name).read_text())
+    return tmp_path / "fn"
+
+
+async def test_a_changed_definitions_file_is_applied_by_the_next_migrate(
+    fresh_db: str, tmp_path: Path
 ) -> None:
-    """0006 moves the events' fingerprint into the database; keys the Python client wrote
-    under 0004..0005 (its own sha256 of the events) are recomputed from the journal, so a
-    retry of such an append after the upgrade is still a duplicate, not a conflict."""
-    shipped = load_migrations()
-    before = [m for m in shipped if m.name < "0006"]
+    copy = _definitions_copy(tmp_path)
     conn = await db.connect(fresh_db)
     try:
-        await migrate(conn, before)
-        # What the old client left behind: one keyed append of one event, its fingerprint
-        # computed by a different encoding than the database's.
-        await conn.execute(
-            "INSERT INTO campaign_heads (campaign_id, last_seq) VALUES ('acct', 1);"
-            "INSERT INTO event_journal (campaign_id, seq, event_type, payload, metadata) VALUES "
-            "('acct', 1, 'deposited', '{\"amount\": 5}', '{\"idempotency_key\": \"req-1\"}');"
-            "INSERT INTO append_idempotency_keys "
-            "(campaign_id, idem_key, first_seq, last_seq, expires_at, fingerprint) VALUES "
-            "('acct', 'req-1', 1, 1, clock_timestamp() + interval '1 hour', "
-            "sha256('the old client''s encoding'))"
-        )
-        assert (await migrate(conn, shipped))[0] == "0006_append_function.sql"
-        again = await outbox.append(
-            conn, "acct", [Event("deposited", {"amount": 5})], idempotency_key="req-1"
-        )
-        assert (again.first_seq, again.last_seq, again.duplicate) == (1, 1, True)
-        with pytest.raises(outbox.IdempotencyKeyConflict):
-            await outbox.append(
-                conn, "acct", [Event("deposited", {"amount": 6})], idempotency_key="req-1"
+        await migrate(conn, definitions=load_definitions(copy))
+        now = "SELECT outbox.outbox_now(NULL) = statement_timestamp()"
+        assert await conn.fetchval(now)
+        clock = copy / "queue" / "settle_fn.sql"
+        clock.write_text(
+            clock.read_text().replace(
+                "RETURN coalesce(p_at, statement_timestamp());",
+                "RETURN coalesce(p_at, statement_timestamp()) + interval '1 hour';",
             )
+        )
+        changed = load_definitions(copy)
+        states = {d.name: d.state for d in await definition_status(conn, changed)}
+        assert states["queue/settle_fn.sql"] == "pending"
+        assert {s for n, s in states.items() if n != "queue/settle_fn.sql"} == {"applied"}
+        assert await migrate(conn, definitions=changed) == ["queue/settle_fn.sql"]
+        assert not await conn.fetchval(now)
+        assert await migrate(conn, definitions=changed) == []
+    finally:
+        await conn.close()
+
+
+async def test_a_definition_a_newer_release_applied_is_never_put_back(
+    fresh_db: str, tmp_path: Path
+) -> None:
+    """During a rolling deploy the newer release migrates first: the older release's workers
+    find the schema current, and its migrate leaves the newer functions as they are."""
+    copy = _definitions_copy(tmp_path)
+    conn = await db.connect(fresh_db)
+    try:
+        await migrate(conn)
+        await conn.execute(
+            "UPDATE outbox.outbox_schema_definitions SET checksum = 'newer', version = '99.0.0' "
+            "WHERE name = 'queue/claim_fn.sql'"
+        )
+        await check_current(conn)
+        assert await migrate(conn, definitions=load_definitions(copy)) == []
+        states = {d.name: d.state for d in await definition_status(conn)}
+        assert states["queue/claim_fn.sql"] == "newer"
+        # The same text applied by this release, or an older one: out of date until migrated.
+        await conn.execute(
+            "UPDATE outbox.outbox_schema_definitions SET version = '0.0.1' "
+            "WHERE name = 'queue/claim_fn.sql'"
+        )
+        with pytest.raises(SchemaNotReady, match=r"queue/claim_fn\.sql.*maintenance migrate"):
+            await check_current(conn)
+        assert await migrate(conn) == ["queue/claim_fn.sql"]
+        await check_current(conn)
     finally:
         await conn.close()

@@ -89,7 +89,7 @@ async def test_shadow_passes_never_consume_attempts_nor_kill(
         pool, "c", [Event(c.DICE_CURSED, {}), Event(c.DICE_ROLLED, {"value": 1})], settings=settings
     )
     await pool.execute(
-        "UPDATE projection_apply_outbox SET status = 'failed', attempt_count = 7, "
+        "UPDATE outbox.projection_apply_outbox SET status = 'failed', attempt_count = 7, "
         "last_error = 'earlier' WHERE seq = 1"
     )
     clock = [datetime.now(UTC)]
@@ -100,7 +100,7 @@ async def test_shadow_passes_never_consume_attempts_nor_kill(
         clock[0] += timedelta(hours=1)
     rows = await pool.fetch(
         "SELECT seq, status, attempt_count, last_error, seen_count, "
-        "first_seen_at < last_seen_at AS spread FROM projection_apply_outbox "
+        "first_seen_at < last_seen_at AS spread FROM outbox.projection_apply_outbox "
         "ORDER BY seq"
     )
     assert [(r["seq"], r["status"], r["attempt_count"], r["last_error"]) for r in rows] == [
@@ -129,7 +129,7 @@ async def test_shadow_completes_rows_already_applied(pool: db.Pool, settings: Se
     counts = await ShadowWorker(app, pool).run_once()
     assert (counts.skipped, counts.observed) == (2, 2)
     assert await pool.fetchval(
-        "SELECT array_agg(seq ORDER BY seq) FROM projection_apply_outbox"
+        "SELECT array_agg(seq ORDER BY seq) FROM outbox.projection_apply_outbox"
     ) == [3, 4]
 
 
@@ -141,7 +141,7 @@ async def test_shadow_then_apply_applies_each_event_exactly_once(
     app = build_app(Outbox(settings.replace(inline_apply=True)))
     for v in range(1, 21):  # inline for the first half, queued for the rest
         await app.append(pool, "c", [Event(c.DICE_ROLLED, {"value": v})], apply_inline=v <= 10)
-    assert await pool.fetchval("SELECT min(seq) FROM projection_apply_outbox") == 11
+    assert await pool.fetchval("SELECT min(seq) FROM outbox.projection_apply_outbox") == 11
     far = datetime.now(UTC) + timedelta(days=1)
     shadow = ShadowWorker(app, pool, now=lambda: far)
     for _ in range(3):

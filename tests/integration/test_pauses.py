@@ -58,7 +58,8 @@ async def tallies(pool: db.Pool) -> dict[tuple[str, str], int]:
 
 async def outstanding(pool: db.Pool) -> list[tuple[str, int, str, int]]:
     rows = await pool.fetch(
-        "SELECT campaign_id, seq, status, attempt_count FROM projection_apply_outbox ORDER BY 1, 2"
+        "SELECT campaign_id, seq, status, attempt_count FROM outbox.projection_apply_outbox "
+        "ORDER BY 1, 2"
     )
     return [tuple(r) for r in rows]
 
@@ -84,12 +85,15 @@ async def test_a_paused_projector_holds_its_campaigns_and_a_resume_releases_them
     assert await outstanding(pool) == [(c, 2, "pending", 0), (c, 3, "pending", 0)]
     assert await tallies(pool) == {(c, "placed"): 1, (d, "placed"): 2}
     assert await pool.fetchval(
-        "SELECT due_at > clock_timestamp() FROM projection_apply_campaigns WHERE campaign_id = $1",
+        "SELECT due_at > clock_timestamp() FROM outbox.projection_apply_campaigns WHERE "
+        "campaign_id = $1",
         c,
     )
     assert (await worker.run_once()).claimed == 0  # deferred: not claimed again before its time
     # A poll interval passes: still paused, it is deferred again, still no attempt.
-    await pool.execute("UPDATE projection_apply_campaigns SET due_at = statement_timestamp()")
+    await pool.execute(
+        "UPDATE outbox.projection_apply_campaigns SET due_at = statement_timestamp()"
+    )
     assert (await worker.run_once()).paused == 1
     assert await outstanding(pool) == [(c, 2, "pending", 0), (c, 3, "pending", 0)]
     resumed = await resume_projector(pool, "mailer")
@@ -101,7 +105,9 @@ async def test_a_paused_projector_holds_its_campaigns_and_a_resume_releases_them
         ("resume", None),
         ("pause", "smtp down"),
     ]
-    await pool.execute("UPDATE projection_apply_campaigns SET due_at = statement_timestamp()")
+    await pool.execute(
+        "UPDATE outbox.projection_apply_campaigns SET due_at = statement_timestamp()"
+    )
     assert (await worker.run_once()).applied == 2
     assert await outstanding(pool) == []
     assert await tallies(pool) == {(c, "placed"): 2, (c, "shipped"): 1, (d, "placed"): 2}
@@ -115,7 +121,7 @@ async def test_under_ordering_none_only_the_paused_rows_wait(pool: db.Pool, dsn:
     assert (counts.applied, counts.paused) == (2, 1)
     assert await outstanding(pool) == [("c", 2, "pending", 0)]
     assert await pool.fetchval(
-        "SELECT next_attempt_at > clock_timestamp() FROM projection_apply_outbox"
+        "SELECT next_attempt_at > clock_timestamp() FROM outbox.projection_apply_outbox"
     )
 
 
@@ -185,5 +191,7 @@ async def test_a_paused_lease_mode_projector_leases_nothing(pool: db.Pool, dsn: 
     assert (counts.leased, counts.paused) == (0, 1)
     assert await outstanding(pool) == [("c", 1, "pending", 0)]
     await resume_projector(pool, "notify")
-    await pool.execute("UPDATE projection_apply_campaigns SET due_at = statement_timestamp()")
+    await pool.execute(
+        "UPDATE outbox.projection_apply_campaigns SET due_at = statement_timestamp()"
+    )
     assert (await Worker(app, pool).run_once()).leased == 1

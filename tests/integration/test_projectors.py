@@ -49,8 +49,8 @@ async def test_ordered_projector_applies_in_sequence_and_skips_duplicates(pool: 
                 await apply_event(conn, app.registry, stored(seq))
     assert [s for name, s in calls if name == "ordered"] == [1, 2, 3]
     assert [s for name, s in calls if name == "additive"] == [1, 2, 3]
-    assert await pool.fetchval("SELECT applied_seq FROM projection_checkpoints") == 3
-    assert await pool.fetchval("SELECT count(*) FROM processed_markers") == 3
+    assert await pool.fetchval("SELECT applied_seq FROM outbox.projection_checkpoints") == 3
+    assert await pool.fetchval("SELECT count(*) FROM outbox.processed_markers") == 3
 
 
 async def test_redelivery_of_a_fully_applied_event_is_a_duplicate(pool: db.Pool) -> None:
@@ -73,8 +73,10 @@ async def test_gap_is_detected_for_an_ordered_projector(pool: db.Pool) -> None:
             async with conn.transaction():
                 await apply_event(conn, app.registry, stored(4, campaign="other"))
     # The additive projector ran before the gap was found; its marker rolled back with the rest.
-    assert await pool.fetchval("SELECT array_agg(seq) FROM processed_markers") == [1]
-    assert await pool.fetchval("SELECT array_agg(applied_seq) FROM projection_checkpoints") == [1]
+    assert await pool.fetchval("SELECT array_agg(seq) FROM outbox.processed_markers") == [1]
+    assert await pool.fetchval(
+        "SELECT array_agg(applied_seq) FROM outbox.projection_checkpoints"
+    ) == [1]
 
 
 async def test_a_failing_projector_rolls_back_its_guards(pool: db.Pool) -> None:
@@ -94,8 +96,8 @@ async def test_a_failing_projector_rolls_back_its_guards(pool: db.Pool) -> None:
             async with conn.transaction():
                 await apply_event(conn, app.registry, stored(1))
     assert await pool.fetchval("SELECT to_regclass('side') IS NULL")
-    assert await pool.fetchval("SELECT count(*) FROM projection_checkpoints") == 0
-    assert await pool.fetchval("SELECT count(*) FROM processed_markers") == 0
+    assert await pool.fetchval("SELECT count(*) FROM outbox.projection_checkpoints") == 0
+    assert await pool.fetchval("SELECT count(*) FROM outbox.processed_markers") == 0
 
 
 async def test_unknown_type_fails_and_ignored_type_completes(pool: db.Pool) -> None:
@@ -160,7 +162,7 @@ async def test_ordered_projector_of_a_subset_of_types_sees_no_gap(pool: db.Pool)
             ApplyOutcome.DUPLICATE
         )
     assert seen == [2, 5]
-    rows = await pool.fetch("SELECT projector, applied_seq FROM projection_checkpoints")
+    rows = await pool.fetch("SELECT projector, applied_seq FROM outbox.projection_checkpoints")
     assert {r["projector"]: r["applied_seq"] for r in rows} == {"only_u": 5, "only_t": 5}
 
 

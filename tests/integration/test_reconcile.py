@@ -36,11 +36,11 @@ async def append_without_enqueue(pool: db.Pool, dsn: str, campaigns: int = 3) ->
 
 async def oracle_holds(pool: db.Pool) -> bool:
     rolls = await pool.fetchval(
-        "SELECT count(*) FROM event_journal WHERE event_type = $1", c.DICE_ROLLED
+        "SELECT count(*) FROM outbox.event_journal WHERE event_type = $1", c.DICE_ROLLED
     )
     projected = await pool.fetchval("SELECT coalesce(sum(rolls), 0) FROM demo_dice_totals")
     counts = await pool.fetch(
-        "SELECT campaign_id, event_type, count(*) AS n FROM event_journal GROUP BY 1, 2 "
+        "SELECT campaign_id, event_type, count(*) AS n FROM outbox.event_journal GROUP BY 1, 2 "
         "EXCEPT SELECT campaign_id, event_type, events FROM demo_event_counts"
     )
     return bool(rolls == projected and not counts)
@@ -51,7 +51,7 @@ async def test_reconcile_after_enqueue_off_applies_each_event_exactly_once(
 ) -> None:
     await install(pool)
     await append_without_enqueue(pool, dsn)
-    journal = await pool.fetchval("SELECT count(*) FROM event_journal")
+    journal = await pool.fetchval("SELECT count(*) FROM outbox.event_journal")
     assert await queue_count(pool) == 0
     dry = reconcile_cli(dsn, "--dry-run")
     assert (dry["mode"], dry["dry_run"], dry["enqueued"], len(dry["rows"])) == (
@@ -78,7 +78,7 @@ async def test_reconcile_skips_what_projectors_already_applied(
     await append_without_enqueue(pool, dsn, campaigns=1)
     app = build_app(Outbox(settings))
     events = await pool.fetch(
-        "SELECT seq, event_type, payload FROM event_journal WHERE campaign_id = 'off-0' "
+        "SELECT seq, event_type, payload FROM outbox.event_journal WHERE campaign_id = 'off-0' "
         "ORDER BY seq LIMIT 25"
     )
     async with pool.acquire() as conn:  # applied already (say, inline) but never enqueued
@@ -103,7 +103,7 @@ async def test_reconcile_restores_rows_deleted_by_hand_with_filters_and_limit(
     await install(pool)
     for campaign in ("a", "b"):
         await append(pool, campaign, [Event(c.DICE_ROLLED, {"value": 2})] * 3, settings=settings)
-    await pool.execute("DELETE FROM projection_apply_outbox")
+    await pool.execute("DELETE FROM outbox.projection_apply_outbox")
     assert reconcile_cli(dsn, "--campaign-id", "x' OR '1'='1")["rows"] == []
     one = reconcile_cli(dsn, "--campaign-id", "b", "--limit", "2")
     assert [(r["campaign_id"], r["seq"]) for r in one["rows"]] == [("b", 1), ("b", 2)]

@@ -89,8 +89,8 @@ async def test_replay_of_an_already_applied_event_is_skipped(
     await Worker(build_app(Outbox(settings)), pool).drain()
     # The row comes back (say, restored by hand) although the projection already has it.
     await pool.execute(
-        "INSERT INTO projection_apply_outbox (bucket, campaign_id, seq, event_type) "
-        "VALUES (outbox_bucket('a'), 'a', 1, $1)",
+        "INSERT INTO outbox.projection_apply_outbox (bucket, campaign_id, seq, event_type) "
+        "VALUES (outbox.outbox_bucket('a'), 'a', 1, $1)",
         c.DICE_ROLLED,
     )
     await queue_campaigns(pool)
@@ -176,13 +176,13 @@ async def test_rebuild_beside_running_workers_applies_nothing_twice(
 
     assert await queue_count(pool) == 0
     rolls = await pool.fetchval(
-        "SELECT count(*) FROM event_journal WHERE event_type = $1", c.DICE_ROLLED
+        "SELECT count(*) FROM outbox.event_journal WHERE event_type = $1", c.DICE_ROLLED
     )
     assert await pool.fetchval("SELECT sum(rolls) FROM demo_dice_totals") == rolls
     counts = {
         (r["campaign_id"], r["event_type"]): r["n"]
         for r in await pool.fetch(
-            "SELECT campaign_id, event_type, count(*) AS n FROM event_journal "
+            "SELECT campaign_id, event_type, count(*) AS n FROM outbox.event_journal "
             "WHERE event_type <> $1 GROUP BY 1, 2",
             c.DICE_CURSED,
         )

@@ -79,7 +79,8 @@ async def applied(pool: db.Pool) -> list[tuple[str, int]]:
 
 async def queue_rows(pool: db.Pool) -> dict[tuple[str, int], tuple[str, int, str | None]]:
     rows = await pool.fetch(
-        "SELECT campaign_id, seq, status, attempt_count, last_error FROM projection_apply_outbox"
+        "SELECT campaign_id, seq, status, attempt_count, last_error FROM "
+        "outbox.projection_apply_outbox"
     )
     return {
         (r["campaign_id"], r["seq"]): (r["status"], r["attempt_count"], r["last_error"])
@@ -256,7 +257,7 @@ async def test_sessions_that_turn_read_only_are_replaced_until_one_can_write(
 
 
 async def _queue_empty(pool: db.Pool) -> bool:
-    return bool(await pool.fetchval("SELECT count(*) = 0 FROM projection_apply_outbox"))
+    return bool(await pool.fetchval("SELECT count(*) = 0 FROM outbox.projection_apply_outbox"))
 
 
 async def _listening(pool: db.Pool, killed: Collection[int] = ()) -> bool:
@@ -425,11 +426,11 @@ async def test_session_timeouts_default_explicit_and_the_servers_own_values(
 # --- item 4: poison rows --------------------------------------------------------------------
 
 POISON = """
-INSERT INTO event_journal (bucket, campaign_id, seq, event_type, payload)
-VALUES (outbox_bucket('poison'), 'poison', 1, 'tick', '{"v": 1e400}'::jsonb),
-       (outbox_bucket('poison'), 'poison', 2, 'tick', '{}'::jsonb);
-INSERT INTO projection_apply_outbox (bucket, campaign_id, seq, event_type)
-SELECT bucket, campaign_id, seq, event_type FROM event_journal WHERE campaign_id = 'poison';
+INSERT INTO outbox.event_journal (bucket, campaign_id, seq, event_type, payload)
+VALUES (outbox.outbox_bucket('poison'), 'poison', 1, 'tick', '{"v": 1e400}'::jsonb),
+       (outbox.outbox_bucket('poison'), 'poison', 2, 'tick', '{}'::jsonb);
+INSERT INTO outbox.projection_apply_outbox (bucket, campaign_id, seq, event_type)
+SELECT bucket, campaign_id, seq, event_type FROM outbox.event_journal WHERE campaign_id = 'poison';
 """
 
 
@@ -521,7 +522,7 @@ async def test_an_append_on_a_dead_connection_is_outcome_unknown_and_a_keyed_ret
             continue
         outcomes.append("duplicate" if result.duplicate else "appended")
     assert outcomes.count("appended") == 1
-    assert await pool.fetchval("SELECT count(*) FROM event_journal") == 1
+    assert await pool.fetchval("SELECT count(*) FROM outbox.event_journal") == 1
 
 
 async def _gone(pool: db.Pool, pid: int) -> bool:

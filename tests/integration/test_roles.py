@@ -91,7 +91,7 @@ async def test_each_role_does_its_job_and_no_more(
     )
     assert drained.returncode == 0, drained.stderr
     assert "applied=1" in drained.stdout
-    await pool.execute("UPDATE projection_apply_outbox SET status = 'dead'")
+    await pool.execute("UPDATE outbox.projection_apply_outbox SET status = 'dead'")
     # The report role reads but cannot requeue.
     report = run_cli("maintenance", "outbox-report", "--json", dsn=roles["outbox_report"])
     assert report.returncode == 0, report.stderr
@@ -120,7 +120,7 @@ async def test_each_role_does_its_job_and_no_more(
     )
     assert requeued.returncode == 0, requeued.stderr
     # ... and discards a dead row, moving the ordered checkpoints past it.
-    await pool.execute("UPDATE projection_apply_outbox SET status = 'dead'")
+    await pool.execute("UPDATE outbox.projection_apply_outbox SET status = 'dead'")
     discarded = run_cli(
         "maintenance",
         "outbox-discard",
@@ -135,21 +135,21 @@ async def test_each_role_does_its_job_and_no_more(
         dsn=roles["outbox_operator"],
     )
     assert discarded.returncode == 0, discarded.stderr
-    assert await pool.fetchval("SELECT count(*) FROM projection_apply_outbox") == 0
-    assert await pool.fetchval("SELECT min(applied_seq) FROM projection_checkpoints") == 2
+    assert await pool.fetchval("SELECT count(*) FROM outbox.projection_apply_outbox") == 0
+    assert await pool.fetchval("SELECT min(applied_seq) FROM outbox.projection_checkpoints") == 2
     assert run_cli("maintenance", "cleanup", dsn=roles["outbox_operator"]).returncode == 0
     operator = await asyncpg.connect(roles["outbox_operator"])
     try:
         for forbidden in (
-            "UPDATE outbox_requeue_audit SET reason = 'rewritten'",
-            "DELETE FROM outbox_requeue_audit",
-            "DELETE FROM event_journal",
+            "UPDATE outbox.outbox_requeue_audit SET reason = 'rewritten'",
+            "DELETE FROM outbox.outbox_requeue_audit",
+            "DELETE FROM outbox.event_journal",
         ):
             with pytest.raises(asyncpg.InsufficientPrivilegeError):
                 await operator.execute(forbidden)
     finally:
         await operator.close()
-    reasons = await pool.fetch("SELECT action, reason FROM outbox_requeue_audit ORDER BY at")
+    reasons = await pool.fetch("SELECT action, reason FROM outbox.outbox_requeue_audit ORDER BY at")
     assert [tuple(r) for r in reasons] == [("requeue", "test"), ("discard", "cursed for good")]
 
 
@@ -198,6 +198,6 @@ async def test_the_consumer_role_claims_and_releases_and_no_more(
         assert not await dedup.claim_now(consumer, "billing", "m-1", at)
         assert await dedup.release(consumer, "billing", "m-1", at)
         with pytest.raises(asyncpg.InsufficientPrivilegeError):
-            await consumer.execute("DELETE FROM event_journal")
+            await consumer.execute("DELETE FROM outbox.event_journal")
     finally:
         await consumer.close()

@@ -63,7 +63,7 @@ async def test_an_apply_links_to_the_append_that_wrote_it(
     await app.append(pool, o3, [Event("order.placed", {})])
     stored = {
         (r["campaign_id"], r["seq"]): r["metadata"]
-        for r in await pool.fetch("SELECT campaign_id, seq, metadata FROM event_journal")
+        for r in await pool.fetch("SELECT campaign_id, seq, metadata FROM outbox.event_journal")
     }
     parent = stored[(o1, 1)]["otel"]["traceparent"]
     assert parent.split("-")[1:3] == [f"{traced.trace_id:032x}", f"{traced.span_id:016x}"]

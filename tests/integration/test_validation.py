@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import asyncpg
 import orjson
 import pytest
 
 import outbox
 from helpers import counts
 from outbox import Event, Settings, append, db
-from outbox.append.validate import prepare
 
 CASES: list[tuple[dict[str, Any], str]] = [
     ({"campaign_id": ""}, "campaign_id"),
@@ -61,22 +61,22 @@ async def test_escaped_backslash_u0000_text_is_accepted(pool: db.Pool, settings:
     # The six characters \u0000 are ordinary text, not a NUL.
     result = await append(pool, "c", [Event("t", {"s": "\\u0000"})], settings=settings)
     assert result.first_seq == 1
-    assert await pool.fetchval("SELECT payload->>'s' FROM event_journal") == "\\u0000"
+    assert await pool.fetchval("SELECT payload->>'s' FROM outbox.event_journal") == "\\u0000"
 
 
-async def test_validation_happens_before_the_settings_are_read(
+async def test_what_python_must_check_comes_before_the_settings_are_read(
     pool: db.Pool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("OUTBOX_ENABLED", "maybe")
     with pytest.raises(outbox.ValidationError):
-        await append(pool, "", [Event("t", {})])
+        await append(pool, 42, [Event("t", {})])  # type: ignore[arg-type]
     with pytest.raises(outbox.ConfigError, match="OUTBOX_ENABLED"):
         await append(pool, "c", [Event("t", {})])
     assert set((await counts(pool)).values()) == {0}
 
 
-# Bad inputs both sides can express (ids, counts, types, keys, metadata, sizes): Python's
-# pre-checks and the append function must refuse each with the same field and message.
+# Every rule of the append function that a Python caller can break: `outbox.append` and
+# `outbox.outbox_append` (OB001, the field in DETAIL) refuse each with the same field and text.
 PARITY: list[tuple[str, list[dict[str, Any]], int | None, str | None]] = [
     ("", [{"type": "t", "payload": {}}], None, None),
     ("   ", [{"type": "t", "payload": {}}], None, None),
@@ -84,13 +84,37 @@ PARITY: list[tuple[str, list[dict[str, Any]], int | None, str | None]] = [
     ("c", [], None, None),
     ("c", [{"type": "t", "payload": {}}] * 10_001, None, None),
     ("c", [{"type": "ok", "payload": {}}, {"type": "", "payload": {}}], None, None),
+    ("c", [{"type": "  ", "payload": {}}], None, None),
     ("c", [{"type": "t" * 257, "payload": {}}], None, None),
     ("c", [{"type": "t", "payload": "x" * (1 << 20)}], None, None),
+    ("c", [{"type": "t", "payload": {}, "metadata": ["not", "an", "object"]}], None, None),
+    ("c", [{"type": "t", "payload": {}, "metadata": 7}], None, None),
     ("c", [{"type": "t", "payload": {}}], -1, None),
     ("c", [{"type": "t", "payload": {}}], None, ""),
     ("c", [{"type": "t", "payload": {}}], None, "k" * 257),
     ("c", [{"type": "t", "payload": {}, "metadata": {"idempotency_key": "other"}}], None, "k"),
 ]
+
+
+async def _refused_in_sql(
+    pool: db.Pool, campaign_id: str, events: Any, expected_seq: int | None, key: str | None
+) -> tuple[str, str]:
+    """(DETAIL, message) of outbox_append's OB001; outbox_try_append says the same as a row."""
+    arguments = (campaign_id, orjson.dumps(events).decode(), expected_seq, key)
+    with pytest.raises(asyncpg.PostgresError) as raised:
+        await pool.fetchrow(
+            "SELECT * FROM outbox.outbox_append($1, $2::text::jsonb, $3, $4)", *arguments
+        )
+    assert raised.value.sqlstate == "OB001"
+    row = await pool.fetchrow(
+        "SELECT refusal, field, message FROM outbox.outbox_try_append($1, $2::text::jsonb, $3, $4)",
+        *arguments,
+    )
+    assert row is not None
+    assert row["refusal"] == "invalid"
+    assert f"{row['field']}: {row['message']}" == raised.value.message
+    assert raised.value.detail == row["field"]
+    return row["field"], raised.value.message
 
 
 @pytest.mark.parametrize(
@@ -107,15 +131,39 @@ async def test_python_and_the_append_function_refuse_alike(
 ) -> None:
     as_events = [Event(e["type"], e["payload"], e.get("metadata")) for e in events]
     with pytest.raises(outbox.ValidationError) as python:
-        prepare(campaign_id, as_events, expected_seq, key)
+        await append(pool, campaign_id, as_events, expected_seq=expected_seq, idempotency_key=key)
+    field, message = await _refused_in_sql(pool, campaign_id, events, expected_seq, key)
+    assert (python.value.field, str(python.value)) == (field, message)
+    assert set((await counts(pool)).values()) == {0}
+
+
+# Rules a Python caller cannot break (its Event always has a type and a payload, and nothing
+# else), which another language can: refused alike by both functions, with OB001.
+SQL_ONLY: list[tuple[Any, str]] = [
+    ([{"type": "t"}], "events[0].payload: is required (null is allowed)"),
+    (
+        [{"type": "t", "payload": {}, "extra": 1}],
+        "events[0]: expected only type, payload and metadata",
+    ),
+    (["t"], "events[0]: expected an object with type, payload and optional metadata"),
+    ({"type": "t"}, "events: expected a JSON array of events"),
+    ([{"payload": {}}], "events[0].type: expected a string"),
+    ([{"type": 7, "payload": {}}], "events[0].type: expected a string"),
+]
+
+
+@pytest.mark.parametrize(("events", "message"), SQL_ONLY, ids=[m for _, m in SQL_ONLY])
+async def test_the_append_function_refuses_what_other_languages_can_send(
+    pool: db.Pool, events: Any, message: str
+) -> None:
+    assert (await _refused_in_sql(pool, "c", events, None, None))[1] == message
+    assert set((await counts(pool)).values()) == {0}
+
+
+async def test_a_null_payload_is_a_payload(pool: db.Pool) -> None:
     row = await pool.fetchrow(
-        "SELECT refusal, field, message FROM outbox_try_append($1, $2::text::jsonb, $3, $4)",
-        campaign_id,
-        orjson.dumps(events).decode(),
-        expected_seq,
-        key,
+        'SELECT * FROM outbox.outbox_append(\'c\', \'[{"type": "t", "payload": null}]\')'
     )
     assert row is not None
-    assert (row["refusal"], row["field"]) == ("invalid", python.value.field)
-    assert f"{row['field']}: {row['message']}" == str(python.value)
-    assert set((await counts(pool)).values()) == {0}
+    stored = await pool.fetchval("SELECT jsonb_typeof(payload) FROM outbox.event_journal")
+    assert stored == "null"

@@ -124,7 +124,7 @@ async def test_a_retry_in_backoff_wakes_the_loop_when_it_falls_due(pool: db.Pool
     @app.projector("recorder", events=["tick"], batch=True)
     async def recorder(tx: db.Connection, events: Sequence[StoredEvent]) -> None:
         attempts = await tx.fetchval(
-            "SELECT attempt_count FROM projection_apply_outbox WHERE campaign_id = 'flaky'"
+            "SELECT attempt_count FROM outbox.projection_apply_outbox WHERE campaign_id = 'flaky'"
         )
         if attempts == 0:
             raise RuntimeError("the first attempt fails")
@@ -191,7 +191,7 @@ async def test_a_claim_takes_at_most_batch_size_oldest_first_across_campaigns(
     # Oldest first by next_attempt_at (the heads'), whatever the campaign ids say: d, b, then
     # a or c (not yet due: an hour ahead) never.
     await pool.execute(
-        "UPDATE projection_apply_outbox SET next_attempt_at = clock_timestamp() + CASE "
+        "UPDATE outbox.projection_apply_outbox SET next_attempt_at = clock_timestamp() + CASE "
         "campaign_id WHEN $1 THEN interval '-3 hours' WHEN $2 THEN interval '-2 hours' "
         "WHEN $3 THEN interval '-1 hour' ELSE interval '1 hour' END",
         d,
@@ -211,7 +211,7 @@ async def test_a_claim_takes_at_most_batch_size_oldest_first_across_campaigns(
     assert len(await applied(pool)) == 6
     # One hot campaign gets the whole budget, never more.
     await append(pool, hot, ticks(50), settings=settings)
-    await pool.execute("DELETE FROM projection_apply_outbox WHERE campaign_id <> $1", hot)
+    await pool.execute("DELETE FROM outbox.projection_apply_outbox WHERE campaign_id <> $1", hot)
     async with pool.acquire() as conn:  # nothing live: their campaign rows go
         await refresh_campaigns(conn, names, park=False)
     assert (await worker.run_once()).claimed == 3
@@ -240,7 +240,7 @@ async def test_wait_applied_says_what_holds_the_events(
         False,
     )
     await pool.execute(
-        "UPDATE projection_apply_outbox SET status = 'dead', attempt_count = 8, "
+        "UPDATE outbox.projection_apply_outbox SET status = 'dead', attempt_count = 8, "
         "last_error = 'projector ''x'': KeyError: ''k''' WHERE seq = 1"
     )
     with anyio.fail_after(10):  # a dead head: no point waiting out the minute
@@ -248,7 +248,7 @@ async def test_wait_applied_says_what_holds_the_events(
     assert (dead.state, dead.seq, dead.attempts, dead.blocked) == ("dead", 1, 8, True)
     assert dead.last_error == "projector 'x': KeyError: 'k'"
     await pool.execute(
-        "UPDATE projection_apply_outbox SET status = 'failed', attempt_count = 2, "
+        "UPDATE outbox.projection_apply_outbox SET status = 'failed', attempt_count = 2, "
         "next_attempt_at = clock_timestamp() + interval '1 hour' WHERE seq = 1"
     )
     with anyio.fail_after(10):  # its retry falls due after the timeout: said at once
@@ -261,10 +261,12 @@ async def test_wait_applied_says_what_holds_the_events(
     # Woken by the workers' notification alone: no look again for an hour.
     monkeypatch.setattr("outbox.queue.applied.RECHECK", 3600.0)
     await pool.execute(
-        "UPDATE projection_apply_outbox "
+        "UPDATE outbox.projection_apply_outbox "
         "SET status = 'pending', attempt_count = 0, next_attempt_at = clock_timestamp()"
     )
-    await pool.execute("UPDATE projection_apply_campaigns SET due_at = statement_timestamp()")
+    await pool.execute(
+        "UPDATE outbox.projection_apply_campaigns SET due_at = statement_timestamp()"
+    )
     fast = settings.replace(poll_interval=0.05)
     async with serving(Service(Worker(recording_app(fast), pool), dsn)):
         with anyio.fail_after(30):

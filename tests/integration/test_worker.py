@@ -35,7 +35,7 @@ def demo(settings: Settings) -> Outbox:
 
 async def statuses(pool: db.Pool) -> dict[tuple[str, int], tuple[str, int]]:
     rows = await pool.fetch(
-        "SELECT campaign_id, seq, status, attempt_count FROM projection_apply_outbox"
+        "SELECT campaign_id, seq, status, attempt_count FROM outbox.projection_apply_outbox"
     )
     return {(r["campaign_id"], r["seq"]): (r["status"], r["attempt_count"]) for r in rows}
 
@@ -73,7 +73,9 @@ async def test_a_failing_event_never_undoes_its_neighbours(
     assert (counts.applied, counts.failed) == (1, 1)
     rows = await statuses(pool)
     assert rows == {(bad, 1): ("failed", 1), (bad, 2): ("pending", 0)}
-    error = await pool.fetchval("SELECT last_error FROM projection_apply_outbox WHERE seq = 1")
+    error = await pool.fetchval(
+        "SELECT last_error FROM outbox.projection_apply_outbox WHERE seq = 1"
+    )
     assert error.startswith("projector 'curse': CursedDice: a 13-sided die")
     total = "SELECT total FROM demo_dice_totals WHERE campaign_id = $1"
     assert await pool.fetchval(total, good) == 3
@@ -91,7 +93,7 @@ async def test_backoff_bounds_then_dead_at_exactly_max_attempts(
         counts = await worker.run_once()
         assert counts.claimed == 1
         row = await pool.fetchrow(
-            "SELECT status, attempt_count, next_attempt_at FROM projection_apply_outbox"
+            "SELECT status, attempt_count, next_attempt_at FROM outbox.projection_apply_outbox"
         )
         assert row is not None
         assert row["attempt_count"] == attempt
@@ -121,7 +123,7 @@ async def test_max_attempts_and_backoff_settings_are_honoured(pool: db.Pool, dsn
     delays = []
     for _ in range(3):
         await worker.run_once()
-        at = await pool.fetchval("SELECT next_attempt_at FROM projection_apply_outbox")
+        at = await pool.fetchval("SELECT next_attempt_at FROM outbox.projection_apply_outbox")
         delays.append(round((at - clock()).total_seconds(), 1))
         clock.advance(1000)
     assert delays[:2] == [10.0, 15.0]  # 10 * 2**1 = 20, capped at 15
@@ -139,7 +141,7 @@ async def test_permanent_error_is_dead_at_once(pool: db.Pool, settings: Settings
     counts = await Worker(app, pool).run_once()
     assert counts.dead == 1
     assert await statuses(pool) == {("c", 1): ("dead", 1)}
-    assert await pool.fetchval("SELECT last_error FROM projection_apply_outbox") == (
+    assert await pool.fetchval("SELECT last_error FROM outbox.projection_apply_outbox") == (
         "projector 'strict': PermanentError: schema says no"
     )
 
@@ -273,7 +275,7 @@ async def test_unknown_type_fails_and_ignored_type_completes(
     assert (counts.skipped, counts.failed) == (1, 1)
     assert await statuses(pool) == {(b, 1): ("failed", 1)}
     assert "from.a.newer.deploy" in await pool.fetchval(
-        "SELECT last_error FROM projection_apply_outbox"
+        "SELECT last_error FROM outbox.projection_apply_outbox"
     )
 
 
@@ -354,7 +356,7 @@ async def test_concurrent_loops_keep_campaign_order_and_apply_exactly_once(
     journal = {
         r["campaign_id"]: r["n"]
         for r in await pool.fetch(
-            "SELECT campaign_id, count(*) AS n FROM event_journal GROUP BY campaign_id"
+            "SELECT campaign_id, count(*) AS n FROM outbox.event_journal GROUP BY campaign_id"
         )
     }
     sums = {r["campaign_id"]: r["n"] for r in await pool.fetch("SELECT * FROM sums")}
@@ -421,6 +423,7 @@ async def test_a_running_worker_is_registered_and_signs_off(pool: db.Pool, dsn: 
         service.stop()
     assert await live_workers(pool) == []
     stopped = await pool.fetchval(
-        "SELECT stopped_at IS NOT NULL FROM outbox_workers WHERE worker_id = $1", service.worker_id
+        "SELECT stopped_at IS NOT NULL FROM outbox.outbox_workers WHERE worker_id = $1",
+        service.worker_id,
     )
     assert stopped

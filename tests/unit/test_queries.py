@@ -10,14 +10,14 @@ from queries_loaded import all_queries
 
 from helpers import ROOT
 from outbox.errors import QueryFileError
-from outbox.queries import VERBS, Queries, parse_queries
+from outbox.queries import DEFINITION_SUFFIX, VERBS, Queries, parse_queries
 
 
 def test_every_sql_file_beside_a_module_has_its_query_set() -> None:
     files = {
         str(f.relative_to(ROOT))
         for f in (ROOT / "outbox").rglob("*.sql")
-        if "migrations" not in f.parts
+        if "migrations" not in f.parts and not f.name.endswith(DEFINITION_SUFFIX)
     }
     assert {cls.file for cls in Queries.registry} == files
 

@@ -49,14 +49,14 @@ UNFROZEN = "account.unfrozen"
 
 # The outbox's own state that examples write (journal, keys, guards), emptied between runs.
 OUTBOX_STATE = (
-    "projection_apply_campaigns",
-    "projection_apply_outbox",
-    "event_journal",
-    "campaign_heads",
-    "append_idempotency_keys",
-    "projection_checkpoints",
-    "processed_markers",
-    "consumer_claims",
+    "outbox.projection_apply_campaigns",
+    "outbox.projection_apply_outbox",
+    "outbox.event_journal",
+    "outbox.campaign_heads",
+    "outbox.append_idempotency_keys",
+    "outbox.projection_checkpoints",
+    "outbox.processed_markers",
+    "outbox.consumer_claims",
 )
 
 

@@ -48,7 +48,7 @@ class AppendKeys(Strategy):
         return rows(
             await conn.fetch(
                 "SELECT campaign_id, seq, (payload->>'amount')::int, metadata->>$1 "
-                "FROM event_journal",
+                "FROM outbox.event_journal",
                 KEY_METADATA,
             )
         )

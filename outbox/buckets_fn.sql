@@ -1,17 +1,26 @@
--- Which buckets have due work (0010), with one subtransaction for the whole read instead of
--- one per bucket. On Citus a PL/pgSQL exception block is a savepoint on every worker
--- connection the transaction holds: 0010's block per bucket sent four more commands per bucket
--- to the worker nodes (SAVEPOINT and RELEASE on each of two), 256 for 64 buckets, on every
--- read of the ring. Now the probes run under one block; only when a probe cannot reach its
--- node (connection_failure) does the read start over with a block per bucket, leaving out the
--- buckets it cannot reach. The answer is gathered before it is returned, so a read that
--- starts over returns each bucket once.
+-- Which buckets have work, and from when (`buckets.py`, the worker's ring): per bucket, the
+-- earliest due time after p_after ('-infinity': any) of an unblocked campaign row, or of a live
+-- work row with p_rows (ordering `none`). One index probe per bucket (the claim indexes lead
+-- with the bucket), so the cost is the number of buckets, not the queue; buckets with nothing
+-- return no row. What a worker's claim loop moves over, refreshed at most once per poll
+-- interval.
+--
+-- The probes run under one exception block. On Citus a PL/pgSQL exception block is a savepoint
+-- on every worker connection the transaction holds: a block per bucket sent four more commands
+-- per bucket to the worker nodes (SAVEPOINT and RELEASE on each of two), 256 for 64 buckets, on
+-- every read of the ring (318 remote commands and 29.0 ms per read, against 70 and 14.6 ms).
+-- Only when a probe cannot reach its node (connection_failure) does the read start over with a
+-- block per bucket, leaving out the buckets it cannot reach, so workers keep claiming in the
+-- buckets of the nodes that are up; the next read asks again. The answer is gathered before it
+-- is returned, so a read that starts over returns each bucket once. On plain PostgreSQL no
+-- probe fails this way.
 
 -- One bucket's earliest due time after p_after: of an unblocked campaign row, or (p_rows) of a
 -- live work row. One index probe.
-CREATE FUNCTION outbox_bucket_due_at(p_rows boolean, p_bucket integer, p_after timestamptz)
+CREATE OR REPLACE FUNCTION outbox_bucket_due_at(p_rows boolean, p_bucket integer, p_after timestamptz)
 RETURNS timestamptz
 LANGUAGE plpgsql STABLE
+SET search_path FROM CURRENT
 AS $$
 DECLARE
     at timestamptz;
@@ -31,6 +40,7 @@ $$;
 CREATE OR REPLACE FUNCTION outbox_due_buckets(p_rows boolean, p_after timestamptz)
 RETURNS TABLE (bucket integer, due_at timestamptz)
 LANGUAGE plpgsql STABLE
+SET search_path FROM CURRENT
 AS $$
 #variable_conflict use_column
 DECLARE

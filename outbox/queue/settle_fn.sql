@@ -1,17 +1,41 @@
--- The end of a batch (0009's outbox_settle) in statements Citus routes to the batch's shard,
--- so that a batch whose projector writes stay on that shard commits plainly (one COMMIT), not
--- by two-phase commit.
---
--- 0009 wrote everything in one statement whose data-modifying CTEs included the checkpoint
--- upsert, an INSERT ... SELECT from arrays. Citus cannot route that INSERT: it runs it through
--- the coordinator's COPY path, which always commits by two-phase commit, and, the statement
--- being no longer routable as a whole, splits the other CTEs into steps over intermediate
--- results (about 15 remote commands per settle). Now:
---   * the checkpoints move by UPDATE ... FROM unnest (routed); the few that do not exist yet
---     (a campaign's first batch under an ordered projector) are inserted one by one with
---     INSERT ... VALUES, which Citus routes too;
---   * the rest stays one statement, which Citus now routes whole (one remote command).
--- On plain PostgreSQL it is the same work in one statement more; the results are the same.
+-- The settle's server functions (`settle.py`): the end of a batch in one call, and the
+-- statement clock that the queue's writes call.
+-- requires: queue/claim_fn.sql
+
+-- The statement clock for writes that take an optional instant: `outbox_now(p)` is `p`, or the
+-- statement's timestamp when `p` is null (the worker passes null; tests pass an instant). A
+-- statement that writes a distributed table on Citus may call a stable function only with
+-- constants and parameters (Citus evaluates it on the coordinator and routes the result), and
+-- no function at all inside COALESCE or CASE; `coalesce($n, statement_timestamp())` breaks the
+-- second rule, `outbox_now($n)` keeps both. PL/pgSQL, so that no planner inlines it back into a
+-- COALESCE. On plain PostgreSQL it is the same instant.
+CREATE OR REPLACE FUNCTION outbox_now(p_at timestamptz) RETURNS timestamptz
+LANGUAGE plpgsql STABLE PARALLEL SAFE
+SET search_path FROM CURRENT
+AS $$
+BEGIN
+    RETURN coalesce(p_at, statement_timestamp());
+END
+$$;
+
+-- The end of a batch in bucket `p_bucket`, in one call. First statement: hold the append heads
+-- of the campaigns the batch left with nothing live (t_gone; outbox_lock_heads). The failures'
+-- next attempts and every instant come from one clock reading (v_now) taken before the writes.
+-- Then the checkpoints of ordered projectors move (k_*, sorted: a fixed lock order): those the
+-- claim found (and locked) by UPDATE ... FROM the arrays, the few not there yet (a campaign's
+-- first batch under an ordered projector) by INSERT ... VALUES one by one: Citus routes both
+-- to the batch's shard, where an INSERT ... SELECT from arrays would go through its COPY path
+-- and commit by two-phase commit. Then one statement, whose snapshot sees every append that
+-- committed before the heads were held: delete completed rows (d_*); record failures (f_*:
+-- attempts, status failed or dead, the next attempt at now + delay, the error); write each
+-- campaign's row (t_*): delete it when the batch left it nothing live, its head is held, and no
+-- row at or past head_seq (the first seq the batch did not see) exists now; else set its head,
+-- blocked flag and due time (the failure's next attempt when the head is a row this batch
+-- failed, else t_due, else now). With p_notify and rows deleted, one NOTIFY on p_channel
+-- (payload: the bucket; readers waiting for their writes look again), sent after the writes
+-- by this session. Returns how many campaigns are left due now with a head to take (the
+-- worker claims again instead of sleeping) and the seconds each deleted row waited since it
+-- was enqueued. p_now: null is clock_timestamp().
 CREATE OR REPLACE FUNCTION outbox_settle(
     p_bucket integer,
     d_campaigns text[], d_seqs bigint[],
@@ -25,6 +49,7 @@ CREATE OR REPLACE FUNCTION outbox_settle(
     OUT due bigint, OUT ages double precision[]
 )
 LANGUAGE plpgsql VOLATILE
+SET search_path FROM CURRENT
 SET enable_seqscan = off
 AS $$
 #variable_conflict use_column

@@ -1,33 +1,43 @@
--- What makes every statement on the campaign-keyed tables run on one Citus shard (one router
--- task) while keeping plain PostgreSQL's plans: a clock for writes, and the operator reports'
--- loose index scans run bucket by bucket.
+-- The operators' reads' server functions (`inspect.py`): the failure groups' shape of an
+-- error, and the reports' loose index scans (one descent of the primary key per campaign with
+-- rows), run one bucket at a time: a recursive query on Citus must name its shard in every
+-- reference. Each scan loops over the buckets (or the one given) and returns per-bucket
+-- results the calling statement orders and limits; on plain PostgreSQL the loop costs one
+-- short scan per bucket more than a single scan would.
 --
--- The statement clock for writes that take an optional instant: `outbox_now(p)` is `p`, or the
--- statement's timestamp when `p` is null (the worker passes null; tests pass an instant).
---
--- A statement that writes a distributed table on Citus may call a stable function only with
--- constants and parameters (Citus evaluates it on the coordinator and routes the result), and
--- no function at all inside COALESCE or CASE; `coalesce($n, statement_timestamp())` breaks the
--- second rule, `outbox_now($n)` keeps both. PL/pgSQL, so that no planner inlines it back into a
--- COALESCE. On plain PostgreSQL it is the same instant as before.
-CREATE FUNCTION outbox_now(p_at timestamptz) RETURNS timestamptz
-    LANGUAGE plpgsql STABLE PARALLEL SAFE AS $$
-BEGIN
-    RETURN coalesce(p_at, statement_timestamp());
-END
-$$;
+-- The error functions run per row of a failure report: SQL-standard bodies, which PostgreSQL
+-- binds when they are created (no caller's search_path reaches them) and may inline.
 
--- The reports' loose index scans (one descent of the primary key per campaign with rows), run
--- in one bucket at a time: a recursive query on Citus must name its shard in every reference.
--- Each function loops over the buckets (or the one given) and returns per-bucket results the
--- calling statement orders and limits; on plain PostgreSQL the loop costs one short scan per
--- bucket more than the single scan did.
+-- Error groups: failed and dead rows grouped by the projector that raised and the shape of the
+-- error, so one poisoned projector's thousand rows read as one line and requeue as one group.
+-- `last_error` is `Type: message` on one line, prefixed `projector 'name': ` when a projector
+-- raised it. The shape is the error without that prefix (the projector is named apart), with
+-- what varies between occurrences of one failure, quoted values and (signed) numbers,
+-- replaced by `?` (one regular expression, which turns the prefix into `projector ?: `, then
+-- a string test that drops it: these run per row). The fingerprint names a group in commands
+-- and URLs: 12 hex digits of the MD5 of the projector and the shape.
+CREATE OR REPLACE FUNCTION outbox_error_projector(error text) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN substring(error FROM '^projector [''"](.*?)[''"]: ');
+
+CREATE OR REPLACE FUNCTION outbox_error_shape(error text) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN (
+    SELECT CASE WHEN starts_with(m.shape, 'projector ?: ') THEN substr(m.shape, 14) ELSE m.shape END
+    FROM (SELECT regexp_replace(error, '''[^'']*''|"[^"]*"|-?[0-9]+(\.[0-9]+)?', '?', 'g') AS shape) m
+);
+
+CREATE OR REPLACE FUNCTION outbox_error_fingerprint(projector text, shape text) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN left(md5(coalesce(projector, '') || E'\n' || coalesce(shape, '')), 12);
 
 -- Per bucket, the claimable row waiting longest (by enqueued_at): a pending or failed campaign
 -- head (campaign p_campaign in bucket p_bucket, or all); under park dead rows step aside.
-CREATE FUNCTION outbox_oldest_claimable(p_campaign text, p_bucket integer, p_park boolean)
+CREATE OR REPLACE FUNCTION outbox_oldest_claimable(p_campaign text, p_bucket integer, p_park boolean)
     RETURNS TABLE (campaign_id text, seq bigint, enqueued_at timestamptz)
-    LANGUAGE plpgsql STABLE AS $$
+    LANGUAGE plpgsql STABLE
+    SET search_path FROM CURRENT
+    AS $$
 DECLARE
     b integer;
 BEGIN
@@ -71,12 +81,14 @@ $$;
 -- are blocked whatever the limit. (Failed or dead is written "neither pending nor processing":
 -- the planner's estimate of a rare IN list made it read every such row and sort them, instead
 -- of the first one in index order.)
-CREATE FUNCTION outbox_blocked_campaigns(
+CREATE OR REPLACE FUNCTION outbox_blocked_campaigns(
     p_campaign text, p_bucket integer, p_park boolean, p_limit integer, p_waiting integer
 )
     RETURNS TABLE (campaign_id text, blocking_seq bigint, status text, enqueued_at timestamptz,
                    waiting bigint, total bigint)
-    LANGUAGE plpgsql STABLE AS $$
+    LANGUAGE plpgsql STABLE
+    SET search_path FROM CURRENT
+    AS $$
 DECLARE
     b integer;
     found_bucket integer[] := '{}';
@@ -147,41 +159,6 @@ BEGIN
             LIMIT p_waiting
         ) AS behind;
         RETURN NEXT;
-    END LOOP;
-END
-$$;
-
--- Which buckets have due work: one probe per bucket, as 0009 wrote it, except that a bucket
--- whose shard is on a node that cannot be reached (Citus: connection_failure) is left out of
--- this answer instead of failing it, so workers keep claiming in the buckets of the nodes that
--- are up; the next read asks again. On plain PostgreSQL no probe fails this way.
-CREATE OR REPLACE FUNCTION outbox_due_buckets(p_rows boolean, p_after timestamptz)
-RETURNS TABLE (bucket integer, due_at timestamptz)
-LANGUAGE plpgsql STABLE
-AS $$
-#variable_conflict use_column
-DECLARE
-    b integer;
-    at timestamptz;
-BEGIN
-    FOR b IN 0 .. outbox_bucket_count() - 1 LOOP
-        BEGIN
-            IF p_rows THEN
-                SELECT min(o.next_attempt_at) INTO at FROM projection_apply_outbox o
-                WHERE o.bucket = b AND o.status IN ('pending', 'failed')
-                  AND o.next_attempt_at > p_after;
-            ELSE
-                SELECT min(c.due_at) INTO at FROM projection_apply_campaigns c
-                WHERE c.bucket = b AND NOT c.blocked AND c.due_at > p_after;
-            END IF;
-        EXCEPTION WHEN connection_failure THEN
-            at := NULL;
-        END;
-        IF at IS NOT NULL THEN
-            bucket := b;
-            due_at := at;
-            RETURN NEXT;
-        END IF;
     END LOOP;
 END
 $$;

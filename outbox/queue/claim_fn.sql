@@ -1,0 +1,159 @@
+-- The claim's server functions (`claim.py`): the ordered claim in one call, and the append
+-- heads' lock that the claim's callers and the settle share.
+--
+-- Each function runs two statements where the protocol needs two snapshots: PostgreSQL gives
+-- every statement of a VOLATILE function its own snapshot (READ COMMITTED), so the statement
+-- after a lock sees the commit the lock waited for. One call is one round trip.
+--
+-- Plans are cached per session like any prepared statement's, and a worker's session keeps the
+-- ones it made: plans made on a small queue (a fresh deployment, tables analyzed while nearly
+-- empty) scanned the work rows, the journal and the checkpoints once per claimed campaign after
+-- a backlog grew. So the claim runs with enable_seqscan off (it holds only while it runs):
+-- every table it touches is read by campaign, through its primary key or the claim index, and
+-- on a small table a probe costs no more than the scan. The checkpoint lock is a probe per
+-- campaign (a LATERAL subquery on the primary key).
+
+-- The append heads of `p_campaigns` (all in bucket `p_bucket`) held (FOR SHARE) until the
+-- transaction ends, skipping any an append holds now. A campaign row may be deleted only
+-- under this lock: an append that comes later waits for the batch to commit, then creates a
+-- fresh campaign row; one in flight keeps the campaign row. A campaign with no head row
+-- (journal rows written by another tool) has no append to wait for and counts as held.
+CREATE OR REPLACE FUNCTION outbox_lock_heads(p_bucket integer, p_campaigns text[])
+RETURNS TABLE (campaign_id text)
+LANGUAGE plpgsql VOLATILE
+SET search_path FROM CURRENT
+AS $$
+#variable_conflict use_column
+DECLARE
+    held text[];
+BEGIN
+    SELECT coalesce(array_agg(x.campaign_id), '{}') INTO held
+    FROM (
+        SELECT h.campaign_id FROM campaign_heads h
+        WHERE h.bucket = p_bucket AND h.campaign_id = ANY (p_campaigns)
+        ORDER BY h.campaign_id
+        FOR SHARE SKIP LOCKED
+    ) x;
+    RETURN QUERY
+    SELECT t.campaign_id FROM unnest(held) AS t(campaign_id)
+    UNION ALL
+    SELECT t.campaign_id FROM unnest(p_campaigns) AS t(campaign_id)
+    WHERE NOT t.campaign_id = ANY (held)
+      AND NOT EXISTS (
+          SELECT 1 FROM campaign_heads h
+          WHERE h.bucket = p_bucket AND h.campaign_id = t.campaign_id
+      );
+END
+$$;
+
+-- The ordered claim in bucket `p_bucket`. First statement: lock up to p_campaigns due
+-- campaigns that are not blocked, oldest due first, skipping campaigns other workers hold (the
+-- index holds no blocked campaign and the scan stops at the first campaign not due). A
+-- campaign locked after its previous holder committed comes back as that holder left it,
+-- while that statement's snapshot may predate the commit; the second statement's snapshot
+-- sees it. It returns each claimed campaign's rows from its head in seq order, at most
+-- p_budget in all (shared among the campaigns, rounded up: one hot campaign gets all of it),
+-- with its first and last outstanding seq, the checkpoints of the ordered projectors
+-- (p_projectors) locked in a fixed order until the batch commits (a missing one means 0), and
+-- each row's event, payload and metadata as text (the worker decodes each row on its own: an
+-- undecodable event fails its row, never the claim). A campaign with no rows left comes back
+-- as one row with a null seq. A `processing` row (lease mode) is due once its lease expired
+-- (its next_attempt_at is its lease expiry). p_now: tests move time with it; null is
+-- statement_timestamp(), which is stable, so it bounds the index scan.
+CREATE OR REPLACE FUNCTION outbox_claim(
+    p_bucket integer,
+    p_campaigns integer,
+    p_budget integer,
+    p_projectors text[],
+    p_now timestamptz DEFAULT NULL
+)
+RETURNS TABLE (
+    campaign_id text,
+    due boolean,
+    first_seq bigint,
+    last_seq bigint,
+    projectors text[],
+    applied_seqs bigint[],
+    seq bigint,
+    status text,
+    attempt_count integer,
+    next_attempt_at timestamptz,
+    lease_owner text,
+    claim_epoch bigint,
+    event_type text,
+    payload text,
+    metadata text,
+    recorded_at timestamptz
+)
+LANGUAGE plpgsql VOLATILE
+SET search_path FROM CURRENT
+SET enable_seqscan = off
+AS $$
+#variable_conflict use_column
+DECLARE
+    ids text[];
+    heads bigint[];
+    v_now timestamptz := coalesce(p_now, statement_timestamp());
+BEGIN
+    SELECT array_agg(c.campaign_id ORDER BY c.campaign_id),
+           array_agg(c.head_seq ORDER BY c.campaign_id)
+    INTO ids, heads
+    FROM (
+        SELECT q.campaign_id, q.head_seq
+        FROM projection_apply_campaigns q
+        WHERE q.bucket = p_bucket AND NOT q.blocked AND q.due_at <= v_now
+        ORDER BY q.due_at
+        LIMIT p_campaigns
+        FOR UPDATE SKIP LOCKED
+    ) c;
+    IF ids IS NULL THEN
+        RETURN;
+    END IF;
+    RETURN QUERY
+    WITH checkpoints AS (
+        SELECT t.campaign_id, k.projector, k.applied_seq
+        FROM unnest(ids) AS t(campaign_id)
+        CROSS JOIN LATERAL (
+            SELECT k.projector, k.applied_seq
+            FROM projection_checkpoints k
+            WHERE k.bucket = p_bucket AND k.campaign_id = t.campaign_id
+              AND k.projector = ANY (p_projectors)
+            ORDER BY k.projector
+            FOR UPDATE
+        ) k
+    )
+    SELECT p.campaign_id,
+           o.status IN ('pending', 'failed', 'processing') AND o.next_attempt_at <= v_now,
+           b.first_seq, b.last_seq, k.projectors, k.applied_seqs,
+           o.seq, o.status, o.attempt_count, o.next_attempt_at, o.lease_owner, o.claim_epoch,
+           j.event_type, j.payload::text, j.metadata::text, j.recorded_at
+    FROM unnest(ids, heads) AS p(campaign_id, head_seq)
+    CROSS JOIN LATERAL (
+        SELECT min(x.seq) AS first_seq, max(x.seq) AS last_seq
+        FROM projection_apply_outbox x
+        WHERE x.bucket = p_bucket AND x.campaign_id = p.campaign_id
+    ) b
+    CROSS JOIN LATERAL (
+        SELECT array_agg(c.projector) AS projectors, array_agg(c.applied_seq) AS applied_seqs
+        FROM checkpoints c
+        WHERE c.campaign_id = p.campaign_id
+    ) k
+    LEFT JOIN LATERAL (
+        SELECT x.seq, x.status, x.attempt_count, x.next_attempt_at, x.lease_owner,
+               x.claim_epoch
+        FROM projection_apply_outbox x
+        WHERE x.bucket = p_bucket AND x.campaign_id = p.campaign_id AND x.seq >= p.head_seq
+        ORDER BY x.seq
+        LIMIT (p_budget + cardinality(ids) - 1) / cardinality(ids)
+    ) o ON true
+    LEFT JOIN LATERAL (
+        -- One index probe per row. OFFSET 0 keeps it a probe: a generic plan guesses the
+        -- rows per campaign high and would join the whole journal by hash.
+        SELECT e.event_type, e.payload, e.metadata, e.recorded_at
+        FROM event_journal e
+        WHERE e.bucket = p_bucket AND e.campaign_id = p.campaign_id AND e.seq = o.seq
+        OFFSET 0
+    ) j ON true
+    ORDER BY p.campaign_id, o.seq;
+END
+$$;
