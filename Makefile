@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.install-stamp
 LINT_PATHS := outbox tests bench cmd docs/examples
 
 .DEFAULT_GOAL := help
-.PHONY: help install test test-unit test-faults test-citus lint schema demo bench soak clean
+.PHONY: help install test test-unit test-faults test-citus lint schema demo examples bench soak clean
 
 help: ## List the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  make %-8s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -35,7 +35,7 @@ test-faults: $(STAMP) ## Run the fault tier: real faults against worker processe
 CITUS_CORE := $(patsubst %,tests/integration/test_%.py,append append_keys worker batch_apply \
 	lease dedup repair discard reconcile projectors failure_reports modes pauses queries_prepare)
 test-citus: $(STAMP) ## Run the Citus tier (~17 min): Citus found, or built from CITUS_SRC
-	@bindir="$$($(PY) -c 'from outbox.localpg import find_bindir; print(find_bindir())')"; \
+	@bindir="$$($(PY) -c 'from outbox.testing.localpg import find_bindir; print(find_bindir())')"; \
 	rc=0; bash tests/citus/ensure-citus.sh "$$bindir" || rc=$$?; \
 	if [ $$rc = 3 ] && [ -z "$(CITUS_SRC)" ]; then \
 		echo "test-citus: NOT RUN: no Citus on this machine (set CITUS_SRC to build one)" >&2; exit 0; \
@@ -53,6 +53,9 @@ schema: $(STAMP) ## Regenerate sql/schema.sql: a fresh install, dumped (a test f
 
 demo: $(STAMP) ## Run the demo: local PostgreSQL (or OUTBOX_DSN), migrate, append, drain, report
 	$(PY) cmd/demo.py
+
+examples: $(STAMP) ## Run the idempotency examples (docs/idempotency.md; EXAMPLES_ARGS="upsert --copies 5")
+	PYTHONPATH=docs/examples $(PY) -m idempotency_examples $(EXAMPLES_ARGS)
 
 BENCH_STAMP := $(VENV)/.bench-stamp
 $(BENCH_STAMP): $(STAMP) pyproject.toml

@@ -20,9 +20,9 @@ from typing import Any
 import asyncpg
 import orjson
 
-from outbox.localpg import LocalCluster
 from outbox.queue.settle import refresh_campaigns
 from outbox.schema import migrate
+from outbox.testing.localpg import LocalCluster
 
 # The read model every contender maintains: events and amount per campaign.
 PROJECTION = """

@@ -45,7 +45,7 @@ from outbox import Event, Settings, append, db
 NOTIFY_ALWAYS = """
 CREATE OR REPLACE FUNCTION bench_notify_always() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    PERFORM pg_notify('outbox_work', '');
+    PERFORM pg_notify('outbox.outbox_work', '');
     RETURN NULL;
 END $$;
 CREATE TRIGGER bench_notify_always AFTER INSERT ON outbox.projection_apply_outbox

@@ -31,7 +31,7 @@ from _support import CLEAR, EVENT_TYPE, bench_database, print_json
 from outbox import Event, Settings, append
 
 EVENTS_PER_APPEND = 5
-QUEUE_TABLES = ("projection_apply_outbox", "projection_apply_campaigns")
+QUEUE_TABLES = ("outbox.projection_apply_outbox", "outbox.projection_apply_campaigns")
 
 # The previous design (migration 0003's trigger, dropped by 0006), for the control only.
 CONTROL = """

@@ -48,10 +48,10 @@ from claim import load as load_layout
 from claim import measure as measure_claims
 
 from outbox import Settings, append, db
-from outbox.distribution import distribute
-from outbox.localcitus import CitusCluster
-from outbox.localpg import find_bindir
+from outbox.buckets.distribution import distribute
 from outbox.schema import migrate
+from outbox.testing.localcitus import CitusCluster
+from outbox.testing.localpg import find_bindir
 from outbox.worker.runtime import drain_now
 
 ENSURE_CITUS = Path(__file__).resolve().parent.parent / "tests" / "citus" / "ensure-citus.sh"

@@ -98,7 +98,7 @@ async def raw_drain(dsn: str, batch: int) -> None:
         await admin.execute("ANALYZE outbox.projection_apply_outbox")
         await asyncio.gather(*(loop() for _ in range(RAW_CONNECTIONS)))
     finally:
-        await admin.execute("DROP INDEX IF EXISTS raw_claim_idx")
+        await admin.execute("DROP INDEX IF EXISTS outbox.raw_claim_idx")
         await admin.close()
 
 

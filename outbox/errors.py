@@ -1,35 +1,35 @@
 """The exception hierarchy: everything the library raises on purpose derives from OutboxError.
 
     OutboxError
-    ├── UsageError             a command line used wrongly (the CLIs exit 2, nothing connected)
-    ├── ConfigError            bad settings or flag combination (one line, names the variable)
-    ├── ValidationError        bad input, raised before any write (names the field)
-    │
-    │   the append
-    ├── ConcurrencyError       expected_seq did not match the campaign head; nothing written
-    ├── DuplicateAppendError   idempotency key already used (only with raise_on_duplicate)
-    ├── IdempotencyKeyConflict idempotency key already used for different events; nothing written
-    ├── AppendOutcomeUnknown   the connection failed during an append; retry with the same key
-    ├── TransactionRequired    a same-transaction dedup claim outside a transaction (or the reverse)
-    │
-    │   the database and its schema
-    ├── DatabaseUnavailable    cannot connect; the message carries the redacted DSN only
-    ├── SchemaNotReady         the database lacks migrations this code needs
-    ├── MigrationError         migration refused (edited file, unknown version, old server)
-    ├── QueryFileError         a named-SQL file and its declaring class disagree (at import)
-    ├── TransientBatchError    a batch met a transient database error and rolled back whole
-    │
-    │   a work row's failure (recorded on the row, like a projector's own error)
-    ├── EventUnavailable       the row's journal event is missing or cannot be decoded
-    ├── UnknownEventType       no projector subscribes to the type and the app does not ignore it
-    ├── CheckpointGap          an ordered projector was handed seq n past its checkpoint + 1
-    ├── LeaseExpired           a leased row's lease ran out before its worker ended it
-    ├── PermanentError         raised by a projector: the row goes dead at once
-    │
-    │   operators and tools
-    ├── NotFound               an operator named a row that does not exist
-    ├── Conflict               an operator action does not fit the row's state
-    └── LocalClusterError      the local development cluster could not be made or run
+    ├── UsageError               a command line used wrongly (the CLIs exit 2, nothing connected)
+    ├── ConfigError              bad settings or flag combination (one line, names the variable)
+    ├── ValidationError          bad input, refused before any write (names the field)
+    ├── TransactionRequired      a same-transaction dedup claim outside a transaction (or the
+    │                            reverse)
+    ├── AppendRefused            the append refused; nothing written, the caller's transaction
+    │   │                        goes on
+    │   ├── ConcurrencyError     expected_seq did not match the campaign head
+    │   ├── DuplicateAppendError idempotency key already used (only with raise_on_duplicate)
+    │   └── IdempotencyKeyConflict  the key was used for different events
+    ├── DatabaseError            the database, its link or its schema
+    │   ├── DatabaseUnavailable  cannot connect; the message carries the redacted DSN only
+    │   ├── AppendOutcomeUnknown the connection failed during an append; retry with the same key
+    │   ├── TransientBatchError  a batch met a transient database error and rolled back whole
+    │   ├── SchemaNotReady       the database lacks migrations or definitions this code needs
+    │   └── MigrationError       migration refused (edited file, unknown version, old server)
+    ├── RowFailure               a work row's failure, recorded on the row like a projector's
+    │   │                        own error
+    │   ├── EventUnavailable     the row's journal event is missing or cannot be decoded
+    │   ├── UnknownEventType     no projector subscribes to the type and the app does not
+    │   │                        ignore it
+    │   ├── CheckpointGap        an ordered projector was handed seq n past its checkpoint + 1
+    │   ├── LeaseExpired         a leased row's lease ran out before its worker ended it
+    │   └── PermanentError       raised by a projector: the row goes dead at once
+    ├── OperatorError            an operator's action that does not fit the queue
+    │   ├── NotFound             an operator named a row that does not exist
+    │   └── Conflict             an operator action does not fit the row's state
+    ├── QueryFileError           a named-SQL file and its declaring class disagree (at import)
+    └── LocalClusterError        the local development cluster could not be made or run
 
 Messages are single lines, so the CLIs print them as they are. This module imports only the
 shared value types (`model`).
@@ -41,10 +41,12 @@ from outbox.model import AppendResult
 
 __all__ = [
     "AppendOutcomeUnknown",
+    "AppendRefused",
     "CheckpointGap",
     "ConcurrencyError",
     "ConfigError",
     "Conflict",
+    "DatabaseError",
     "DatabaseUnavailable",
     "DuplicateAppendError",
     "EventUnavailable",
@@ -53,9 +55,11 @@ __all__ = [
     "LocalClusterError",
     "MigrationError",
     "NotFound",
+    "OperatorError",
     "OutboxError",
     "PermanentError",
     "QueryFileError",
+    "RowFailure",
     "SchemaNotReady",
     "TransactionRequired",
     "TransientBatchError",
@@ -85,7 +89,24 @@ class ValidationError(OutboxError, ValueError):
         self.field = field
 
 
-class ConcurrencyError(OutboxError):
+class AppendRefused(OutboxError):
+    """The append refused: nothing was written, and the caller's transaction goes on."""
+
+
+class DatabaseError(OutboxError):
+    """The database, the link to it, or its schema stood in the way (not the input)."""
+
+
+class RowFailure(OutboxError):
+    """A work row's failure: recorded on the row like a projector's own error, retried as the
+    failure policy says; every other row goes on."""
+
+
+class OperatorError(OutboxError):
+    """An operator's action does not fit the queue as it is: nothing changed."""
+
+
+class ConcurrencyError(AppendRefused):
     """The campaign head moved: `expected_seq` did not match `actual_seq`."""
 
     def __init__(self, campaign_id: str, expected_seq: int, actual_seq: int) -> None:
@@ -97,7 +118,7 @@ class ConcurrencyError(OutboxError):
         self.actual_seq = actual_seq
 
 
-class DuplicateAppendError(OutboxError):
+class DuplicateAppendError(AppendRefused):
     """The idempotency key was used before; `result` is what the first append returned."""
 
     def __init__(self, result: AppendResult) -> None:
@@ -108,7 +129,7 @@ class DuplicateAppendError(OutboxError):
         self.result = result
 
 
-class IdempotencyKeyConflict(OutboxError):
+class IdempotencyKeyConflict(AppendRefused):
     """The idempotency key was used before for different events: a retry must resend the same
     events (type, payload, metadata); nothing was written. `result` is the first append's."""
 
@@ -122,7 +143,7 @@ class IdempotencyKeyConflict(OutboxError):
         self.result = result
 
 
-class AppendOutcomeUnknown(OutboxError):
+class AppendOutcomeUnknown(DatabaseError):
     """The connection failed while an append was in flight: whether it committed is unknown.
 
     Retry the same append with the same `idempotency_key`: if the first attempt committed, the
@@ -138,7 +159,7 @@ class TransactionRequired(OutboxError):
     inside one (it would silently join it, and roll back with it)."""
 
 
-class DatabaseUnavailable(OutboxError):
+class DatabaseUnavailable(DatabaseError):
     """The database cannot be reached; the message never contains a password. `transient`:
     trying again later may succeed (refused, too many connections, starting up), unlike a bad
     password or a missing database."""
@@ -148,11 +169,11 @@ class DatabaseUnavailable(OutboxError):
         self.transient = transient
 
 
-class SchemaNotReady(OutboxError):
+class SchemaNotReady(DatabaseError):
     """The database is not migrated to the version this code needs."""
 
 
-class MigrationError(OutboxError):
+class MigrationError(DatabaseError):
     """A migration cannot be applied safely."""
 
 
@@ -160,7 +181,7 @@ class QueryFileError(OutboxError):
     """A named-SQL file and its declaring class disagree, or the file is malformed."""
 
 
-class TransientBatchError(OutboxError):
+class TransientBatchError(DatabaseError):
     """A transient database error rolled the batch back; nothing changed, retry later.
     `connection_lost`: the connection itself failed (discarded; the database may be down)."""
 
@@ -172,32 +193,32 @@ class TransientBatchError(OutboxError):
         self.sqlstate = sqlstate
 
 
-class EventUnavailable(OutboxError):
+class EventUnavailable(RowFailure):
     """A work row's journal event is missing or cannot be decoded: a failure of that row
     alone, recorded on it like a projector's failure; every other row goes on."""
 
 
-class UnknownEventType(OutboxError):
+class UnknownEventType(RowFailure):
     """No projector subscribes to the type and the app did not declare it ignorable."""
 
 
-class CheckpointGap(OutboxError):
+class CheckpointGap(RowFailure):
     """An ordered projector was handed seq n while its checkpoint is below n-1."""
 
 
-class LeaseExpired(OutboxError):
+class LeaseExpired(RowFailure):
     """A leased row's lease ran out before its worker finished (the worker died or hung)."""
 
 
-class PermanentError(OutboxError):
+class PermanentError(RowFailure):
     """Raised by a projector for an event that can never succeed: the row goes dead at once."""
 
 
-class NotFound(OutboxError):
+class NotFound(OperatorError):
     """The row an operator named does not exist."""
 
 
-class Conflict(OutboxError):
+class Conflict(OperatorError):
     """The row an operator named is not in a state the action accepts."""
 
 

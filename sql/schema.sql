@@ -342,7 +342,7 @@ BEGIN
 END
 $$;
 
-CREATE FUNCTION outbox.outbox_settle(p_bucket integer, d_campaigns text[], d_seqs bigint[], f_campaigns text[], f_seqs bigint[], f_attempts integer[], f_delays double precision[], f_errors text[], f_dead boolean[], p_now timestamp with time zone, t_campaigns text[], t_heads bigint[], t_due timestamp with time zone[], t_blocked boolean[], t_gone boolean[], k_campaigns text[], k_projectors text[], k_seqs bigint[], p_notify boolean, p_channel text, OUT due bigint, OUT ages double precision[]) RETURNS record
+CREATE FUNCTION outbox.outbox_settle(p_bucket integer, p_batch jsonb, OUT due bigint, OUT ages double precision[]) RETURNS record
     LANGUAGE plpgsql
     SET search_path TO 'outbox', 'pg_temp'
     SET enable_seqscan TO 'off'
@@ -350,64 +350,74 @@ CREATE FUNCTION outbox.outbox_settle(p_bucket integer, d_campaigns text[], d_seq
 #variable_conflict use_column
 DECLARE
     held text[] := '{}';
-    v_now timestamptz := coalesce(p_now, clock_timestamp());
-    f_next timestamptz[];
+    v_now timestamptz := coalesce((p_batch ->> 'now')::timestamptz, clock_timestamp());
+    gone text[];
     moved bigint[];
-    i integer;
+    m record;
 BEGIN
-    IF true = ANY (t_gone) THEN
-        SELECT coalesce(array_agg(h.campaign_id), '{}') INTO held
-        FROM outbox_lock_heads(p_bucket, ARRAY(
-            SELECT t.c FROM unnest(t_campaigns, t_gone) AS t(c, g) WHERE t.g
-        )) h;
-    END IF;
-    f_next := ARRAY(
-        SELECT v_now + make_interval(secs => f.delay)
-        FROM unnest(f_delays) WITH ORDINALITY AS f(delay, ord) ORDER BY f.ord
+    gone := ARRAY(
+        SELECT t.campaign_id FROM jsonb_to_recordset(p_batch -> 'campaigns')
+            AS t(campaign_id text, gone boolean)
+        WHERE t.gone
     );
-    IF cardinality(k_campaigns) > 0 THEN
+    IF cardinality(gone) > 0 THEN
+        SELECT coalesce(array_agg(h.campaign_id), '{}') INTO held
+        FROM outbox_lock_heads(p_bucket, gone) h;
+    END IF;
+    IF jsonb_array_length(p_batch -> 'checkpoints') > 0 THEN
         -- Checkpoints the claim found (and locked) move in place; the array says which, by
-        -- their position in k_*.
+        -- their position in the document.
         WITH m AS (
             UPDATE projection_checkpoints k
             SET applied_seq = m.applied_seq, updated_at = v_now
-            FROM unnest(k_campaigns, k_projectors, k_seqs) WITH ORDINALITY
-                AS m(campaign_id, projector, applied_seq, ord)
+            FROM ROWS FROM (
+                jsonb_to_recordset(p_batch -> 'checkpoints')
+                    AS (campaign_id text, projector text, applied_seq bigint)
+            ) WITH ORDINALITY AS m(campaign_id, projector, applied_seq, ord)
             WHERE k.bucket = p_bucket AND k.campaign_id = m.campaign_id
               AND k.projector = m.projector
             RETURNING m.ord
         )
         SELECT coalesce(array_agg(m.ord), '{}') INTO moved FROM m;
-        FOR i IN 1 .. cardinality(k_campaigns) LOOP
-            CONTINUE WHEN i = ANY (moved);
+        FOR m IN
+            SELECT x.campaign_id, x.projector, x.applied_seq
+            FROM ROWS FROM (
+                jsonb_to_recordset(p_batch -> 'checkpoints')
+                    AS (campaign_id text, projector text, applied_seq bigint)
+            ) WITH ORDINALITY AS x(campaign_id, projector, applied_seq, ord)
+            WHERE NOT x.ord = ANY (moved)
+            ORDER BY x.ord
+        LOOP
             INSERT INTO projection_checkpoints AS k (bucket, campaign_id, projector, applied_seq,
                                                      updated_at)
-            VALUES (p_bucket, k_campaigns[i], k_projectors[i], k_seqs[i], v_now)
+            VALUES (p_bucket, m.campaign_id, m.projector, m.applied_seq, v_now)
             ON CONFLICT (bucket, campaign_id, projector)
             DO UPDATE SET applied_seq = excluded.applied_seq, updated_at = excluded.updated_at;
         END LOOP;
     END IF;
     WITH done AS (
         DELETE FROM projection_apply_outbox o
-        USING unnest(d_campaigns, d_seqs) AS d(campaign_id, seq)
+        USING jsonb_to_recordset(p_batch -> 'done') AS d(campaign_id text, seq bigint)
         WHERE o.bucket = p_bucket AND o.campaign_id = d.campaign_id AND o.seq = d.seq
         RETURNING extract(epoch FROM v_now - o.enqueued_at)::double precision AS age
     ), failed AS (
         UPDATE projection_apply_outbox o
         SET status = CASE WHEN f.dead THEN 'dead' ELSE 'failed' END,
             attempt_count = f.attempts,
-            next_attempt_at = f.next,
+            next_attempt_at = v_now + make_interval(secs => f.delay),
             last_error = f.error,
             updated_at = v_now
-        FROM unnest(f_campaigns, f_seqs, f_attempts, f_next, f_errors, f_dead)
-            AS f(campaign_id, seq, attempts, next, error, dead)
+        FROM jsonb_to_recordset(p_batch -> 'failed')
+            AS f(campaign_id text, seq bigint, attempts integer, delay double precision,
+                 error text, dead boolean)
         WHERE o.bucket = p_bucket AND o.campaign_id = f.campaign_id AND o.seq = f.seq
         RETURNING o.campaign_id, o.seq, o.next_attempt_at
     ), target AS (
         SELECT t.campaign_id, t.head_seq, t.due_at, t.blocked,
                t.gone AND t.campaign_id = ANY (held) AS gone
-        FROM unnest(t_campaigns, t_heads, t_due, t_blocked, t_gone)
-            AS t(campaign_id, head_seq, due_at, blocked, gone)
+        FROM jsonb_to_recordset(p_batch -> 'campaigns')
+            AS t(campaign_id text, head_seq bigint, due_at timestamptz, blocked boolean,
+                 gone boolean)
     ), beyond AS (
         -- Campaigns the batch saw to their end that have rows past what it saw after all: an
         -- append committed before the heads were held (this statement's snapshot shows it).
@@ -416,7 +426,7 @@ BEGIN
             SELECT 1 FROM projection_apply_outbox o
             WHERE o.bucket = p_bucket AND o.campaign_id = t.campaign_id AND o.seq >= t.head_seq
         )
-    ), gone AS (
+    ), removed AS (
         DELETE FROM projection_apply_campaigns c
         USING target t
         WHERE c.bucket = p_bucket AND t.gone AND c.campaign_id = t.campaign_id
@@ -440,8 +450,8 @@ BEGIN
     ),
     (SELECT array_agg(done.age) FROM done)
     INTO due, ages;
-    IF p_notify AND ages IS NOT NULL THEN
-        PERFORM pg_notify(p_channel, p_bucket::text);
+    IF (p_batch ->> 'notify')::boolean AND ages IS NOT NULL THEN
+        PERFORM pg_notify(p_batch ->> 'channel', p_bucket::text);
     END IF;
 END
 $$;

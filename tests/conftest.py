@@ -25,7 +25,7 @@ from outbox.config import Settings
 if TYPE_CHECKING:
     # Imported when the fixture runs: it imports outbox.testing, which the plugin line below
     # must load first (a plugin imported earlier is not rewritten for asserts).
-    from outbox.localcitus import CitusCluster
+    from outbox.testing.localcitus import CitusCluster
 
 # The plugin applications use: the suite's template and per-test database are its fixtures,
 # under the suite's names (below), on the suite's server. The fixtures here import it only when
@@ -71,7 +71,7 @@ def citus(request: pytest.FixtureRequest) -> Iterator[CitusCluster | None]:
     if not request.config.getoption("citus"):
         yield None
         return
-    from outbox.localcitus import CitusCluster
+    from outbox.testing.localcitus import CitusCluster
 
     cluster = CitusCluster.temporary()
     try:

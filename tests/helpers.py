@@ -25,6 +25,8 @@ from outbox.buckets import DEFAULT_COUNT, bucket_of
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
 BIN = Path(sys.executable).parent
+# The demo domain and the examples (outside the package): the CLIs a test starts import them.
+EXAMPLES = ROOT / "docs" / "examples"
 # `outbox-worker` from the checkout, as the fault tier and the process tests start it.
 WORKER = [sys.executable, str(ROOT / "cmd" / "outbox-worker.py")]
 # The advisory lock a test holds to freeze a projector of `worker_apps` mid-batch.
@@ -104,6 +106,7 @@ def run_cli(
     """An installed console script as a subprocess, with no OUTBOX_* from the test's own
     environment (only OUTBOX_DSN when `dsn` is given, and `env`)."""
     environ = {k: v for k, v in os.environ.items() if not k.startswith("OUTBOX_")}
+    environ["PYTHONPATH"] = _with_examples(environ.get("PYTHONPATH"))
     if dsn:
         environ["OUTBOX_DSN"] = dsn
     environ.update(env or {})
@@ -117,9 +120,21 @@ def run_cli(
     )
 
 
+def _with_examples(path: str | None) -> str:
+    return os.pathsep.join([str(EXAMPLES), *([path] if path else [])])
+
+
 def worker_env(dsn: str, **extra: str) -> dict[str, str]:
-    """The environment of a worker subprocess: this one's, the DSN, info logs, `extra`."""
-    return {**os.environ, "OUTBOX_DSN": dsn, "OUTBOX_LOG_LEVEL": "info", **extra}
+    """The environment of a worker subprocess: this one's, the DSN, info logs, the examples on
+    the path, `extra`."""
+    python_path = _with_examples(os.environ.get("PYTHONPATH"))
+    return {
+        **os.environ,
+        "OUTBOX_DSN": dsn,
+        "OUTBOX_LOG_LEVEL": "info",
+        "PYTHONPATH": python_path,
+        **extra,
+    }
 
 
 async def wait_for(

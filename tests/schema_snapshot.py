@@ -31,7 +31,7 @@ HEADER = """\
 
 def pg_dump() -> Path | None:
     """The pg_dump beside the local server's binaries, None without one."""
-    from outbox.localpg import find_bindir
+    from outbox.testing.localpg import find_bindir
 
     try:
         found = find_bindir() / "pg_dump"

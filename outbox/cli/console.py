@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import socket
 from typing import Annotated
 
 import typer
 
-from outbox import db
 from outbox.cli.common import (
     AppOption,
     DsnOption,
@@ -19,7 +17,6 @@ from outbox.cli.common import (
 )
 from outbox.cli.operator import app
 from outbox.errors import UsageError
-from outbox.schema import check_current
 
 
 def _base_path(value: str) -> str:
@@ -61,11 +58,7 @@ def console_command(
     settings = outbox_app.settings if outbox_app else settings_for(dsn=dsn)
     target = require_dsn(settings)
     try:
-        import uvicorn
-        from starlette.applications import Starlette
-        from starlette.routing import Mount
-
-        from outbox.console import create_app
+        from outbox.console import serve
         from outbox.console.security import basic_auth_from_env
     except ImportError as exc:
         raise UsageError(
@@ -75,35 +68,17 @@ def console_command(
 
     auth = basic_auth_from_env() if allow_actions else None  # refused before listening
 
-    async def serve() -> None:
-        listener = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            listener.bind((host, port))
-        except OSError as exc:
-            raise UsageError(f"--host/--port: cannot listen on {host}:{port}: {exc}") from None
-        listener.listen(128)
-        pool: db.Pool | None = None
-        try:
-            pool = await db.create_pool(target, min_size=1, max_size=2)
-            await check_current(pool)
-            console = create_app(
-                pool,
-                actions=allow_actions,
-                auth=auth,
-                app=outbox_app,
-                settings=settings,
-                refresh=refresh,
-            )
-            served = Starlette(routes=[Mount(base, app=console)]) if base else console
-            config = uvicorn.Config(served, lifespan="off", log_config=None, access_log=False)
-            bound = listener.getsockname()[1]
-            mode = "actions enabled, basic auth" if allow_actions else "read-only"
-            stderr.print(f"console: http://{host}:{bound}{base}/ ({mode}; Ctrl-C stops it)")
-            await uvicorn.Server(config).serve(sockets=[listener])
-        finally:
-            if pool is not None:
-                await pool.close()
-            listener.close()
+    async def body() -> None:
+        await serve(
+            settings.replace(dsn=target),
+            host=host,
+            port=port,
+            base_path=base,
+            refresh=refresh,
+            actions=allow_actions,
+            auth=auth,
+            app=outbox_app,
+            announce=stderr.print,
+        )
 
-    run(serve)
+    run(body)

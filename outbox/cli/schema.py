@@ -8,8 +8,9 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from outbox import db, distribution
+from outbox import db
 from outbox import schema as migrations
+from outbox.buckets import distribution
 from outbox.cli.common import (
     DsnOption,
     JsonOption,

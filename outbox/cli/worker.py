@@ -1,12 +1,20 @@
-"""`outbox-worker`: run the apply worker for an app's projectors."""
+"""`outbox-worker`: run the apply worker for an app's projectors.
+
+Its options are the worker's settings, one per `FIELDS` entry that has one (the same name as
+the variable, `OUTBOX_BATCH_SIZE` -> `--batch-size`), generated from the field specs and read
+by each spec's own parser, so an option and its variable accept the same text; then its own
+(drains, JSON, waiting for the database, logging).
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import signal
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import FrameType
-from typing import Annotated, Any, NoReturn
+from typing import Annotated, NoReturn
 
 import typer
 
@@ -51,11 +59,34 @@ def _summary(counts: BatchCounts) -> str:
     return text
 
 
-def _setting(name: str) -> Any:
-    """The option of a setting (FIELDS): same name as its variable, no envvar of its own (the
-    settings read the environment; a given option overrides it), help from its doc."""
-    spec = FIELDS[name]
-    return typer.Option(spec.option, help=f"{spec.doc} ({spec.env}).", show_default=False)
+# The settings that are `outbox-worker` options (the DSN is every command's own option).
+SETTING_OPTIONS = tuple(name for name, spec in FIELDS.items() if spec.cli and name != "dsn")
+
+
+def _with_setting_options(command: Callable[..., None]) -> Callable[..., None]:
+    """`command` (which takes the settings as `**settings`) with one option per setting in
+    `SETTING_OPTIONS`, after its own: no envvar of their own (the settings read the
+    environment; a given option overrides it), help from the spec's doc."""
+    own = [
+        p
+        for p in inspect.signature(command, eval_str=True).parameters.values()
+        if p.kind is not inspect.Parameter.VAR_KEYWORD
+    ]
+    added = []
+    for name in SETTING_OPTIONS:
+        spec = FIELDS[name]
+        option = typer.Option(
+            spec.option, help=f"{spec.doc} ({spec.env}).", metavar=spec.metavar, show_default=False
+        )
+        annotation = Annotated[str | None, option]
+        added.append(
+            inspect.Parameter(
+                name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=annotation
+            )
+        )
+    command.__signature__ = inspect.Signature([*own, *added])  # type: ignore[attr-defined]
+    command.__annotations__ = {p.name: p.annotation for p in [*own, *added]}
+    return command
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,25 +99,10 @@ class DrainSummary:
 
 
 @app.command()
+@_with_setting_options
 def worker(
     app_path: AppOption = None,
     dsn: DsnOption = None,
-    mode: Annotated[str | None, _setting("mode")] = None,
-    concurrency: Annotated[int | None, _setting("concurrency")] = None,
-    batch_size: Annotated[int | None, _setting("batch_size")] = None,
-    poll_interval: Annotated[float | None, _setting("poll_interval")] = None,
-    backoff_base: Annotated[float | None, _setting("backoff_base")] = None,
-    backoff_cap: Annotated[float | None, _setting("backoff_cap")] = None,
-    max_attempts: Annotated[int | None, _setting("max_attempts")] = None,
-    ordering: Annotated[str | None, _setting("ordering")] = None,
-    dead_policy: Annotated[str | None, _setting("dead_policy")] = None,
-    unsubscribed: Annotated[str | None, _setting("unsubscribed")] = None,
-    lease_seconds: Annotated[float | None, _setting("lease_seconds")] = None,
-    statement_timeout: Annotated[float | None, _setting("statement_timeout")] = None,
-    lock_timeout: Annotated[float | None, _setting("lock_timeout")] = None,
-    idle_in_transaction_timeout: Annotated[
-        float | None, _setting("idle_in_transaction_timeout")
-    ] = None,
     drain_all: Annotated[
         bool,
         typer.Option(
@@ -113,12 +129,10 @@ def worker(
             show_default=False,
         ),
     ] = None,
-    shutdown_timeout: Annotated[float | None, _setting("shutdown_timeout")] = None,
-    metrics_port: Annotated[int | None, _setting("metrics_port")] = None,
-    metrics_host: Annotated[str | None, _setting("metrics_host")] = None,
     log_level: Annotated[str, typer.Option(envvar="OUTBOX_LOG_LEVEL")] = "info",
     log_format: LogFormatOption = "json",
     version: VersionOption = False,
+    **settings: str | None,
 ) -> None:
     """Run the worker until SIGTERM/SIGINT (or, with --drain, until the work is done)."""
     if drain_all and drain_now:
@@ -131,30 +145,11 @@ def worker(
         log.configure(log_level, fmt=log_format, fields={"worker_id": worker_id})
     except ValueError as exc:
         raise UsageError(f"--log-level/--log-format: {exc}") from None
-    outbox_app = prepare_app(
-        app_path,
-        dsn=dsn,
-        mode=mode.strip().lower() if mode else None,
-        concurrency=concurrency,
-        batch_size=batch_size,
-        poll_interval=poll_interval,
-        backoff_base=backoff_base,
-        backoff_cap=backoff_cap,
-        max_attempts=max_attempts,
-        ordering=ordering.strip().lower() if ordering else None,
-        dead_policy=dead_policy.strip().lower() if dead_policy else None,
-        unsubscribed=unsubscribed.strip().lower() if unsubscribed else None,
-        lease_seconds=lease_seconds,
-        statement_timeout=statement_timeout,
-        lock_timeout=lock_timeout,
-        idle_in_transaction_timeout=idle_in_transaction_timeout,
-        shutdown_timeout=shutdown_timeout,
-        metrics_port=metrics_port,
-        metrics_host=metrics_host,
-    )
+    given = {name: FIELDS[name].read(raw) for name, raw in settings.items() if raw is not None}
+    outbox_app = prepare_app(app_path, dsn=dsn, **given)
     pin_malloc_thresholds()  # a process of its own: its heap must not creep over the days
-    settings = outbox_app.settings
-    resolution = resolve_worker_mode(settings)
+    resolved = outbox_app.settings
+    resolution = resolve_worker_mode(resolved)
     logger = log.get_logger("outbox.worker")
     if resolution.warning:
         logger.warning("worker.mode_conflict", extra={"warning": resolution.warning})
@@ -162,7 +157,7 @@ def worker(
     wait = wait_for_database if wait_for_database is not None or not drain_only else 0.0
 
     async def body() -> tuple[BatchCounts, Leftovers | None]:
-        pool = await open_pool_when_up(settings, wait=wait)
+        pool = await open_pool_when_up(resolved, wait=wait)
         try:
             service = build_service(
                 outbox_app,
@@ -174,10 +169,10 @@ def worker(
             )
             logger.info(
                 "worker.started",
-                extra={"concurrency": settings.concurrency, "mode": resolution.mode},
+                extra={"concurrency": resolved.concurrency, "mode": resolution.mode},
             )
             counts = await serve(service)
-            left = await leftovers(pool, park=settings.park) if drain_only else None
+            left = await leftovers(pool, park=resolved.park) if drain_only else None
             return counts, left
         finally:
             await pool.close()

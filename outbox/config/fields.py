@@ -13,6 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from outbox.errors import ConfigError
+
 __all__ = [
     "DEFAULT_SCHEMA",
     "DSN_SCHEMES",
@@ -114,6 +116,26 @@ class FieldSpec:
     @property
     def option(self) -> str:
         return "--" + self.env.removeprefix("OUTBOX_").lower().replace("_", "-")
+
+    @property
+    def metavar(self) -> str:
+        """What the option's value looks like, for --help."""
+        if self.choices:
+            return "|".join(self.choices).upper()
+        kinds: dict[Callable[[str], Any], str] = {
+            parse_bool: "BOOLEAN",
+            _parse_int: "INTEGER",
+            _parse_float: "NUMBER",
+        }
+        return kinds.get(self.parse, "TEXT")
+
+    def read(self, raw: str) -> Any:
+        """`raw` (a variable's or an option's text) as the setting's value; a ConfigError naming
+        the setting when it is not one."""
+        try:
+            return self.parse(raw)
+        except ValueError as exc:
+            raise ConfigError(f"{self.named}: {exc}, got {shorten(raw.strip())}") from None
 
     @property
     def named(self) -> str:

@@ -89,7 +89,7 @@ class Settings:
                 continue
             try:
                 values[name] = spec.parse(raw)
-            except ValueError as exc:
+            except ValueError as exc:  # the variable's name: it came from the environment
                 shown = "<redacted>" if name == "dsn" else shorten(raw)
                 raise ConfigError(f"{spec.env}: {exc}, got {shown}") from None
         unknown = set(overrides) - FIELDS.keys()

@@ -129,6 +129,9 @@ class Dispatch:
     # What happens to an event no projector subscribes to (OUTBOX_UNSUBSCRIBED): `skip`
     # completes it, `retry` fails it (UnknownEventType) until a projector for it is deployed.
     unsubscribed: Unsubscribed = "skip"
+    # The bucket every event of the batch is in (a worker's batch claims in one); None: each
+    # campaign's, worked out by the guards' statements.
+    bucket: int | None = None
     checkpoints: dict[CheckpointKey, int] = field(default_factory=dict)
     moved: set[CheckpointKey] = field(default_factory=set)
     # For metrics: events per (projector, outcome) of the groups that applied ("applied", or
@@ -149,7 +152,9 @@ class Dispatch:
         if not ordered or not campaigns:
             return
         self.checkpoints.update(
-            await lock_checkpoints(self.conn, sorted(set(campaigns)), ordered, held=held)
+            await lock_checkpoints(
+                self.conn, sorted(set(campaigns)), ordered, held=held, bucket=self.bucket
+            )
         )
 
     def use(self, checkpoints: dict[CheckpointKey, int]) -> None:
@@ -290,7 +295,7 @@ class Dispatch:
         wanted = [(cids[i], seqs[i], run.projector.name) for run in marked for i in run.indexes]
         if not wanted:
             return
-        reserved = await reserve_markers(self.conn, wanted)
+        reserved = await reserve_markers(self.conn, wanted, bucket=self.bucket)
         for run in marked:
             name = run.projector.name
             run.indexes = [i for i in run.indexes if (cids[i], seqs[i], name) in reserved]

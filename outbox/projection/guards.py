@@ -59,7 +59,12 @@ CheckpointKey = tuple[str, str]  # (campaign_id, projector)
 
 
 async def lock_checkpoints(
-    conn: Connection, campaigns: Sequence[str], projectors: Sequence[str], *, held: bool
+    conn: Connection,
+    campaigns: Sequence[str],
+    projectors: Sequence[str],
+    *,
+    held: bool,
+    bucket: int | None = None,
 ) -> dict[CheckpointKey, int]:
     """Lock and read the checkpoints of `projectors` in `campaigns` (sorted: a fixed lock
     order), in one statement; a missing one reads as 0.
@@ -67,13 +72,14 @@ async def lock_checkpoints(
     `held`: the caller holds the campaigns against every other applier (an append's head, a
     campaign row). Otherwise missing rows are created first and locked, so two concurrent
     applications of a campaign's first events cannot both read "missing" and apply them twice
-    (two more statements, only then)."""
+    (two more statements, only then). `bucket`: the batch's, when every campaign is in it."""
     found: dict[CheckpointKey, int] = {}
-    for bucket, group in (await buckets.grouped(conn, campaigns, str)).items():
-        rows = await conn.fetch(Q.lock_checkpoints, group, projectors, bucket)
+    by_bucket = await buckets.grouped(conn, campaigns, str, bucket=bucket)
+    for in_bucket, group in by_bucket.items():
+        rows = await conn.fetch(Q.lock_checkpoints, group, projectors, in_bucket)
         if not held and len(rows) < len(group) * len(projectors):
-            await conn.execute(Q.create_checkpoints, group, projectors, bucket)
-            rows = await conn.fetch(Q.lock_checkpoints, group, projectors, bucket)
+            await conn.execute(Q.create_checkpoints, group, projectors, in_bucket)
+            rows = await conn.fetch(Q.lock_checkpoints, group, projectors, in_bucket)
         found.update({(r["campaign_id"], r["projector"]): r["applied_seq"] for r in rows})
     return found
 
@@ -120,20 +126,23 @@ async def applied_events(
     events: Sequence[tuple[str, int, str]],
     *,
     unsubscribed: Unsubscribed = "retry",
+    bucket: int | None = None,
 ) -> set[Key]:
     """Which of `(campaign_id, seq, type)` count as applied: the type is declared ignored (or
     no projector subscribes to it, under `unsubscribed="skip"`), or every projector subscribed
     to it applied the event (checkpoint at or past its seq, or its processed marker).
-    Unguarded projectors cannot tell, so their events never count as applied."""
+    Unguarded projectors cannot tell, so their events never count as applied. `bucket`: the
+    batch's, when every event is in it."""
     if not events:
         return set()
     checkpoints: dict[CheckpointKey, int] = {}
     markers: set[tuple[str, int, str]] = set()
-    for bucket, group in (await buckets.grouped(conn, events, itemgetter(0))).items():
-        rows = await conn.fetch(Q.list_checkpoints, sorted({e[0] for e in group}), bucket)
+    by_bucket = await buckets.grouped(conn, events, itemgetter(0), bucket=bucket)
+    for in_bucket, group in by_bucket.items():
+        rows = await conn.fetch(Q.list_checkpoints, sorted({e[0] for e in group}), in_bucket)
         checkpoints.update({(r["campaign_id"], r["projector"]): r["applied_seq"] for r in rows})
         rows = await conn.fetch(
-            Q.list_markers, [e[0] for e in group], [e[1] for e in group], bucket
+            Q.list_markers, [e[0] for e in group], [e[1] for e in group], in_bucket
         )
         markers.update((r["campaign_id"], r["seq"], r["handler"]) for r in rows)
     applied = set()
@@ -154,18 +163,20 @@ async def applied_events(
 
 
 async def reserve_markers(
-    conn: Connection, wanted: Sequence[tuple[str, int, str]]
+    conn: Connection, wanted: Sequence[tuple[str, int, str]], *, bucket: int | None = None
 ) -> set[tuple[str, int, str]]:
-    """Reserve the processed markers (campaign_id, seq, handler) in one statement; returns the
-    ones reserved now (the others were applied before)."""
+    """Reserve the processed markers (campaign_id, seq, handler) in one statement per bucket
+    (`bucket`: the batch's, when every marker is in it); returns the ones reserved now (the
+    others were applied before)."""
     reserved: set[tuple[str, int, str]] = set()
-    for bucket, group in (await buckets.grouped(conn, wanted, itemgetter(0))).items():
+    by_bucket = await buckets.grouped(conn, wanted, itemgetter(0), bucket=bucket)
+    for in_bucket, group in by_bucket.items():
         rows = await conn.fetch(
             Q.reserve_markers,
             [w[0] for w in group],
             [w[1] for w in group],
             [w[2] for w in group],
-            bucket,
+            in_bucket,
         )
         reserved.update((r["campaign_id"], r["seq"], r["handler"]) for r in rows)
     return reserved

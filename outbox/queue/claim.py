@@ -136,7 +136,7 @@ async def claim(
     campaigns an ordered claim takes at most (default `limit`), the rows shared among them."""
     if ordered:
         records = await conn.fetch(
-            Q.claim_batch, min(campaigns or limit, limit), limit, list(projectors), now, bucket
+            Q.claim_batch, bucket, min(campaigns or limit, limit), limit, list(projectors), now
         )
     else:
         records = await conn.fetch(Q.claim_due_rows, limit, now, bucket)

@@ -13,13 +13,14 @@ o.seq, o.status, o.attempt_count, o.next_attempt_at, o.lease_owner, o.claim_epoc
 j.event_type, j.payload::text AS payload, j.metadata::text AS metadata, j.recorded_at
 
 -- name: claim_batch
--- Ordering `campaign`, in bucket $5: up to $1 due campaigns locked (oldest due first, skipping
--- those other workers hold) and their rows from the head, at most $2 in all, with their events
--- and the checkpoints of the ordered projectors ($3), locked; $4 = now. One call, two
--- snapshots: the function (`outbox_claim`, claim_fn.sql) reads the rows in a statement
--- after the lock, so a campaign locked as its previous holder committed comes back as that
--- holder left it. Columns as `claim_due_rows`.
-SELECT * FROM @extschema@.outbox_claim($5::integer, $1::integer, $2::integer, $3::text[], $4::timestamptz)
+-- Ordering `campaign`, in bucket $1: up to $2 due campaigns locked (oldest due first, skipping
+-- those other workers hold) and their rows from the head, at most $3 in all, with their events
+-- and the checkpoints of the ordered projectors ($4), locked; $5 = now. One call, two
+-- snapshots: the function (`outbox_claim`, claim_fn.sql) reads the rows in a statement after
+-- the lock, so a campaign locked as its previous holder committed comes back as that holder
+-- left it. Columns as `claim_due_rows`.
+SELECT *
+FROM @extschema@.outbox_claim($1::integer, $2::integer, $3::integer, $4::text[], $5::timestamptz)
 
 -- name: claim_due_rows
 -- Ordering `none`, in bucket $3: claim up to $1 due rows, oldest first, skipping rows other

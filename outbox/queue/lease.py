@@ -65,12 +65,14 @@ async def lease_rows(
     owner: str,
     seconds: float,
     now: datetime | None = None,
+    bucket: int | None = None,
 ) -> list[Lease]:
     """Lease `rows` (their campaigns held by the caller's claim) in the caller's transaction;
     rows no longer at the epoch the claim read are left out. A row taken back from an expired
-    lease counts that lease as an attempt."""
+    lease counts that lease as an attempt. `bucket`: the batch's, when every row is in it."""
     records: list[db.Record] = []
-    for bucket, group in (await buckets.grouped(conn, rows, attrgetter("campaign_id"))).items():
+    by_bucket = await buckets.grouped(conn, rows, attrgetter("campaign_id"), bucket=bucket)
+    for in_bucket, group in by_bucket.items():
         records += await conn.fetch(
             Q.lease_rows,
             [r.campaign_id for r in group],
@@ -79,7 +81,7 @@ async def lease_rows(
             seconds,
             [r.claim_epoch for r in group],
             now,
-            bucket,
+            in_bucket,
         )
     by_key = {r.key: r for r in rows}
     return [

@@ -15,8 +15,10 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from operator import attrgetter, itemgetter
+from operator import itemgetter
 from typing import TYPE_CHECKING
+
+import orjson
 
 from outbox import buckets, db
 from outbox.model import Failure, Key
@@ -94,6 +96,7 @@ class Settled:
 async def settle(
     conn: Connection,
     *,
+    bucket: int | None = None,
     done: Sequence[Key] = (),
     failures: Sequence[Failure] = (),
     campaigns: Sequence[CampaignWrite] = (),
@@ -102,63 +105,70 @@ async def settle(
     notify_applied: bool = True,
 ) -> Settled:
     """Delete `done`, record `failures`, write `campaigns` and move `checkpoints` (campaign,
-    projector, applied_seq; sorted) in one call per bucket (a worker's batch has one); with
-    `notify_applied` and rows deleted, wake the readers waiting for their writes (inline apply
-    needs not: its append has not returned yet)."""
+    projector, applied_seq; sorted) in one call per bucket: `bucket`, when the caller knows
+    every campaign is in it (a worker's batch), else each campaign's, worked out here once.
+    With `notify_applied` and rows deleted, wake the readers waiting for their writes (inline
+    apply needs not: its append has not returned yet)."""
     if not (done or failures or campaigns or checkpoints):
         return Settled()
-    done_by = await buckets.grouped(conn, done, itemgetter(0))
-    failures_by = await buckets.grouped(conn, failures, attrgetter("campaign_id"))
-    campaigns_by = await buckets.grouped(conn, campaigns, attrgetter("campaign_id"))
-    moves_by = await buckets.grouped(conn, checkpoints, itemgetter(0))
-    due, ages = 0, list[float]()
-    for bucket in sorted({*done_by, *failures_by, *campaigns_by, *moves_by}):
-        arguments = _arguments(
-            done_by.get(bucket, []),
-            failures_by.get(bucket, []),
-            campaigns_by.get(bucket, []),
-            moves_by.get(bucket, []),
-            now=now,
-            notify=notify_applied,
+    parts: dict[int, _Part] = {}
+    where = await buckets.locator(conn, bucket)
+    for key in done:
+        parts.setdefault(where(key[0]), _Part()).done.append({"campaign_id": key[0], "seq": key[1]})
+    for f in failures:
+        parts.setdefault(where(f.campaign_id), _Part()).failed.append(
+            {
+                "campaign_id": f.campaign_id,
+                "seq": f.seq,
+                "attempts": f.attempts,
+                "delay": f.delay,
+                "error": f.error,
+                "dead": f.dead,
+            }
         )
-        row = await conn.fetchrow(Q.settle_batch, *arguments, bucket)
+    for c in campaigns:
+        parts.setdefault(where(c.campaign_id), _Part()).campaigns.append(
+            {
+                "campaign_id": c.campaign_id,
+                "head_seq": c.head_seq,
+                "due_at": c.due_at,
+                "blocked": c.blocked,
+                "gone": c.gone,
+            }
+        )
+    for campaign_id, projector, seq in checkpoints:
+        parts.setdefault(where(campaign_id), _Part()).checkpoints.append(
+            {"campaign_id": campaign_id, "projector": projector, "applied_seq": seq}
+        )
+    due, ages = 0, list[float]()
+    channel = applied_channel()
+    for in_bucket, part in sorted(parts.items()):
+        document = orjson.dumps(
+            {
+                "done": part.done,
+                "failed": part.failed,
+                "campaigns": part.campaigns,
+                "checkpoints": part.checkpoints,
+                "now": now,
+                "notify": notify_applied,
+                "channel": channel,
+            }
+        ).decode()
+        row = await conn.fetchrow(Q.settle_batch, in_bucket, document)
         if row is not None:  # the statement always returns one row
             due += row["due"]
             ages += row["ages"] or ()
     return Settled(due, ages)
 
 
-def _arguments(
-    done: Sequence[Key],
-    failures: Sequence[Failure],
-    campaigns: Sequence[CampaignWrite],
-    moves: Sequence[tuple[str, str, int]],
-    *,
-    now: datetime | None,
-    notify: bool,
-) -> list[object]:
-    """One bucket's share of a settle as the statement's arguments $1..$19."""
-    return [
-        [k[0] for k in done],
-        [k[1] for k in done],
-        [f.campaign_id for f in failures],
-        [f.seq for f in failures],
-        [f.attempts for f in failures],
-        [f.delay for f in failures],
-        [f.error for f in failures],
-        [f.dead for f in failures],
-        now,
-        [c.campaign_id for c in campaigns],
-        [c.head_seq for c in campaigns],
-        [c.due_at for c in campaigns],
-        [c.blocked for c in campaigns],
-        [c.gone for c in campaigns],
-        [k[0] for k in moves],
-        [k[1] for k in moves],
-        [k[2] for k in moves],
-        notify,
-        applied_channel(),
-    ]
+@dataclass(slots=True)
+class _Part:
+    """One bucket's share of a settle, as the settle function's document holds it."""
+
+    done: list[dict[str, object]] = field(default_factory=list)
+    failed: list[dict[str, object]] = field(default_factory=list)
+    campaigns: list[dict[str, object]] = field(default_factory=list)
+    checkpoints: list[dict[str, object]] = field(default_factory=list)
 
 
 async def refresh_campaigns(
@@ -206,16 +216,19 @@ async def record_observations(
     *,
     look_again_in: float,
     now: datetime | None = None,
+    bucket: int | None = None,
 ) -> None:
-    """A shadow sighting of each row: counts and timestamps, next look in `look_again_in` s."""
-    for bucket, group in (await buckets.grouped(conn, keys, itemgetter(0))).items():
+    """A shadow sighting of each row: counts and timestamps, next look in `look_again_in` s
+    (`bucket`: the batch's, when every row is in it)."""
+    by_bucket = await buckets.grouped(conn, keys, itemgetter(0), bucket=bucket)
+    for in_bucket, group in by_bucket.items():
         await conn.execute(
             Q.record_observations,
             [k[0] for k in group],
             [k[1] for k in group],
             look_again_in,
             now,
-            bucket,
+            in_bucket,
         )
 
 
@@ -225,12 +238,16 @@ async def defer(
     campaigns: Sequence[str] = (),
     rows: Sequence[Key] = (),
     seconds: float,
+    bucket: int | None = None,
 ) -> None:
     """Make held campaigns (ordering `campaign`) or claimed rows (ordering `none`) due again in
-    `seconds` by the database clock, consuming no attempt: what waits for a paused projector."""
-    for bucket, group in (await buckets.grouped(conn, sorted(campaigns), str)).items():
-        await conn.execute(Q.defer_campaigns, group, seconds, bucket)
-    for bucket, keys in (await buckets.grouped(conn, sorted(rows), itemgetter(0))).items():
+    `seconds` by the database clock, consuming no attempt: what waits for a paused projector.
+    `bucket`: the batch's, when every campaign is in it."""
+    held = await buckets.grouped(conn, sorted(campaigns), str, bucket=bucket)
+    for in_bucket, group in held.items():
+        await conn.execute(Q.defer_campaigns, group, seconds, in_bucket)
+    claimed = await buckets.grouped(conn, sorted(rows), itemgetter(0), bucket=bucket)
+    for in_bucket, keys in claimed.items():
         await conn.execute(
-            Q.defer_rows, [k[0] for k in keys], [k[1] for k in keys], seconds, bucket
+            Q.defer_rows, [k[0] for k in keys], [k[1] for k in keys], seconds, in_bucket
         )

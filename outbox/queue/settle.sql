@@ -5,23 +5,14 @@
 -- what Citus refuses to route).
 
 -- name: settle_batch
--- The end of a batch in bucket $20 in one call (`outbox_settle`, settle_fn.sql):
--- the append heads of campaigns it left with nothing live held ($14 marks them); the moved
--- checkpoints ($15..$17, sorted) written; then, in a statement that sees every append
--- committed before that: completed rows ($1, $2) deleted, failures ($3..$8) recorded, the
--- campaign rows ($10..$14) written, and with $18 and rows deleted one NOTIFY on $19 (payload:
--- the bucket). Returns the campaigns left due now and each deleted row's seconds since it was
--- enqueued. $9 = now.
-SELECT due, ages
-FROM @extschema@.outbox_settle(
-    $20::integer,
-    $1::text[], $2::bigint[],
-    $3::text[], $4::bigint[], $5::integer[], $6::double precision[], $7::text[], $8::boolean[],
-    $9::timestamptz,
-    $10::text[], $11::bigint[], $12::timestamptz[], $13::boolean[], $14::boolean[],
-    $15::text[], $16::text[], $17::bigint[],
-    $18::boolean, $19::text
-)
+-- The end of a batch in bucket $1 in one call (`outbox_settle`, settle_fn.sql), its work as one
+-- JSON document ($2: done, failed, campaigns, checkpoints, now, notify, channel; sent as text,
+-- which any pool passes as it is, whatever its jsonb codec): the append
+-- heads of campaigns it left with nothing live held; the moved checkpoints written; then, in a
+-- statement that sees every append committed before that, completed rows deleted, failures
+-- recorded, the campaign rows written, and one NOTIFY when asked and rows were deleted.
+-- Returns the campaigns left due now and each deleted row's seconds since it was enqueued.
+SELECT due, ages FROM @extschema@.outbox_settle($1::integer, $2::text::jsonb)
 
 -- name: refresh_campaigns
 -- Campaign rows ($1) brought in line with their work rows, for paths that change rows without

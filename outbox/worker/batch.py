@@ -1,46 +1,42 @@
-"""The apply worker's batch: claim, apply the batch as one group, isolate failures, settle.
+"""A worker's batches: the bucket, the claim and the transaction around its strategy.
 
 `Worker.run_once()` is one batch in one transaction, in one bucket (the next one the worker's
 `BucketRing` knows to be due), and returns its counts; `drain()` repeats it until nothing is
-due. The happy path is five round trips whatever the batch's size: BEGIN,
-the claim (one call), the projectors, the settle (one call), COMMIT. A group runs without a
-savepoint; when one fails, the batch is rolled back and claimed again with a savepoint per
-group, so the failing event records its attempt and its neighbours apply (S6). A batch that
-meets a transient database error (a lost connection included) is rolled back whole: no row
-changes and no attempt is consumed, and the connection it ran on is discarded. The worker never
-decides what a projector does; it dispatches (`outbox.projection.dispatch`), walks the claim
-(`walk`), asks the failure policy (`outbox.retry`) what a failure costs, and runs the queue's
-statements (`outbox.queue`). The long-running service around it (loops, LISTEN, signals,
-heartbeat) lives in `service`.
+due. What the batch does with what it claimed is the worker's `strategy` (`strategy.Strategy`):
+`apply.Apply` (the default) or `shadow.Shadow`. The happy path of an apply batch is five round
+trips whatever its size: BEGIN, the claim (one call), the projectors, the settle (one call),
+COMMIT; when the strategy raises `Isolate`, the batch is rolled back and claimed again with a
+savepoint per group (S6). A batch that meets a transient database error (a lost connection
+included) is rolled back whole: no row changes and no attempt is consumed, and the connection
+it ran on is discarded. Leases the batch took run after its commit (`lease`). The long-running
+service around it (loops, LISTEN, signals, heartbeat) lives in `service`.
 """
 
 from __future__ import annotations
 
 import math
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING
 
 from outbox import db
-from outbox.model import BatchCounts, Failure, Key
+from outbox.buckets.ring import BucketRing
+from outbox.model import BatchCounts
 from outbox.obs import log, tracing
 from outbox.obs.metrics import Metrics
 from outbox.projection.app import Outbox
-from outbox.projection.dispatch import ApplyOutcome, Dispatch, GroupFailed
-from outbox.queue.claim import ClaimedCampaign, ClaimedRow, claim, event_batch
-from outbox.queue.lease import Lease, lease_rows
-from outbox.queue.settle import defer, settle
-from outbox.retry import FailurePolicy, log_failure
-from outbox.worker.lease import LeaseRunner, choose_leases
+from outbox.queue.claim import ClaimedCampaign, claim
+from outbox.retry import FailurePolicy
+from outbox.worker.apply import Apply
+from outbox.worker.lease import LeaseRunner
 from outbox.worker.registration import new_worker_id
-from outbox.worker.ring import BucketRing
-from outbox.worker.transient import raise_transient, transient_cause
-from outbox.worker.walk import campaign_writes, paused_waits, walk
+from outbox.worker.strategy import AfterCommit, Batch, Isolate, Strategy
+from outbox.worker.transient import transient_cause
 
 if TYPE_CHECKING:
-    from outbox.db import Connection, Pool
+    from outbox.db import Pool
 
 __all__ = ["Worker"]
 
@@ -48,25 +44,10 @@ _logger = log.get_logger("outbox.worker")
 
 
 @dataclass
-class AfterCommit:
-    """What a batch hands on past its commit: leases to run, figures for the metrics (events
-    per projector and outcome, each projector call's seconds, each completed row's seconds
-    since it was enqueued)."""
-
-    leases: list[Lease] = field(default_factory=list)
-    tally: Counter[tuple[str, str]] = field(default_factory=Counter)
-    durations: list[tuple[str, float]] = field(default_factory=list)
-    ages: list[float] = field(default_factory=list)
-    unsubscribed: Counter[str] = field(default_factory=Counter)  # completed unapplied, per type
-
-
-class _Isolate(Exception):
-    """A batch applied without savepoints met a failing event: roll it back and run it again
-    with a savepoint per group, which isolates the event."""
-
-
-@dataclass
 class Worker:
+    """Batches of one worker: the bucket ring, the claim and the transaction, around what its
+    `strategy` does with the claimed work (default: apply it)."""
+
     app: Outbox
     pool: Pool
     # The jitter's random source (None: the app's); tests inject a fixed one.
@@ -84,6 +65,8 @@ class Worker:
     took_all: bool = field(default=True, init=False, repr=False)
     # (projector, outcome) -> events since the worker started: its registry row shows them.
     tally: Counter[tuple[str, str]] = field(default_factory=Counter, init=False, repr=False)
+    # What a batch does with what it claimed (`apply.Apply`, `shadow.Shadow`).
+    strategy: Strategy = field(default_factory=Apply)
     # Which bucket the next batch claims from.
     ring: BucketRing = field(init=False, repr=False)
 
@@ -123,7 +106,7 @@ class Worker:
                 return BatchCounts()
             try:
                 counts = await self._batch(after, bucket, careful=False)
-            except _Isolate as isolate:
+            except Isolate as isolate:
                 _logger.debug("batch.isolate", extra={"error": str(isolate)})
                 after = AfterCommit()
                 counts = await self._batch(after, bucket, careful=True)
@@ -182,7 +165,10 @@ class Worker:
                 )
                 self.took_all = not self._claim_ordered() or len(campaigns) < wanted
                 self._observe(campaigns)
-                return await self._handle(conn, campaigns, now, after, careful=careful)
+                batch = Batch(
+                    self.app, self.policy, self.worker_id, conn, bucket, now, after, careful
+                )
+                return await self.strategy.handle(batch, campaigns)
 
     def _campaigns_to_claim(self) -> int:
         """How many campaigns an ordered claim takes: as many as fill a batch at the depth
@@ -204,177 +190,8 @@ class Worker:
         self.depth = min(max(sum(found) / len(found), 1.0), float(self.app.settings.batch_size))
 
     def _claim_ordered(self) -> bool:
-        """Whether the claim goes by campaign: the apply worker follows the settings."""
-        return self.ordered
-
-    async def _handle(
-        self,
-        conn: Connection,
-        campaigns: list[ClaimedCampaign],
-        now: datetime | None,
-        after: AfterCommit,
-        *,
-        careful: bool = False,
-    ) -> BatchCounts:
-        """Apply the walked rows as one group (`careful`: in a savepoint; on a failure, roll
-        the group back and retry smaller pieces, so only the failing event records an attempt
-        and its neighbours still apply, S6; else a failure raises `_Isolate`).
-        Rows of events with a non-transactional projector end their campaign's walk and are
-        leased (`after.leases`, run after the commit). Then settle: delete successes, record
-        failures and write the campaign rows, in one call."""
-        leased_types = self.app.registry.leased_types()
-        paused = await self.app.pauses.types(conn, self.app.registry) if campaigns else frozenset()
-        work = walk(
-            campaigns,
-            limit=self.app.settings.batch_size,
-            park=self.park,
-            ordered=self.ordered,
-            stop_after=leased_types,
-            paused=paused,
-        )
-        counts = BatchCounts(claimed=len(work))
-        waiting = paused_waits(campaigns, work, paused, ordered=self.ordered)
-        to_lease = [r for r in work if r.event_type in leased_types]
-        if to_lease:
-            leasing = {r.key for r in to_lease}
-            work = [r for r in work if r.key not in leasing]
-        if not campaigns:
-            return counts
-        dispatch = Dispatch(conn, self.app.registry, self.app.settings.unsubscribed)
-        done: list[Key] = []
-        failures: list[Failure] = []
-        if work:
-            if self.ordered:  # the claim locked them
-                dispatch.use(
-                    {(c.campaign_id, p): v for c in campaigns for p, v in c.checkpoints.items()}
-                )
-            else:
-                await dispatch.load(sorted({r.campaign_id for r in work}))
-            await self._apply(dispatch, work, done, failures, counts, careful=careful)
-            after.tally, after.durations = dispatch.tally, dispatch.durations
-            after.unsubscribed = dispatch.skipped_types
-        if to_lease:
-            await self._lease(conn, to_lease, failures, counts, after.leases, now)
-        writes = (
-            await campaign_writes(
-                conn,
-                campaigns,
-                set(done),
-                failures,
-                park=self.park,
-                leased={lease.key: lease.expires_at for lease in after.leases},
-            )
-            if self.ordered  # under ordering `none` the claim reads the work rows directly
-            else []
-        )
-        settled = await settle(
-            conn,
-            done=done,
-            failures=failures,
-            campaigns=writes,
-            checkpoints=dispatch.moves(),
-            now=now,
-        )
-        counts.more_due, after.ages = settled.due, settled.ages
-        if any(waiting):  # due again in one poll interval: a resume is seen that soon
-            held, rows = waiting
-            await defer(conn, campaigns=held, rows=rows, seconds=self.app.settings.poll_interval)
-            counts.paused = len(held) + len(rows)
-            counts.more_due = max(0, counts.more_due - len(held))
-        return counts
-
-    async def _apply(
-        self,
-        dispatch: Dispatch,
-        work: list[ClaimedRow],
-        done: list[Key],
-        failures: list[Failure],
-        counts: BatchCounts,
-        *,
-        careful: bool,
-    ) -> None:
-        pending: deque[list[ClaimedRow]] = deque([work])
-        while pending:
-            # Under campaign ordering, rows behind a row that failed in this batch wait.
-            failed_at = {f.campaign_id: f.seq for f in failures} if self.ordered else {}
-            group = [r for r in pending.popleft() if r.seq <= failed_at.get(r.campaign_id, r.seq)]
-            if not group:
-                continue
-            bad = next((i for i, r in enumerate(group) if r.event_type is None), None)
-            if bad is not None:  # a missing or undecodable event fails its row alone (S8)
-                failures.append(self._failed(group[bad], group[bad].unavailable, counts))
-                pending.extendleft([group[bad + 1 :], group[:bad]])
-                continue
-            if careful:
-                await dispatch.open_group()
-            try:
-                outcomes = await dispatch.apply(event_batch(group))
-            except GroupFailed as failed:
-                raise_transient(failed, closed=dispatch.conn.is_closed())
-                if not careful:
-                    raise _Isolate(failed.describe()) from failed.cause
-                pieces = self._split(group, failed, failures, counts)
-                await dispatch.undo_group()
-                pending.extendleft(reversed(pieces))
-                continue
-            done.extend([(r.campaign_id, r.seq) for r in group])
-            applied = outcomes.count(ApplyOutcome.APPLIED)
-            counts.applied += applied
-            counts.skipped += len(group) - applied
-
-    async def _lease(
-        self,
-        conn: Connection,
-        rows: list[ClaimedRow],
-        failures: list[Failure],
-        counts: BatchCounts,
-        leases: list[Lease],
-        now: datetime | None,
-    ) -> None:
-        """Lease the rows whose campaign did not fail before them in this batch (S13)."""
-        ready, last, reclaimed = choose_leases(
-            rows, failures, max_attempts=self.app.settings.max_attempts
-        )
-        counts.reclaimed += reclaimed
-        failures.extend(self._failed(row, expired, counts) for row, expired in last)
-        leased = await lease_rows(
-            conn, ready, owner=self.worker_id, seconds=self.app.settings.lease_seconds, now=now
-        )
-        leases.extend(leased)
-        counts.leased += len(leased)
-
-    def _split(
-        self,
-        group: list[ClaimedRow],
-        failed: GroupFailed,
-        failures: list[Failure],
-        counts: BatchCounts,
-    ) -> list[list[ClaimedRow]]:
-        """The pieces to retry after `group` failed: around the failing event when it is
-        known (which records its failure), else the two halves."""
-        if failed.index is None and len(group) > 1:
-            half = len(group) // 2
-            return [group[:half], group[half:]]
-        index = failed.index or 0
-        failures.append(self._failed(group[index], failed.cause, counts, failed.projector))
-        return [group[:index], group[index + 1 :]]
-
-    def _failed(
-        self,
-        row: ClaimedRow,
-        exc: BaseException | None,
-        counts: BatchCounts,
-        projector: str | None = None,
-    ) -> Failure:
-        """Record one row's failure: the attempt, the backoff or dead, the log line."""
-        exc = exc if exc is not None else RuntimeError("no event")
-        failure = self.policy.fail(
-            row.campaign_id, row.seq, row.attempt_count, exc, projector=projector
-        )
-        counts.dead += failure.dead
-        counts.failed += not failure.dead
-        log_failure(failure, exc)
-        return failure
+        """Whether the claim goes by campaign (the strategy says, from the settings)."""
+        return self.strategy.claims_in_order(self.app.settings)
 
     async def drain(self) -> BatchCounts:
         """Run batches until one claims nothing and leaves nothing due; return the totals."""

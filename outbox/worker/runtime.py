@@ -36,10 +36,11 @@ from outbox.obs import log
 from outbox.queries import using_schema
 from outbox.retry import backoff_delay, describe_error
 from outbox.schema import check_current
+from outbox.worker.apply import Apply
 from outbox.worker.batch import Worker
 from outbox.worker.registration import new_worker_id
-from outbox.worker.service import Service
-from outbox.worker.shadow import ShadowWorker
+from outbox.worker.service import Service, ServiceConfig
+from outbox.worker.shadow import Shadow
 
 if TYPE_CHECKING:
     from outbox.db import Pool
@@ -136,12 +137,11 @@ def build_service(
     settings = settings if settings is not None else app.settings
     if mode is None:
         mode = resolve_worker_mode(settings).mode
-    kind = ShadowWorker if mode == "shadow" else Worker
+    strategy = Shadow() if mode == "shadow" else Apply()
     dsn = settings.dsn or ""
-    return Service(
-        kind(app, pool, worker_id=worker_id or new_worker_id()),
-        dsn,
-        settings.concurrency,
+    config = ServiceConfig(
+        dsn=dsn,
+        concurrency=settings.concurrency,
         mode=mode,
         shutdown_timeout=settings.shutdown_timeout,
         metrics_port=settings.metrics_port,
@@ -149,6 +149,8 @@ def build_service(
         until_idle=until_idle,
         wait_out_backoff=wait_out_backoff,
     )
+    worker = Worker(app, pool, worker_id=worker_id or new_worker_id(), strategy=strategy)
+    return Service(worker, config)
 
 
 @asynccontextmanager

@@ -9,16 +9,15 @@ start-up ends the service. `database.lost` and `database.restored` mark the link
 
 `Service.signals` says what happened, for tests and embedding code to wait on instead of
 polling: the LISTEN connection is up (`listening`), a batch ended (`batch_done`), a claim loop
-found nothing due (`idle`). Building a service from settings is `runtime`'s job.
+found nothing due (`idle`). A service is its fixed configuration (`ServiceConfig`) and the
+state it lives by; what a loop does after a batch is `steps.next_step`. Building a service
+from settings is `runtime`'s job.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import signal
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
 import anyio
@@ -30,13 +29,15 @@ from outbox.model import BatchCounts, WorkerMode
 from outbox.obs import log
 from outbox.obs.metrics import REFRESH_INTERVAL, Metrics
 from outbox.queue import inspect
-from outbox.queue.settle import unblock_campaigns, work_channel
+from outbox.queue.settle import unblock_campaigns
 from outbox.retry import backoff_delay, describe_error
 from outbox.worker.batch import Worker
+from outbox.worker.listener import Listener, listen
 from outbox.worker.registration import HEARTBEAT_INTERVAL, Registration, registry_counters
 from outbox.worker.signals import Doorbell, Signals
+from outbox.worker.steps import Step, next_step
 
-__all__ = ["Link", "Service", "refresh_gauges", "serve"]
+__all__ = ["Link", "Service", "ServiceConfig", "refresh_gauges", "serve"]
 
 _logger = log.get_logger("outbox.worker")
 
@@ -80,37 +81,46 @@ class Link:
             _logger.info("database.restored")
 
 
-@dataclass
-class Service:
-    """Claim loops, the LISTEN connection and shutdown for one worker process.
-    With `until_idle` (a drain) the loops end once a batch finds nothing due (not one that took
-    all the campaigns it asked for, all emptied: more may wait), and no LISTEN, heartbeat or
-    registry row is kept."""
+@dataclass(frozen=True, slots=True)
+class ServiceConfig:
+    """How a worker service runs, fixed when it is built. `dsn`: where the LISTEN connection
+    goes ('': a connection held from the worker's pool). `until_idle` (a drain): the loops end
+    once a batch finds nothing due (not one that took all the campaigns it asked for, all
+    emptied: more may wait), and no LISTEN, heartbeat or registry row is kept; with
+    `wait_out_backoff` they wait out backoffs (and leases held elsewhere) until nothing
+    outstanding will come due. `notifications`: LISTEN for wake-ups; without it the poll
+    interval alone bounds every wait (e.g. behind a pooler in transaction mode)."""
 
-    worker: Worker
-    dsn: str
+    dsn: str = ""
     concurrency: int = 1
-    doorbell: Doorbell = field(default_factory=Doorbell)
-    stopping: anyio.Event = field(default_factory=anyio.Event)
-    listener_connected: bool = False
-    totals: BatchCounts = field(default_factory=BatchCounts)
     mode: WorkerMode = "apply"
     shutdown_timeout: float = 30.0  # seconds the loops get to finish their batch on stop()
-    signals: Signals = field(default_factory=Signals)
-    metrics: Metrics = field(default_factory=Metrics)
     metrics_port: int | None = None  # serve /metrics (and refresh the queue gauges) when set
     metrics_host: str = "127.0.0.1"  # the address /metrics binds to
-    metrics_address: tuple[str, int] | None = None  # where it serves, once it does
     until_idle: bool = False
-    # With until_idle: wait out backoffs (and leases held elsewhere) until nothing outstanding
-    # will come due, instead of ending at the first claim that finds nothing due now.
     wait_out_backoff: bool = False
-    link: Link = field(default_factory=Link)
-    # LISTEN for wake-ups; without it the poll interval alone bounds every wait, e.g.
-    # behind a pooler in transaction mode, where LISTEN does not work.
     notifications: bool = True
 
+
+@dataclass
+class Service:
+    """Claim loops, the LISTEN connection and shutdown for one worker process: its `config`,
+    and the state it lives by (the loops' doorbell, whether it is stopping, the LISTEN link,
+    the totals, the signals and metrics it reports)."""
+
+    worker: Worker
+    config: ServiceConfig = field(default_factory=ServiceConfig)
+    doorbell: Doorbell = field(default_factory=Doorbell)
+    stopping: anyio.Event = field(default_factory=anyio.Event)
+    totals: BatchCounts = field(default_factory=BatchCounts)
+    signals: Signals = field(default_factory=Signals)
+    metrics: Metrics = field(default_factory=Metrics)
+    metrics_address: tuple[str, int] | None = None  # where /metrics serves, once it does
+    link: Link = field(default_factory=Link)
+    listener: Listener = field(init=False)
+
     def __post_init__(self) -> None:
+        self.listener = Listener(self.config.dsn, self.metrics, self.signals)
         self.worker.metrics = self.metrics  # per-projector figures after each commit
         self.metrics.register_projectors(self.worker.app.registry.projectors)
 
@@ -169,22 +179,23 @@ class Service:
                 _logger.debug("batch.done", extra=vars(counts))
             if not counts.more_due and counts.claimed < settings.batch_size:
                 self.signals.idle.fire()  # nothing is due now: the loop waits or ends
-            if not (counts.claimed or counts.more_due) and self.worker.took_all and self.until_idle:
-                if not self.wait_out_backoff or counts.paused:  # paused: never due by itself
-                    return
+            step = next_step(
+                counts,
+                batch_size=settings.batch_size,
+                took_all=self.worker.took_all,
+                until_idle=self.config.until_idle,
+                wait_out_backoff=self.config.wait_out_backoff,
+            )
+            if step is Step.END:
+                return
+            if step is Step.DUE:
                 wait = await self._due_in()
                 if wait is None:
                     return  # what is left never comes due by itself: dead or blocked rows
                 await self._pause(wait)
-                continue
-            if counts.claimed >= settings.batch_size or not self.worker.took_all:
-                continue  # a full batch, or a claim that met its campaign limit: more is due
-            if counts.more_due:
-                # Campaigns left due: claim again, at once when this batch did work. One that
-                # yielded nothing waits for an append still in flight: look again shortly.
-                await self._pause(0 if counts.claimed else RECHECK_DELAY)
-                continue
-            if not self.until_idle:  # a drain ends at the next claim that finds nothing
+            elif step is Step.RECHECK:
+                await self._pause(RECHECK_DELAY)
+            elif step is Step.IDLE:
                 await self._pause(await self._idle_time(counts))
 
     async def _due_in(self, *, later: bool = False) -> float | None:
@@ -212,78 +223,9 @@ class Service:
         due_in = await self._due_in(later=True)
         return poll if due_in is None else due_in
 
-    @asynccontextmanager
-    async def _listener_connection(self) -> AsyncIterator[db.Connection]:
-        """A connection of its own for LISTEN: from the DSN when one is known (the CLI), else
-        one held from the worker's pool (an application's `running_worker`)."""
-        settings = self.worker.app.settings
-        if not self.dsn:
-            session = settings.worker_session("outbox-listener")
-            async with db.acquire(self.worker.pool, session=session) as conn:
-                yield conn
-            return
-        sent, _ = settings.session_settings("outbox-listener")
-        conn = await db.connect(self.dsn, server_settings=sent, codecs=False)
-        try:
-            yield conn
-        finally:
-            conn.terminate()
-
     async def listen(self) -> None:
-        """Keep a LISTEN connection, reconnecting with backoff; never needed for correctness,
-        the poll interval bounds every wait. Any failure of it is logged and retried."""
-        attempt = 0
-        while True:
-            error = "connection closed"
-            connected = False
-            try:
-                async with self._listener_connection() as conn:
-                    connected = True
-                    lost = anyio.Event()
-
-                    def on_lost(_conn: object, lost: anyio.Event = lost) -> None:
-                        lost.set()
-
-                    def on_work(_c: object, _pid: object, _ch: object, payload: object) -> None:
-                        self.worker.ring.wake(str(payload))  # the bucket that got work
-                        self.doorbell.ring()  # one loop: one append, one campaign
-
-                    conn.add_termination_listener(on_lost)
-                    await conn.add_listener(work_channel(), on_work)
-                    try:
-                        self.listener_connected, attempt = True, 0
-                        self.metrics.listener_connected.set(1)
-                        _logger.info("listener.connected")
-                        self.signals.listening.fire()
-                        self.worker.ring.wake("")  # appended while we were away: look again
-                        self.doorbell.ring_all()
-                        await self._watch(conn, lost)
-                    finally:
-                        if not self.dsn:  # borrowed from the application's pool: back clean
-                            await _unlisten(conn, on_work, on_lost)
-            except Exception as exc:  # could not connect, lost before LISTEN, or while watching
-                error = describe_error(exc)
-                if not connected:
-                    _logger.warning("listener.connect_failed", extra={"error": error})
-            finally:
-                self.listener_connected = False
-                self.metrics.listener_connected.set(0)
-            attempt += 1
-            if connected:
-                _logger.warning("listener.lost", extra={"error": error})
-            await anyio.sleep(self._backoff(attempt))
-
-    async def _watch(self, conn: db.Connection, lost: anyio.Event) -> None:
-        # A dead socket is not always reported at once; a cheap query now and then finds out.
-        while True:
-            with anyio.move_on_after(max(1.0, self.worker.app.settings.poll_interval)):
-                await lost.wait()
-                return
-            try:
-                with anyio.fail_after(10):
-                    await conn.fetchval("SELECT 1")
-            except Exception:  # any failure here means the connection is gone
-                return
+        """Keep the LISTEN connection that rings the loops (`listener.listen`)."""
+        await listen(self.listener, self.doorbell, self.worker, self._backoff)
 
     async def heartbeat(self, registration: Registration) -> None:
         while True:
@@ -302,9 +244,14 @@ class Service:
                 _logger.warning("metrics.refresh_failed", extra={"error": describe_error(exc)})
             await anyio.sleep(REFRESH_INTERVAL)
 
+    @property
+    def listener_connected(self) -> bool:
+        """Whether the LISTEN connection is up."""
+        return self.listener.connected
+
     async def wait_listening(self) -> None:
         """Return once the LISTEN connection is up (at once if it is)."""
-        await self.signals.listening.wait_until(lambda: self.listener_connected)
+        await self.signals.listening.wait_until(lambda: self.listener.connected)
 
     async def run(
         self,
@@ -314,28 +261,37 @@ class Service:
     ) -> None:
         """Run until `stop()` (or, with `until_idle`, until every loop found nothing due);
         `shutdown_timeout` overrides the service's own."""
+        config = self.config
         if shutdown_timeout is None:
-            shutdown_timeout = self.shutdown_timeout
-        if self.worker.park and self.mode == "apply":
+            shutdown_timeout = config.shutdown_timeout
+        if self.worker.park and config.mode == "apply":
             unblocked = await unblock_campaigns(self.worker.pool)
             if unblocked:
                 _logger.info("campaigns.unblocked", extra={"campaigns": unblocked})
-        if self.until_idle:
+        if config.until_idle:
             await self._loops(shutdown_timeout, task_status)
             return
-        registration = Registration(self.worker.pool, self.worker_id, self.mode, self.concurrency)
+        registration = Registration(
+            self.worker.pool, self.worker_id, config.mode, config.concurrency
+        )
         await registration.register(self.stopping)
         _logger.info(
             "worker.registered",
-            extra={"worker_id": self.worker_id, "mode": self.mode, "concurrency": self.concurrency},
+            extra={
+                "worker_id": self.worker_id,
+                "mode": config.mode,
+                "concurrency": config.concurrency,
+            },
         )
         try:
             async with anyio.create_task_group() as service:
-                if self.notifications:
+                if config.notifications:
                     service.start_soon(self.listen)
                 service.start_soon(self.heartbeat, registration)
-                if self.metrics_port is not None:
-                    self.metrics_address = self.metrics.serve(self.metrics_port, self.metrics_host)
+                if config.metrics_port is not None:
+                    self.metrics_address = self.metrics.serve(
+                        config.metrics_port, config.metrics_host
+                    )
                     host, port = self.metrics_address
                     _logger.info("metrics.serving", extra={"host": host, "port": port})
                     service.start_soon(self.refresh_metrics)
@@ -351,7 +307,7 @@ class Service:
                     _logger.warning("registry.stop_failed", extra={"error": describe_error(exc)})
 
     async def _loops(self, shutdown_timeout: float, task_status: TaskStatus[None]) -> None:
-        running = self.concurrency
+        running = self.config.concurrency
 
         async def loop() -> None:
             nonlocal running
@@ -363,7 +319,7 @@ class Service:
                     self.stop()
 
         async with anyio.create_task_group() as loops:
-            for _ in range(self.concurrency):
+            for _ in range(self.config.concurrency):
                 loops.start_soon(loop)
             task_status.started()
             await self.stopping.wait()
@@ -388,13 +344,3 @@ async def _stop_on_signal(service: Service) -> None:
             _logger.info("worker.stopping", extra={"signal": signal.Signals(signum).name})
             service.stop()
             return
-
-
-async def _unlisten(
-    conn: db.Connection, on_work: Callable[..., None], on_lost: Callable[[object], None]
-) -> None:
-    """Take the listener's callbacks and LISTEN off a borrowed connection before it goes back
-    (also at shutdown); one gone or slow to answer is left as it is (the pool discards it)."""
-    conn.remove_termination_listener(on_lost)
-    with anyio.move_on_after(1, shield=True), contextlib.suppress(Exception):
-        await conn.remove_listener(work_channel(), on_work)

@@ -40,7 +40,7 @@ BAD_ENV = {
     "OUTBOX_LOCK_TIMEOUT": "soon",
     "OUTBOX_IDLE_IN_TRANSACTION_TIMEOUT": "1e999",
 }
-WORKER = ["--app", "outbox.examples.app:app", "--drain"]
+WORKER = ["--app", "campaigns_demo.app:app", "--drain"]
 
 
 def cases() -> list[tuple[str, list[str], dict[str, str], int]]:

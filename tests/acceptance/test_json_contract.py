@@ -16,13 +16,14 @@ from typing import Any
 
 import orjson
 import pytest
+from campaigns_demo.app import install
+from factories import make_dead, make_failed, make_leased, register_worker
 
 from helpers import run_cli
 from outbox import Event, Settings, append, db
-from outbox.examples.app import install
 
 PINNED = Path(__file__).with_name("json_keys.json")
-APP = "outbox.examples.app:app"
+APP = "campaigns_demo.app:app"
 
 
 def key_paths(value: Any, prefix: str = "") -> list[str]:
@@ -47,31 +48,17 @@ async def seed(pool: db.Pool, settings: Settings) -> None:
     await append(pool, "c-lease", [Event("note.added", {"text": "x"})], settings=settings)
     await append(pool, "c-ok", [Event("note.added", {"text": "x"})], settings=settings)
     await append(pool, "c-curse", [Event("dice.cursed", {"sides": 13})], settings=settings)
-    await pool.execute(
-        "UPDATE outbox.projection_apply_outbox SET status = 'dead', attempt_count = 8, "
-        "last_error = 'Boom', seen_count = 1, first_seen_at = clock_timestamp(), "
-        "last_seen_at = clock_timestamp() WHERE campaign_id = 'c-dead' AND seq = 1"
+    await make_dead(pool, "c-dead", 1)
+    await pool.execute(  # a shadow worker saw it once
+        "UPDATE outbox.projection_apply_outbox SET seen_count = 1, "
+        "first_seen_at = clock_timestamp(), last_seen_at = clock_timestamp() "
+        "WHERE campaign_id = 'c-dead' AND seq = 1"
     )
-    await pool.execute(
-        "UPDATE outbox.projection_apply_outbox SET status = 'failed', attempt_count = 2, "
-        "last_error = 'Flaky', next_attempt_at = clock_timestamp() - interval '1 minute' "
-        "WHERE campaign_id = 'c-failed' AND seq = 1"
-    )
+    await make_failed(pool, "c-failed", 1, due_in=-60)
     # On its last attempt: the replay makes it dead, for the requeue to take back.
-    await pool.execute(
-        "UPDATE outbox.projection_apply_outbox SET status = 'failed', attempt_count = 7 "
-        "WHERE campaign_id = 'c-curse'"
-    )
-    await pool.execute(
-        "UPDATE outbox.projection_apply_outbox SET status = 'processing', lease_owner = 'w-1', "
-        "claim_epoch = 1, leased_at = clock_timestamp(), "
-        "lease_expires_at = clock_timestamp() - interval '1 second', "
-        "next_attempt_at = clock_timestamp() - interval '1 second' WHERE campaign_id = 'c-lease'"
-    )
-    await pool.execute(
-        "INSERT INTO outbox.outbox_workers (worker_id, host, pid, mode, concurrency, counters) "
-        "VALUES ('w-1', 'host', 1, 'apply', 2, '{\"applied\": 3}')"
-    )
+    await make_failed(pool, "c-curse", attempts=7, due_in=-1)
+    await make_leased(pool, "c-lease", owner="w-1", expires_in=-1)
+    await register_worker(pool, "w-1", counters={"applied": 3})
 
 
 def run_json(*args: str, dsn: str, prog: str = "maintenance", ok: bool = True) -> Any:

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from helpers import ROOT
-from outbox import localpg
 from outbox.errors import LocalClusterError
-from outbox.localpg import embedded_bindir, find_bindir
+from outbox.testing import localpg
+from outbox.testing.localpg import embedded_bindir, find_bindir
 
 
 def demo(cwd: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:

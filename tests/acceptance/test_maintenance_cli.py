@@ -9,10 +9,11 @@ from typing import Any
 
 import orjson
 import pytest
+from campaigns_demo.app import install
+from factories import make_dead, make_failed
 
 from helpers import BIN, queue_count, run_cli
 from outbox import Event, Settings, append, db
-from outbox.examples.app import install
 
 
 def cli(*args: str, dsn: str | None = None) -> subprocess.CompletedProcess[str]:
@@ -28,17 +29,9 @@ async def seed(pool: db.Pool, settings: Settings) -> None:
     """c-a: 3 rows (head dead); c-b: 2 rows (head failed); c-c: 1 pending; c-d: 1 dead."""
     for campaign, n in [("c-a", 3), ("c-b", 2), ("c-c", 1), ("c-d", 1)]:
         await append(pool, campaign, [Event("t", {})] * n, settings=settings)
-    await pool.execute(
-        "UPDATE outbox.projection_apply_outbox SET status = 'dead', attempt_count = 8, "
-        "last_error = 'Boom: ' || campaign_id, "
-        "next_attempt_at = clock_timestamp() - (CASE campaign_id WHEN 'c-d' THEN 2 ELSE 1 END) "
-        "* interval '1 hour' WHERE (campaign_id, seq) IN (('c-a', 1), ('c-d', 1))"
-    )
-    await pool.execute(
-        "UPDATE outbox.projection_apply_outbox SET status = 'failed', attempt_count = 2, "
-        "last_error = 'Flaky', next_attempt_at = clock_timestamp() + interval '1 minute' "
-        "WHERE campaign_id = 'c-b' AND seq = 1"
-    )
+    await make_dead(pool, "c-a", 1, error="Boom: c-a", hours_ago=1)
+    await make_dead(pool, "c-d", 1, error="Boom: c-d", hours_ago=2)
+    await make_failed(pool, "c-b", 1, due_in=60)
 
 
 async def test_report_json_contract(pool: db.Pool, dsn: str, settings: Settings) -> None:
@@ -394,7 +387,7 @@ async def test_health_fails_on_dead_rows_and_blocked_campaigns_until_repaired(
     assert allowed.returncode == 0, allowed.stderr
     # The repair: requeue, drain, healthy again.
     assert cli("outbox-requeue", "--campaign-id", "c", "--seq", "1", dsn=dsn).returncode == 0
-    drained = run_cli("outbox-worker", "--app", "outbox.examples.app:app", "--drain", dsn=dsn)
+    drained = run_cli("outbox-worker", "--app", "campaigns_demo.app:app", "--drain", dsn=dsn)
     assert drained.returncode == 0, drained.stderr
     report = as_json(cli("outbox-report", "--json", dsn=dsn))
     assert report["summary"]["counts"]["dead"] == 0
@@ -446,7 +439,7 @@ async def test_the_report_shows_the_shadow_workers_sightings_and_lag(
     shadow = run_cli(
         "outbox-worker",
         "--app",
-        "outbox.examples.app:app",
+        "campaigns_demo.app:app",
         "--mode",
         "shadow",
         "--drain-now",

@@ -53,7 +53,7 @@ def test_bad_values_name_the_variable_and_only_real_options(
     dsn: str, args: list[str], env: dict[str, str], message: str
 ) -> None:
     proc = run_cli(
-        "outbox-worker", "--app", "outbox.examples.app:app", "--drain-now", *args, dsn=dsn, env=env
+        "outbox-worker", "--app", "campaigns_demo.app:app", "--drain-now", *args, dsn=dsn, env=env
     )
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
@@ -64,6 +64,6 @@ def test_bad_values_name_the_variable_and_only_real_options(
 
 
 def test_app_names_a_missing_attribute(dsn: str) -> None:
-    proc = run_cli("outbox-worker", "--app", "outbox.examples.app:nope", "--drain-now", dsn=dsn)
+    proc = run_cli("outbox-worker", "--app", "campaigns_demo.app:nope", "--drain-now", dsn=dsn)
     assert proc.returncode == 2
-    assert "module 'outbox.examples.app' has no attribute 'nope'" in proc.stderr
+    assert "module 'campaigns_demo.app' has no attribute 'nope'" in proc.stderr

@@ -16,6 +16,7 @@ import anyio
 import orjson
 import pytest
 from anyio.abc import Process
+from campaigns_demo.app import install
 
 from helpers import (
     TESTS,
@@ -29,7 +30,6 @@ from helpers import (
     worker_env,
 )
 from outbox import Event, Settings, append, db
-from outbox.examples.app import install
 
 
 async def rows(pool: db.Pool) -> list[tuple[str, int, str, int]]:
@@ -52,7 +52,7 @@ async def test_drain_now_applies_what_is_due_and_prints_a_summary(
     # lets it come due again before the last loop finds nothing, and drain-now rightly retries.
     env = worker_env(dsn, OUTBOX_BACKOFF_BASE="3600", OUTBOX_BACKOFF_CAP="3600")
     proc = await anyio.run_process(
-        [*WORKER, "--app", "outbox.examples.app:app", "--drain-now", "--concurrency", "3"],
+        [*WORKER, "--app", "campaigns_demo.app:app", "--drain-now", "--concurrency", "3"],
         env=env,
         check=False,
     )
@@ -97,7 +97,7 @@ async def test_every_worker_line_carries_its_worker_id_in_json_or_text(
 ) -> None:
     await install(pool)
     await append(pool, "c", [Event("dice.rolled", {"value": 3})], settings=settings)
-    command = [*WORKER, "--app", "outbox.examples.app:app", "--drain-now", "--log-level", "debug"]
+    command = [*WORKER, "--app", "campaigns_demo.app:app", "--drain-now", "--log-level", "debug"]
     proc = await anyio.run_process(command, env=worker_env(dsn))
     lines = [orjson.loads(line) for line in proc.stderr.decode().splitlines()]
     assert {"worker.started", "batch.done"} <= {line["event"] for line in lines}
@@ -325,7 +325,7 @@ LISTENER = "SELECT pid FROM pg_stat_activity WHERE application_name = 'outbox-li
 async def running_worker(dsn: str, **env: str) -> AsyncIterator[None]:
     """The demo app's worker until SIGTERM, which must end it with exit 0."""
     proc = await anyio.open_process(
-        [*WORKER, "--app", "outbox.examples.app:app"],
+        [*WORKER, "--app", "campaigns_demo.app:app"],
         env=worker_env(dsn, **env),
         stdin=None,
         stdout=None,
@@ -407,14 +407,14 @@ async def test_a_starting_worker_waits_for_a_usable_database_then_applies(
     await install(pool)  # the demo's tables first: the role's grants cover them
     async with login_role(pool, dsn, impose) as (role, starved):
         drain = await anyio.run_process(
-            [*WORKER, "--app", "outbox.examples.app:app", "--drain-now"],
+            [*WORKER, "--app", "campaigns_demo.app:app", "--drain-now"],
             env=worker_env(starved),
             check=False,
         )
         assert drain.returncode == 1
         assert drain_says in drain.stderr.decode()
         async with await anyio.open_process(
-            [*WORKER, "--app", "outbox.examples.app:app", "--poll-interval", "0.1"],
+            [*WORKER, "--app", "campaigns_demo.app:app", "--poll-interval", "0.1"],
             env=worker_env(starved),
         ) as proc:
             try:

@@ -24,11 +24,11 @@ from test_faults import _soak
 from helpers import Clock, queue_count, run_cli
 from outbox import Event, Settings, append, db
 from outbox.buckets import bucket_of
-from outbox.distribution import PLAN
+from outbox.buckets.distribution import PLAN
 from outbox.errors import TransientBatchError
-from outbox.localcitus import CitusCluster
 from outbox.model import StoredEvent
 from outbox.projection.app import Outbox
+from outbox.testing.localcitus import CitusCluster
 from outbox.worker.batch import Worker
 
 # A projection table placed as docs/scaling.md says: a bucket column, distributed by it and

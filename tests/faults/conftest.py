@@ -16,7 +16,7 @@ import pytest
 from harness import SUMMARY, fleet, witness_table
 
 from outbox.errors import LocalClusterError
-from outbox.localpg import LocalCluster, find_bindir
+from outbox.testing.localpg import LocalCluster, find_bindir
 
 __all__ = ["fleet", "witness_table"]  # the scenario fixtures (harness), shared with tests/citus
 

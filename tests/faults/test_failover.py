@@ -29,8 +29,8 @@ from harness import FAST, Fleet, Generator, record, tally, wait_drained
 from helpers import run_cli, wait_for
 from outbox import Settings, db
 from outbox.errors import LocalClusterError
-from outbox.localpg import LocalCluster, find_bindir
 from outbox.schema import migrate
+from outbox.testing.localpg import LocalCluster, find_bindir
 
 pytestmark = pytest.mark.timeout(600)
 

@@ -29,7 +29,7 @@ from harness import (
 
 from helpers import queue_count, run_cli, wait_for
 from outbox import Event, Settings, append, db
-from outbox.localpg import LocalCluster
+from outbox.testing.localpg import LocalCluster
 
 # A scenario runs minutes of faults; a hang still fails it rather than the whole tier.
 pytestmark = pytest.mark.timeout(900)

@@ -18,7 +18,7 @@ from harness import Fleet, finish, scaled, two_workers_under_load
 
 from helpers import wait_for
 from outbox import db
-from outbox.localpg import LocalCluster
+from outbox.testing.localpg import LocalCluster
 
 pytestmark = pytest.mark.timeout(900)
 

@@ -11,12 +11,12 @@ import pytest
 from helpers import campaigns_in_one_bucket, run_cli
 from outbox import Event, Outbox, Settings, append, db
 from outbox.buckets import DEFAULT_COUNT, bucket_count, bucket_of, due_buckets
+from outbox.buckets.ring import BucketRing
 from outbox.errors import MigrationError, TransientBatchError
 from outbox.model import StoredEvent
 from outbox.queue.settle import notify_work
 from outbox.schema import load_migrations, migrate, script
 from outbox.worker.batch import Worker
-from outbox.worker.ring import BucketRing
 
 CAMPAIGN_TABLES = (
     "event_journal",

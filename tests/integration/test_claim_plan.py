@@ -173,7 +173,7 @@ async def test_claims_never_visit_the_backlog(pool: db.Pool, layout: str) -> Non
             _assert_no_backlog_scan(plans, f"{layout}/{mode}/claim_due_rows")
             used = {n.get("Index Name") for plan in plans for n in nodes(plan)}
             assert "projection_apply_outbox_claim_idx" in used, f"{layout}/{mode}: {used}"
-            rows, plans = await _explained(conn, Q.claim_batch, 100, 100, [], None, bucket)
+            rows, plans = await _explained(conn, Q.claim_batch, bucket, 100, 100, [], None)
             _assert_no_backlog_scan(plans, f"{layout}/{mode}/claim_batch")
             buffers = sum(p["Shared Hit Blocks"] + p["Shared Read Blocks"] for p in plans)
             assert buffers <= MAX_BUFFERS, f"{layout}/{mode}: the claim read {buffers} buffers"
@@ -239,15 +239,19 @@ NO_AUTOVACUUM = [
 def _settle_args(campaigns: list[str], bucket: int) -> list[object]:
     """A settle in `bucket` of one applied row per campaign, each campaign left with nothing
     live."""
-    n = len(campaigns)
-    return [
-        campaigns, [1] * n,
-        [], [], [], [], [], [],
-        None,
-        campaigns, [2] * n, [None] * n, [False] * n, [True] * n,
-        campaigns, ["p"] * n, [1] * n,
-        False, "outbox_test", bucket,
-    ]  # fmt: skip
+    document = {
+        "done": [{"campaign_id": c, "seq": 1} for c in campaigns],
+        "failed": [],
+        "campaigns": [
+            {"campaign_id": c, "head_seq": 2, "due_at": None, "blocked": False, "gone": True}
+            for c in campaigns
+        ],
+        "checkpoints": [{"campaign_id": c, "projector": "p", "applied_seq": 1} for c in campaigns],
+        "now": None,
+        "notify": False,
+        "channel": "outbox_test",
+    }
+    return [bucket, orjson.dumps(document).decode()]
 
 
 @pytest.mark.slow
@@ -265,12 +269,12 @@ async def test_plans_cached_while_small_stay_probes(pool: db.Pool) -> None:
     async with pool.acquire() as conn:
         await conn.execute("SET plan_cache_mode = force_generic_plan")
         await _explain_everything(conn)
-        await _explained(conn, Q.claim_batch, 20, 100, ["p"], None, bucket)
+        await _explained(conn, Q.claim_batch, bucket, 20, 100, ["p"], None)
         await _explained(conn, SETTLE, *_settle_args(campaigns, bucket))
         await pool.execute(GROWN)
         await queue_campaigns(pool)
         for what, sql, args in (
-            ("claim", Q.claim_batch, [20, 100, ["p"], None, bucket]),
+            ("claim", Q.claim_batch, [bucket, 20, 100, ["p"], None]),
             ("settle", SETTLE, _settle_args(campaigns, bucket)),
         ):
             rows, plans = await _explained(conn, sql, *args)

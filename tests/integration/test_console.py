@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 import httpx
 import orjson
 import pytest
+from factories import make_dead
 
 from helpers import BIN
 from outbox import Event, Settings, append, db
@@ -32,13 +33,7 @@ async def seed(pool: db.Pool, settings: Settings) -> None:
     """3 pending rows in c1, a dead head in c2 with one row behind it, a live worker."""
     await append(pool, "c1", [Event("t", {})] * 3, settings=settings)
     await append(pool, "c2", [Event("t", {})] * 2, settings=settings)
-    await pool.execute(
-        "UPDATE outbox.projection_apply_outbox SET status = 'dead', attempt_count = 8, "
-        "last_error = 'Boom' WHERE campaign_id = 'c2' AND seq = 1"
-    )
-    await pool.execute(
-        "UPDATE outbox.projection_apply_campaigns SET blocked = true WHERE campaign_id = 'c2'"
-    )
+    await make_dead(pool, "c2", 1)  # its campaign is blocked behind it
     await pool.execute(
         "INSERT INTO outbox.outbox_workers (worker_id, host, pid, mode, concurrency, counters) "
         "VALUES ($1, 'host', 1, 'apply', 2, '{}')",

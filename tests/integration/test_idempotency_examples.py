@@ -14,9 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import pytest
-
-from outbox.db import Connection, Pool
-from outbox.examples.idempotency import (
+from idempotency_examples import (
     DEPOSITED,
     Message,
     Strategy,
@@ -26,7 +24,10 @@ from outbox.examples.idempotency import (
     of_type,
     rows,
 )
-from outbox.examples.idempotency.catalog import STRATEGIES
+from idempotency_examples.catalog import STRATEGIES
+
+from helpers import EXAMPLES
+from outbox.db import Connection, Pool
 
 STREAM = messages()
 
@@ -85,9 +86,9 @@ async def test_the_harness_catches_a_handler_that_is_not_idempotent(pool: Pool) 
 
 def test_the_examples_run_from_the_command_line(pg_server: str) -> None:
     environ = {k: v for k, v in os.environ.items() if not k.startswith("OUTBOX_")}
-    environ["OUTBOX_DSN"] = pg_server
+    environ |= {"OUTBOX_DSN": pg_server, "PYTHONPATH": str(EXAMPLES)}
     done = subprocess.run(
-        [sys.executable, "-m", "outbox.examples.idempotency", "--copies", "3", "upsert"],
+        [sys.executable, "-m", "idempotency_examples", "--copies", "3", "upsert"],
         capture_output=True,
         text=True,
         timeout=120,
@@ -98,7 +99,7 @@ def test_the_examples_run_from_the_command_line(pg_server: str) -> None:
     assert "upsert" in done.stdout
     assert "NO" not in done.stdout
     bad = subprocess.run(
-        [sys.executable, "-m", "outbox.examples.idempotency", "no_such_strategy"],
+        [sys.executable, "-m", "idempotency_examples", "no_such_strategy"],
         capture_output=True,
         text=True,
         timeout=120,

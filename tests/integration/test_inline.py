@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from campaigns_demo import campaigns as c
+from campaigns_demo.app import build_app, install
 
 from outbox import Event, Outbox, Settings, ValidationError, append, db
-from outbox.examples import campaigns as c
-from outbox.examples.app import build_app, install
 from outbox.worker.batch import Worker
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import anyio
 import pytest
+from factories import make_dead
 
 import outbox
 from outbox import Event, Settings, db
@@ -87,16 +88,13 @@ async def test_a_drain_claims_past_campaigns_left_with_nothing_live(
     """A requeue, reconcile or discard can leave a campaign row due with nothing live behind it
     (its append head was not held: the next claim removes it). Thirty of them come first in the
     queue; a drain whose claim takes only those claims again, and applies the work behind."""
-    from outbox.queue.settle import refresh_campaigns
-
     app = counting_app(None)
     app.settings = app.settings.replace(batch_size=5)
     empty = [f"e-{i:02}" for i in range(30)]
     for campaign in empty:
         await app.append(pool, campaign, [Event("order.placed", {})])
-    await pool.execute("UPDATE outbox.projection_apply_outbox SET status = 'dead'")
-    async with pool.acquire() as conn:  # due now, head 0
-        await refresh_campaigns(conn, empty, park=False, removable=())
+    for campaign in empty:  # each one's row dead; its queue row left due now, head 0
+        await make_dead(pool, campaign)
     await app.append(pool, "o-1", [Event("order.placed", {})] * 3)
     counts = await outbox.drain_now(app, pool)
     assert counts.applied == 3

@@ -6,15 +6,15 @@ import urllib.request
 from functools import partial
 
 import anyio
+from campaigns_demo import campaigns as c
+from campaigns_demo.app import build_app, install
 
 from outbox import Event, Outbox, Settings, append, db
-from outbox.examples import campaigns as c
-from outbox.examples.app import build_app, install
 from outbox.model import BatchCounts
 from outbox.obs.metrics import Metrics
 from outbox.worker.batch import Worker
-from outbox.worker.service import Service, refresh_gauges
-from outbox.worker.shadow import ShadowWorker
+from outbox.worker.service import Service, ServiceConfig, refresh_gauges
+from outbox.worker.shadow import Shadow
 
 
 async def test_service_metrics_count_outcomes_and_serve_them(
@@ -22,7 +22,7 @@ async def test_service_metrics_count_outcomes_and_serve_them(
 ) -> None:
     await install(pool)
     await append(pool, "c", [Event(c.DICE_ROLLED, {"value": 1})] * 3, settings=settings)
-    service = Service(Worker(build_app(Outbox(settings)), pool), dsn)
+    service = Service(Worker(build_app(Outbox(settings)), pool), ServiceConfig(dsn=dsn))
     _, port = service.metrics.serve(0, addr="127.0.0.1")
     async with anyio.create_task_group() as tg:
         await tg.start(partial(service.run, shutdown_timeout=5))
@@ -56,7 +56,8 @@ async def test_shadow_observations_show_in_the_metrics(pool: db.Pool, settings: 
     before = await pool.fetchval("SELECT clock_timestamp()")
     await append(pool, "c", [Event(c.DICE_ROLLED, {"value": 1})] * 2, settings=settings)
     metrics = Metrics()
-    counts: BatchCounts = await ShadowWorker(build_app(Outbox(settings)), pool).run_once()
+    shadow = Worker(build_app(Outbox(settings)), pool, strategy=Shadow())
+    counts: BatchCounts = await shadow.run_once()
     after = await pool.fetchval("SELECT clock_timestamp()")
     metrics.record_batch(counts)
     await refresh_gauges(metrics, pool, park=False)

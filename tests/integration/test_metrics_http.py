@@ -21,7 +21,7 @@ from outbox.model import StoredEvent
 from outbox.obs.metrics import Metrics
 from outbox.projection.app import Outbox
 from outbox.worker.batch import Worker
-from outbox.worker.service import Service, refresh_gauges
+from outbox.worker.service import Service, ServiceConfig, refresh_gauges
 
 PROMTOOL = shutil.which("promtool")
 needs_promtool = pytest.mark.skipif(
@@ -67,7 +67,7 @@ async def test_a_scrape_during_a_run_shows_the_per_projector_series_moving(
     pool: db.Pool, dsn: str
 ) -> None:
     app = ledger_app(dsn)
-    service = Service(Worker(app, pool), dsn, metrics_port=0)
+    service = Service(Worker(app, pool), ServiceConfig(dsn=dsn, metrics_port=0))
     async with anyio.create_task_group() as tg:
         await tg.start(partial(service.run, shutdown_timeout=5))
         assert service.metrics_address is not None
@@ -122,7 +122,7 @@ async def test_the_gauges_carry_values(pool: db.Pool, dsn: str) -> None:
     assert age >= 90
     assert sample("outbox_queue_rows", {"status": "pending"}) == 1
     # The listener gauge says 1 while LISTEN is up, 0 after the service stopped.
-    service = Service(Worker(app, pool), dsn)
+    service = Service(Worker(app, pool), ServiceConfig(dsn=dsn))
     async with anyio.create_task_group() as tg:
         await tg.start(partial(service.run, shutdown_timeout=5))
 
@@ -141,7 +141,7 @@ async def test_transient_errors_are_counted_by_sqlstate(pool: db.Pool, dsn: str)
         await tx.execute("SELECT pg_advisory_xact_lock(77)")
 
     await app.append(pool, "acct", [Event("deposited", {})])
-    service = Service(Worker(app, pool), dsn)
+    service = Service(Worker(app, pool), ServiceConfig(dsn=dsn))
     async with pool.acquire() as holder:
         await holder.execute("SELECT pg_advisory_lock(77)")
         async with anyio.create_task_group() as tg:
@@ -192,7 +192,7 @@ async def test_a_scrape_passes_promtool(pool: db.Pool, dsn: str) -> None:
     assert PROMTOOL is not None
     app = ledger_app(dsn)
     await app.append(pool, "a", [Event("deposited", {})])
-    service = Service(Worker(app, pool), dsn, metrics_port=0)
+    service = Service(Worker(app, pool), ServiceConfig(dsn=dsn, metrics_port=0))
     async with anyio.create_task_group() as tg:
         await tg.start(partial(service.run, shutdown_timeout=5))
         assert service.metrics_address is not None

@@ -10,18 +10,19 @@ from functools import partial
 import anyio
 import orjson
 import pytest
+from campaigns_demo import campaigns as c
+from campaigns_demo.app import build_app, install
+from factories import make_failed
 
 from helpers import ROOT, queue_count, run_cli
 from outbox import ConfigError, Event, Outbox, Settings, append, db
 from outbox.config import resolve_worker_mode
-from outbox.examples import campaigns as c
-from outbox.examples.app import build_app, install
 from outbox.model import StoredEvent
 from outbox.projection.dispatch import apply_event
 from outbox.worker.batch import Worker
 from outbox.worker.registration import live_workers
-from outbox.worker.service import Service
-from outbox.worker.shadow import ShadowWorker
+from outbox.worker.service import Service, ServiceConfig
+from outbox.worker.shadow import Shadow
 
 DOC = (ROOT / "docs" / "configuration.md").read_text()
 ROW = re.compile(r"^\| (true|false) \| (true|false) \| (true|false) \| (\S+) \| (.+) \|$", re.M)
@@ -62,7 +63,7 @@ def test_every_flag_combination_resolves_as_documented(
 
 
 def test_cli_refuses_without_enqueueing_and_warns_when_both_workers_are_on(dsn: str) -> None:
-    base = ("outbox-worker", "--app", "outbox.examples.app:app", "--drain")
+    base = ("outbox-worker", "--app", "campaigns_demo.app:app", "--drain")
     off = run_cli(*base, dsn=dsn, env={"OUTBOX_ENABLED": "false"})
     assert off.returncode == 2
     assert len(off.stderr.strip().splitlines()) == 1
@@ -88,12 +89,9 @@ async def test_shadow_passes_never_consume_attempts_nor_kill(
     await append(
         pool, "c", [Event(c.DICE_CURSED, {}), Event(c.DICE_ROLLED, {"value": 1})], settings=settings
     )
-    await pool.execute(
-        "UPDATE outbox.projection_apply_outbox SET status = 'failed', attempt_count = 7, "
-        "last_error = 'earlier' WHERE seq = 1"
-    )
+    await make_failed(pool, "c", 1, error="earlier", attempts=7)
     clock = [datetime.now(UTC)]
-    shadow = ShadowWorker(build_app(Outbox(settings)), pool, now=lambda: clock[0])
+    shadow = Worker(build_app(Outbox(settings)), pool, now=lambda: clock[0], strategy=Shadow())
     for _ in range(50):
         counts = await shadow.run_once()
         assert counts.applied == counts.failed == counts.dead == 0
@@ -126,7 +124,7 @@ async def test_shadow_completes_rows_already_applied(pool: db.Pool, settings: Se
                     app.registry,
                     StoredEvent("c", seq, c.DICE_ROLLED, {"value": 3}, {}, datetime.now(UTC)),
                 )
-    counts = await ShadowWorker(app, pool).run_once()
+    counts = await Worker(app, pool, strategy=Shadow()).run_once()
     assert (counts.skipped, counts.observed) == (2, 2)
     assert await pool.fetchval(
         "SELECT array_agg(seq ORDER BY seq) FROM outbox.projection_apply_outbox"
@@ -143,7 +141,7 @@ async def test_shadow_then_apply_applies_each_event_exactly_once(
         await app.append(pool, "c", [Event(c.DICE_ROLLED, {"value": v})], apply_inline=v <= 10)
     assert await pool.fetchval("SELECT min(seq) FROM outbox.projection_apply_outbox") == 11
     far = datetime.now(UTC) + timedelta(days=1)
-    shadow = ShadowWorker(app, pool, now=lambda: far)
+    shadow = Worker(app, pool, now=lambda: far, strategy=Shadow())
     for _ in range(3):
         await shadow.run_once()
     apply_clock = far + timedelta(days=1)
@@ -156,7 +154,10 @@ async def test_shadow_then_apply_applies_each_event_exactly_once(
 
 
 async def test_a_shadow_worker_registers_its_mode(pool: db.Pool, dsn: str) -> None:
-    service = Service(ShadowWorker(Outbox(Settings(dsn=dsn)), pool), dsn, mode="shadow")
+    service = Service(
+        Worker(Outbox(Settings(dsn=dsn)), pool, strategy=Shadow()),
+        ServiceConfig(dsn=dsn, mode="shadow"),
+    )
     async with anyio.create_task_group() as tg:
         await tg.start(partial(service.run, shutdown_timeout=5))
         assert [w.mode for w in await live_workers(pool)] == ["shadow"]

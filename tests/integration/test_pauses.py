@@ -169,7 +169,7 @@ async def test_inline_apply_leaves_a_paused_projectors_events_to_the_workers(
 def test_an_unknown_projector_is_refused_with_the_app(dsn: str) -> None:
     proc = run_cli(
         "maintenance",
-        *("projector-pause", "--projector", "nope", "--app", "outbox.examples.app:app"),
+        *("projector-pause", "--projector", "nope", "--app", "campaigns_demo.app:app"),
         dsn=dsn,
     )
     assert proc.returncode != 0

@@ -11,10 +11,10 @@ import pytest
 from helpers import wait_for
 from outbox import ConfigError, Settings, db
 from outbox.errors import CheckpointGap, UnknownEventType
-from outbox.localcitus import CitusCluster
 from outbox.model import StoredEvent
 from outbox.projection.app import Outbox
 from outbox.projection.dispatch import ApplyOutcome, apply_event
+from outbox.testing.localcitus import CitusCluster
 
 
 def stored(seq: int, type_: str = "t.happened", campaign: str = "c") -> StoredEvent:

@@ -6,9 +6,9 @@ import pytest
 from queries_loaded import all_queries
 
 from outbox import db
-from outbox.distribution import DistributionQueries
-from outbox.localcitus import CitusCluster
+from outbox.buckets.distribution import DistributionQueries
 from outbox.queries import Queries
+from outbox.testing.localcitus import CitusCluster
 
 # Statements that read Citus's own catalog: they prepare only where Citus is installed.
 CITUS_ONLY = {name for name in DistributionQueries.items() if name != "get_citus_version"}

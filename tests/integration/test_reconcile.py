@@ -6,18 +6,18 @@ from datetime import UTC, datetime
 from typing import Any
 
 import orjson
+from campaigns_demo import campaigns as c
+from campaigns_demo.app import build_app, install
+from campaigns_demo.campaigns import DemoStream
 
 from helpers import queue_count, run_cli
 from outbox import Event, Outbox, Settings, append, db
-from outbox.examples import campaigns as c
-from outbox.examples.app import build_app, install
-from outbox.examples.campaigns import DemoStream
 from outbox.model import StoredEvent
 from outbox.ops.reconcile import reconcile
 from outbox.projection.dispatch import apply_event
 from outbox.worker.batch import Worker
 
-APP = "outbox.examples.app:app"
+APP = "campaigns_demo.app:app"
 
 
 def reconcile_cli(dsn: str, *args: str) -> Any:

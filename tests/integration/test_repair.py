@@ -7,17 +7,17 @@ from typing import Any
 
 import anyio
 import orjson
+from campaigns_demo import campaigns as c
+from campaigns_demo.app import build_app, install
+from campaigns_demo.campaigns import DemoStream
 
 from helpers import queue_campaigns, queue_count, run_cli
 from outbox import Event, Outbox, Settings, append, db
 from outbox.append.journal import list_campaigns
-from outbox.examples import campaigns as c
-from outbox.examples.app import build_app, install
-from outbox.examples.campaigns import DemoStream
 from outbox.projection.rebuild import rebuild_campaign
 from outbox.worker.batch import Worker
 
-APP = "outbox.examples.app:app"
+APP = "campaigns_demo.app:app"
 SNAPSHOT = {
     "demo_roster": "SELECT campaign_id, character, class FROM demo_roster ORDER BY 1, 2",
     "demo_event_counts": "SELECT * FROM demo_event_counts ORDER BY 1, 2",

@@ -27,7 +27,7 @@ from outbox.projection.app import Outbox
 from outbox.retry import ErrorClass, classify
 from outbox.worker.batch import Worker
 from outbox.worker.runtime import drain_now, open_pool
-from outbox.worker.service import Service
+from outbox.worker.service import Service, ServiceConfig
 
 
 class Records(logging.Handler):
@@ -183,7 +183,7 @@ async def test_the_service_rides_out_every_connection_dying_at_once(
     app = counting_app(settings)
     worker_pool = await open_pool(settings, max_size=4)
     try:
-        service = Service(Worker(app, worker_pool), dsn, concurrency=2)
+        service = Service(Worker(app, worker_pool), ServiceConfig(dsn=dsn, concurrency=2))
         async with running(service):
             await append(pool, "a", [Event("tick", {})] * 3, settings=settings)
             await wait_for(lambda: _queue_empty(pool))
@@ -226,7 +226,7 @@ async def test_sessions_that_turn_read_only_are_replaced_until_one_can_write(
         app = counting_app(settings)
         worker_pool = await open_pool(settings, max_size=3)
         try:
-            service = Service(Worker(app, worker_pool), as_role, concurrency=2)
+            service = Service(Worker(app, worker_pool), ServiceConfig(dsn=as_role, concurrency=2))
             async with running(service):
                 await append(pool, "a", [Event("tick", {})], settings=settings)
                 await wait_for(lambda: _queue_empty(pool))
@@ -286,7 +286,7 @@ async def test_a_listener_killed_twice_in_quick_succession_comes_back(
     pool: db.Pool, dsn: str, records: Records
 ) -> None:
     settings = Settings(dsn=dsn)
-    service = Service(Worker(Outbox(settings), pool), dsn)
+    service = Service(Worker(Outbox(settings), pool), ServiceConfig(dsn=dsn))
     async with running(service):
         killed: set[int] = set()
         for _ in range(4):
@@ -473,7 +473,7 @@ async def test_a_poison_row_never_stops_a_running_service(
     )
     settings = Settings(dsn=dsn, poll_interval=0.05)
     await pool.execute(POISON)
-    service = Service(Worker(counting_app(settings), pool), dsn)
+    service = Service(Worker(counting_app(settings), pool), ServiceConfig(dsn=dsn))
     async with running(service):
         await append(pool, "good", [Event("tick", {})] * 2, settings=settings)
         await wait_for(lambda: _applied_count(pool, 2))

@@ -12,11 +12,11 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 import httpx
 import pytest
+from campaigns_demo.app import install
 
 from helpers import ROOT, run_cli
 from outbox import Event, Settings, append, db, dedup
 from outbox.console import create_app
-from outbox.examples.app import install
 
 ROLES = (
     "outbox_owner",
@@ -85,7 +85,7 @@ async def test_each_role_does_its_job_and_no_more(
     drained = run_cli(
         "outbox-worker",
         "--app",
-        "outbox.examples.app:app",
+        "campaigns_demo.app:app",
         "--drain-now",
         dsn=roles["outbox_worker"],
     )
@@ -125,7 +125,7 @@ async def test_each_role_does_its_job_and_no_more(
         "maintenance",
         "outbox-discard",
         "--app",
-        "outbox.examples.app:app",
+        "campaigns_demo.app:app",
         "--campaign-id",
         "c",
         "--seq",

@@ -13,12 +13,13 @@ from functools import partial
 
 import anyio
 import pytest
+from factories import make_dead, make_failed
 
 from helpers import campaigns_in_one_bucket
 from outbox import Event, Outbox, Settings, StoredEvent, append, db, wait_applied
 from outbox.queue.settle import refresh_campaigns
 from outbox.worker.batch import Worker
-from outbox.worker.service import Service
+from outbox.worker.service import Service, ServiceConfig
 
 HOUR = 3600.0
 
@@ -71,7 +72,9 @@ def ticks(n: int) -> list[Event]:
 @pytest.mark.usefixtures("applied_table")
 async def test_a_notify_wakes_an_idle_loop(pool: db.Pool, dsn: str) -> None:
     settings = Settings(dsn=dsn, poll_interval=HOUR)
-    async with serving(Service(Worker(recording_app(settings), pool), dsn)) as service:
+    async with serving(
+        Service(Worker(recording_app(settings), pool), ServiceConfig(dsn=dsn))
+    ) as service:
         with anyio.fail_after(30):
             await service.wait_listening()
         await append(pool, "first", ticks(1), settings=settings)
@@ -101,7 +104,9 @@ async def test_an_idle_loop_takes_new_work_while_the_other_is_busy(pool: db.Pool
             [e.seq for e in events],
         )
 
-    async with serving(Service(Worker(app, pool), dsn, concurrency=2)) as service:
+    async with serving(
+        Service(Worker(app, pool), ServiceConfig(dsn=dsn, concurrency=2))
+    ) as service:
         with anyio.fail_after(30):
             await service.wait_listening()
             await append(pool, "busy", ticks(1), settings=settings)
@@ -134,7 +139,7 @@ async def test_a_retry_in_backoff_wakes_the_loop_when_it_falls_due(pool: db.Pool
             [e.seq for e in events],
         )
 
-    async with serving(Service(Worker(app, pool), dsn)) as service:
+    async with serving(Service(Worker(app, pool), ServiceConfig(dsn=dsn))) as service:
         with anyio.fail_after(30):
             await service.wait_listening()
         await append(pool, "flaky", ticks(1), settings=settings)
@@ -146,7 +151,9 @@ async def test_a_retry_in_backoff_wakes_the_loop_when_it_falls_due(pool: db.Pool
 @pytest.mark.usefixtures("applied_table")
 async def test_without_notifications_the_poll_finds_the_work(pool: db.Pool, dsn: str) -> None:
     settings = Settings(dsn=dsn, poll_interval=0.05)
-    service = Service(Worker(recording_app(settings), pool), dsn, notifications=False)
+    service = Service(
+        Worker(recording_app(settings), pool), ServiceConfig(dsn=dsn, notifications=False)
+    )
     async with serving(service):
         await append(pool, "c", ticks(3), settings=settings)
         await until_applied(service, 3)
@@ -159,7 +166,9 @@ async def test_a_loop_keeps_claiming_while_batches_come_back_full(pool: db.Pool,
     settings = Settings(dsn=dsn, poll_interval=HOUR, batch_size=10)
     for c in range(25):  # 25 campaigns: 10, 10 and 5 rows, each batch empties its campaigns
         await append(pool, f"c{c:02}", ticks(1), settings=settings)
-    service = Service(Worker(recording_app(settings), pool), dsn, notifications=False)
+    service = Service(
+        Worker(recording_app(settings), pool), ServiceConfig(dsn=dsn, notifications=False)
+    )
     async with serving(service):
         await until_applied(service, 25)
     assert service.totals.claimed == 25
@@ -172,7 +181,9 @@ async def test_a_loop_claims_again_while_campaigns_are_left_due(pool: db.Pool, d
     # full), and `hot` left due: the loop must claim again without a poll or a NOTIFY.
     await append(pool, "hot", ticks(30), settings=settings)
     await append(pool, "one", ticks(1), settings=settings)
-    service = Service(Worker(recording_app(settings), pool), dsn, notifications=False)
+    service = Service(
+        Worker(recording_app(settings), pool), ServiceConfig(dsn=dsn, notifications=False)
+    )
     async with serving(service):
         await until_applied(service, 31)
     hot = [seq for cid, seq in await applied(pool) if cid == "hot"]
@@ -239,18 +250,12 @@ async def test_wait_applied_says_what_holds_the_events(
         1,
         False,
     )
-    await pool.execute(
-        "UPDATE outbox.projection_apply_outbox SET status = 'dead', attempt_count = 8, "
-        "last_error = 'projector ''x'': KeyError: ''k''' WHERE seq = 1"
-    )
+    await make_dead(pool, "c", 1, error="projector 'x': KeyError: 'k'")
     with anyio.fail_after(10):  # a dead head: no point waiting out the minute
         dead = await wait_applied(pool, "c", result.last_seq, timeout=60)
     assert (dead.state, dead.seq, dead.attempts, dead.blocked) == ("dead", 1, 8, True)
     assert dead.last_error == "projector 'x': KeyError: 'k'"
-    await pool.execute(
-        "UPDATE outbox.projection_apply_outbox SET status = 'failed', attempt_count = 2, "
-        "next_attempt_at = clock_timestamp() + interval '1 hour' WHERE seq = 1"
-    )
+    await make_failed(pool, "c", 1, due_in=3600)
     with anyio.fail_after(10):  # its retry falls due after the timeout: said at once
         failed = await wait_applied(pool, "c", result.last_seq, timeout=60)
     assert (failed.state, failed.attempts, failed.next_attempt_at is not None) == (
@@ -268,7 +273,7 @@ async def test_wait_applied_says_what_holds_the_events(
         "UPDATE outbox.projection_apply_campaigns SET due_at = statement_timestamp()"
     )
     fast = settings.replace(poll_interval=0.05)
-    async with serving(Service(Worker(recording_app(fast), pool), dsn)):
+    async with serving(Service(Worker(recording_app(fast), pool), ServiceConfig(dsn=dsn))):
         with anyio.fail_after(30):
             applied = await wait_applied(pool, "c", result.last_seq, timeout=60)
     assert (bool(applied), applied.state) == (True, "applied")

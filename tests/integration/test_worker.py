@@ -14,19 +14,19 @@ from functools import partial
 
 import anyio
 import pytest
+from campaigns_demo import campaigns as c
+from campaigns_demo.app import build_app, install
 
 from helpers import Clock, campaigns_in_one_bucket, queue_count
 from outbox import Event, PermanentError, Settings, append, db, wait_applied
 from outbox.errors import TransientBatchError
-from outbox.examples import campaigns as c
-from outbox.examples.app import build_app, install
 from outbox.model import BatchCounts, StoredEvent
 from outbox.obs.metrics import Metrics
 from outbox.projection.app import Outbox
 from outbox.projection.dispatch import apply_event
 from outbox.worker.batch import Worker
 from outbox.worker.registration import live_workers
-from outbox.worker.service import Service
+from outbox.worker.service import Service, ServiceConfig
 
 
 def demo(settings: Settings) -> Outbox:
@@ -398,7 +398,7 @@ async def test_idle_loop_wakes_when_a_retry_falls_due_not_at_the_poll(
             raise RuntimeError("first time unlucky")
 
     await append(pool, "c", [Event("x", {})], settings=settings)
-    service = Service(Worker(app, pool), dsn)
+    service = Service(Worker(app, pool), ServiceConfig(dsn=dsn))
     async with anyio.create_task_group() as tg:
         await tg.start(partial(service.run, shutdown_timeout=5))
         with anyio.fail_after(15):
@@ -410,7 +410,7 @@ async def test_idle_loop_wakes_when_a_retry_falls_due_not_at_the_poll(
 
 async def test_a_running_worker_is_registered_and_signs_off(pool: db.Pool, dsn: str) -> None:
     app = Outbox(Settings(dsn=dsn))
-    service = Service(Worker(app, pool), dsn, concurrency=3)
+    service = Service(Worker(app, pool), ServiceConfig(dsn=dsn, concurrency=3))
     async with anyio.create_task_group() as tg:
         await tg.start(partial(service.run, shutdown_timeout=5))
         (live,) = await live_workers(pool)

@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from idempotency_examples import OPENED, Mailer, Message, Strategy, of_type, rows
 from outbox.db import Connection, Pool
-from outbox.examples.idempotency import OPENED, Mailer, Message, Strategy, of_type, rows
 
 
 class StatusFlag(Strategy):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from outbox.examples.idempotency import (
+from idempotency_examples import (
     Strategy,
     append_keys,
     check_before_act,

@@ -15,10 +15,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from idempotency_examples import DEPOSITED, Message, Strategy, of_type, rows
 from outbox import Event, Settings, append
 from outbox.append.validate import KEY_METADATA
 from outbox.db import Connection, Pool
-from outbox.examples.idempotency import DEPOSITED, Message, Strategy, of_type, rows
 
 SETTINGS = Settings()  # the defaults, whatever the environment says
 

@@ -17,8 +17,8 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
+from idempotency_examples import DEPOSITED, OPENED, Message, Strategy, rows
 from outbox.db import Connection
-from outbox.examples.idempotency import DEPOSITED, OPENED, Message, Strategy, rows
 from outbox.model import StoredEvent
 from outbox.projection.app import Outbox
 from outbox.projection.dispatch import apply_event

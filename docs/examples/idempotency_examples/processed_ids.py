@@ -17,8 +17,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from idempotency_examples import DEPOSITED, Message, Strategy, deposit_totals, rows
 from outbox.db import Connection
-from outbox.examples.idempotency import DEPOSITED, Message, Strategy, deposit_totals, rows
 from outbox.model import StoredEvent
 from outbox.projection.app import Outbox
 from outbox.projection.dispatch import apply_event

@@ -13,8 +13,8 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
+from idempotency_examples import DEPOSITED, OPENED, Message, Strategy, of_type, rows
 from outbox.db import Connection
-from outbox.examples.idempotency import DEPOSITED, OPENED, Message, Strategy, of_type, rows
 
 
 class CheckBeforeAct(Strategy):

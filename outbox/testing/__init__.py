@@ -37,9 +37,9 @@ import pytest
 
 from outbox import db
 from outbox.errors import LocalClusterError
-from outbox.localpg import LocalCluster
 from outbox.queue import inspect
 from outbox.schema import migrate
+from outbox.testing.localpg import LocalCluster
 from outbox.worker.runtime import drain_now
 
 __all__ = [

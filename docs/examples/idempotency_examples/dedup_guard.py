@@ -19,9 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from outbox import dedup
-from outbox.db import Connection, Pool
-from outbox.examples.idempotency import (
+from idempotency_examples import (
     DEPOSITED,
     OPENED,
     Mailer,
@@ -31,6 +29,8 @@ from outbox.examples.idempotency import (
     of_type,
     rows,
 )
+from outbox import dedup
+from outbox.db import Connection, Pool
 
 
 class DedupInTransaction(Strategy):

@@ -8,7 +8,7 @@ messages alone, as an oracle.
 
 `deliver_all` delivers a stream the way a redelivering broker or a replay does: account by
 account in order, every message `copies` times at once. The tests (and `python -m
-outbox.examples.idempotency`) check that two concurrent deliveries of everything leave each
+idempotency_examples`) check that two concurrent deliveries of everything leave each
 read model equal to one delivery and to its oracle.
 """
 

@@ -1,13 +1,9 @@
--- Buckets: how many there are, and which ones have work.
-
--- name: get_bucket_count
--- How many buckets the campaign-keyed tables are split into (fixed at the first migrate).
-SELECT @extschema@.outbox_bucket_count()
+-- The bucket ring's read: which buckets have work, and from when.
 
 -- name: list_due_buckets
 -- Buckets with work and the seconds until it is due by the database clock or $2 (zero or less:
 -- due now): campaign rows, or live work rows under ordering `none` ($1). One index probe per
--- bucket (`outbox_due_buckets`).
+-- bucket (`outbox_due_buckets`, ring_fn.sql).
 SELECT d.bucket,
        extract(epoch FROM d.due_at - coalesce($2::timestamptz, clock_timestamp()))::double precision
            AS due_in

@@ -18,20 +18,20 @@ import anyio
 import typer
 from rich.table import Table
 
+from campaigns_demo.app import build_app, install
+from campaigns_demo.campaigns import DICE_ROLLED, DemoStream, campaign_ids
 from outbox import db
 from outbox.append.api import append
 from outbox.cli.common import main as run_main
 from outbox.cli.common import run, settings_for, stderr, stdout
 from outbox.config import Settings
-from outbox.examples.app import build_app, install
-from outbox.examples.campaigns import DICE_ROLLED, DemoStream, campaign_ids
-from outbox.localpg import LocalCluster, find_bindir
 from outbox.model import BatchCounts
 from outbox.obs import log
 from outbox.projection.app import Outbox
 from outbox.queue.inspect import StatusCounts, count_rows
 from outbox.redact import redact_dsn
 from outbox.schema import migrate
+from outbox.testing.localpg import LocalCluster, find_bindir
 from outbox.worker.runtime import drain_now, open_pool
 
 LOCAL_DIR = Path(".outbox")

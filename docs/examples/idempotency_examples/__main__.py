@@ -1,4 +1,4 @@
-"""`python -m outbox.examples.idempotency [NAME ...]`: run the strategy examples.
+"""`python -m idempotency_examples [NAME ...]`: run the strategy examples.
 
 Each strategy gets the example stream delivered once, then (after a reset) every message
 `--copies` times at once; the table says whether one delivery matches the oracle and whether
@@ -13,15 +13,15 @@ import os
 from typing import Annotated, NoReturn
 
 import typer
+from campaigns_demo.demo import fresh_database, local_cluster
 from rich.table import Table
 from rich.text import Text
 
+from idempotency_examples import Strategy, delivered, messages
+from idempotency_examples.catalog import STRATEGIES, by_name
 from outbox.cli.common import main as run_main
 from outbox.cli.common import run, settings_for, stderr, stdout
 from outbox.errors import UsageError
-from outbox.examples.demo import fresh_database, local_cluster
-from outbox.examples.idempotency import Strategy, delivered, messages
-from outbox.examples.idempotency.catalog import STRATEGIES, by_name
 from outbox.obs import log
 from outbox.schema import migrate
 from outbox.worker.runtime import open_pool

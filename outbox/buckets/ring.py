@@ -21,10 +21,29 @@ from datetime import datetime
 
 import anyio
 
-from outbox.buckets import due_buckets
+from outbox import db
 from outbox.db import Executor
+from outbox.queries import Queries
 
-__all__ = ["BucketRing"]
+__all__ = ["BucketRing", "due_buckets"]
+
+
+class RingQueries(Queries):
+    list_due_buckets: str
+
+
+Q = RingQueries
+
+
+async def due_buckets(
+    executor: Executor, *, rows: bool, now: datetime | None = None
+) -> list[tuple[int, float]]:
+    """(bucket, seconds until due by the database clock or `now`; <= 0: due now) for every
+    bucket with work: campaign rows, or live work rows (`rows`, ordering `none`). One index
+    probe per bucket (`outbox_due_buckets`, ring_fn.sql)."""
+    async with db.acquire(executor) as conn:
+        records = await conn.fetch(Q.list_due_buckets, rows, now)
+    return [(r["bucket"], r["due_in"]) for r in records]
 
 
 @dataclass

@@ -17,7 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from outbox import buckets, schema
+from outbox import schema
+from outbox.buckets import key
 from outbox.errors import UsageError
 from outbox.obs import log
 from outbox.queries import Queries
@@ -115,7 +116,7 @@ async def distribute(conn: Connection, *, shard_count: int | None = None) -> Dis
             "this is a Citus worker node: run `maintenance distribute` on the coordinator"
         )
     await schema.check_current(conn)
-    count = await buckets.bucket_count(conn)
+    count = await key.bucket_count(conn)
     shards = shard_count if shard_count is not None else count
     if not 1 <= shards <= count:
         raise UsageError(f"--shard-count must be between 1 and the number of buckets ({count})")

@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from idempotency_examples import DEPOSITED, Message, Strategy, deposit_totals, rows
 from outbox.db import Connection, Pool
-from outbox.examples.idempotency import DEPOSITED, Message, Strategy, deposit_totals, rows
 
 
 class Upsert(Strategy):

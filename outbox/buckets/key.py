@@ -1,4 +1,4 @@
-"""Buckets: where a campaign's rows live.
+"""A campaign's bucket: where its rows live.
 
 Every campaign-keyed row carries `bucket = outbox_bucket(campaign_id)`: the first 32 bits of the
 id's MD5 modulo N, where N (`OUTBOX_BUCKETS`, default 64) was fixed when the schema was first
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Iterable
-from datetime import datetime
 from typing import TYPE_CHECKING, TypeVar
 from weakref import WeakKeyDictionary
 
@@ -21,7 +20,7 @@ from outbox import db
 from outbox.queries import Queries, current_schema
 
 if TYPE_CHECKING:
-    from outbox.db import Connection, Executor
+    from outbox.db import Connection
 
 __all__ = [
     "DEFAULT_COUNT",
@@ -29,9 +28,9 @@ __all__ = [
     "bucket_count",
     "bucket_for",
     "bucket_of",
-    "due_buckets",
     "filter_bucket",
     "grouped",
+    "locator",
 ]
 
 DEFAULT_COUNT = 64
@@ -40,12 +39,11 @@ MAX_COUNT = 4096
 T = TypeVar("T")
 
 
-class BucketQueries(Queries):
+class KeyQueries(Queries):
     get_bucket_count: str
-    list_due_buckets: str
 
 
-Q = BucketQueries
+Q = KeyQueries
 
 # The install's N per (raw) connection and schema: read once, the first time a connection needs
 # it (two installs in one database may have different numbers).
@@ -78,30 +76,36 @@ async def filter_bucket(conn: Connection, campaign_id: str | None) -> int | None
     return None if campaign_id is None else await bucket_for(conn, campaign_id)
 
 
-async def grouped(
-    conn: Connection, items: Iterable[T], campaign: Callable[[T], str]
-) -> dict[int, list[T]]:
-    """`items` by the bucket of their campaign (`campaign(item)`), each group in the items'
-    order, the buckets in ascending order (a fixed lock order across buckets). Each campaign
-    is hashed once: a batch's rows, markers and checkpoints name few campaigns many times."""
+async def locator(conn: Connection, bucket: int | None = None) -> Callable[[str], int]:
+    """campaign -> its bucket: `bucket` for every campaign, when the caller knows them all to
+    be in it (a worker's batch claims in one bucket), else each one's, hashed once."""
+    if bucket is not None:
+        return lambda _campaign: bucket
     count = await bucket_count(conn)
     known: dict[str, int] = {}
+
+    def where(campaign_id: str) -> int:
+        found = known.get(campaign_id)
+        if found is None:
+            found = known[campaign_id] = bucket_of(campaign_id, count)
+        return found
+
+    return where
+
+
+async def grouped(
+    conn: Connection,
+    items: Iterable[T],
+    campaign: Callable[[T], str],
+    *,
+    bucket: int | None = None,
+) -> dict[int, list[T]]:
+    """`items` by the bucket of their campaign (`campaign(item)`; all in `bucket` when the
+    caller knows it), each group in the items' order, the buckets in ascending order (a fixed
+    lock order across buckets). Each campaign is hashed once: a batch's rows, markers and
+    checkpoints name few campaigns many times."""
+    where = await locator(conn, bucket)
     groups: dict[int, list[T]] = {}
     for item in items:
-        campaign_id = campaign(item)
-        bucket = known.get(campaign_id)
-        if bucket is None:
-            bucket = known[campaign_id] = bucket_of(campaign_id, count)
-        groups.setdefault(bucket, []).append(item)
+        groups.setdefault(where(campaign(item)), []).append(item)
     return dict(sorted(groups.items()))
-
-
-async def due_buckets(
-    executor: Executor, *, rows: bool, now: datetime | None = None
-) -> list[tuple[int, float]]:
-    """(bucket, seconds until due by the database clock or `now`; <= 0: due now) for every
-    bucket with work: campaign rows, or live work rows (`rows`, ordering `none`). One index
-    probe per bucket."""
-    async with db.acquire(executor) as conn:
-        records = await conn.fetch(Q.list_due_buckets, rows, now)
-    return [(r["bucket"], r["due_in"]) for r in records]

@@ -1,4 +1,4 @@
-"""The demo app: projectors of the campaigns domain (`outbox-worker --app outbox.examples.app:app`).
+"""The demo app: projectors of the campaigns domain (`outbox-worker --app campaigns_demo.app:app`).
 
 - `roster` (ordered): who is in each campaign.
 - `event_counts` (ordered, batch=True): events per campaign and type, one set-based upsert
@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
+from campaigns_demo import campaigns as c
 from outbox.db import Connection, Executor, acquire
-from outbox.examples import campaigns as c
 from outbox.model import EventBatch, StoredEvent
 from outbox.projection.app import Outbox
 

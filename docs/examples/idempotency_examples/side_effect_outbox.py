@@ -17,8 +17,8 @@ from typing import Any
 
 import anyio
 
+from idempotency_examples import OPENED, Mailer, Message, Strategy, of_type, rows
 from outbox.db import Connection, Pool
-from outbox.examples.idempotency import OPENED, Mailer, Message, Strategy, of_type, rows
 
 SENDERS = 3
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from idempotency_examples import EMAIL_CHANGED, OPENED, Message, Strategy, rows
 from outbox.db import Connection
-from outbox.examples.idempotency import EMAIL_CHANGED, OPENED, Message, Strategy, rows
 
 
 class SetBased(Strategy):

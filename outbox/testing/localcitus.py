@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from outbox import db
-from outbox.distribution import distribute
-from outbox.localpg import LocalCluster
+from outbox.buckets.distribution import distribute
 from outbox.schema import migrate
 from outbox.testing import admin_execute, with_database
+from outbox.testing.localpg import LocalCluster
 
 __all__ = ["CITUS_SETTINGS", "CitusCluster"]
 

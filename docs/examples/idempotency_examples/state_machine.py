@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from idempotency_examples import FROZEN, OPENED, UNFROZEN, Message, Strategy, rows
 from outbox.db import Connection
-from outbox.examples.idempotency import FROZEN, OPENED, UNFROZEN, Message, Strategy, rows
 
 # event type -> (from state, to state)
 TRANSITIONS = {FROZEN: ("open", "frozen"), UNFROZEN: ("frozen", "open")}

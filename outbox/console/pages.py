@@ -1,0 +1,209 @@
+"""The console's endpoints, at module level: the pages with their JSON twins, and the controls.
+
+A page reads once when it is opened (`reads`, in a read-only transaction under the console's
+session); the overview and its fragments show the shared poller's figures. `PAGES` lists every
+page as (path, template, read): each is served as `/path` (HTML) and `/api/path` (JSON) by
+`app.create_app`. A control (`CONTROLS`) checks the actor's CSRF token, runs its operation
+(`actions`) and names the command that does the same. Every endpoint finds its console through
+`state.of(request)`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from outbox.console import actions as controls
+from outbox.console import reads
+from outbox.console.state import (
+    json_response,
+    of,
+    overview_context,
+    positive_int,
+    refusal,
+    render,
+    required,
+    status,
+)
+from outbox.errors import Conflict, OutboxError, ValidationError
+
+__all__ = ["CONTROLS", "PAGES", "control", "live_fragment", "overview_fragment", "overview_json"]
+
+Read = Callable[[Request], Awaitable[Any]]
+Handler = Callable[[Request], Awaitable[Response]]
+Run = Callable[[Request, dict[str, str], str], Awaitable[controls.Done]]
+
+
+async def overview_page(request: Request) -> Response:
+    return await render("overview.html", request, **await overview_context(of(request).poller))
+
+
+async def overview_fragment(request: Request) -> Response:
+    return await render("_overview.html", request, **await overview_context(of(request).poller))
+
+
+async def live_fragment(request: Request) -> Response:
+    return await render("_live.html", request, **await overview_context(of(request).poller))
+
+
+async def overview_json(request: Request) -> Response:
+    poller = of(request).poller
+    overview = await poller.get()
+    history = list(poller.trend.samples)
+    return json_response("overview", error=poller.error, overview=overview, history=history)
+
+
+async def read_failures(request: Request) -> Any:
+    chosen = request.query_params.get("status") or None
+    return await reads.read_failures(of(request).pool, status=chosen)
+
+
+async def read_blocked(request: Request) -> Any:
+    console = of(request)
+    order = request.query_params.get("order", "age")
+    if order not in ("age", "waiting"):
+        raise ValidationError("order", f"expected age or waiting, got {order!r}")
+    return await reads.read_blocked(console.pool, park=console.settings.park, order=order)
+
+
+async def read_campaign(request: Request) -> Any:
+    return await reads.read_campaign(of(request).pool, required(request.query_params, "id"))
+
+
+async def read_preview(request: Request) -> Any:
+    fingerprint = request.query_params.get("fingerprint") or None  # None: every dead row
+    limit = positive_int(request.query_params.get("limit", str(controls.GROUP_LIMIT)), "limit")
+    result = await controls.preview_group(of(request).pool, fingerprint, limit=limit)
+    command = controls.group_command(fingerprint, limit, reason=None, dry_run=True)
+    return {"fingerprint": fingerprint, "result": result, "command": command}
+
+
+async def read_projectors(request: Request) -> Any:
+    console = of(request)
+    return await reads.read_projectors(console.pool, console.app)
+
+
+async def read_fleet(request: Request) -> Any:
+    return await reads.read_fleet(of(request).pool)
+
+
+async def read_system(request: Request) -> Any:
+    return await reads.read_system(of(request).pool)
+
+
+# (path, template, read): each page and its JSON twin (mode `console-<path>`).
+PAGES: tuple[tuple[str, str, Read], ...] = (
+    ("failures", "failures.html", read_failures),
+    ("failures/requeue", "preview.html", read_preview),
+    ("blocked", "blocked.html", read_blocked),
+    ("campaign", "campaign.html", read_campaign),
+    ("projectors", "projectors.html", read_projectors),
+    ("workers", "workers.html", read_fleet),
+    ("system", "system.html", read_system),
+)
+
+
+def page(template: str, mode: str, read: Read, *, twin: bool) -> Handler:
+    """A page (or, `twin`, its JSON) from one read; an OutboxError renders as its message."""
+
+    async def handle(request: Request) -> Response:
+        try:
+            data = await read(request)
+        except Exception as exc:
+            refused = refusal(exc)
+            if twin:
+                return json_response(mode, error=str(refused), status=status(refused))
+            return await failure(request, refused)
+        if twin:
+            return json_response(mode, data=data)
+        return await render(template, request, data=data)
+
+    return handle
+
+
+async def failure(request: Request, exc: OutboxError) -> Response:
+    return await render("error.html", request, status=status(exc), message=str(exc))
+
+
+def control(run: Run) -> Handler:
+    """A control: the actor authenticated (middleware), its CSRF token checked, then `run`
+    with the form; the result page names the equivalent command."""
+
+    async def handle(request: Request) -> Response:
+        console = of(request)
+        actor: str = request.state.actor
+        form = {k: v for k, v in (await request.form()).items() if isinstance(v, str)}
+        if not console.csrf.valid(actor, form.get("csrf", "")):
+            message = "missing or bad CSRF token"
+            return await render("error.html", request, status=403, message=message)
+        try:
+            done = await run(request, form, actor)
+        except Exception as exc:
+            return await failure(request, refusal(exc))
+        console.poller.invalidate()
+        return await render("done.html", request, done=done)
+
+    return handle
+
+
+async def requeue_row(request: Request, form: dict[str, str], actor: str) -> controls.Done:
+    return await controls.requeue_row(
+        of(request).pool,
+        required(form, "campaign_id"),
+        positive_int(form.get("seq", ""), "seq"),
+        actor=actor,
+        reason=form.get("reason") or None,
+    )
+
+
+async def discard_row(request: Request, form: dict[str, str], actor: str) -> controls.Done:
+    console = of(request)
+    if console.app is None:
+        raise Conflict("discard needs the application (maintenance console --app)")
+    return await controls.discard(
+        console.pool,
+        console.app,
+        required(form, "campaign_id"),
+        positive_int(form.get("seq", ""), "seq"),
+        actor=actor,
+        reason=form.get("reason", ""),
+    )
+
+
+async def requeue_group(request: Request, form: dict[str, str], actor: str) -> controls.Done:
+    return await controls.requeue_group(
+        of(request).pool,
+        form.get("fingerprint") or None,
+        limit=positive_int(form.get("limit", ""), "limit"),
+        actor=actor,
+        reason=form.get("reason") or None,
+    )
+
+
+async def pause(request: Request, form: dict[str, str], actor: str) -> controls.Done:
+    console = of(request)
+    reason = form.get("reason") or None
+    return await controls.pause(
+        console.pool, console.app, required(form, "projector"), actor=actor, reason=reason
+    )
+
+
+async def resume(request: Request, form: dict[str, str], actor: str) -> controls.Done:
+    console = of(request)
+    reason = form.get("reason") or None
+    return await controls.resume(
+        console.pool, console.app, required(form, "projector"), actor=actor, reason=reason
+    )
+
+
+# (path under /actions, route name, run): the controls, served only with actions.
+CONTROLS: tuple[tuple[str, str, Run], ...] = (
+    ("requeue", "do_requeue", requeue_row),
+    ("discard", "do_discard", discard_row),
+    ("pause", "do_pause", pause),
+    ("resume", "do_resume", resume),
+    ("requeue-group", "do_requeue_group", requeue_group),
+)
