@@ -104,7 +104,7 @@ $$;
 """
 CO_LOCATE = (
     "SELECT create_distributed_table('bench_bucket_totals', 'bucket',"
-    " colocate_with => 'event_journal')"
+    " colocate_with => 'outbox.event_journal')"
 )
 UPSERT_MANY = """
 INSERT INTO bench_bucket_totals AS t (bucket, campaign_id, events, amount)

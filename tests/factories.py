@@ -21,13 +21,17 @@ from outbox.queue.settle import refresh_campaigns
 async def _aged(
     executor: db.Executor, campaign_id: str, seq: int | None, assignments: str, *args: Any
 ) -> None:
+    """`assignments` on the rows: `$3` is the database's clock, read once first (Citus routes
+    no write that calls the clock itself), the factory's own values follow."""
     async with db.acquire(executor) as conn, conn.transaction():
+        now = await conn.fetchval("SELECT clock_timestamp()")
         await conn.execute(
             f"UPDATE outbox.projection_apply_outbox SET {assignments}, "
-            "updated_at = clock_timestamp() "
+            "updated_at = $3::timestamptz "
             "WHERE campaign_id = $1 AND ($2::bigint IS NULL OR seq = $2)",
             campaign_id,
             seq,
+            now,
             *args,
         )
         await refresh_campaigns(conn, [campaign_id], park=False, removable=())
@@ -48,8 +52,8 @@ async def make_dead(
         executor,
         campaign_id,
         seq,
-        "status = 'dead', attempt_count = $3, last_error = $4, "
-        "next_attempt_at = clock_timestamp() - make_interval(secs => $5 * 3600)",
+        "status = 'dead', attempt_count = $4, last_error = $5, "
+        "next_attempt_at = $3::timestamptz - make_interval(secs => $6::double precision * 3600)",
         attempts,
         error,
         hours_ago,
@@ -70,8 +74,8 @@ async def make_failed(
         executor,
         campaign_id,
         seq,
-        "status = 'failed', attempt_count = $3, last_error = $4, "
-        "next_attempt_at = clock_timestamp() + make_interval(secs => $5)",
+        "status = 'failed', attempt_count = $4, last_error = $5, "
+        "next_attempt_at = $3::timestamptz + make_interval(secs => $6)",
         attempts,
         error,
         due_in,
@@ -93,10 +97,10 @@ async def make_leased(
         executor,
         campaign_id,
         seq,
-        "status = 'processing', lease_owner = $3, claim_epoch = $4, "
-        "leased_at = clock_timestamp(), "
-        "lease_expires_at = clock_timestamp() + make_interval(secs => $5), "
-        "next_attempt_at = clock_timestamp() + make_interval(secs => $5)",
+        "status = 'processing', lease_owner = $4, claim_epoch = $5, "
+        "leased_at = $3::timestamptz, "
+        "lease_expires_at = $3::timestamptz + make_interval(secs => $6), "
+        "next_attempt_at = $3::timestamptz + make_interval(secs => $6)",
         owner,
         epoch,
         expires_in,

@@ -64,6 +64,19 @@ def campaigns_in_one_bucket(n: int, prefix: str = "c") -> list[str]:
     return sorted(itertools.islice((c for c in names if bucket_of(c, DEFAULT_COUNT) == wanted), n))
 
 
+# The tables 0.1.0's migrations (0001-0003) create, in the outbox's schema.
+TABLES_0_1_0 = (
+    "event_journal",
+    "campaign_heads",
+    "projection_apply_outbox",
+    "projection_apply_campaigns",
+    "projection_checkpoints",
+    "processed_markers",
+    "append_idempotency_keys",
+    "consumer_claims",
+    "outbox_workers",
+    "outbox_requeue_audit",
+)
 TABLES = (
     "event_journal",
     "campaign_heads",

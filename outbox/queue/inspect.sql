@@ -125,8 +125,9 @@ LIMIT $3::integer
 -- when last_error says the lease expired), how long ago the lease was taken and when it
 -- expires (negative: expired, due to be reclaimed), campaign $1 (in bucket $3), at most $2.
 SELECT campaign_id, seq, event_type, lease_owner, claim_epoch, attempt_count, last_error,
-       extract(epoch FROM clock_timestamp() - leased_at)::double precision AS lease_age_seconds,
-       extract(epoch FROM lease_expires_at - clock_timestamp())::double precision
+       extract(epoch FROM statement_timestamp() - leased_at)::double precision
+           AS lease_age_seconds,
+       extract(epoch FROM lease_expires_at - statement_timestamp())::double precision
            AS expires_in_seconds
 FROM @extschema@.projection_apply_outbox
 WHERE status = 'processing'

@@ -28,6 +28,11 @@ $$;
 --   checkpoints  [{campaign_id, projector, applied_seq}]            moves, sorted (lock order)
 --   now          an instant (tests), or null: clock_timestamp(), read once before the writes
 --   notify       with rows deleted, one NOTIFY on `channel` (payload: the bucket)
+-- Citus routes the writes below to the batch's shard, reading their rows from the document
+-- (`jsonb_to_recordset`), and refuses in them a stable expression over those rows: the
+-- failures' next attempts (`now + delay`) are worked out first, into the document, by a
+-- statement of the coordinator's own. Measured against the 20 positional arrays it replaces
+-- (one warm connection, calls rolled back), the call costs the same or less.
 -- First statement: hold the append heads of the campaigns the batch left with nothing live
 -- (`gone`; outbox_lock_heads). Then the checkpoints move: those the claim found (and locked)
 -- by UPDATE ... FROM the document, the few not there yet (a campaign's first batch under an
@@ -56,17 +61,25 @@ DECLARE
     held text[] := '{}';
     v_now timestamptz := coalesce((p_batch ->> 'now')::timestamptz, clock_timestamp());
     gone text[];
+    failed jsonb := '[]';
     moved bigint[];
     m record;
 BEGIN
     gone := ARRAY(
-        SELECT t.campaign_id FROM jsonb_to_recordset(p_batch -> 'campaigns')
-            AS t(campaign_id text, gone boolean)
+        SELECT t.campaign_id
+        FROM jsonb_to_recordset(p_batch -> 'campaigns') AS t(campaign_id text, gone boolean)
         WHERE t.gone
     );
     IF cardinality(gone) > 0 THEN
         SELECT coalesce(array_agg(h.campaign_id), '{}') INTO held
         FROM outbox_lock_heads(p_bucket, gone) h;
+    END IF;
+    IF jsonb_array_length(p_batch -> 'failed') > 0 THEN
+        SELECT jsonb_agg(f.value || jsonb_build_object(
+                   'next', v_now + make_interval(secs => (f.value ->> 'delay')::double precision))
+                   ORDER BY f.ord)
+        INTO failed
+        FROM jsonb_array_elements(p_batch -> 'failed') WITH ORDINALITY AS f(value, ord);
     END IF;
     IF jsonb_array_length(p_batch -> 'checkpoints') > 0 THEN
         -- Checkpoints the claim found (and locked) move in place; the array says which, by
@@ -108,12 +121,12 @@ BEGIN
         UPDATE projection_apply_outbox o
         SET status = CASE WHEN f.dead THEN 'dead' ELSE 'failed' END,
             attempt_count = f.attempts,
-            next_attempt_at = v_now + make_interval(secs => f.delay),
+            next_attempt_at = f.next,
             last_error = f.error,
             updated_at = v_now
-        FROM jsonb_to_recordset(p_batch -> 'failed')
-            AS f(campaign_id text, seq bigint, attempts integer, delay double precision,
-                 error text, dead boolean)
+        FROM jsonb_to_recordset(failed)
+            AS f(campaign_id text, seq bigint, attempts integer, next timestamptz, error text,
+                 dead boolean)
         WHERE o.bucket = p_bucket AND o.campaign_id = f.campaign_id AND o.seq = f.seq
         RETURNING o.campaign_id, o.seq, o.next_attempt_at
     ), target AS (

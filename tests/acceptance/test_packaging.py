@@ -78,3 +78,15 @@ async def test_schema_sql_is_the_migrations_and_makes_a_database_current(fresh_d
     assert again.returncode == 0, again.stderr
     assert again.stdout == ""
     assert "schema current (0 migration(s) applied now)" in again.stderr
+    # An upgrade by another tool ends with the definitions alone: applied again, still current.
+    definitions = run_cli("maintenance", "schema", "--sql", "--definitions")
+    assert definitions.returncode == 0, definitions.stderr
+    assert "outbox_schema_migrations (" not in definitions.stdout
+    assert "CREATE OR REPLACE FUNCTION outbox_claim(" in definitions.stdout
+    conn = await asyncpg.connect(fresh_db)
+    try:
+        await conn.execute(definitions.stdout)
+        await check_current(conn)
+    finally:
+        await conn.close()
+    assert run_cli("maintenance", "migrate", "--dsn", fresh_db).stdout == ""

@@ -40,7 +40,7 @@ CREATE TABLE tallies (
     events      bigint  NOT NULL,
     PRIMARY KEY (bucket, campaign_id)
 );
-SELECT create_distributed_table('tallies', 'bucket', colocate_with => 'event_journal');
+SELECT create_distributed_table('tallies', 'bucket', colocate_with => 'outbox.event_journal');
 """
 
 ADD = """
@@ -224,7 +224,7 @@ async def test_a_worker_node_stopped_mid_drain(
     count = await pool.fetchval("SELECT outbox.outbox_bucket_count()")
     rows = await pool.fetch(
         "SELECT b, p.nodeport FROM generate_series(0, $1 - 1) AS b, "
-        "LATERAL get_shard_id_for_distribution_column('event_journal', b) AS s, "
+        "LATERAL get_shard_id_for_distribution_column('outbox.event_journal', b) AS s, "
         "pg_dist_shard_placement p WHERE p.shardid = s",
         count,
     )

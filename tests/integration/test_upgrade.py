@@ -20,7 +20,7 @@ import pytest
 from schema_snapshot import SNAPSHOT, body, dump, dump_major, pg_dump, snapshot_major
 
 import outbox
-from helpers import run_cli
+from helpers import TABLES_0_1_0, run_cli
 from outbox import Event, MigrationError, Outbox, SchemaNotReady, Settings, StoredEvent, db
 from outbox.schema import check_current, load_migrations, migrate
 from outbox.worker.batch import Worker
@@ -103,18 +103,6 @@ INSERT INTO outbox_requeue_audit (campaign_id, seq, actor, reason, previous_stat
                                   previous_attempt_count)
 VALUES ('camp-3', 1, 'ops', 'fixed the projector', 'dead', 8);
 """
-TABLES_0_1_0 = (
-    "event_journal",
-    "campaign_heads",
-    "projection_apply_outbox",
-    "projection_apply_campaigns",
-    "projection_checkpoints",
-    "processed_markers",
-    "append_idempotency_keys",
-    "consumer_claims",
-    "outbox_workers",
-    "outbox_requeue_audit",
-)
 
 
 async def install_0_1_0(conn: db.Connection) -> dict[str, list[int]]:
