@@ -87,7 +87,11 @@ async def load(conn: asyncpg.Connection, layout: str, rows: int, *, clear: str =
     # by hand get theirs here, as `maintenance reconcile` gives them.
     for i in range(0, len(ids), 5000):
         await refresh_campaigns(conn, ids[i : i + 5000], park=False, removable=())
-    for table in ("projection_apply_outbox", "projection_apply_campaigns", "event_journal"):
+    for table in (
+        "outbox.projection_apply_outbox",
+        "outbox.projection_apply_campaigns",
+        "outbox.event_journal",
+    ):
         await conn.execute(f"VACUUM ANALYZE {table}")
 
 

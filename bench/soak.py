@@ -75,7 +75,7 @@ SIZES = """
 SELECT c.relname::text AS name, pg_relation_size(c.oid) AS heap, pg_indexes_size(c.oid) AS idx,
        coalesce(s.n_dead_tup, 0) AS dead, coalesce(s.n_live_tup, 0) AS live
 FROM pg_class c LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid
-WHERE c.relname = ANY ($1::text[]) AND c.relkind = 'r'
+WHERE c.relname = ANY ($1::text[]) AND c.relkind = 'r' AND c.relnamespace = 'outbox'::regnamespace
 """
 CONNECTIONS = "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
 APPLIED = "SELECT coalesce(sum(applied), 0)::bigint FROM soak_applied"

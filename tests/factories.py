@@ -53,7 +53,7 @@ async def make_dead(
         campaign_id,
         seq,
         "status = 'dead', attempt_count = $4, last_error = $5, "
-        "next_attempt_at = $3::timestamptz - make_interval(secs => $6::double precision * 3600)",
+        "next_attempt_at = $3::timestamptz - make_interval(secs => $6::float8 * 3600)",
         attempts,
         error,
         hours_ago,
@@ -75,7 +75,7 @@ async def make_failed(
         campaign_id,
         seq,
         "status = 'failed', attempt_count = $4, last_error = $5, "
-        "next_attempt_at = $3::timestamptz + make_interval(secs => $6)",
+        "next_attempt_at = $3::timestamptz + make_interval(secs => $6::float8)",
         attempts,
         error,
         due_in,
@@ -89,21 +89,27 @@ async def make_leased(
     *,
     owner: str,
     epoch: int = 1,
+    attempts: int = 0,
     expires_in: float = 60.0,
+    length: float = 60.0,
 ) -> None:
-    """The row(s) leased by `owner` (lease mode), the lease expiring in `expires_in` seconds
-    (negative: expired, due for reclaim)."""
+    """The row(s) leased by `owner` (lease mode) for `length` seconds at claim `epoch` after
+    `attempts`, the lease expiring in `expires_in` seconds (negative: expired, due for
+    reclaim)."""
     await _aged(
         executor,
         campaign_id,
         seq,
-        "status = 'processing', lease_owner = $4, claim_epoch = $5, "
-        "leased_at = $3::timestamptz, "
-        "lease_expires_at = $3::timestamptz + make_interval(secs => $6), "
-        "next_attempt_at = $3::timestamptz + make_interval(secs => $6)",
+        "status = 'processing', lease_owner = $4, claim_epoch = $5::bigint, "
+        "attempt_count = $6::integer, "
+        "leased_at = $3::timestamptz + make_interval(secs => $7::float8 - $8::float8), "
+        "lease_expires_at = $3::timestamptz + make_interval(secs => $7::float8), "
+        "next_attempt_at = $3::timestamptz + make_interval(secs => $7::float8)",
         owner,
         epoch,
+        attempts,
         expires_in,
+        length,
     )
 
 

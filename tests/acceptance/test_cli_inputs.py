@@ -8,6 +8,7 @@ the canary never printed, and no row of the database changed.
 from __future__ import annotations
 
 import pytest
+from factories import make_dead
 
 from helpers import run_cli
 from outbox import Event, Settings, append, db
@@ -107,7 +108,7 @@ async def test_every_bad_input_is_one_bounded_redacted_line_and_changes_nothing(
     pool: db.Pool, dsn: str, settings: Settings
 ) -> None:
     await append(pool, "c", [Event("dice.cursed", {}), Event("dice.rolled", {"value": 1})])
-    await pool.execute("UPDATE outbox.projection_apply_outbox SET status = 'dead' WHERE seq = 1")
+    await make_dead(pool, "c", 1)
     before = await snapshot(pool)
     problems: list[str] = []
     for prog, args, env, code in cases():

@@ -370,11 +370,7 @@ async def test_health_fails_on_dead_rows_and_blocked_campaigns_until_repaired(
     await install(pool)
     rolls = [Event("dice.rolled", {"value": 3}), Event("dice.rolled", {"value": 4})]
     await append(pool, "c", rolls, settings=settings)
-    await pool.execute(
-        "UPDATE outbox.projection_apply_outbox SET status = 'dead', attempt_count = 8, "
-        "last_error = 'boom' WHERE seq = 1"
-    )
-    await pool.execute("UPDATE outbox.projection_apply_campaigns SET blocked = true")
+    await make_dead(pool, "c", 1, error="boom")  # its campaign blocked behind it
     sick = cli("health", "--json", dsn=dsn)
     assert sick.returncode == 1
     body = orjson.loads(sick.stdout)  # the JSON is printed, then the exit says unhealthy
@@ -409,9 +405,7 @@ async def test_the_report_reads_at_80_columns_without_cutting_ids(
 ) -> None:
     long_id = "tenant-0042/account-" + "9" * 40  # longer than any column at 80
     await append(pool, long_id, [Event("account.opened.with.a.long.type", {})], settings=settings)
-    await pool.execute(
-        "UPDATE outbox.projection_apply_outbox SET status = 'dead', last_error = 'x'"
-    )
+    await make_dead(pool, long_id, error="x")
     narrow = run_cli("maintenance", "outbox-report", dsn=dsn, env={"COLUMNS": "80"})
     assert narrow.returncode == 0, narrow.stderr
     lines = narrow.stdout.splitlines()
@@ -463,10 +457,7 @@ async def test_the_report_shows_payloads_and_prints_data_as_it_is(
     looks like rich markup ("[red]", an unmatched "[/x]") is printed as it is."""
     note = {"note": "[/x] [red]not red[/red] <b>", "n": [1, 2]}
     await append(pool, "c-[/x]", [Event("t", note)], settings=settings)
-    await pool.execute(
-        "UPDATE outbox.projection_apply_outbox SET status = 'dead', attempt_count = 8, "
-        "last_error = 'Boom: [/oops] [bold]'"
-    )
+    await make_dead(pool, "c-[/x]", error="Boom: [/oops] [bold]")
     body = as_json(cli("outbox-report", "--status", "dead", "--payload", "--json", dsn=dsn))
     assert [r["payload"] for r in body["rows"]] == [note]
     plain = as_json(cli("outbox-report", "--status", "dead", "--json", dsn=dsn))

@@ -16,6 +16,7 @@ from typing import Any
 import anyio
 import anyio.lowlevel
 import pytest
+from factories import make_leased
 
 from helpers import queue_count, run_cli, wait_for
 from outbox import ConfigError, Event, Settings, db
@@ -81,19 +82,11 @@ async def row(pool: db.Pool, campaign_id: str, seq: int) -> dict[str, Any] | Non
     return dict(r) if r else None
 
 
-async def expired_lease(pool: db.Pool, *, epoch: int, attempts: int) -> None:
-    """The one queued row, leased by a worker that died (`gone:1`) a minute past its expiry."""
-    await pool.execute(
-        "UPDATE outbox.projection_apply_outbox SET status = 'processing', lease_owner = 'gone:1', "
-        "claim_epoch = $1, attempt_count = $2, "
-        "leased_at = statement_timestamp() - interval '2 min', "
-        "lease_expires_at = statement_timestamp() - interval '1 min', "
-        "next_attempt_at = statement_timestamp() - interval '1 min'",
-        epoch,
-        attempts,
-    )
-    await pool.execute(
-        "UPDATE outbox.projection_apply_campaigns SET due_at = statement_timestamp()"
+async def expired_lease(pool: db.Pool, campaign_id: str, *, epoch: int, attempts: int) -> None:
+    """The campaign's queued row, leased by a worker that died (`gone:1`) a minute past its
+    expiry."""
+    await make_leased(
+        pool, campaign_id, owner="gone:1", epoch=epoch, attempts=attempts, expires_in=-60
     )
 
 
@@ -223,7 +216,7 @@ async def test_an_expired_lease_counts_an_attempt_and_dies_on_the_last(
     app = lease_app(dsn, lease_seconds=60)
     app.settings = app.settings.replace(max_attempts=2)
     await app.append(pool, "o-3", [Event("order.placed", {})])
-    await expired_lease(pool, epoch=4, attempts=1)
+    await expired_lease(pool, "o-3", epoch=4, attempts=1)
     counts = await Worker(app, pool).run_once()
     assert (counts.reclaimed, counts.dead, counts.leased) == (1, 1, 0)
     dead = await row(pool, "o-3", 1)
@@ -239,7 +232,7 @@ async def test_a_reclaim_below_the_limit_runs_again_with_the_attempt_counted(
     gate = Gate()
     app = lease_app(dsn, gate, lease_seconds=60)
     await app.append(pool, "o-4", [Event("order.placed", {})])
-    await expired_lease(pool, epoch=1, attempts=0)
+    await expired_lease(pool, "o-4", epoch=1, attempts=0)
     worker = Worker(app, pool)
     async with batch_held_at(gate, worker):
         again = await row(pool, "o-4", 1)

@@ -13,6 +13,7 @@ import asyncpg
 import httpx
 import pytest
 from campaigns_demo.app import install
+from factories import make_dead
 
 from helpers import ROOT, run_cli
 from outbox import Event, Settings, append, db, dedup
@@ -91,7 +92,7 @@ async def test_each_role_does_its_job_and_no_more(
     )
     assert drained.returncode == 0, drained.stderr
     assert "applied=1" in drained.stdout
-    await pool.execute("UPDATE outbox.projection_apply_outbox SET status = 'dead'")
+    await make_dead(pool, "c", 2)
     # The report role reads but cannot requeue.
     report = run_cli("maintenance", "outbox-report", "--json", dsn=roles["outbox_report"])
     assert report.returncode == 0, report.stderr
@@ -120,7 +121,7 @@ async def test_each_role_does_its_job_and_no_more(
     )
     assert requeued.returncode == 0, requeued.stderr
     # ... and discards a dead row, moving the ordered checkpoints past it.
-    await pool.execute("UPDATE outbox.projection_apply_outbox SET status = 'dead'")
+    await make_dead(pool, "c", 2)
     discarded = run_cli(
         "maintenance",
         "outbox-discard",
