@@ -11,6 +11,7 @@ import pytest
 from helpers import campaigns_in_one_bucket, run_cli
 from outbox import Event, Outbox, Settings, append, db
 from outbox.buckets import DEFAULT_COUNT, bucket_count, bucket_of, due_buckets
+from outbox.buckets.distribution import PLAN
 from outbox.buckets.ring import BucketRing
 from outbox.errors import MigrationError, TransientBatchError
 from outbox.model import StoredEvent
@@ -18,15 +19,8 @@ from outbox.queue.settle import notify_work
 from outbox.schema import load_migrations, migrate, script
 from outbox.worker.batch import Worker
 
-CAMPAIGN_TABLES = (
-    "event_journal",
-    "campaign_heads",
-    "projection_apply_outbox",
-    "projection_apply_campaigns",
-    "projection_checkpoints",
-    "processed_markers",
-    "append_idempotency_keys",
-)
+# The tables keyed by bucket: the cluster plan's (one list of them).
+CAMPAIGN_TABLES = tuple(p.table for p in PLAN if p.column == "bucket")
 
 
 async def test_the_python_twin_computes_the_sql_bucket(pool: db.Pool) -> None:
@@ -41,6 +35,14 @@ async def test_the_python_twin_computes_the_sql_bucket(pool: db.Pool) -> None:
 async def test_every_campaign_key_leads_with_the_bucket_and_a_wrong_one_is_refused(
     pool: db.Pool,
 ) -> None:
+    # The catalog's tables with both key columns are the plan's bucket-keyed ones, no more.
+    keyed = await pool.fetch(
+        "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE n.nspname = 'outbox' AND c.relkind IN ('r', 'p') AND ("
+        "SELECT count(*) FROM pg_attribute a WHERE a.attrelid = c.oid "
+        "AND a.attname IN ('bucket', 'campaign_id') AND NOT a.attisdropped) = 2"
+    )
+    assert sorted(r["relname"] for r in keyed) == sorted(CAMPAIGN_TABLES)
     for table in CAMPAIGN_TABLES:
         key = await pool.fetchval(
             "SELECT pg_get_constraintdef(oid) FROM pg_constraint "
