@@ -22,9 +22,9 @@
     │   ├── EventUnavailable     the row's journal event is missing or cannot be decoded
     │   ├── UnknownEventType     no projector subscribes to the type and the app does not
     │   │                        ignore it
-    │   ├── CheckpointGap        an ordered projector was handed seq n past its checkpoint + 1
     │   ├── LeaseExpired         a leased row's lease ran out before its worker ended it
     │   └── PermanentError       raised by a projector: the row goes dead at once
+    │       └── CheckpointGap    the journal lacks events an ordered projector must apply
     ├── OperatorError            an operator's action that does not fit the queue
     │   ├── NotFound             an operator named a row that does not exist
     │   └── Conflict             an operator action does not fit the row's state
@@ -202,16 +202,17 @@ class UnknownEventType(RowFailure):
     """No projector subscribes to the type and the app did not declare it ignorable."""
 
 
-class CheckpointGap(RowFailure):
-    """An ordered projector was handed seq n while its checkpoint is below n-1."""
-
-
 class LeaseExpired(RowFailure):
     """A leased row's lease ran out before its worker finished (the worker died or hung)."""
 
 
 class PermanentError(RowFailure):
     """Raised by a projector for an event that can never succeed: the row goes dead at once."""
+
+
+class CheckpointGap(PermanentError):
+    """An ordered projector is behind an event and the journal lacks the events between (the
+    worker applies any it has first): corruption, so the row goes dead at once."""
 
 
 class NotFound(OperatorError):

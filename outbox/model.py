@@ -211,6 +211,7 @@ class BatchCounts:
     reclaimed: int = 0  # ... of which were taken back from an expired lease
     fenced: int = 0  # leases this worker lost before it could end them
     paused: int = 0  # due rows left for a paused projector (their campaigns wait, re-checked)
+    behind: int = 0  # rows left while an ordered projector catches their campaign up (due)
 
     def add(self, other: BatchCounts) -> None:
         for name, value in vars(other).items():

@@ -33,6 +33,7 @@ __all__ = [
     "get_campaign_head",
     "list_campaigns",
     "load_events",
+    "load_ranges",
     "prune_append_keys",
     "rebuild_events",
     "recent_events",
@@ -42,6 +43,7 @@ __all__ = [
 class JournalQueries(Queries):
     get_campaign_head: str
     load_events: str
+    load_ranges: str
     list_campaigns: str
     load_rebuild_events: str
     prune_append_keys: str
@@ -134,6 +136,25 @@ async def load_events(
     bucket = await buckets.bucket_for(conn, campaign_id)
     rows = await conn.fetch(Q.load_events, campaign_id, first, last, bucket)
     return [decode_record(r, campaign_id) for r in rows]
+
+
+async def load_ranges(
+    conn: Connection, ranges: Sequence[tuple[str, int, int]], *, bucket: int | None = None
+) -> list[db.Record]:
+    """The journal rows of each (campaign_id, first, last) range, in campaign and seq order
+    (columns as `decode_record` reads them), one statement per bucket: `bucket` when the caller
+    knows every campaign is in it, else each campaign's."""
+    where = await buckets.locator(conn, bucket)
+    parts: dict[int, list[tuple[str, int, int]]] = {}
+    for r in ranges:
+        parts.setdefault(where(r[0]), []).append(r)
+    rows: list[db.Record] = []
+    for part_bucket, part in sorted(parts.items()):
+        cids, firsts, lasts = (list(column) for column in zip(*part, strict=True))
+        rows.extend(await conn.fetch(Q.load_ranges, part_bucket, cids, firsts, lasts))
+    if len(parts) > 1:
+        rows.sort(key=lambda r: (r["campaign_id"], r["seq"]))
+    return rows
 
 
 async def rebuild_events(

@@ -66,7 +66,7 @@ async def replay(
                 f"row {campaign_id!r} seq {seq} waits behind seq {blocked_by} of its "
                 "campaign; replay that one first"
             )
-        dispatch = Dispatch(conn, app.registry, settings.unsubscribed)
+        dispatch = Dispatch(conn, app.registry, settings.unsubscribed, heal=None)
         await dispatch.load([campaign_id])
         try:
             event = row.stored_event()

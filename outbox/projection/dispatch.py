@@ -4,12 +4,15 @@
 inside the caller's transaction. `load()` locks the checkpoints of the batch's campaigns in one
 statement (or `use()` takes those an ordered claim locked). `apply(events)` runs a group of
 events (the caller brackets it with `open_group()` and, on failure, `undo_group()`): it derives
-every ordered projector's verdict (apply / duplicate / gap) from those checkpoints and the
-seqs, a campaign at a time, reserves the processed markers of every idempotent projector in one
+every ordered projector's verdict (apply / duplicate / gap) from those checkpoints and the seqs,
+a campaign at a time, reserves the processed markers of every idempotent projector in one
 statement, runs per-event projectors event by event and batch projectors once with an
-`EventBatch` of their events. `moves()` says where the checkpoints moved, for the caller's
-settle (`outbox.queue.settle`, the one statement that writes them). The happy path pays no
-per-event round trip of the library's own, and builds no per-event object a batch projector
+`EventBatch` of their events. An ordered projector behind a campaign (deployed onto its history,
+rows deleted by hand) first gets the events it lacks from the journal, in the same group
+(`outbox.projection.heal`); a campaign with more to catch up than a group takes comes back
+`BEHIND`: its rows wait, charged nothing. `moves()` says where the checkpoints moved, for the
+caller's settle (`outbox.queue.settle`, the one statement that writes them). The happy path pays
+no per-event round trip of the library's own, and builds no per-event object a batch projector
 does not ask for.
 
 A failure is raised as `GroupFailed`, carrying the index of the event it belongs to when that is
@@ -24,11 +27,10 @@ import enum
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from itertools import groupby
 from time import perf_counter
 from typing import TYPE_CHECKING
 
-from outbox.errors import CheckpointGap, UnknownEventType
+from outbox.errors import UnknownEventType
 from outbox.model import EventBatch, StoredEvent, Unsubscribed
 from outbox.obs import log, tracing
 from outbox.projection.guards import (
@@ -38,6 +40,8 @@ from outbox.projection.guards import (
     reserve_markers,
     undo_group,
 )
+from outbox.projection.heal import HEAL_EVENTS, widen
+from outbox.projection.plan import Run, pass_checkpoints, plan_runs
 from outbox.projection.registry import Projector, Registry
 from outbox.queue.settle import settle
 from outbox.retry import describe_error
@@ -70,6 +74,7 @@ class ApplyOutcome(enum.Enum):
     DUPLICATE = "duplicate"  # every subscribed projector had already applied it
     IGNORED = "ignored"  # the app declared the type as needing no projection
     UNSUBSCRIBED = "unsubscribed"  # no projector subscribes, and OUTBOX_UNSUBSCRIBED=skip
+    BEHIND = "behind"  # an ordered projector is still catching its campaign up: not applied
 
 
 class GroupFailed(Exception):
@@ -89,37 +94,6 @@ class GroupFailed(Exception):
         return describe_error(self.cause, projector=self.projector)
 
 
-@dataclass(slots=True)
-class _Run:
-    """A projector's share of a group: how many of its events it subscribes to, and the
-    positions of those its guards let through (in order)."""
-
-    projector: Projector
-    subscribed: int
-    indexes: Sequence[int]
-
-
-def _plan(
-    types: list[str], kinds: dict[str, tuple[Projector, ...]], duplicates: dict[str, set[int]]
-) -> list[_Run]:
-    """Every transactional subscriber of the group's types, by name, with its events' positions
-    less its duplicates (lease-mode projectors run outside the transaction, S13)."""
-    projectors = {p.name: p for subs in kinds.values() for p in subs if p.transactional}
-    plan: list[_Run] = []
-    for name in sorted(projectors):
-        p = projectors[name]
-        indexes: Sequence[int] = (
-            range(len(types))
-            if all(t in p.events for t in kinds)
-            else [i for i, t in enumerate(types) if t in p.events]
-        )
-        subscribed = len(indexes)
-        if held := duplicates.get(name):
-            indexes = [i for i in indexes if i not in held]
-        plan.append(_Run(p, subscribed, indexes))
-    return plan
-
-
 @dataclass
 class Dispatch:
     """Guards and dispatch for one batch on `conn` (see the module docstring)."""
@@ -132,6 +106,9 @@ class Dispatch:
     # The bucket every event of the batch is in (a worker's batch claims in one); None: each
     # campaign's, worked out by the guards' statements.
     bucket: int | None = None
+    # Journal events a group may apply to ordered projectors behind its campaigns (None: no
+    # bound; 0: none, and such a campaign's events come back BEHIND).
+    heal: int | None = HEAL_EVENTS
     checkpoints: dict[CheckpointKey, int] = field(default_factory=dict)
     moved: set[CheckpointKey] = field(default_factory=set)
     # For metrics: events per (projector, outcome) of the groups that applied ("applied", or
@@ -171,23 +148,67 @@ class Dispatch:
         """Apply `events` (sorted by campaign_id, seq) once each; call inside a savepoint.
         Raises GroupFailed; on success the checkpoints move (in memory until `settle`).
 
-        The guards work on the group, not event by event: subscribers per distinct type, each
+        First the events ordered projectors lack are merged in from the journal (`heal`);
+        a failure on one of them is charged to its campaign's next claimed event. A campaign
+        the heal budget cannot bring level comes back BEHIND, its checkpoints moved as far as
+        the budget took them. The journal lacking a seq fails the event after it
+        (`CheckpointGap`, dead at once)."""
+        checkpoints = dict(self.checkpoints)
+        ordered = self.registry.ordered_names()
+        wide = await widen(
+            self.conn, events, ordered, checkpoints, budget=self.heal, bucket=self.bucket
+        )
+        if wide is None:
+            outcomes = await self._apply(events, checkpoints, frozenset())
+        else:
+            if wide.gaps:  # the group's first failing event is the one to isolate
+                index = min(wide.gaps)
+                types = [e.type for e in events]
+                kinds = {t: self.registry.subscribers(t) for t in set(types)}
+                unknown = self._unknown(types, kinds, frozenset())
+                if unknown is not None and (unknown.index or 0) < index:
+                    raise unknown
+                raise GroupFailed(wide.gaps[index], index)
+            try:
+                applied = (
+                    await self._apply(wide.events, checkpoints, frozenset(wide.journal))
+                    if wide.events
+                    else []
+                )
+            except GroupFailed as failed:
+                charged = None if failed.index is None else wide.charge[failed.index]
+                raise GroupFailed(failed.cause, charged, failed.projector) from failed.cause
+            outcomes = [ApplyOutcome.BEHIND if p is None else applied[p] for p in wide.placed]
+        self.moved |= {k for k, v in checkpoints.items() if self.checkpoints.get(k) != v}
+        self.checkpoints = checkpoints
+        return outcomes
+
+    async def _apply(
+        self,
+        events: Sequence[StoredEvent],
+        checkpoints: dict[CheckpointKey, int],
+        journal: frozenset[int],
+    ) -> list[ApplyOutcome]:
+        """The guards work on the group, not event by event: subscribers per distinct type, each
         ordered checkpoint per campaign (one comparison when the campaign's seqs are the ones
         after it, the usual case; event by event only where some are duplicates or a gap), the
         markers in one statement. Each projector gets the positions of its events; a batch
-        projector an `EventBatch` of them, built from the group's columns."""
+        projector an `EventBatch` of them, built from the group's columns. `checkpoints` move
+        in place."""
         batch = EventBatch.of(events)
         registry = self.registry
         types = batch.types
         kinds = {t: registry.subscribers(t) for t in set(types)}
-        checkpoints = dict(self.checkpoints)
-        duplicates, refused = self._pass_checkpoints(batch, checkpoints)
-        unknown = self._unknown(types, kinds)
+        duplicates, gap = pass_checkpoints(
+            batch.campaign_ids, batch.seqs, registry.ordered_names(), checkpoints
+        )
+        refused = None if gap is None else GroupFailed(gap[1], gap[0])
+        unknown = self._unknown(types, kinds, journal)
         if unknown is not None and (refused is None or (unknown.index or 0) < (refused.index or 0)):
             refused = unknown  # the group's first failing event is the one to isolate
         if refused is not None:
             raise refused
-        plan = _plan(types, kinds, duplicates)
+        plan = plan_runs(types, kinds, duplicates, journal)
         await self._reserve_markers(batch, plan)
         try:
             await self._run(batch, plan)
@@ -198,76 +219,40 @@ class Dispatch:
         for run in plan:
             if run.indexes:
                 self.tally[(run.projector.name, "applied")] += len(run.indexes)
-            if len(run.indexes) < run.subscribed:
-                self.tally[(run.projector.name, "skipped")] += run.subscribed - len(run.indexes)
-        outcomes = self._outcomes(types, kinds, plan)
-        self.moved |= {k for k, v in checkpoints.items() if self.checkpoints.get(k) != v}
-        self.checkpoints = checkpoints
-        return outcomes
-
-    def _pass_checkpoints(
-        self, batch: EventBatch, checkpoints: dict[CheckpointKey, int]
-    ) -> tuple[dict[str, set[int]], GroupFailed | None]:
-        """Move every ordered checkpoint past each campaign's events (S17: every ordered
-        checkpoint passes every event); return each projector's duplicates (positions at or
-        before its checkpoint) and the first gap, as the group's failure."""
-        duplicates: dict[str, set[int]] = {}
-        ordered = self.registry.ordered_names()
-        if not ordered:
-            return duplicates, None
-        cids, seqs = batch.campaign_ids, batch.seqs
-        end = 0
-        for campaign_id, same in groupby(cids):  # each campaign's run of events
-            start, end = end, end + len(list(same))
-            first, last = seqs[start], seqs[end - 1]
-            gap: GroupFailed | None = None
-            for name in ordered:
-                key = (campaign_id, name)
-                at = checkpoints.get(key, 0)
-                if first == at + 1 and last - first == end - start - 1:
-                    checkpoints[key] = last  # the seqs right after the checkpoint
-                    continue
-                for index in range(start, end if gap is None else gap.index or 0):
-                    seq = seqs[index]
-                    if seq <= at:
-                        duplicates.setdefault(name, set()).add(index)
-                    elif seq == at + 1:
-                        at = seq
-                    else:
-                        gap = GroupFailed(
-                            CheckpointGap(
-                                f"projector {name!r} is at seq {at} of campaign "
-                                f"{campaign_id!r} and cannot apply seq {seq}"
-                            ),
-                            index,
-                        )
-                        break
-                checkpoints[key] = at
-            if gap is not None:
-                return duplicates, gap
-        return duplicates, None
+            claimed = sum(1 for i in run.indexes if i not in journal)
+            if claimed < run.subscribed:
+                self.tally[(run.projector.name, "skipped")] += run.subscribed - claimed
+        return self._outcomes(types, kinds, plan, journal=journal)
 
     def _unknown(
-        self, types: list[str], kinds: dict[str, tuple[Projector, ...]]
+        self, types: list[str], kinds: dict[str, tuple[Projector, ...]], journal: frozenset[int]
     ) -> GroupFailed | None:
-        """Under OUTBOX_UNSUBSCRIBED=retry, the first event no projector subscribes to (and
-        whose type is not ignored) fails the group."""
+        """Under OUTBOX_UNSUBSCRIBED=retry, the first claimed event no projector subscribes to
+        (and whose type is not ignored) fails the group."""
         if self.unsubscribed != "retry":
             return None
         unknown = {t for t, subs in kinds.items() if not subs and t not in self.registry.ignored}
         if not unknown:
             return None
-        index = next(i for i, t in enumerate(types) if t in unknown)
+        index = next((i for i, t in enumerate(types) if t in unknown and i not in journal), None)
+        if index is None:
+            return None
         return GroupFailed(
             UnknownEventType(f"no projector subscribes to event type {types[index]!r}"), index
         )
 
     def _outcomes(
-        self, types: list[str], kinds: dict[str, tuple[Projector, ...]], plan: list[_Run]
+        self,
+        types: list[str],
+        kinds: dict[str, tuple[Projector, ...]],
+        plan: list[Run],
+        *,
+        journal: frozenset[int] = frozenset(),
     ) -> list[ApplyOutcome]:
         """Each event's outcome: applied when a projector ran it, duplicate when every
         subscriber's guard had (or only lease-mode projectors subscribe), ignored, or
-        unsubscribed (counted per type, announced once)."""
+        unsubscribed (counted per type, announced once). Events merged in from the `journal`
+        were counted when they were claimed."""
         by_type: dict[str, ApplyOutcome] = {}
         for t, subs in kinds.items():
             if any(p.transactional for p in subs):
@@ -278,17 +263,22 @@ class Dispatch:
                 by_type[t] = ApplyOutcome.IGNORED
             else:
                 by_type[t] = ApplyOutcome.UNSUBSCRIBED
-                self.skipped_types[t] += types.count(t)
+                self.skipped_types[t] += (
+                    sum(1 for i, x in enumerate(types) if x == t and i not in journal)
+                    if journal
+                    else types.count(t)
+                )
                 _announce(t)
         outcomes = [by_type[t] for t in types]
-        if any(len(run.indexes) < run.subscribed for run in plan):  # a guard held some back
+        if journal or any(len(run.indexes) < run.subscribed for run in plan):  # a guard held
+            # some back (a widened group's count says nothing: its journal events are extra)
             ran = {i for run in plan for i in run.indexes}
             for index, outcome in enumerate(outcomes):
                 if outcome is ApplyOutcome.APPLIED and index not in ran:
                     outcomes[index] = ApplyOutcome.DUPLICATE
         return outcomes
 
-    async def _reserve_markers(self, batch: EventBatch, plan: list[_Run]) -> None:
+    async def _reserve_markers(self, batch: EventBatch, plan: list[Run]) -> None:
         """One statement for the group; a projector whose marker exists drops the event."""
         marked = [run for run in plan if run.projector.idempotent and not run.projector.ordered]
         cids, seqs = batch.campaign_ids, batch.seqs
@@ -300,7 +290,7 @@ class Dispatch:
             name = run.projector.name
             run.indexes = [i for i in run.indexes if (cids[i], seqs[i], name) in reserved]
 
-    async def _run(self, batch: EventBatch, plan: list[_Run]) -> None:
+    async def _run(self, batch: EventBatch, plan: list[Run]) -> None:
         """Per-event projectors event by event (by name within an event), then each batch
         projector once, in the order of its first event."""
         per_event = [run for run in plan if not run.projector.batch and run.indexes]
@@ -343,7 +333,7 @@ async def apply_event(
 ) -> ApplyOutcome:
     """Apply one event with its guards and move the checkpoints (inside a transaction); raise
     what failed. For callers that hold a single event: tests, tools."""
-    dispatch = Dispatch(conn, registry, unsubscribed)
+    dispatch = Dispatch(conn, registry, unsubscribed, heal=None)
     await dispatch.load([event.campaign_id])
     try:
         (outcome,) = await dispatch.apply([event])

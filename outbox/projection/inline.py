@@ -6,8 +6,9 @@ rolls back, the failing row records its attempt as the failure policy decides, a
 commits all the same: a worker retries the row. Skipped when an earlier row of the campaign is
 still outstanding (per-campaign order: the worker takes these too), when a paused projector
 subscribes to one of the events (a worker applies them once it is resumed), and by the app for
-events with a non-transactional projector (a worker leases them). Only `Outbox.append` calls
-it.
+events with a non-transactional projector (a worker leases them), and when an ordered projector
+is behind the campaign (deployed onto its history): the append does not wait for it to catch
+up from the journal, a worker does that, charged nothing. Only `Outbox.append` calls it.
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ from outbox.append import call
 from outbox.append.api import append
 from outbox.append.journal import load_events
 from outbox.config import Settings
-from outbox.model import AppendResult, Event
-from outbox.projection.dispatch import Dispatch, GroupFailed
+from outbox.model import AppendResult, Event, StoredEvent
+from outbox.projection.dispatch import ApplyOutcome, Dispatch, GroupFailed
 from outbox.projection.pauses import PausedProjectors
 from outbox.projection.registry import Registry
 from outbox.queue.applied import outstanding_upto
@@ -32,6 +33,17 @@ if TYPE_CHECKING:
     from outbox.db import Connection, Executor
 
 __all__ = ["append_inline"]
+
+
+class _Behind(Exception):
+    """An ordered projector is behind the campaign: leave its rows to a worker."""
+
+
+async def _apply_level(dispatch: Dispatch, stored: list[StoredEvent]) -> None:
+    """Apply the append's events; raise `_Behind` (rolling the savepoint back, so the rows
+    stay for a worker) when an ordered projector would first need the campaign's history."""
+    if ApplyOutcome.BEHIND in await dispatch.apply(stored):
+        raise _Behind
 
 
 async def append_inline(
@@ -76,11 +88,11 @@ async def _apply(
     if await outstanding_upto(conn, cid, result.first_seq - 1):
         return  # earlier work of this campaign comes first: the worker takes these too
     stored = await load_events(conn, cid, result.first_seq, result.last_seq)
-    dispatch = Dispatch(conn, registry, settings.unsubscribed)
+    dispatch = Dispatch(conn, registry, settings.unsubscribed, heal=0)
     try:
         async with conn.transaction():
             await dispatch.load([cid], held=True)  # the append holds the head
-            await dispatch.apply(stored)
+            await _apply_level(dispatch, stored)
             # Nothing of the campaign is left outstanding, and this append holds its head:
             # its campaign row goes too. Past this append's last seq is where the settle looks
             # for later rows: there are none.
@@ -92,6 +104,8 @@ async def _apply(
                 checkpoints=dispatch.moves(),
                 notify_applied=False,  # applied before the append returns: nobody waits yet
             )
+    except _Behind:
+        return
     except GroupFailed as failed:
         exc, current = failed.cause, stored[failed.index or 0]
         if classify(exc) is ErrorClass.TRANSIENT:

@@ -146,10 +146,21 @@ async def _apply(
             await dispatch.undo_group()
             pending.extendleft(reversed(pieces))
             continue
-        done.extend([(r.campaign_id, r.seq) for r in group])
+        # A campaign an ordered projector is still catching up from the journal comes back
+        # BEHIND: its rows stay due, charged nothing, and the next batch goes on from the
+        # checkpoints this one moved.
+        behind = outcomes.count(ApplyOutcome.BEHIND)
+        done.extend(
+            [
+                (r.campaign_id, r.seq)
+                for r, o in zip(group, outcomes, strict=True)
+                if o is not ApplyOutcome.BEHIND
+            ]
+        )
         applied = outcomes.count(ApplyOutcome.APPLIED)
         counts.applied += applied
-        counts.skipped += len(group) - applied
+        counts.skipped += len(group) - applied - behind
+        counts.behind += behind
 
 
 async def _lease(

@@ -190,7 +190,7 @@ class LeaseRunner:
                     if age is None:
                         self._fenced(lease, "completion", counts)
                         return None
-                    dispatch = Dispatch(conn, self.registry, self.settings.unsubscribed)
+                    dispatch = Dispatch(conn, self.registry, self.settings.unsubscribed, heal=None)
                     await dispatch.load([cid])
                     await dispatch.apply([event])
                     await settle(conn, checkpoints=dispatch.moves())

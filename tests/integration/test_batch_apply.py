@@ -111,32 +111,48 @@ async def test_redelivered_events_are_skipped_set_wise(pool: db.Pool, dsn: str) 
         assert await totals(pool) == expected
 
 
-async def test_a_gap_is_refused_naming_the_projector_and_its_campaign_waits(
-    pool: db.Pool, dsn: str
-) -> None:
+async def _lost_first_row(pool: db.Pool, dsn: str) -> tuple[Outbox, str, str]:
+    """Campaigns `a` (3 events of 1) and `b` (2 of 5) in one bucket, `a`'s first work row
+    deleted by hand: the ordered projector's checkpoint stands at 0 below `a`'s first row."""
     await pool.execute(TOTALS)
     settings = Settings(dsn=dsn)
     app = batch_app(settings, ordered=True, idempotent=False)
     a, b = campaigns_in_one_bucket(2, "g")  # one batch claims both
     await append(pool, a, [Event("add", {"n": 1})] * 3, settings=settings)
     await append(pool, b, [Event("add", {"n": 5})] * 2, settings=settings)
-    # The checkpoint of `a` says seq 1 was never applied but stands at 0 while seq 1's row
-    # is gone: seq 2 is a gap.
     await pool.execute(
         "DELETE FROM outbox.projection_apply_outbox WHERE campaign_id = $1 AND seq = 1", a
     )
+    return app, a, b
+
+
+async def test_an_event_whose_row_was_deleted_is_applied_from_the_journal(
+    pool: db.Pool, dsn: str
+) -> None:
+    app, a, b = await _lost_first_row(pool, dsn)
     counts = await Worker(app, pool).run_once()
-    assert (counts.applied, counts.failed) == (2, 1)
+    assert (counts.applied, counts.failed, counts.dead, counts.behind) == (4, 0, 0, 0)
+    assert await totals(pool) == Counter({a: 3, b: 10})  # seq 1 of `a` too, once
+    assert await pool.fetchval("SELECT count(*) FROM outbox.projection_apply_outbox") == 0
+
+
+async def test_a_seq_the_journal_lacks_fails_its_successor_dead_naming_the_projector(
+    pool: db.Pool, dsn: str
+) -> None:
+    app, a, b = await _lost_first_row(pool, dsn)
+    await pool.execute("DELETE FROM outbox.event_journal WHERE campaign_id = $1 AND seq = 1", a)
+    counts = await Worker(app, pool).run_once()
+    assert (counts.applied, counts.failed, counts.dead) == (2, 0, 1)
     row = await pool.fetchrow(
         "SELECT seq, status, attempt_count, last_error FROM outbox.projection_apply_outbox "
         "WHERE campaign_id = $1 ORDER BY seq LIMIT 1",
         a,
     )
     assert row is not None
-    assert (row["seq"], row["status"], row["attempt_count"]) == (2, "failed", 1)
+    assert (row["seq"], row["status"], row["attempt_count"]) == (2, "dead", 1)  # corruption
     assert row["last_error"] == (
         f"{CheckpointGap.__name__}: projector 'totals' is at seq 0 of campaign '{a}' "
-        "and cannot apply seq 2"
+        "and cannot apply seq 2: the journal lacks seq 1"
     )
     assert await totals(pool) == Counter({b: 10})
 
