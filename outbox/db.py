@@ -38,6 +38,7 @@ __all__ = [
     "Pool",
     "Record",
     "acquire",
+    "affected",
     "connect",
     "connection_lost",
     "create_pool",
@@ -264,13 +265,18 @@ def raw_connection(conn: Connection) -> asyncpg.Connection[asyncpg.Record]:
     return conn
 
 
+def affected(status: str) -> int:
+    """The rows a command's status line says it touched (`DELETE 3` -> 3)."""
+    return int(status.rsplit(" ", 1)[-1])
+
+
 async def prune(conn: Connection, query: str, *args: int) -> int:
     """Run a bounded DELETE (its last argument is the batch) until it removes fewer rows than
     a batch: short transactions, short locks. Returns how many rows went."""
     total = 0
     while True:
         status = await conn.execute(query, *args)
-        removed = int(status.split()[-1])
+        removed = affected(status)
         total += removed
         if removed < args[-1]:
             return total

@@ -163,6 +163,7 @@ VERBS = frozenset(
         "discard",
         "pause",
         "resume",
+        "retire",
         "defer",
         "settle",
         "refresh",

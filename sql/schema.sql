@@ -730,7 +730,7 @@ CREATE TABLE outbox.outbox_projector_audit (
     action text NOT NULL,
     actor text NOT NULL,
     reason text,
-    CONSTRAINT outbox_projector_audit_action_check CHECK ((action = ANY (ARRAY['pause'::text, 'resume'::text])))
+    CONSTRAINT outbox_projector_audit_action_check CHECK ((action = ANY (ARRAY['pause'::text, 'resume'::text, 'retire'::text])))
 );
 
 ALTER TABLE outbox.outbox_projector_audit ALTER COLUMN audit_id ADD GENERATED ALWAYS AS IDENTITY (
@@ -747,6 +747,16 @@ CREATE TABLE outbox.outbox_projector_pauses (
     paused_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
     paused_by text NOT NULL,
     reason text
+);
+
+CREATE TABLE outbox.outbox_projectors (
+    projector text NOT NULL,
+    events text[] NOT NULL,
+    ordered boolean NOT NULL,
+    transactional boolean NOT NULL,
+    first_seen_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    last_seen_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    last_seen_by text NOT NULL
 );
 
 CREATE TABLE outbox.outbox_requeue_audit (
@@ -873,6 +883,9 @@ ALTER TABLE ONLY outbox.outbox_projector_audit
 
 ALTER TABLE ONLY outbox.outbox_projector_pauses
     ADD CONSTRAINT outbox_projector_pauses_pkey PRIMARY KEY (projector);
+
+ALTER TABLE ONLY outbox.outbox_projectors
+    ADD CONSTRAINT outbox_projectors_pkey PRIMARY KEY (projector);
 
 ALTER TABLE ONLY outbox.outbox_requeue_audit
     ADD CONSTRAINT outbox_requeue_audit_pkey PRIMARY KEY (campaign_id, seq, audit_id);

@@ -1,5 +1,6 @@
 """`maintenance projector-pause`, `projector-resume` and `projector-pauses`: an operator's hold
-on one projector while it (or what it writes to) is being fixed."""
+on one projector while it (or what it writes to) is being fixed; `projectors`, the projectors
+the database knows, and `projector-retire`, taking one out of them."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ from rich.table import Table
 
 from outbox.cli.common import AppOption, DsnOption, JsonOption, emit_json, prepare_app, stdout
 from outbox.cli.operator import ReasonOption, app, pool_run, when
+from outbox.errors import UsageError
 from outbox.ops.pause import list_paused, pause_projector, resume_projector
+from outbox.ops.retire import check_retirement, list_projectors, retire_projector
 from outbox.projection.registry import Registry
 
 ProjectorOption = Annotated[str, typer.Option("--projector", help="The projector's name.")]
@@ -79,3 +82,76 @@ def projector_pauses_command(dsn: DsnOption = None, as_json: JsonOption = False)
     for e in result.history:
         history.add_row(when(e.at), e.projector, e.action, e.actor, e.reason or "")
     stdout.print(history)
+
+
+@app.command("projectors")
+def projectors_command(dsn: DsnOption = None, as_json: JsonOption = False) -> None:
+    """The projectors the database knows: recorded by the workers that run them (their types,
+    ordered or not, when first and last seen, by which worker), until retired."""
+    found = pool_run(dsn, list_projectors)
+    if as_json:
+        emit_json("projectors", {"projectors": found})
+        return
+    table = Table(
+        "projector",
+        "events",
+        "ordered",
+        "transactional",
+        "first seen",
+        "last seen",
+        "by",
+        "paused",
+        title="projectors",
+    )
+    for p in found:
+        table.add_row(
+            p.projector,
+            ", ".join(p.events),
+            "yes" if p.ordered else "no",
+            "yes" if p.transactional else "no (lease)",
+            when(p.first_seen_at),
+            when(p.last_seen_at),
+            p.last_seen_by,
+            "paused" if p.paused else "",
+        )
+    stdout.print(table)
+
+
+@app.command("projector-retire")
+def projector_retire_command(
+    projector: ProjectorOption,
+    reason: Annotated[str, typer.Option("--reason", help="Why it is retired, for the audit.")],
+    drop_guards: Annotated[
+        bool,
+        typer.Option(
+            "--drop-guards",
+            help="Also delete its checkpoints and processed markers (needs --yes).",
+        ),
+    ] = False,
+    yes: Annotated[bool, typer.Option("--yes", help="Confirm --drop-guards.")] = False,
+    dsn: DsnOption = None,
+    app_path: AppOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Retire a projector gone from the code of every worker: the database stops counting it
+    (audited, a pause of it lifted); with --drop-guards --yes its checkpoints and markers go
+    too. Its read model is yours to drop."""
+    if drop_guards and not yes:
+        raise UsageError(
+            f"--drop-guards deletes {projector!r}'s checkpoints and markers for good: "
+            "pass --yes to do it"
+        )
+    registry = _registry(app_path, dsn)
+    check_retirement(projector, reason, registry)  # before any connection
+    result = pool_run(
+        dsn,
+        lambda pool: retire_projector(
+            pool, projector, reason=reason, drop_guards=drop_guards, registry=registry
+        ),
+    )
+    if as_json:
+        emit_json("projector-retire", result)
+        return
+    stdout.print(f"retired {projector}")
+    if drop_guards:
+        stdout.print(f"dropped {result.checkpoints} checkpoint(s) and {result.markers} marker(s)")

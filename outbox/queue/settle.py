@@ -197,8 +197,7 @@ async def refresh_campaigns(
 async def unblock_campaigns(executor: Executor) -> int:
     """dead_policy=park: no campaign is blocked; returns how many were marked."""
     async with db.acquire(executor) as conn:
-        status: str = await conn.execute(Q.unblock_campaigns)
-    return int(status.rsplit(" ", 1)[-1])
+        return db.affected(await conn.execute(Q.unblock_campaigns))
 
 
 async def notify_work(

@@ -12,7 +12,8 @@ import os
 import random
 import socket
 import uuid
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 
@@ -31,11 +32,14 @@ __all__ = [
     "LIVE_WITHIN",
     "LiveWorker",
     "Registration",
+    "at_start",
     "live_workers",
     "new_worker_id",
     "prune_workers",
     "registry_counters",
 ]
+
+T = TypeVar("T")
 
 HEARTBEAT_INTERVAL = 5.0
 # A worker that has not heartbeated for this long is not listed as live.
@@ -66,6 +70,20 @@ class LiveWorker:
     counters: dict[str, Any]
 
 
+async def at_start(write: Callable[[], Awaitable[T]], stopping: anyio.Event | None = None) -> T:
+    """Run a worker's start-up write; a transient failure (a failover as the worker starts) is
+    retried with backoff until it succeeds, or raised once `stopping` is set."""
+    failures = 0
+    while True:
+        try:
+            return await write()
+        except Exception as exc:
+            if not db.transient(exc) or (stopping is not None and stopping.is_set()):
+                raise
+            failures += 1
+            await anyio.sleep(backoff_delay(failures, base=0.5, cap=5.0, rand=random.random))
+
+
 def new_worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
@@ -80,24 +98,19 @@ class Registration:
     async def register(self, stopping: anyio.Event | None = None) -> None:
         """Write the registry row; a transient failure (a failover as the worker starts) is
         retried with backoff until it succeeds, or raised once `stopping` is set."""
-        failures = 0
-        while True:
-            try:
-                async with db.acquire(self.executor) as conn:
-                    await conn.execute(
-                        Q.register_worker,
-                        self.worker_id,
-                        socket.gethostname(),
-                        os.getpid(),
-                        self.mode,
-                        self.concurrency,
-                    )
-                return
-            except Exception as exc:
-                if not db.transient(exc) or (stopping is not None and stopping.is_set()):
-                    raise
-                failures += 1
-                await anyio.sleep(backoff_delay(failures, base=0.5, cap=5.0, rand=random.random))
+
+        async def write() -> None:
+            async with db.acquire(self.executor) as conn:
+                await conn.execute(
+                    Q.register_worker,
+                    self.worker_id,
+                    socket.gethostname(),
+                    os.getpid(),
+                    self.mode,
+                    self.concurrency,
+                )
+
+        await at_start(write, stopping)
 
     async def heartbeat(self, counters: dict[str, Any]) -> None:
         async with db.acquire(self.executor) as conn:

@@ -28,12 +28,18 @@ from outbox.errors import TransientBatchError
 from outbox.model import BatchCounts, WorkerMode
 from outbox.obs import log
 from outbox.obs.metrics import REFRESH_INTERVAL, Metrics
+from outbox.projection import known
 from outbox.queue import inspect
 from outbox.queue.settle import unblock_campaigns
 from outbox.retry import backoff_delay, describe_error
 from outbox.worker.batch import Worker
 from outbox.worker.listener import Listener, listen
-from outbox.worker.registration import HEARTBEAT_INTERVAL, Registration, registry_counters
+from outbox.worker.registration import (
+    HEARTBEAT_INTERVAL,
+    Registration,
+    at_start,
+    registry_counters,
+)
 from outbox.worker.signals import Doorbell, Signals
 from outbox.worker.steps import Step, next_step
 
@@ -227,6 +233,18 @@ class Service:
         """Keep the LISTEN connection that rings the loops (`listener.listen`)."""
         await listen(self.listener, self.doorbell, self.worker, self._backoff)
 
+    async def _record_projectors(self) -> None:
+        """Record the projectors this worker runs, so the database knows them (new ones
+        logged once, by the first worker that runs them)."""
+        app, pool = self.worker.app, self.worker.pool
+
+        async def write() -> list[str]:
+            return await known.record(pool, app.registry, self.worker_id)
+
+        new = await at_start(write, self.stopping)
+        for name in new:
+            _logger.info("projector.first_seen", extra={"projector": name})
+
     async def heartbeat(self, registration: Registration) -> None:
         while True:
             await anyio.sleep(HEARTBEAT_INTERVAL)
@@ -268,6 +286,8 @@ class Service:
             unblocked = await unblock_campaigns(self.worker.pool)
             if unblocked:
                 _logger.info("campaigns.unblocked", extra={"campaigns": unblocked})
+        if config.mode == "apply":
+            await self._record_projectors()
         if config.until_idle:
             await self._loops(shutdown_timeout, task_status)
             return

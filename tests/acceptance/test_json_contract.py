@@ -135,6 +135,10 @@ def outputs(dsn: str) -> dict[str, Any]:
     found["projector-resume"] = run_json(
         "projector-resume", "--projector", "demo_roster", "--json", dsn=dsn
     )
+    found["projectors"] = run_json("projectors", "--json", dsn=dsn)  # the drains recorded them
+    found["projector-retire"] = run_json(
+        "projector-retire", "--projector", "roster", "--reason", "r", "--json", dsn=dsn
+    )
     return found
 
 

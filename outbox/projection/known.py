@@ -1,0 +1,114 @@
+"""The projectors the database knows: what the workers that apply record as they start, and
+an operator's retirement of one.
+
+A worker records every projector it runs (its subscribed types, ordered, transactional), so
+the database knows a projector as soon as one worker of a deploy runs it, and keeps knowing it
+while older workers without it still run. A projector leaves only by `retire` (audited beside
+pauses and resumes, optionally dropping its checkpoints and markers): never because one
+worker's code lacks it. It owns every statement on `outbox_projectors`; it never runs a
+projector.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+import orjson
+
+from outbox import buckets, db
+from outbox.queries import Queries
+
+if TYPE_CHECKING:
+    from outbox.db import Connection, Executor
+    from outbox.projection.registry import Registry
+
+__all__ = ["KnownProjector", "Retired", "list_known", "record", "retire"]
+
+
+class KnownQueries(Queries):
+    record_projectors: str
+    list_projectors: str
+    retire_projector: str
+    delete_checkpoints: str
+    delete_markers: str
+
+
+Q = KnownQueries
+
+
+@dataclass(frozen=True, slots=True)
+class KnownProjector:
+    """A recorded projector: what the last worker to start with it said, and when."""
+
+    projector: str
+    events: list[str]
+    ordered: bool
+    transactional: bool
+    first_seen_at: datetime
+    last_seen_at: datetime
+    last_seen_by: str
+    paused: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Retired:
+    """`maintenance projector-retire`: the record as it was, and the guards dropped with it
+    (checkpoints, markers; 0 when they were kept)."""
+
+    record: KnownProjector
+    checkpoints: int
+    markers: int
+
+
+def _known(r: db.Record) -> KnownProjector:
+    return KnownProjector(
+        r["projector"],
+        list(r["events"]),
+        r["ordered"],
+        r["transactional"],
+        r["first_seen_at"],
+        r["last_seen_at"],
+        r["last_seen_by"],
+        r["paused"],
+    )
+
+
+async def record(executor: Executor, registry: Registry, worker_id: str) -> list[str]:
+    """Record `registry`'s projectors as run by `worker_id`; the names seen for the first time."""
+    document = [
+        {
+            "projector": p.name,
+            "events": sorted(p.events),
+            "ordered": p.ordered,
+            "transactional": p.transactional,
+        }
+        for p in registry.projectors.values()
+    ]
+    if not document:
+        return []
+    async with db.acquire(executor) as conn:
+        rows = await conn.fetch(Q.record_projectors, orjson.dumps(document).decode(), worker_id)
+    return sorted(r["projector"] for r in rows if r["new"])
+
+
+async def list_known(executor: Executor) -> list[KnownProjector]:
+    async with db.acquire(executor) as conn:
+        return [_known(r) for r in await conn.fetch(Q.list_projectors)]
+
+
+async def retire(
+    conn: Connection, projector: str, *, actor: str, reason: str, drop_guards: bool
+) -> Retired | None:
+    """Retire `projector` (audited), dropping its checkpoints and markers bucket by bucket when
+    `drop_guards`, all in the caller's transaction; None when it is not recorded."""
+    row = await conn.fetchrow(Q.retire_projector, projector, actor, reason)
+    if row is None:
+        return None
+    checkpoints = markers = 0
+    if drop_guards:
+        for bucket in range(await buckets.bucket_count(conn)):
+            checkpoints += db.affected(await conn.execute(Q.delete_checkpoints, bucket, projector))
+            markers += db.affected(await conn.execute(Q.delete_markers, bucket, projector))
+    return Retired(_known(row), checkpoints, markers)

@@ -1,0 +1,54 @@
+-- The projectors the database knows (outbox_projectors): recorded by the workers that run
+-- them, retired by an operator (audited in outbox_projector_audit).
+
+-- name: record_projectors
+-- A worker's projectors as it runs them ($1: a JSON array of {projector, events, ordered,
+-- transactional}; by worker $2): new ones first seen now, known ones refreshed. Which were
+-- new comes back.
+INSERT INTO @extschema@.outbox_projectors AS p
+    (projector, events, ordered, transactional, first_seen_at, last_seen_at, last_seen_by)
+SELECT r.projector, r.events, r.ordered, r.transactional, c.at, c.at, $2::text
+FROM jsonb_to_recordset($1::text::jsonb)
+    AS r(projector text, events text[], ordered boolean, transactional boolean),
+    (SELECT clock_timestamp() AS at) c
+ORDER BY r.projector
+ON CONFLICT (projector) DO UPDATE
+SET events = excluded.events, ordered = excluded.ordered,
+    transactional = excluded.transactional, last_seen_at = excluded.last_seen_at,
+    last_seen_by = excluded.last_seen_by
+RETURNING p.projector, p.first_seen_at = p.last_seen_at AS new
+
+-- name: list_projectors
+-- Every recorded projector, by name, with whether it is paused.
+SELECT p.projector, p.events, p.ordered, p.transactional, p.first_seen_at, p.last_seen_at,
+       p.last_seen_by, s.projector IS NOT NULL AS paused
+FROM @extschema@.outbox_projectors p
+LEFT JOIN @extschema@.outbox_projector_pauses s ON s.projector = p.projector
+ORDER BY p.projector
+
+-- name: retire_projector
+-- Retire projector $1 (by $2, because $3), audited; the record as it was (no row: not
+-- recorded, and nothing is audited). A pause of it goes too.
+WITH retired AS (
+    DELETE FROM @extschema@.outbox_projectors
+    WHERE projector = $1::text
+    RETURNING projector, events, ordered, transactional, first_seen_at, last_seen_at,
+              last_seen_by
+), unpaused AS (
+    DELETE FROM @extschema@.outbox_projector_pauses
+    WHERE projector IN (SELECT projector FROM retired)
+), audited AS (
+    INSERT INTO @extschema@.outbox_projector_audit (projector, action, actor, reason)
+    SELECT r.projector, 'retire', $2::text, $3::text FROM retired r
+)
+SELECT projector, events, ordered, transactional, first_seen_at, last_seen_at, last_seen_by,
+       false AS paused
+FROM retired
+
+-- name: delete_checkpoints
+-- Projector $2's checkpoints in bucket $1 (a retirement that drops its guards).
+DELETE FROM @extschema@.projection_checkpoints WHERE bucket = $1::integer AND projector = $2::text
+
+-- name: delete_markers
+-- Projector $2's processed markers in bucket $1 (the same).
+DELETE FROM @extschema@.processed_markers WHERE bucket = $1::integer AND handler = $2::text
