@@ -219,7 +219,9 @@ class Dispatch:
         for run in plan:
             if run.indexes:
                 self.tally[(run.projector.name, "applied")] += len(run.indexes)
-            claimed = sum(1 for i in run.indexes if i not in journal)
+            claimed = (
+                sum(1 for i in run.indexes if i not in journal) if journal else len(run.indexes)
+            )
             if claimed < run.subscribed:
                 self.tally[(run.projector.name, "skipped")] += run.subscribed - claimed
         return self._outcomes(types, kinds, plan, journal=journal)

@@ -151,7 +151,9 @@ async def _apply(
         # checkpoints this one moved.
         behind = outcomes.count(ApplyOutcome.BEHIND)
         done.extend(
-            [
+            [(r.campaign_id, r.seq) for r in group]
+            if not behind
+            else [
                 (r.campaign_id, r.seq)
                 for r, o in zip(group, outcomes, strict=True)
                 if o is not ApplyOutcome.BEHIND
