@@ -144,12 +144,9 @@ async def load_ranges(
     """The journal rows of each (campaign_id, first, last) range, in campaign and seq order
     (columns as `decode_record` reads them), one statement per bucket: `bucket` when the caller
     knows every campaign is in it, else each campaign's."""
-    where = await buckets.locator(conn, bucket)
-    parts: dict[int, list[tuple[str, int, int]]] = {}
-    for r in ranges:
-        parts.setdefault(where(r[0]), []).append(r)
+    parts = await buckets.grouped(conn, ranges, lambda r: r[0], bucket=bucket)
     rows: list[db.Record] = []
-    for part_bucket, part in sorted(parts.items()):
+    for part_bucket, part in parts.items():
         cids, firsts, lasts = (list(column) for column in zip(*part, strict=True))
         rows.extend(await conn.fetch(Q.load_ranges, part_bucket, cids, firsts, lasts))
     if len(parts) > 1:

@@ -161,14 +161,12 @@ class Dispatch:
         if wide is None:
             outcomes = await self._apply(events, checkpoints, frozenset())
         else:
-            if wide.gaps:  # the group's first failing event is the one to isolate
+            if wide.gaps:
                 index = min(wide.gaps)
+                gap = GroupFailed(wide.gaps[index], index)
                 types = [e.type for e in events]
                 kinds = {t: self.registry.subscribers(t) for t in set(types)}
-                unknown = self._unknown(types, kinds, frozenset())
-                if unknown is not None and (unknown.index or 0) < index:
-                    raise unknown
-                raise GroupFailed(wide.gaps[index], index)
+                raise self._first_failure(types, kinds, frozenset(), gap) or gap
             try:
                 applied = (
                     await self._apply(wide.events, checkpoints, frozenset(wide.journal))
@@ -202,10 +200,9 @@ class Dispatch:
         duplicates, gap = pass_checkpoints(
             batch.campaign_ids, batch.seqs, registry.ordered_names(), checkpoints
         )
-        refused = None if gap is None else GroupFailed(gap[1], gap[0])
-        unknown = self._unknown(types, kinds, journal)
-        if unknown is not None and (refused is None or (unknown.index or 0) < (refused.index or 0)):
-            refused = unknown  # the group's first failing event is the one to isolate
+        refused = self._first_failure(
+            types, kinds, journal, None if gap is None else GroupFailed(gap[1], gap[0])
+        )
         if refused is not None:
             raise refused
         plan = plan_runs(types, kinds, duplicates, journal)
@@ -225,6 +222,20 @@ class Dispatch:
             if claimed < run.subscribed:
                 self.tally[(run.projector.name, "skipped")] += run.subscribed - claimed
         return self._outcomes(types, kinds, plan, journal=journal)
+
+    def _first_failure(
+        self,
+        types: list[str],
+        kinds: dict[str, tuple[Projector, ...]],
+        journal: frozenset[int],
+        found: GroupFailed | None,
+    ) -> GroupFailed | None:
+        """The group's first failing event, the one to isolate: `found` (a gap), or an unknown
+        type before it."""
+        unknown = self._unknown(types, kinds, journal)
+        if unknown is not None and (found is None or (unknown.index or 0) < (found.index or 0)):
+            return unknown
+        return found
 
     def _unknown(
         self, types: list[str], kinds: dict[str, tuple[Projector, ...]], journal: frozenset[int]

@@ -17,6 +17,7 @@ dispatch` does, with the widened group.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import groupby
@@ -91,7 +92,7 @@ async def widen(
     if not ordered or not events:
         return None
     runs: list[tuple[str, int, list[StoredEvent]]] = []
-    ranges: list[tuple[str, int, int]] = []
+    spans: dict[str, tuple[int, int]] = {}  # campaign -> the journal range it reads
     index = 0
     left = budget
     behind: set[str] = set()
@@ -112,11 +113,12 @@ async def widen(
             hi = min(hi, lo + left - 1, run[0].seq - 1)
             behind.add(campaign_id)
         if hi >= lo:
-            ranges.append((campaign_id, lo, hi))
+            spans[campaign_id] = lo, hi
             if left is not None:
                 left = max(0, left - (hi - lo + 1))
-    if not ranges and not behind:
+    if not spans and not behind:
         return None
+    ranges = [(cid, lo, hi) for cid, (lo, hi) in spans.items()]
     rows = await load_ranges(conn, ranges, bucket=bucket) if ranges else []
     decoded = decode_bulk(rows)
     journal: dict[str, list[StoredEvent]] = {}
@@ -134,18 +136,25 @@ async def widen(
             )
         )
     wide = Widened([], [], [], [None] * len(events), behind)
-    wanted_ranges = {cid: (lo, hi) for cid, lo, hi in ranges}
     for campaign_id, first, run in runs:
-        span = wanted_ranges.get(campaign_id)
-        claimed = {e.seq: first + k for k, e in enumerate(run)}
+        seqs = [e.seq for e in run]
+        claimed = set(seqs)
+
+        def charge(seq: int, first: int = first, seqs: list[int] = seqs) -> int:
+            """The claimed event a failure on journal event `seq` is charged to: the next
+            claimed one (the first, when none is after it)."""
+            k = bisect_right(seqs, seq)
+            return first + k if k < len(seqs) else first
+
         found = [e for e in journal.get(campaign_id, []) if e.seq not in claimed]
+        span = spans.get(campaign_id)
         if span is not None:
             lo, hi = span
-            have = {e.seq for e in found} | set(claimed)
+            have = {e.seq for e in found} | claimed
             missing = next((s for s in range(lo, hi + 1) if s not in have), None)
             if missing is not None or campaign_id in unavailable:
                 name = min(ordered, key=lambda n: checkpoints.get((campaign_id, n), 0))
-                charged = next((claimed[s] for s in sorted(claimed) if s > (missing or 0)), first)
+                charged = charge(missing or 0)
                 why = (
                     f"the journal lacks seq {missing}"
                     if missing is not None
@@ -164,7 +173,7 @@ async def widen(
             position = len(wide.events)
             if origin is None:
                 wide.events.append(by_seq[seq])
-                wide.charge.append(next((claimed[s] for s in sorted(claimed) if s > seq), first))
+                wide.charge.append(charge(seq))
             else:
                 wide.events.append(events[origin])
                 wide.charge.append(origin)

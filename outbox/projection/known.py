@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import orjson
 
-from outbox import buckets, db
+from outbox import db
 from outbox.queries import Queries
 
 if TYPE_CHECKING:
@@ -101,14 +101,13 @@ async def list_known(executor: Executor) -> list[KnownProjector]:
 async def retire(
     conn: Connection, projector: str, *, actor: str, reason: str, drop_guards: bool
 ) -> Retired | None:
-    """Retire `projector` (audited), dropping its checkpoints and markers bucket by bucket when
-    `drop_guards`, all in the caller's transaction; None when it is not recorded."""
+    """Retire `projector` (audited), dropping its checkpoints and markers when `drop_guards`,
+    all in the caller's transaction; None when it is not recorded."""
     row = await conn.fetchrow(Q.retire_projector, projector, actor, reason)
     if row is None:
         return None
     checkpoints = markers = 0
     if drop_guards:
-        for bucket in range(await buckets.bucket_count(conn)):
-            checkpoints += db.affected(await conn.execute(Q.delete_checkpoints, bucket, projector))
-            markers += db.affected(await conn.execute(Q.delete_markers, bucket, projector))
+        checkpoints = db.affected(await conn.execute(Q.delete_checkpoints, projector))
+        markers = db.affected(await conn.execute(Q.delete_markers, projector))
     return Retired(_known(row), checkpoints, markers)

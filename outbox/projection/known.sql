@@ -46,9 +46,10 @@ SELECT projector, events, ordered, transactional, first_seen_at, last_seen_at, l
 FROM retired
 
 -- name: delete_checkpoints
--- Projector $2's checkpoints in bucket $1 (a retirement that drops its guards).
-DELETE FROM @extschema@.projection_checkpoints WHERE bucket = $1::integer AND projector = $2::text
+-- Projector $1's checkpoints, every bucket's (a retirement that drops its guards; on Citus one
+-- statement across the shards, like prune_markers).
+DELETE FROM @extschema@.projection_checkpoints WHERE projector = $1::text
 
 -- name: delete_markers
--- Projector $2's processed markers in bucket $1 (the same).
-DELETE FROM @extschema@.processed_markers WHERE bucket = $1::integer AND handler = $2::text
+-- Projector $1's processed markers (the same).
+DELETE FROM @extschema@.processed_markers WHERE handler = $1::text

@@ -96,8 +96,7 @@ class Registration:
     concurrency: int
 
     async def register(self, stopping: anyio.Event | None = None) -> None:
-        """Write the registry row; a transient failure (a failover as the worker starts) is
-        retried with backoff until it succeeds, or raised once `stopping` is set."""
+        """Write the registry row, retried as `at_start` says."""
 
         async def write() -> None:
             async with db.acquire(self.executor) as conn:

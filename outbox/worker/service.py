@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import signal
 from dataclasses import dataclass, field
+from functools import partial
 
 import anyio
 from anyio.abc import TaskStatus
@@ -236,11 +237,7 @@ class Service:
     async def _record_projectors(self) -> None:
         """Record the projectors this worker runs, so the database knows them (new ones
         logged once, by the first worker that runs them)."""
-        app, pool = self.worker.app, self.worker.pool
-
-        async def write() -> list[str]:
-            return await known.record(pool, app.registry, self.worker_id)
-
+        write = partial(known.record, self.worker.pool, self.worker.app.registry, self.worker_id)
         new = await at_start(write, self.stopping)
         for name in new:
             _logger.info("projector.first_seen", extra={"projector": name})

@@ -7,6 +7,8 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
+import pytest
+
 from outbox import Event, Settings, append, db
 from outbox.model import StoredEvent
 from outbox.projection.app import Outbox
@@ -59,18 +61,31 @@ async def failed_rows(pool: db.Pool) -> int:
     )
 
 
+@pytest.fixture(autouse=True)
+async def sums_table(pool: db.Pool) -> None:
+    await pool.execute(SUMS)
+
+
+async def stats_deployed(
+    pool: db.Pool, dsn: str, history: dict[str, list[int]]
+) -> tuple[Settings, Counter[str], Outbox]:
+    """Each campaign's `history` appended and applied by `roster`; then `stats` deployed beside
+    it: the settings, the oracle so far, and the new app."""
+    settings = Settings(dsn=dsn)
+    expected: Counter[str] = Counter()
+    for cid, values in history.items():
+        await add_events(pool, settings, expected, cid, values)
+    await drain_now(app_with(settings, "roster"), pool)
+    return settings, expected, app_with(settings, "roster", "stats")
+
+
 async def test_a_projector_deployed_onto_live_campaigns_catches_up_with_no_failure(
     pool: db.Pool, dsn: str
 ) -> None:
-    await pool.execute(SUMS)
-    settings = Settings(dsn=dsn)
-    expected: Counter[str] = Counter()
     campaigns = [f"live-{i:02d}" for i in range(50)]
-    for i, cid in enumerate(campaigns):
-        await add_events(pool, settings, expected, cid, [i % 7 + 1, 2, 3, 4])
-    await drain_now(app_with(settings, "roster"), pool)
+    history = {cid: [i % 7 + 1, 2, 3, 4] for i, cid in enumerate(campaigns)}
+    settings, expected, app = await stats_deployed(pool, dsn, history)
     # `stats` is deployed; every campaign then gets one more event.
-    app = app_with(settings, "roster", "stats")
     for cid in campaigns:
         await add_events(pool, settings, expected, cid, [10])
     counts = await drain_now(app, pool)
@@ -84,13 +99,8 @@ async def test_a_projector_deployed_onto_live_campaigns_catches_up_with_no_failu
 async def test_history_longer_than_a_batch_takes_is_caught_up_over_several_batches(
     pool: db.Pool, dsn: str
 ) -> None:
-    await pool.execute(SUMS)
-    settings = Settings(dsn=dsn)
-    expected: Counter[str] = Counter()
     long = [i % 5 + 1 for i in range(HEAL_EVENTS * 2 + 500)]
-    await add_events(pool, settings, expected, "long", long)
-    await drain_now(app_with(settings, "roster"), pool)
-    app = app_with(settings, "roster", "stats")
+    settings, expected, app = await stats_deployed(pool, dsn, {"long": long})
     await add_events(pool, settings, expected, "long", [7])
     worker = Worker(app, pool)
     first = await worker.run_once()
@@ -113,7 +123,6 @@ async def test_history_longer_than_a_batch_takes_is_caught_up_over_several_batch
 async def test_an_inline_append_leaves_a_campaign_with_a_projector_behind_to_the_worker(
     pool: db.Pool, dsn: str
 ) -> None:
-    await pool.execute(SUMS)
     settings = Settings(dsn=dsn, inline_apply=True)
     expected: Counter[str] = Counter()
     old = app_with(settings, "roster")
