@@ -33,7 +33,7 @@ test-faults: $(STAMP) ## Run the fault tier: real faults against worker processe
 # cluster, and tests/citus (router guard, kill soak, a node stopped mid-drain). Citus comes
 # from the server's pkglibdir, or is built from the tarball CITUS_SRC names (root, apt).
 CITUS_CORE := $(patsubst %,tests/integration/test_%.py,append append_keys worker batch_apply \
-	lease dedup repair discard reconcile projectors heal known_projectors failure_reports modes \
+	lease dedup repair discard reconcile projectors heal known_projectors tracks failure_reports modes \
 	pauses queries_prepare)
 test-citus: $(STAMP) ## Run the Citus tier (~17 min): Citus found, or built from CITUS_SRC
 	@bindir="$$($(PY) -c 'from outbox.testing.localpg import find_bindir; print(find_bindir())')"; \

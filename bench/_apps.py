@@ -7,6 +7,8 @@ projector (the per-event upsert, pipelined).
 
 from __future__ import annotations
 
+import os
+
 from _support import EVENT_TYPE, UPSERT_MANY, UPSERT_ONE
 
 from outbox import EventBatch, Outbox, Settings, StoredEvent, db
@@ -51,13 +53,15 @@ def outbox_app(
 
 
 def __getattr__(name: str) -> Outbox:
-    """`batch_app`, `per_event_app`, `statement_app`, `visible` (built on first use: the
+    """`batch_app`, `per_event_app`, `statement_app`, `visible`, `isolated` (built on first use: the
     settings come from the environment the worker process was started with)."""
     kinds = {"batch_app": "batch", "per_event_app": "per-event", "statement_app": "statement"}
     if name in kinds:
         return outbox_app(kind=kinds[name])
     if name == "visible":
         return visible_app()
+    if name == "isolated":
+        return isolated()
     raise AttributeError(name)
 
 
@@ -81,5 +85,43 @@ def visible_app(settings: Settings | None = None) -> Outbox:
     @app.projector("visible", events=[EVENT_TYPE], batch=True)
     async def visible(tx: db.Connection, events: EventBatch) -> None:
         await tx.execute(MARK_VISIBLE, events.campaign_ids, events.seqs)
+
+    return app
+
+
+# bench/isolation.py: ten projectors on every event; one of them (`flaky`, per event) fails
+# every event of one campaign in ten when BENCH_FAIL=1 (until it is dead on it).
+HEALTHY = 9
+COUNTED = """
+CREATE TABLE IF NOT EXISTS bench_counted (
+    projector   text NOT NULL,
+    campaign_id text NOT NULL,
+    n           bigint NOT NULL,
+    PRIMARY KEY (projector, campaign_id)
+)
+"""
+COUNT_MANY = """
+INSERT INTO bench_counted AS t (projector, campaign_id, n)
+SELECT $1, c, count(*) FROM unnest($2::text[]) AS e(c) GROUP BY c
+ON CONFLICT (projector, campaign_id) DO UPDATE SET n = t.n + excluded.n
+"""
+
+
+def isolated(settings: Settings | None = None) -> Outbox:
+    """`visible` (one row per event: its commit says when it became visible), eight more
+    healthy batch projectors counting events per campaign, and `flaky`."""
+    app = visible_app(settings)
+    for k in range(1, HEALTHY):
+
+        async def count(tx: db.Connection, events: EventBatch, name: str = f"count-{k}") -> None:
+            await tx.execute(COUNT_MANY, name, events.campaign_ids)
+
+        app.projector(f"count-{k}", events=[EVENT_TYPE], batch=True)(count)
+    failing = os.environ.get("BENCH_FAIL") == "1"
+
+    @app.projector("flaky", events=[EVENT_TYPE])
+    async def flaky(tx: db.Connection, event: StoredEvent) -> None:
+        if failing and event.campaign_id.endswith("0"):
+            raise RuntimeError(f"flaky on {event.campaign_id}")
 
     return app

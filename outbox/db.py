@@ -297,6 +297,8 @@ async def _release(pool: Pool, conn: Connection, raised: BaseException | None) -
 
 # -- What a driver error means ---------------------------------------------------------------
 
+# The settle's: a projector was recorded that the batch did not know (a rolling deploy).
+PROJECTORS_CHANGED = "OB024"
 # SQLSTATEs that say "try again" about the session or the moment, not about the statement's
 # data: the same statement can succeed on another attempt.
 _TRANSIENT_SQLSTATES = {
@@ -310,6 +312,7 @@ _TRANSIENT_SQLSTATES = {
     "53300",  # too_many_connections
     "25P03",  # idle_in_transaction_session_timeout
     "25006",  # read_only_sql_transaction: a standby, or a primary demoted under us
+    PROJECTORS_CHANGED,
 }
 _CONNECTION_CLASSES = ("08",)  # connection_exception and its kin
 # SQLSTATEs after which the session is gone or of no use: the server ends it, never gave it

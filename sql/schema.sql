@@ -75,6 +75,10 @@ BEGIN
                 SELECT 1 FROM projection_apply_outbox e
                 WHERE e.bucket = b AND e.campaign_id = f.campaign_id AND e.seq < f.seq
                   AND NOT (p_park AND e.status = 'dead')
+            ) AND NOT EXISTS (
+                -- A projector's own failure holds that projector alone (S24), not the campaign.
+                SELECT 1 FROM projection_holds h
+                WHERE h.bucket = b AND h.campaign_id = f.campaign_id AND h.seq = f.seq
             )
         LOOP
             found_bucket := found_bucket || b;
@@ -137,7 +141,7 @@ BEGIN
 END
 $$;
 
-CREATE FUNCTION outbox.outbox_claim(p_bucket integer, p_campaigns integer, p_budget integer, p_projectors text[], p_now timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS TABLE(campaign_id text, due boolean, first_seq bigint, last_seq bigint, projectors text[], applied_seqs bigint[], seq bigint, status text, attempt_count integer, next_attempt_at timestamp with time zone, lease_owner text, claim_epoch bigint, event_type text, payload text, metadata text, recorded_at timestamp with time zone)
+CREATE FUNCTION outbox.outbox_claim(p_bucket integer, p_campaigns integer, p_budget integer, p_projectors text[], p_now timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS TABLE(campaign_id text, due boolean, first_seq bigint, last_seq bigint, projectors text[], applied_seqs bigint[], holds text, seq bigint, status text, attempt_count integer, next_attempt_at timestamp with time zone, lease_owner text, claim_epoch bigint, event_type text, payload text, metadata text, recorded_at timestamp with time zone)
     LANGUAGE plpgsql
     SET search_path TO 'outbox', 'pg_temp'
     SET enable_seqscan TO 'off'
@@ -177,7 +181,7 @@ BEGIN
     )
     SELECT p.campaign_id,
            o.status IN ('pending', 'failed', 'processing') AND o.next_attempt_at <= v_now,
-           b.first_seq, b.last_seq, k.projectors, k.applied_seqs,
+           b.first_seq, b.last_seq, k.projectors, k.applied_seqs, hd.holds,
            o.seq, o.status, o.attempt_count, o.next_attempt_at, o.lease_owner, o.claim_epoch,
            j.event_type, j.payload::text, j.metadata::text, j.recorded_at
     FROM unnest(ids, heads) AS p(campaign_id, head_seq)
@@ -191,6 +195,10 @@ BEGIN
         FROM checkpoints c
         WHERE c.campaign_id = p.campaign_id
     ) k
+    CROSS JOIN LATERAL (
+        -- The campaign's holds (S24), usually none: one probe of an empty index range.
+        SELECT outbox_holds_of(p_bucket, p.campaign_id, NULL, v_now) AS holds
+    ) hd
     LEFT JOIN LATERAL (
         SELECT x.seq, x.status, x.attempt_count, x.next_attempt_at, x.lease_owner,
                x.claim_epoch
@@ -265,6 +273,49 @@ CREATE FUNCTION outbox.outbox_error_shape(error text) RETURNS text
 CREATE FUNCTION outbox.outbox_fingerprint(events jsonb) RETURNS bytea
     LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
     RETURN sha256(convert_to((events)::text, 'UTF8'::name));
+
+CREATE FUNCTION outbox.outbox_hold_rows(p_bucket integer, p_campaigns text[], p_seqs bigint[], p_now timestamp with time zone) RETURNS void
+    LANGUAGE plpgsql
+    SET search_path TO 'outbox', 'pg_temp'
+    SET enable_seqscan TO 'off'
+    AS $$
+BEGIN
+    UPDATE projection_apply_outbox o
+    SET status = s.status, attempt_count = s.attempts, next_attempt_at = s.next,
+        last_error = coalesce(s.error, o.last_error), updated_at = p_now
+    FROM (
+        SELECT h.campaign_id, h.seq,
+               CASE WHEN bool_and(h.status = 'dead') THEN 'dead'
+                    WHEN bool_or(h.status = 'failed') THEN 'failed'
+                    ELSE 'pending' END AS status,
+               max(h.attempt_count) AS attempts,
+               coalesce(min(h.next_attempt_at) FILTER (WHERE h.status <> 'dead'),
+                        max(h.next_attempt_at)) AS next,
+               (array_agg(h.last_error ORDER BY h.updated_at DESC)
+                   FILTER (WHERE h.last_error IS NOT NULL))[1] AS error
+        FROM projection_holds h
+        JOIN unnest(p_campaigns, p_seqs) AS t(campaign_id, seq)
+            ON h.campaign_id = t.campaign_id AND h.seq = t.seq
+        WHERE h.bucket = p_bucket
+        GROUP BY h.campaign_id, h.seq
+    ) s
+    WHERE o.bucket = p_bucket AND o.campaign_id = s.campaign_id AND o.seq = s.seq;
+END
+$$;
+
+CREATE FUNCTION outbox.outbox_holds_of(p_bucket integer, p_campaign text, p_seq bigint, p_now timestamp with time zone) RETURNS text
+    LANGUAGE sql STABLE
+    SET search_path TO 'outbox', 'pg_temp'
+    AS $$
+    SELECT jsonb_agg(jsonb_build_object(
+               'projector', h.projector, 'seq', h.seq, 'status', h.status,
+               'attempts', h.attempt_count, 'next', h.next_attempt_at,
+               'due', h.status <> 'dead' AND h.next_attempt_at <= p_now)
+               ORDER BY h.projector, h.seq)::text
+    FROM projection_holds h
+    WHERE h.bucket = p_bucket AND h.campaign_id = p_campaign
+      AND (p_seq IS NULL OR h.seq = p_seq)
+$$;
 
 CREATE FUNCTION outbox.outbox_lock_heads(p_bucket integer, p_campaigns text[]) RETURNS TABLE(campaign_id text)
     LANGUAGE plpgsql
@@ -352,14 +403,30 @@ DECLARE
     held text[] := '{}';
     v_now timestamptz := coalesce((p_batch ->> 'now')::timestamptz, clock_timestamp());
     gone text[];
+    unknown text;
     failed jsonb := '[]';
+    campaigns jsonb := '[]';
     moved bigint[];
     m record;
 BEGIN
+    IF p_batch ? 'projectors' THEN
+        -- A projector recorded since this worker last read the record (a rolling deploy):
+        -- its share of the batch was not left in holds, so nothing of the batch is kept.
+        SELECT string_agg(k.projector, ', ' ORDER BY k.projector) INTO unknown
+        FROM outbox_projectors k
+        WHERE k.transactional AND NOT k.projector = ANY (
+            ARRAY(SELECT jsonb_array_elements_text(p_batch -> 'projectors')));
+        IF unknown IS NOT NULL THEN
+            RAISE EXCEPTION 'projector % is recorded and this batch did not know it: it runs '
+                            'again', unknown
+                USING ERRCODE = 'OB024';
+        END IF;
+    END IF;
     gone := ARRAY(
         SELECT t.campaign_id
-        FROM jsonb_to_recordset(p_batch -> 'campaigns') AS t(campaign_id text, gone boolean)
-        WHERE t.gone
+        FROM jsonb_to_recordset(p_batch -> 'campaigns')
+            AS t(campaign_id text, gone boolean, seen bigint)
+        WHERE t.gone OR t.seen IS NOT NULL
     );
     IF cardinality(gone) > 0 THEN
         SELECT coalesce(array_agg(h.campaign_id), '{}') INTO held
@@ -371,6 +438,75 @@ BEGIN
                    ORDER BY f.ord)
         INTO failed
         FROM jsonb_array_elements(p_batch -> 'failed') WITH ORDINALITY AS f(value, ord);
+    END IF;
+    IF jsonb_array_length(p_batch -> 'campaigns') > 0 THEN
+        SELECT jsonb_agg(c.value || jsonb_build_object('due', CASE
+                   WHEN c.value ->> 'due_at' IS NULL AND c.value ->> 'delay' IS NULL THEN v_now
+                   ELSE least((c.value ->> 'due_at')::timestamptz,
+                              v_now + make_interval(secs => (c.value ->> 'delay')::double precision))
+                   END)
+                   ORDER BY c.ord)
+        INTO campaigns
+        FROM jsonb_array_elements(p_batch -> 'campaigns') WITH ORDINALITY AS c(value, ord);
+    END IF;
+    IF jsonb_array_length(coalesce(p_batch -> 'released', '[]')) > 0 THEN
+        DELETE FROM projection_holds h
+        USING jsonb_to_recordset(p_batch -> 'released')
+            AS r(campaign_id text, projector text, seq bigint)
+        WHERE h.bucket = p_bucket AND h.campaign_id = r.campaign_id
+          AND h.projector = r.projector AND h.seq = r.seq;
+    END IF;
+    IF jsonb_array_length(coalesce(p_batch -> 'holds', '[]')) > 0 THEN
+        FOR m IN
+            SELECT x.campaign_id, x.projector, x.seq, x.status, x.attempts, x.error,
+                   x.event_type, v_now + make_interval(secs => x.delay) AS next
+            FROM jsonb_to_recordset(p_batch -> 'holds')
+                AS x(campaign_id text, projector text, seq bigint, status text, attempts integer,
+                     delay double precision, error text, event_type text)
+            ORDER BY x.campaign_id, x.projector, x.seq
+        LOOP
+            IF m.event_type IS NOT NULL THEN
+                -- A failure on an event whose row went (the projector met it in the journal):
+                -- the row comes back, for its holder alone, so that readers and operators see
+                -- it like any other.
+                INSERT INTO projection_apply_outbox (bucket, campaign_id, seq, event_type,
+                                                     next_attempt_at, enqueued_at, updated_at)
+                VALUES (p_bucket, m.campaign_id, m.seq, m.event_type, m.next, v_now, v_now)
+                ON CONFLICT (bucket, campaign_id, seq) DO NOTHING;
+            END IF;
+            INSERT INTO projection_holds AS h (bucket, campaign_id, projector, seq, status,
+                                               attempt_count, next_attempt_at, last_error,
+                                               created_at, updated_at)
+            VALUES (p_bucket, m.campaign_id, m.projector, m.seq, m.status, m.attempts, m.next,
+                    m.error, v_now, v_now)
+            ON CONFLICT (bucket, campaign_id, projector, seq) DO UPDATE
+            SET status = excluded.status, attempt_count = excluded.attempt_count,
+                next_attempt_at = excluded.next_attempt_at,
+                last_error = coalesce(excluded.last_error, h.last_error),
+                updated_at = excluded.updated_at;
+        END LOOP;
+    END IF;
+    IF jsonb_array_length(coalesce(p_batch -> 'released', '[]')) > 0 THEN
+        -- A row that stood for holds alone goes with the last of them: its other projectors
+        -- had applied it.
+        DELETE FROM projection_apply_outbox o
+        USING jsonb_to_recordset(p_batch -> 'released')
+            AS r(campaign_id text, projector text, seq bigint)
+        WHERE o.bucket = p_bucket AND o.campaign_id = r.campaign_id AND o.seq = r.seq
+          AND r.seq > 0 AND o.status <> 'processing'
+          AND NOT EXISTS (
+              SELECT 1 FROM projection_holds h
+              WHERE h.bucket = p_bucket AND h.campaign_id = o.campaign_id AND h.seq = o.seq
+          );
+    END IF;
+    IF jsonb_array_length(coalesce(p_batch -> 'touched', '[]')) > 0 THEN
+        PERFORM outbox_hold_rows(
+            p_bucket,
+            ARRAY(SELECT t.campaign_id FROM jsonb_to_recordset(p_batch -> 'touched')
+                      AS t(campaign_id text, seq bigint)),
+            ARRAY(SELECT t.seq FROM jsonb_to_recordset(p_batch -> 'touched')
+                      AS t(campaign_id text, seq bigint)),
+            v_now);
     END IF;
     IF jsonb_array_length(p_batch -> 'checkpoints') > 0 THEN
         -- Checkpoints the claim found (and locked) move in place; the array says which, by
@@ -421,11 +557,19 @@ BEGIN
         WHERE o.bucket = p_bucket AND o.campaign_id = f.campaign_id AND o.seq = f.seq
         RETURNING o.campaign_id, o.seq, o.next_attempt_at
     ), target AS (
-        SELECT t.campaign_id, t.head_seq, t.due_at, t.blocked,
+        SELECT t.campaign_id, t.head_seq, t.due, t.seen, t.blocked,
                t.gone AND t.campaign_id = ANY (held) AS gone
-        FROM jsonb_to_recordset(p_batch -> 'campaigns')
-            AS t(campaign_id text, head_seq bigint, due_at timestamptz, blocked boolean,
-                 gone boolean)
+        FROM jsonb_to_recordset(campaigns)
+            AS t(campaign_id text, head_seq bigint, due timestamptz, seen bigint,
+                 blocked boolean, gone boolean)
+    ), fresh AS (
+        -- Campaigns left waiting for holds that got a row the claim did not see, or whose
+        -- append head an append holds now.
+        SELECT t.campaign_id FROM target t
+        WHERE t.seen IS NOT NULL AND (NOT t.campaign_id = ANY (held) OR EXISTS (
+            SELECT 1 FROM projection_apply_outbox o
+            WHERE o.bucket = p_bucket AND o.campaign_id = t.campaign_id AND o.seq > t.seen
+        ))
     ), beyond AS (
         -- Campaigns the batch saw to their end that have rows past what it saw after all: an
         -- append committed before the heads were held (this statement's snapshot shows it).
@@ -443,11 +587,11 @@ BEGIN
         -- The batch holds these rows (its claim locked them): an update, no insert.
         UPDATE projection_apply_campaigns c
         SET head_seq = t.head_seq,
-            due_at = coalesce(f.next_attempt_at, t.due_at, v_now),
+            due_at = CASE WHEN t.campaign_id IN (SELECT x.campaign_id FROM fresh x) THEN v_now
+                          ELSE t.due END,
             blocked = t.blocked,
             updated_at = v_now
         FROM target t
-        LEFT JOIN failed f ON f.campaign_id = t.campaign_id AND f.seq = t.head_seq
         WHERE c.bucket = p_bucket AND c.campaign_id = t.campaign_id
           AND (NOT t.gone OR t.campaign_id IN (SELECT b.campaign_id FROM beyond b))
         RETURNING c.head_seq, c.due_at, c.blocked
@@ -664,6 +808,13 @@ BEGIN
             -- A campaign the workers did not know has work: wake this install's workers,
             -- naming its bucket (at most once per append).
             PERFORM pg_notify(current_schema() || '.outbox_work', b::text);
+        ELSE
+            -- A campaign row left waiting for a projector's hold (a backoff, S24) is due
+            -- now: the campaign's other projectors apply the new rows at once. A row due
+            -- already is not touched (and not waited for: the batch that holds it sees the
+            -- new rows, `outbox_settle`).
+            UPDATE projection_apply_campaigns c SET due_at = v_now, updated_at = v_now
+            WHERE c.bucket = b AND c.campaign_id = p_campaign_id AND c.due_at > v_now;
         END IF;
     END IF;
 
@@ -771,6 +922,7 @@ CREATE TABLE outbox.outbox_requeue_audit (
     previous_last_error text,
     previous_next_attempt_at timestamp with time zone,
     action text DEFAULT 'requeue'::text NOT NULL,
+    projector text,
     CONSTRAINT outbox_requeue_audit_action_check CHECK ((action = ANY (ARRAY['requeue'::text, 'discard'::text])))
 );
 
@@ -866,6 +1018,21 @@ CREATE TABLE outbox.projection_checkpoints (
 )
 WITH (fillfactor='70', autovacuum_vacuum_scale_factor='0.02', autovacuum_vacuum_cost_delay='0');
 
+CREATE TABLE outbox.projection_holds (
+    bucket integer NOT NULL,
+    campaign_id text NOT NULL,
+    projector text NOT NULL,
+    seq bigint NOT NULL,
+    status text NOT NULL,
+    attempt_count integer DEFAULT 0 NOT NULL,
+    next_attempt_at timestamp with time zone NOT NULL,
+    last_error text,
+    created_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    updated_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    CONSTRAINT projection_holds_bucket_check CHECK ((bucket = outbox.outbox_bucket(campaign_id))),
+    CONSTRAINT projection_holds_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'failed'::text, 'dead'::text])))
+);
+
 ALTER TABLE ONLY outbox.append_idempotency_keys
     ADD CONSTRAINT append_idempotency_keys_pkey PRIMARY KEY (bucket, campaign_id, idem_key);
 
@@ -911,6 +1078,9 @@ ALTER TABLE ONLY outbox.projection_apply_outbox
 ALTER TABLE ONLY outbox.projection_checkpoints
     ADD CONSTRAINT projection_checkpoints_pkey PRIMARY KEY (bucket, campaign_id, projector);
 
+ALTER TABLE ONLY outbox.projection_holds
+    ADD CONSTRAINT projection_holds_pkey PRIMARY KEY (bucket, campaign_id, projector, seq);
+
 CREATE INDEX append_idempotency_keys_expires_at_idx ON outbox.append_idempotency_keys USING btree (expires_at);
 
 CREATE INDEX consumer_claims_bucket_idx ON outbox.consumer_claims USING btree (bucket);
@@ -928,6 +1098,8 @@ CREATE INDEX projection_apply_outbox_attention_idx ON outbox.projection_apply_ou
 CREATE INDEX projection_apply_outbox_claim_idx ON outbox.projection_apply_outbox USING btree (bucket, next_attempt_at, seq) WHERE (status = ANY (ARRAY['pending'::text, 'failed'::text]));
 
 CREATE INDEX projection_checkpoints_projector_idx ON outbox.projection_checkpoints USING btree (projector);
+
+CREATE INDEX projection_holds_projector_idx ON outbox.projection_holds USING btree (projector, status);
 
 ALTER TABLE ONLY outbox.projection_apply_outbox
     ADD CONSTRAINT projection_apply_outbox_event_fkey FOREIGN KEY (bucket, campaign_id, seq) REFERENCES outbox.event_journal(bucket, campaign_id, seq);

@@ -34,6 +34,18 @@ async def _aged(
             now,
             *args,
         )
+        # A row that projectors' holds stand for (S24): its holders are in the same state.
+        await conn.execute(
+            "UPDATE outbox.projection_holds h SET status = o.status, "
+            "attempt_count = o.attempt_count, next_attempt_at = o.next_attempt_at, "
+            "last_error = o.last_error, updated_at = o.updated_at "
+            "FROM outbox.projection_apply_outbox o "
+            "WHERE h.bucket = o.bucket AND h.campaign_id = o.campaign_id AND h.seq = o.seq "
+            "AND o.campaign_id = $1 AND ($2::bigint IS NULL OR o.seq = $2) "
+            "AND o.status IN ('failed', 'dead')",
+            campaign_id,
+            seq,
+        )
         await refresh_campaigns(conn, [campaign_id], park=False, removable=())
 
 

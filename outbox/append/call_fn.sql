@@ -245,6 +245,13 @@ BEGIN
             -- A campaign the workers did not know has work: wake this install's workers,
             -- naming its bucket (at most once per append).
             PERFORM pg_notify(current_schema() || '.outbox_work', b::text);
+        ELSE
+            -- A campaign row left waiting for a projector's hold (a backoff, S24) is due
+            -- now: the campaign's other projectors apply the new rows at once. A row due
+            -- already is not touched (and not waited for: the batch that holds it sees the
+            -- new rows, `outbox_settle`).
+            UPDATE projection_apply_campaigns c SET due_at = v_now, updated_at = v_now
+            WHERE c.bucket = b AND c.campaign_id = p_campaign_id AND c.due_at > v_now;
         END IF;
     END IF;
 

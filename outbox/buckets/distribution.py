@@ -53,6 +53,7 @@ PLAN: tuple[Placement, ...] = (
             "projection_apply_outbox",
             "projection_apply_campaigns",
             "projection_checkpoints",
+            "projection_holds",
             "processed_markers",
             "append_idempotency_keys",
         )

@@ -78,6 +78,14 @@ QuietOption = Annotated[
 ReasonOption = Annotated[
     str | None, typer.Option("--reason", help="Why, for the audit.", show_default=False)
 ]
+ProjectorOption = Annotated[
+    str | None,
+    typer.Option(
+        "--projector",
+        help="Only this projector's failures (its holds); without it, all of a row's.",
+        show_default=False,
+    ),
+]
 
 
 def pool_run(dsn: str | None, body: Callable[[db.Pool], Awaitable[T]]) -> T:

@@ -21,6 +21,7 @@ from outbox.cli.common import (
 from outbox.cli.operator import (
     CampaignOption,
     LimitOption,
+    ProjectorOption,
     QuietOption,
     ReasonOption,
     app,
@@ -49,10 +50,14 @@ def outbox_requeue_command(
     ],
     dsn: DsnOption = None,
     reason: ReasonOption = None,
+    projector: ProjectorOption = None,
     as_json: JsonOption = False,
 ) -> None:
     """One dead row back to pending, due now, with a fresh attempt budget (audited)."""
-    result = pool_run(dsn, lambda pool: requeue_one(pool, campaign_id, seq, reason=reason))
+    result = pool_run(
+        dsn,
+        lambda pool: requeue_one(pool, campaign_id, seq, reason=reason, projector=projector),
+    )
     if as_json:
         emit_json("outbox-requeue", result)
     else:
@@ -88,6 +93,7 @@ def outbox_requeue_dead_command(
     ] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Show, change nothing.")] = False,
     reason: ReasonOption = None,
+    projector: ProjectorOption = None,
     quiet: QuietOption = False,
     as_json: JsonOption = False,
 ) -> None:
@@ -107,6 +113,7 @@ def outbox_requeue_dead_command(
                 fingerprint=fingerprint,
                 dry_run=dry_run,
                 reason=reason,
+                projector=projector,
                 progress=lambda n: bar.advance(task, n),
             )
 
@@ -148,15 +155,20 @@ def outbox_discard_command(
     ],
     app_path: AppOption = None,
     dsn: DsnOption = None,
+    projector: ProjectorOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Discard one dead row: its work row goes (audited), its event stays in the journal, and
-    the ordered projectors' checkpoints move past it so the campaign's later rows apply."""
+    """Discard one dead row (audited; its event stays in the journal): for one projector (its
+    hold goes, an ordered one's checkpoint moves past the event; the others keep what they
+    applied), or for the row's every holder; a row with no holder goes whole, and the ordered
+    projectors' checkpoints move past it so the campaign's later rows apply."""
     check_reason(reason)  # before any connection
     result = app_run(
         app_path,
         dsn,
-        lambda a, pool: discard_one(pool, a.registry, campaign_id, seq, reason=reason),
+        lambda a, pool: discard_one(
+            pool, a.registry, campaign_id, seq, reason=reason, projector=projector
+        ),
     )
     if as_json:
         emit_json("outbox-discard", result)

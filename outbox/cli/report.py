@@ -71,6 +71,26 @@ def render_report(report: Report, *, payload: bool = False) -> None:
             f"shadow worker: {shadow.rows_seen} row(s) seen, {shadow.sightings} "
             f"sighting(s), longest enqueue-to-sighting lag {age(shadow.max_lag_seconds)}"
         )
+    if summary.holds:
+        held = _table(
+            "projector",
+            "failed",
+            "dead",
+            "waiting",
+            "campaigns",
+            "since",
+            title="projectors held (each alone: the others go on)",
+        )
+        for h in summary.holds:
+            held.add_row(
+                h.projector,
+                str(h.failed),
+                str(h.dead),
+                str(h.waiting),
+                str(h.campaigns),
+                when(h.since),
+            )
+        stdout.print(held)
     if summary.blocked_campaigns:
         blocked = _table(
             "campaign", "blocking seq", "status", "waiting", "age", title="blocked campaigns"

@@ -52,8 +52,9 @@ def _summary(counts: BatchCounts) -> str:
         f"applied={counts.applied} skipped={counts.skipped} "
         f"failed={counts.failed} dead={counts.dead}"
     )
-    # Shadow sightings and lease-mode figures (S13) only where there are any.
-    for name in ("observed", "leased", "reclaimed", "fenced"):
+    # Shadow sightings, lease-mode figures (S13) and events left in projectors' holds (S24)
+    # only where there are any.
+    for name in ("observed", "leased", "reclaimed", "fenced", "held"):
         if value := getattr(counts, name):
             text += f" {name}={value}"
     return text

@@ -21,6 +21,7 @@ from outbox.projection.app import Outbox
 from outbox.projection.guards import ProjectorLag, checkpoints_of, projector_lag
 from outbox.projection.pauses import Pause, PauseEntry, list_pause_audit, list_pauses
 from outbox.queue import inspect
+from outbox.queue.holds import ProjectorHolds, count_holds
 from outbox.queue.inspect import BlockedCampaign, LeaseRow, QueueRow, ShadowObservations
 from outbox.queue.repair import AuditEntry, list_audit
 from outbox.schema import MigrationState
@@ -157,6 +158,7 @@ class ProjectorRow:
     lag: ProjectorLag | None  # ordered projectors: from their checkpoints to the journal heads
     # Events applied, skipped and failed since the live workers started (their registry rows).
     outcomes: dict[str, int]
+    holds: ProjectorHolds | None = None  # what holds it alone (S24): failed, dead, waiting
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,6 +175,7 @@ async def read_projectors(executor: db.Executor, app: Outbox | None) -> Projecto
     async with reading(executor) as conn:
         pauses = {p.projector: p for p in await list_pauses(conn)}
         lags = await projector_lag(conn, [p.name for p in known if p.ordered])
+        held = {h.projector: h for h in await count_holds(conn)}
         workers = await live_workers(conn)
         history = await list_pause_audit(conn, limit=LIST_LIMIT)
     outcomes: dict[str, Counter[str]] = {}
@@ -184,11 +187,12 @@ async def read_projectors(executor: db.Executor, app: Outbox | None) -> Projecto
         ProjectorRow(
             p.name, sorted(p.events), p.ordered, p.transactional,
             pauses.pop(p.name, None), lags.get(p.name), dict(outcomes.get(p.name, {})),
+            held.get(p.name),
         )
         for p in known
     ]  # fmt: skip
     rows += [
-        ProjectorRow(name, [], None, None, p, None, dict(outcomes.get(name, {})))
+        ProjectorRow(name, [], None, None, p, None, dict(outcomes.get(name, {})), held.get(name))
         for name, p in sorted(pauses.items())
     ]
     return Projectors(app is not None, rows, history)

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from outbox import db
 from outbox.errors import SchemaNotReady, ValidationError
 from outbox.queue import inspect
+from outbox.queue.holds import ProjectorHolds, count_holds
 from outbox.queue.inspect import (
     STATUSES,
     BlockedCampaign,
@@ -72,6 +73,7 @@ class Summary:
     leases: list[LeaseRow]
     workers: list[LiveWorker]
     resolved_mode: str | None
+    holds: list[ProjectorHolds]  # per projector: what holds it alone (S24)
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,6 +172,7 @@ async def outbox_report(
         leases = await inspect.list_leases(conn, campaign_id, limit=SUMMARY_LIST_LIMIT)
         workers = await live_workers(conn)
         shadow = await inspect.shadow_observations(conn, campaign_id)
+        held = await count_holds(conn, campaign_id)
     summary = Summary(
         campaign_id,
         counts,
@@ -182,6 +185,7 @@ async def outbox_report(
         leases,
         workers,
         resolved_mode,
+        held,
     )
     return Report(status, limit, summary, rows)
 

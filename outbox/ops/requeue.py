@@ -66,20 +66,28 @@ async def requeue_one(
     *,
     actor: str | None = None,
     reason: str | None = None,
+    projector: str | None = None,
 ) -> RequeueOne:
-    """One dead row back to pending; NotFound, or Conflict when not dead or held by a batch."""
+    """One dead row back to pending (`projector`: only its hold on the row, S24; None: all of
+    the row's); NotFound, or Conflict when not dead (for that projector) or held by a
+    batch."""
     async with db.acquire(executor) as conn:
         async with conn.transaction():
             row, _ = await claim_one(conn, campaign_id, seq, park=True)
             if row.status != "dead":
                 raise Conflict(f"row {campaign_id!r} seq {seq} is {row.status}, not dead")
-            await repair.requeue_dead(
+            moved = await repair.requeue_dead(
                 conn,
                 limit=1,
                 one=(campaign_id, seq),
+                projector=projector,
                 actor=actor or current_actor(),
                 reason=reason,
             )
+            if not moved:
+                raise Conflict(
+                    f"projector {projector!r} is not dead on row {campaign_id!r} seq {seq}"
+                )
         await notify_work(conn)
     return RequeueOne(campaign_id, seq, requeued=True)
 
@@ -95,11 +103,12 @@ async def requeue_dead(
     actor: str | None = None,
     reason: str | None = None,
     progress: Callable[[int], None] | None = None,
+    projector: str | None = None,
 ) -> RequeueResult:
     """Up to `limit` dead rows back to pending, oldest first, in chunks of their own
     transactions; `progress(n)` after each chunk. With `dry_run` nothing changes and the rows
     that would move come back. `campaign_id`, `event_type`, `fingerprint` (an error group's):
-    only matching rows."""
+    only matching rows; `projector`: only rows it is dead on, and only its holds (S24)."""
     check_limit(limit)
     if fingerprint is not None and not _FINGERPRINT.fullmatch(fingerprint):
         raise ValidationError(
@@ -115,6 +124,7 @@ async def requeue_dead(
                 campaign_id=campaign_id,
                 event_type=event_type,
                 fingerprint=fingerprint,
+                projector=projector,
                 dry_run=True,
                 actor=actor,
                 reason=reason,
@@ -129,6 +139,7 @@ async def requeue_dead(
                     campaign_id=campaign_id,
                     event_type=event_type,
                     fingerprint=fingerprint,
+                    projector=projector,
                     actor=actor,
                     reason=reason,
                 )

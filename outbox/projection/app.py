@@ -18,6 +18,7 @@ from outbox.config import Settings
 from outbox.errors import ConfigError
 from outbox.model import AppendResult, Event, StoredEvent
 from outbox.projection.inline import append_inline
+from outbox.projection.known import AbsentProjectors
 from outbox.projection.pauses import PausedProjectors
 from outbox.projection.registry import Projector, Registry, ResetFn
 from outbox.queries import using_schema
@@ -46,8 +47,10 @@ class Outbox:
         self.registry = Registry()
         # The jitter's random source for this app's failures (None: a fresh generator).
         self.rand = rand
-        # Paused projectors as this process's appliers see them (outbox.projection.pauses).
+        # Paused projectors as this process's appliers see them (outbox.projection.pauses),
+        # and the projectors the database knows that this code lacks (outbox.projection.known).
         self.pauses = PausedProjectors(self.settings.poll_interval)
+        self.absent = AbsentProjectors(self.settings.poll_interval)
 
     def projector(
         self,

@@ -10,20 +10,22 @@ statement, runs per-event projectors event by event and batch projectors once wi
 `EventBatch` of their events. An ordered projector behind a campaign (deployed onto its history,
 rows deleted by hand) first gets the events it lacks from the journal, in the same group
 (`outbox.projection.heal`); a campaign with more to catch up than a group takes comes back
-`BEHIND`: its rows wait, charged nothing. `moves()` says where the checkpoints moved, for the
-caller's settle (`outbox.queue.settle`, the one statement that writes them). The happy path pays
-no per-event round trip of the library's own, and builds no per-event object a batch projector
-does not ask for.
+`BEHIND`: its rows wait, charged nothing. What the holds keep from a projector (`Skips`, S24)
+it never gets; `catch_up()` takes an ordered projector whose hold is due on through the
+journal. `moves()` says where the checkpoints moved, for the caller's settle
+(`outbox.queue.settle`, the one statement that writes them). The happy path pays no per-event
+round trip of the library's own, and builds no per-event object a batch projector does not ask
+for.
 
-A failure is raised as `GroupFailed`, carrying the index of the event it belongs to when that is
-known (a per-event projector, a gap, an unknown type), so the caller can isolate it. This module
+A failure is raised as `GroupFailed` (`outbox.projection.outcome`), carrying the index of the
+event it belongs to when known (a per-event projector, a gap, an unknown type) and the projector
+that raised, so the caller can isolate it or hold that projector alone. This module
 never claims, deletes or retries work rows, never opens a transaction of its own, and holds no
 SQL: the guards' statements are `outbox.projection.guards`.
 """
 
 from __future__ import annotations
 
-import enum
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -40,11 +42,11 @@ from outbox.projection.guards import (
     reserve_markers,
     undo_group,
 )
-from outbox.projection.heal import HEAL_EVENTS, widen
-from outbox.projection.plan import Run, pass_checkpoints, plan_runs
+from outbox.projection.heal import HEAL_EVENTS, journal_tail, widen
+from outbox.projection.outcome import ApplyOutcome, GroupFailed
+from outbox.projection.plan import Run, Skips, first_unknown, pass_checkpoints, plan_runs
 from outbox.projection.registry import Projector, Registry
 from outbox.queue.settle import settle
-from outbox.retry import describe_error
 
 if TYPE_CHECKING:
     from outbox.db import Connection
@@ -67,31 +69,6 @@ def _announce(event_type: str) -> None:
                 "(OUTBOX_UNSUBSCRIBED=skip); a projector added later rebuilds from the journal",
             },
         )
-
-
-class ApplyOutcome(enum.Enum):
-    APPLIED = "applied"  # at least one projector ran
-    DUPLICATE = "duplicate"  # every subscribed projector had already applied it
-    IGNORED = "ignored"  # the app declared the type as needing no projection
-    UNSUBSCRIBED = "unsubscribed"  # no projector subscribes, and OUTBOX_UNSUBSCRIBED=skip
-    BEHIND = "behind"  # an ordered projector is still catching its campaign up: not applied
-
-
-class GroupFailed(Exception):
-    """A group of events failed; `index` is the failing event's position when known, and
-    `projector` the name of the projector that raised (None: a guard or the dispatch)."""
-
-    def __init__(
-        self, cause: BaseException, index: int | None, projector: str | None = None
-    ) -> None:
-        super().__init__(str(cause))
-        self.cause = cause
-        self.index = index
-        self.projector = projector
-
-    def describe(self) -> str:
-        """The `last_error` line: the projector's name, the error's type and message."""
-        return describe_error(self.cause, projector=self.projector)
 
 
 @dataclass
@@ -144,9 +121,12 @@ class Dispatch:
     async def undo_group(self) -> None:
         await undo_group(self.conn)
 
-    async def apply(self, events: Sequence[StoredEvent]) -> list[ApplyOutcome]:
+    async def apply(
+        self, events: Sequence[StoredEvent], skips: Skips | None = None
+    ) -> list[ApplyOutcome]:
         """Apply `events` (sorted by campaign_id, seq) once each; call inside a savepoint.
         Raises GroupFailed; on success the checkpoints move (in memory until `settle`).
+        `skips`: what the holds keep from which projector (S24).
 
         First the events ordered projectors lack are merged in from the journal (`heal`);
         a failure on one of them is charged to its campaign's next claimed event. A campaign
@@ -155,11 +135,18 @@ class Dispatch:
         (`CheckpointGap`, dead at once)."""
         checkpoints = dict(self.checkpoints)
         ordered = self.registry.ordered_names()
+        skips = skips or None
         wide = await widen(
-            self.conn, events, ordered, checkpoints, budget=self.heal, bucket=self.bucket
+            self.conn,
+            events,
+            ordered,
+            checkpoints,
+            budget=self.heal,
+            bucket=self.bucket,
+            stopped=skips.stopped if skips is not None else None,
         )
         if wide is None:
-            outcomes = await self._apply(events, checkpoints, frozenset())
+            outcomes = await self._apply(events, checkpoints, frozenset(), skips)
         else:
             if wide.gaps:
                 index = min(wide.gaps)
@@ -169,23 +156,72 @@ class Dispatch:
                 raise self._first_failure(types, kinds, frozenset(), gap) or gap
             try:
                 applied = (
-                    await self._apply(wide.events, checkpoints, frozenset(wide.journal))
+                    await self._apply(wide.events, checkpoints, frozenset(wide.journal), skips)
                     if wide.events
                     else []
                 )
             except GroupFailed as failed:
                 charged = None if failed.index is None else wide.charge[failed.index]
-                raise GroupFailed(failed.cause, charged, failed.projector) from failed.cause
+                raise GroupFailed(
+                    failed.cause, charged, failed.projector, failed.event, failed.event_type
+                ) from failed.cause
             outcomes = [ApplyOutcome.BEHIND if p is None else applied[p] for p in wide.placed]
         self.moved |= {k for k, v in checkpoints.items() if self.checkpoints.get(k) != v}
         self.checkpoints = checkpoints
         return outcomes
+
+    async def catch_up(self, tails: dict[str, set[str]]) -> tuple[set[CheckpointKey], int]:
+        """Take each campaign's ordered projectors in `tails` on from their checkpoints through
+        the journal, at most `heal` events in all (call inside a savepoint; raises GroupFailed
+        naming the projector and event that failed); return the (campaign, projector) pairs
+        that reached the journal's end, and how many events it applied. The campaign's other
+        projectors get nothing."""
+        if not tails:
+            return set(), 0
+        budget = self.heal if self.heal is not None else HEAL_EVENTS
+        share = max(1, budget // len(tails))
+        starts = {
+            cid: min(self.checkpoints.get((cid, name), 0) for name in names) + 1
+            for cid, names in tails.items()
+        }
+        events, unavailable = await journal_tail(self.conn, starts, share, bucket=self.bucket)
+        for cid, (seq, exc) in sorted(unavailable.items()):
+            raise GroupFailed(exc, None, min(tails[cid]), (cid, seq))  # no type to make a row
+        reached = {
+            (cid, name)
+            for cid, names in tails.items()
+            for name in names
+            if sum(1 for e in events if e.campaign_id == cid) < share
+        }
+        if not events:
+            return reached, 0
+        skips = Skips(
+            {
+                (cid, name): 0
+                for cid, names in tails.items()
+                for name in self.registry.ordered_names()
+                if name not in names
+            }
+        )
+        checkpoints = dict(self.checkpoints)
+        try:
+            outcomes = await self._apply(events, checkpoints, frozenset(range(len(events))), skips)
+        except GroupFailed as failed:
+            if failed.projector is not None or failed.index is None:
+                raise
+            at = events[failed.index]  # a gap in the journal: the projector stops there
+            name = min(tails[at.campaign_id])
+            raise GroupFailed(failed.cause, None, name, (at.campaign_id, at.seq), at.type) from None
+        self.moved |= {k for k, v in checkpoints.items() if self.checkpoints.get(k) != v}
+        self.checkpoints = checkpoints
+        return reached, outcomes.count(ApplyOutcome.APPLIED)
 
     async def _apply(
         self,
         events: Sequence[StoredEvent],
         checkpoints: dict[CheckpointKey, int],
         journal: frozenset[int],
+        skips: Skips | None = None,
     ) -> list[ApplyOutcome]:
         """The guards work on the group, not event by event: subscribers per distinct type, each
         ordered checkpoint per campaign (one comparison when the campaign's seqs are the ones
@@ -198,14 +234,24 @@ class Dispatch:
         types = batch.types
         kinds = {t: registry.subscribers(t) for t in set(types)}
         duplicates, gap = pass_checkpoints(
-            batch.campaign_ids, batch.seqs, registry.ordered_names(), checkpoints
+            batch.campaign_ids,
+            batch.seqs,
+            registry.ordered_names(),
+            checkpoints,
+            skips.stopped if skips is not None else None,
         )
         refused = self._first_failure(
             types, kinds, journal, None if gap is None else GroupFailed(gap[1], gap[0])
         )
         if refused is not None:
             raise refused
-        plan = plan_runs(types, kinds, duplicates, journal)
+        plan = plan_runs(
+            types,
+            kinds,
+            duplicates,
+            journal,
+            None if skips is None else (skips, batch.campaign_ids, batch.seqs),
+        )
         await self._reserve_markers(batch, plan)
         try:
             await self._run(batch, plan)
@@ -221,7 +267,8 @@ class Dispatch:
             )
             if claimed < run.subscribed:
                 self.tally[(run.projector.name, "skipped")] += run.subscribed - claimed
-        return self._outcomes(types, kinds, plan, journal=journal)
+        held = None if skips is None else skips.positions(types, kinds, batch)
+        return self._outcomes(types, kinds, plan, journal=journal, held=held)
 
     def _first_failure(
         self,
@@ -230,29 +277,17 @@ class Dispatch:
         journal: frozenset[int],
         found: GroupFailed | None,
     ) -> GroupFailed | None:
-        """The group's first failing event, the one to isolate: `found` (a gap), or an unknown
-        type before it."""
-        unknown = self._unknown(types, kinds, journal)
-        if unknown is not None and (found is None or (unknown.index or 0) < (found.index or 0)):
-            return unknown
-        return found
-
-    def _unknown(
-        self, types: list[str], kinds: dict[str, tuple[Projector, ...]], journal: frozenset[int]
-    ) -> GroupFailed | None:
-        """Under OUTBOX_UNSUBSCRIBED=retry, the first claimed event no projector subscribes to
-        (and whose type is not ignored) fails the group."""
-        if self.unsubscribed != "retry":
-            return None
-        unknown = {t for t, subs in kinds.items() if not subs and t not in self.registry.ignored}
-        if not unknown:
-            return None
-        index = next((i for i, t in enumerate(types) if t in unknown and i not in journal), None)
-        if index is None:
-            return None
-        return GroupFailed(
-            UnknownEventType(f"no projector subscribes to event type {types[index]!r}"), index
+        """The group's first failing event, the one to isolate: `found` (a gap), or before it,
+        under OUTBOX_UNSUBSCRIBED=retry, a claimed event no projector subscribes to."""
+        index = (
+            first_unknown(types, kinds, journal, self.registry.ignored)
+            if self.unsubscribed == "retry"
+            else None
         )
+        if index is not None and (found is None or index < (found.index or 0)):
+            why = f"no projector subscribes to event type {types[index]!r}"
+            return GroupFailed(UnknownEventType(why), index)
+        return found
 
     def _outcomes(
         self,
@@ -261,11 +296,13 @@ class Dispatch:
         plan: list[Run],
         *,
         journal: frozenset[int] = frozenset(),
+        held: frozenset[int] | None = None,
     ) -> list[ApplyOutcome]:
-        """Each event's outcome: applied when a projector ran it, duplicate when every
-        subscriber's guard had (or only lease-mode projectors subscribe), ignored, or
-        unsubscribed (counted per type, announced once). Events merged in from the `journal`
-        were counted when they were claimed."""
+        """Each event's outcome: applied when a projector ran it, held when none did and a
+        hold kept it from one (positions `held`), duplicate when every subscriber's guard had
+        (or only lease-mode projectors subscribe), ignored, or unsubscribed (counted per type,
+        announced once). Events merged in from the `journal` were counted when they were
+        claimed."""
         by_type: dict[str, ApplyOutcome] = {}
         for t, subs in kinds.items():
             if any(p.transactional for p in subs):
@@ -283,12 +320,15 @@ class Dispatch:
                 )
                 _announce(t)
         outcomes = [by_type[t] for t in types]
-        if journal or any(len(run.indexes) < run.subscribed for run in plan):  # a guard held
-            # some back (a widened group's count says nothing: its journal events are extra)
+        if journal or held or any(len(run.indexes) < run.subscribed for run in plan):  # a guard
+            # or a hold kept some back (a widened group's count says nothing: its journal
+            # events are extra)
             ran = {i for run in plan for i in run.indexes}
             for index, outcome in enumerate(outcomes):
                 if outcome is ApplyOutcome.APPLIED and index not in ran:
-                    outcomes[index] = ApplyOutcome.DUPLICATE
+                    outcomes[index] = (
+                        ApplyOutcome.HELD if held and index in held else ApplyOutcome.DUPLICATE
+                    )
         return outcomes
 
     async def _reserve_markers(self, batch: EventBatch, plan: list[Run]) -> None:
@@ -325,7 +365,11 @@ class Dispatch:
             with tracing.span("outbox.project", attributes=attributes, events=events):
                 await projector.run(self.conn, events)
         except Exception as exc:
-            raise GroupFailed(exc, index, projector.name) from exc
+            one = events[0] if len(events) == 1 else None
+            event = None if one is None else (one.campaign_id, one.seq)
+            raise GroupFailed(
+                exc, index, projector.name, event, None if one is None else one.type
+            ) from exc
         finally:
             self.durations.append((projector.name, perf_counter() - started))
 

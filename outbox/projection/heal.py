@@ -28,10 +28,11 @@ from outbox.errors import CheckpointGap
 from outbox.model import StoredEvent
 
 if TYPE_CHECKING:
+    from outbox import db
     from outbox.db import Connection
     from outbox.projection.guards import CheckpointKey
 
-__all__ = ["HEAL_EVENTS", "Widened", "widen"]
+__all__ = ["HEAL_EVENTS", "Widened", "journal_tail", "widen"]
 
 # Journal events one group may apply to the ordered projectors behind its campaigns.
 HEAL_EVENTS = 2000
@@ -56,6 +57,42 @@ class Widened:
     def journal(self) -> set[int]:
         """Positions of the journal's events (for the ordered projectors alone)."""
         return {i for i, o in enumerate(self.origin) if o is None}
+
+
+def _events(
+    rows: Sequence[db.Record],
+) -> tuple[dict[str, list[StoredEvent]], dict[str, tuple[int, Exception]]]:
+    """Journal rows as events per campaign, up to each campaign's first undecodable one (its
+    seq and why)."""
+    decoded = decode_bulk(rows)
+    journal: dict[str, list[StoredEvent]] = {}
+    unavailable: dict[str, tuple[int, Exception]] = {}
+    for i, r in enumerate(rows):
+        cid = r["campaign_id"]
+        if cid in unavailable:
+            continue
+        if i in decoded.unavailable:
+            unavailable[cid] = (r["seq"], decoded.unavailable[i])
+            continue
+        metadata = decoded.metadata[i]
+        assert metadata is not None
+        journal.setdefault(cid, []).append(
+            StoredEvent(
+                cid, r["seq"], r["event_type"], decoded.payloads[i], metadata, r["recorded_at"]
+            )
+        )
+    return journal, unavailable
+
+
+async def journal_tail(
+    conn: Connection, starts: dict[str, int], share: int, *, bucket: int | None
+) -> tuple[list[StoredEvent], dict[str, tuple[int, Exception]]]:
+    """Each campaign's journal events from seq `starts[campaign]` on, at most `share` each, in
+    campaign and seq order; and, per campaign, the first one that cannot be decoded (its seq
+    and why: the events stop before it)."""
+    ranges = [(cid, lo, lo + share - 1) for cid, lo in sorted(starts.items())]
+    journal, unavailable = _events(await load_ranges(conn, ranges, bucket=bucket))
+    return [e for cid in sorted(journal) for e in journal[cid]], unavailable
 
 
 def _wanted(seqs: Sequence[int], behind_at: Sequence[int]) -> tuple[int, int] | None:
@@ -85,10 +122,12 @@ async def widen(
     *,
     budget: int | None,
     bucket: int | None,
+    stopped: dict[CheckpointKey, int] | None = None,
 ) -> Widened | None:
     """`events` (sorted by campaign, seq) widened with what the ordered projectors behind
     their campaigns lack (see the module docstring); None when none is behind. `budget`:
-    journal events at most (None: no bound; 0: none, every behind campaign waits)."""
+    journal events at most (None: no bound; 0: none, every behind campaign waits). A projector
+    `stopped` on a campaign (a hold, S24) is not behind it: it gets none of its events."""
     if not ordered or not events:
         return None
     runs: list[tuple[str, int, list[StoredEvent]]] = []
@@ -100,7 +139,13 @@ async def widen(
         run = list(same)
         runs.append((campaign_id, index, run))
         index += len(run)
-        at = [checkpoints.get((campaign_id, name), 0) for name in ordered]
+        at = [
+            checkpoints.get((campaign_id, name), 0)
+            for name in ordered
+            if not stopped or (campaign_id, name) not in stopped
+        ]
+        if not at:
+            continue
         first_seq, last_seq = run[0].seq, run[-1].seq
         if last_seq - first_seq == len(run) - 1 and min(at) >= first_seq - 1:
             continue  # the usual case: no projector is behind, the claimed seqs adjoin
@@ -120,21 +165,8 @@ async def widen(
         return None
     ranges = [(cid, lo, hi) for cid, (lo, hi) in spans.items()]
     rows = await load_ranges(conn, ranges, bucket=bucket) if ranges else []
-    decoded = decode_bulk(rows)
-    journal: dict[str, list[StoredEvent]] = {}
-    unavailable: dict[str, Exception] = {}
-    for i, r in enumerate(rows):
-        cid = r["campaign_id"]
-        if i in decoded.unavailable:
-            unavailable.setdefault(cid, decoded.unavailable[i])
-            continue
-        metadata = decoded.metadata[i]
-        assert metadata is not None
-        journal.setdefault(cid, []).append(
-            StoredEvent(
-                cid, r["seq"], r["event_type"], decoded.payloads[i], metadata, r["recorded_at"]
-            )
-        )
+    journal, failing = _events(rows)
+    unavailable = {cid: exc for cid, (_, exc) in failing.items()}
     wide = Widened([], [], [], [None] * len(events), behind)
     for campaign_id, first, run in runs:
         seqs = [e.seq for e in run]

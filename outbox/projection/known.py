@@ -11,20 +11,23 @@ projector.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
+from time import monotonic
 from typing import TYPE_CHECKING
 
 import orjson
 
 from outbox import db
 from outbox.queries import Queries
+from outbox.queue.holds import delete_projector_holds
+from outbox.queue.settle import refresh_campaigns, settle
 
 if TYPE_CHECKING:
     from outbox.db import Connection, Executor
     from outbox.projection.registry import Registry
 
-__all__ = ["KnownProjector", "Retired", "list_known", "record", "retire"]
+__all__ = ["AbsentProjectors", "KnownProjector", "Retired", "list_known", "record", "retire"]
 
 
 class KnownQueries(Queries):
@@ -101,13 +104,45 @@ async def list_known(executor: Executor) -> list[KnownProjector]:
 async def retire(
     conn: Connection, projector: str, *, actor: str, reason: str, drop_guards: bool
 ) -> Retired | None:
-    """Retire `projector` (audited), dropping its checkpoints and markers when `drop_guards`,
-    all in the caller's transaction; None when it is not recorded."""
+    """Retire `projector` (audited), dropping its holds (and the rows that stood for them
+    alone) and, when `drop_guards`, its checkpoints and markers, all in the caller's
+    transaction; None when it is not recorded."""
     row = await conn.fetchrow(Q.retire_projector, projector, actor, reason)
     if row is None:
         return None
+    # It owes nothing now (S24): its holds go, the rows that stood for them alone with them.
+    gone = await delete_projector_holds(conn, projector)
+    if gone:
+        await settle(conn, released=gone)
+        await refresh_campaigns(conn, sorted({cid for cid, _, _ in gone}), park=True)
     checkpoints = markers = 0
     if drop_guards:
         checkpoints = db.affected(await conn.execute(Q.delete_checkpoints, projector))
         markers = db.affected(await conn.execute(Q.delete_markers, projector))
     return Retired(_known(row), checkpoints, markers)
+
+
+@dataclass
+class AbsentProjectors:
+    """The projectors the database knows that an applier's code lacks (a rolling deploy runs
+    workers with and without a projector): their share of an event waits in holds for a
+    worker that runs them (S24), never completed on their behalf. Read at most once per
+    `interval`."""
+
+    interval: float
+    known: tuple[KnownProjector, ...] = ()
+    _read_at: float = field(default=float("-inf"), repr=False)
+
+    def expire(self) -> None:
+        """Read the record again at the next call."""
+        self._read_at = float("-inf")
+
+    async def of(self, conn: Connection, registry: Registry) -> tuple[KnownProjector, ...]:
+        """The recorded transactional projectors `registry` lacks (lease-mode ones are
+        leased by the workers that run them)."""
+        if monotonic() - self._read_at >= self.interval:
+            self.known = tuple(await list_known(conn))
+            self._read_at = monotonic()
+        return tuple(
+            k for k in self.known if k.transactional and k.projector not in registry.projectors
+        )

@@ -2,10 +2,12 @@
 
 A pause is a row of `outbox_projector_pauses`: who paused the projector, when
 and why. Appliers (the worker's batches, lease mode, inline apply) read the pauses at most once
-per poll interval (`PausedProjectors`) and leave every event a paused projector subscribes to
-where it is: no attempt is consumed, nothing is applied, and under campaign ordering the rest of
-its campaign waits behind it. A worker re-checks such work every poll interval, so a pause holds
-within one interval of being set and a resume takes effect within about two.
+per poll interval (`PausedProjectors`). A worker's batch applies the events a paused projector
+subscribes to for their other projectors and leaves its share in holds (S24,
+`outbox.worker.tracks`); a paused lease-mode projector's events stay where they are, and under
+campaign ordering the rest of its campaign waits behind them; inline apply leaves them to the
+workers. No attempt is consumed. A worker re-checks such work every poll interval, so a pause
+holds within one interval of being set and a resume takes effect within about two.
 """
 
 from __future__ import annotations
@@ -108,11 +110,14 @@ class PausedProjectors:
 
     async def types(self, conn: Connection, registry: Registry) -> frozenset[str]:
         """The event types a paused projector of `registry` subscribes to (empty: none)."""
+        names = await self.projectors(conn, registry)
+        return frozenset(t for name in names for t in registry.projectors[name].events)
+
+    async def projectors(self, conn: Connection, registry: Registry) -> frozenset[str]:
+        """The paused projectors of `registry` (empty: none)."""
         if monotonic() - self._read_at >= self.interval:
             self.names = frozenset(p.projector for p in await list_pauses(conn))
             self._read_at = monotonic()
         if not self.names:
             return frozenset()
-        return frozenset(
-            t for name in self.names if (p := registry.projectors.get(name)) for t in p.events
-        )
+        return frozenset(n for n in self.names if n in registry.projectors)

@@ -1,5 +1,6 @@
-"""Which projector gets which events of a group: the ordered checkpoints' verdicts and each
-subscriber's share (pure; `outbox.projection.dispatch` runs them).
+"""Which projector gets which events of a group: the ordered checkpoints' verdicts, each
+subscriber's share, and what the holds keep from it (`Skips`, S24) (pure;
+`outbox.projection.dispatch` runs them).
 
 A group is a sequence of events sorted by campaign and seq, addressed by position. It never
 touches the database and never runs a projector.
@@ -7,18 +8,65 @@ touches the database and never runs a projector.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field
 from itertools import groupby
 from typing import TYPE_CHECKING
 
 from outbox.errors import CheckpointGap
+from outbox.model import EventBatch, Key
 
 if TYPE_CHECKING:
     from outbox.projection.guards import CheckpointKey
     from outbox.projection.registry import Projector
 
-__all__ = ["Run", "pass_checkpoints", "plan_runs"]
+__all__ = ["Run", "Skips", "first_unknown", "pass_checkpoints", "plan_runs"]
+
+
+@dataclass(slots=True)
+class Skips:
+    """What a group's holds keep from its projectors (S24): an ordered projector `stopped` on a
+    campaign from a seq on (a hold: failed, dead, paused); events `held` from one projector (an
+    unordered projector's hold); rows whose other projectors applied them before (`only`:
+    their holders run them, and projectors with a guard, which skips what they applied; a
+    projector without one never runs such a row again)."""
+
+    stopped: dict[CheckpointKey, int] = field(default_factory=dict)
+    held: set[tuple[str, int, str]] = field(default_factory=set)
+    only: dict[Key, frozenset[str]] = field(default_factory=dict)
+
+    def __bool__(self) -> bool:
+        return bool(self.stopped or self.held or self.only)
+
+    def stop(self, campaign_id: str, projector: str, seq: int) -> None:
+        key = (campaign_id, projector)
+        self.stopped[key] = min(seq, self.stopped.get(key, seq))
+
+    def positions(
+        self, types: list[str], kinds: dict[str, tuple[Projector, ...]], group: EventBatch
+    ) -> frozenset[int]:
+        """The positions of `group` an event some transactional subscriber is kept from."""
+        cids, seqs = group.campaign_ids, group.seqs
+        return frozenset(
+            i
+            for i, t in enumerate(types)
+            if any(self.excludes(p, cids[i], seqs[i]) for p in kinds[t] if p.transactional)
+        )
+
+    def excludes(self, projector: Projector, campaign_id: str, seq: int) -> bool:
+        """Whether `projector` does not get event (campaign_id, seq) in this group."""
+        if projector.ordered:
+            at = self.stopped.get((campaign_id, projector.name))
+            if at is not None and seq >= at:
+                return True
+        if (campaign_id, seq, projector.name) in self.held:
+            return True
+        only = self.only.get((campaign_id, seq))
+        return (
+            only is not None
+            and projector.name not in only
+            and not (projector.ordered or projector.idempotent)
+        )
 
 
 @dataclass(slots=True)
@@ -36,11 +84,13 @@ def plan_runs(
     kinds: dict[str, tuple[Projector, ...]],
     duplicates: dict[str, set[int]],
     journal: frozenset[int],
+    skips: tuple[Skips, Sequence[str], Sequence[int]] | None = None,
 ) -> list[Run]:
     """Every transactional subscriber of the group's types, by name, with its events' positions
     less its duplicates (lease-mode projectors run outside the transaction, S13). Positions in
     `journal` (events merged in from the journal) are an ordered projector's alone, and count
-    in no projector's `subscribed`."""
+    in no projector's `subscribed`. `skips`, with the group's campaign ids and seqs: events the
+    holds keep from a projector, which count in its `subscribed` neither."""
     projectors = {p.name: p for subs in kinds.values() for p in subs if p.transactional}
     plan: list[Run] = []
     for name in sorted(projectors):
@@ -55,10 +105,28 @@ def plan_runs(
             if not p.ordered:
                 indexes = [i for i in indexes if i not in journal]
             subscribed = sum(1 for i in indexes if i not in journal)
+        if skips is not None:
+            kept, cids, seqs = skips
+            indexes = [i for i in indexes if not kept.excludes(p, cids[i], seqs[i])]
+            subscribed = sum(1 for i in indexes if i not in journal)
         if held := duplicates.get(name):
             indexes = [i for i in indexes if i not in held]
         plan.append(Run(p, subscribed, indexes))
     return plan
+
+
+def first_unknown(
+    types: list[str],
+    kinds: dict[str, tuple[Projector, ...]],
+    journal: frozenset[int],
+    ignored: Collection[str],
+) -> int | None:
+    """The position of the first claimed event (not in `journal`) that no projector subscribes
+    to and whose type is not `ignored`."""
+    unknown = {t for t, subs in kinds.items() if not subs and t not in ignored}
+    if not unknown:
+        return None
+    return next((i for i, t in enumerate(types) if t in unknown and i not in journal), None)
 
 
 def pass_checkpoints(
@@ -66,11 +134,13 @@ def pass_checkpoints(
     seqs: Sequence[int],
     ordered: Sequence[str],
     checkpoints: dict[CheckpointKey, int],
+    stopped: dict[CheckpointKey, int] | None = None,
 ) -> tuple[dict[str, set[int]], tuple[int, CheckpointGap] | None]:
     """Move every `ordered` projector's checkpoint past each campaign's events of the group
-    (sorted by campaign, seq), in place (S17: every ordered checkpoint passes every event);
-    return each projector's duplicates (positions at or before its checkpoint) and the first
-    gap with its position (none once `outbox.projection.heal` has widened the group)."""
+    (sorted by campaign, seq), in place (S17: every ordered checkpoint passes every event it
+    is not `stopped` before, S24); return each projector's duplicates (positions at or before
+    its checkpoint) and the first gap with its position (none once `outbox.projection.heal`
+    has widened the group)."""
     duplicates: dict[str, set[int]] = {}
     if not ordered:
         return duplicates, None
@@ -82,10 +152,15 @@ def pass_checkpoints(
         for name in ordered:
             key = (campaign_id, name)
             at = checkpoints.get(key, 0)
-            if first == at + 1 and last - first == end - start - 1:
+            stop = end
+            if stopped and (held := stopped.get(key)) is not None:
+                stop = next((i for i in range(start, end) if seqs[i] >= held), end)
+                if stop == start:
+                    continue  # none of the campaign's events is its in this group
+            elif first == at + 1 and last - first == end - start - 1:
                 checkpoints[key] = last  # the seqs right after the checkpoint
                 continue
-            for index in range(start, end if gap is None else gap[0]):
+            for index in range(start, stop if gap is None else min(gap[0], stop)):
                 seq = seqs[index]
                 if seq <= at:
                     duplicates.setdefault(name, set()).add(index)

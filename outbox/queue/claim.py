@@ -23,6 +23,7 @@ from outbox.append.journal import decode_bulk
 from outbox.errors import Conflict, EventUnavailable, NotFound
 from outbox.model import EventBatch, Key, StoredEvent
 from outbox.queries import Queries
+from outbox.queue.holds import Hold, parse_holds
 
 if TYPE_CHECKING:
     from outbox.db import Connection
@@ -116,6 +117,8 @@ class ClaimedCampaign:
     first_seq: int | None
     last_seq: int | None
     checkpoints: dict[str, int]  # ordered projector -> applied_seq (missing: 0), locked
+    holds: tuple[Hold, ...] = ()  # its projectors' holds (S24): an ordered claim reads them all,
+    # a claim of rows those of its rows
 
 
 async def claim(
@@ -146,7 +149,24 @@ async def claim(
         if not claimed or claimed[-1].campaign_id != r["campaign_id"]:
             checkpoints = dict(zip(r["projectors"] or (), r["applied_seqs"] or (), strict=True))
             claimed.append(
-                ClaimedCampaign(r["campaign_id"], [], r["first_seq"], r["last_seq"], checkpoints)
+                ClaimedCampaign(
+                    r["campaign_id"],
+                    [],
+                    r["first_seq"],
+                    r["last_seq"],
+                    checkpoints,
+                    parse_holds(r["holds"]),
+                )
+            )
+        elif not ordered and r["holds"] is not None:  # a claim of rows: each row's own
+            last = claimed[-1]
+            claimed[-1] = ClaimedCampaign(
+                last.campaign_id,
+                last.rows,
+                last.first_seq,
+                last.last_seq,
+                last.checkpoints,
+                last.holds + parse_holds(r["holds"]),
             )
         if r["seq"] is not None:
             claimed[-1].rows.append(next(rows))

@@ -36,9 +36,15 @@ WITH o AS (
     FOR UPDATE OF x SKIP LOCKED
 )
 SELECT o.campaign_id, true AS due, NULL::bigint AS first_seq, NULL::bigint AS last_seq,
-       NULL::text[] AS projectors, NULL::bigint[] AS applied_seqs,
+       NULL::text[] AS projectors, NULL::bigint[] AS applied_seqs, hd.holds,
        -- include: claimed_row
 FROM o
+CROSS JOIN LATERAL (
+    -- The row's holds (S24), usually none.
+    SELECT @extschema@.outbox_holds_of(
+        $3::integer, o.campaign_id, o.seq, coalesce($2::timestamptz, statement_timestamp())
+    ) AS holds
+) hd
 LEFT JOIN LATERAL (
     -- One index probe per claimed row. OFFSET 0 keeps this a probe: a generic plan guesses
     -- the claim's LIMIT at a tenth of the queue and would join the whole journal by hash.

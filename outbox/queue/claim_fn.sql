@@ -1,5 +1,6 @@
 -- The claim's server functions (`claim.py`): the ordered claim in one call, and the append
 -- heads' lock that the claim's callers and the settle share.
+-- requires: queue/holds_fn.sql
 --
 -- Each function runs two statements where the protocol needs two snapshots: PostgreSQL gives
 -- every statement of a VOLATILE function its own snapshot (READ COMMITTED), so the statement
@@ -54,8 +55,8 @@ $$;
 -- sees it. It returns each claimed campaign's rows from its head in seq order, at most
 -- p_budget in all (shared among the campaigns, rounded up: one hot campaign gets all of it),
 -- with its first and last outstanding seq, the checkpoints of the ordered projectors
--- (p_projectors) locked in a fixed order until the batch commits (a missing one means 0), and
--- each row's event, payload and metadata as text (the worker decodes each row on its own: an
+-- (p_projectors) locked in a fixed order until the batch commits (a missing one means 0), the
+-- campaign's holds (`projection_holds`, as JSON; null: none), and each row's event, payload and metadata as text (the worker decodes each row on its own: an
 -- undecodable event fails its row, never the claim). A campaign with no rows left comes back
 -- as one row with a null seq. A `processing` row (lease mode) is due once its lease expired
 -- (its next_attempt_at is its lease expiry). p_now: tests move time with it; null is
@@ -74,6 +75,7 @@ RETURNS TABLE (
     last_seq bigint,
     projectors text[],
     applied_seqs bigint[],
+    holds text,
     seq bigint,
     status text,
     attempt_count integer,
@@ -124,7 +126,7 @@ BEGIN
     )
     SELECT p.campaign_id,
            o.status IN ('pending', 'failed', 'processing') AND o.next_attempt_at <= v_now,
-           b.first_seq, b.last_seq, k.projectors, k.applied_seqs,
+           b.first_seq, b.last_seq, k.projectors, k.applied_seqs, hd.holds,
            o.seq, o.status, o.attempt_count, o.next_attempt_at, o.lease_owner, o.claim_epoch,
            j.event_type, j.payload::text, j.metadata::text, j.recorded_at
     FROM unnest(ids, heads) AS p(campaign_id, head_seq)
@@ -138,6 +140,10 @@ BEGIN
         FROM checkpoints c
         WHERE c.campaign_id = p.campaign_id
     ) k
+    CROSS JOIN LATERAL (
+        -- The campaign's holds (S24), usually none: one probe of an empty index range.
+        SELECT outbox_holds_of(p_bucket, p.campaign_id, NULL, v_now) AS holds
+    ) hd
     LEFT JOIN LATERAL (
         SELECT x.seq, x.status, x.attempt_count, x.next_attempt_at, x.lease_owner,
                x.claim_epoch

@@ -75,7 +75,8 @@ END
 $$;
 
 -- The blocked campaigns (campaign p_campaign in bucket p_bucket, or all): those whose first
--- outstanding row is failed or dead (under park dead rows step aside and block nothing), found
+-- outstanding row is failed or dead by a failure of its own, not a projector's hold (S24;
+-- under park dead rows step aside and block nothing), found
 -- per bucket from the attention index; the oldest head first, at most p_limit, each with the
 -- rows waiting behind it counted up to p_waiting (null: all), and `total`, how many campaigns
 -- are blocked whatever the limit. (Failed or dead is written "neither pending nor processing":
@@ -132,6 +133,10 @@ BEGIN
                 SELECT 1 FROM projection_apply_outbox e
                 WHERE e.bucket = b AND e.campaign_id = f.campaign_id AND e.seq < f.seq
                   AND NOT (p_park AND e.status = 'dead')
+            ) AND NOT EXISTS (
+                -- A projector's own failure holds that projector alone (S24), not the campaign.
+                SELECT 1 FROM projection_holds h
+                WHERE h.bucket = b AND h.campaign_id = f.campaign_id AND h.seq = f.seq
             )
         LOOP
             found_bucket := found_bucket || b;

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from outbox import buckets
 from outbox.queries import Queries
+from outbox.queue.holds import RowHold, refresh_held_rows
 from outbox.queue.settle import refresh_campaigns
 
 if TYPE_CHECKING:
@@ -27,6 +28,7 @@ __all__ = [
     "AuditEntry",
     "Cursor",
     "DeadRow",
+    "audit_hold_discard",
     "discard_dead_row",
     "enqueue",
     "list_audit",
@@ -39,6 +41,7 @@ __all__ = [
 class RepairQueries(Queries):
     list_dead_rows: str
     requeue_dead_rows: str
+    requeue_dead_holds: str
     insert_requeue_audit: str
     list_unqueued_events: str
     insert_work_rows: str
@@ -71,13 +74,15 @@ async def requeue_dead(
     event_type: str | None = None,
     fingerprint: str | None = None,
     one: tuple[str, int] | None = None,
+    projector: str | None = None,
     dry_run: bool = False,
     actor: str,
     reason: str | None,
 ) -> list[DeadRow]:
     """Up to `limit` dead rows (or the one row `one`) back to pending, oldest first, each with
     its audit row; rows other transactions hold are skipped. `fingerprint`: only rows of that
-    error group (`inspect.failure_groups`). `dry_run`: change nothing."""
+    error group (`inspect.failure_groups`). `projector`: only rows it is dead on, and only its
+    holds go back (S24; None: every holder's). `dry_run`: change nothing."""
     named = one[0] if one else campaign_id
     listed = await conn.fetch(
         Q.list_dead_rows,
@@ -88,6 +93,7 @@ async def requeue_dead(
         one[1] if one else None,
         fingerprint,
         await buckets.filter_bucket(conn, named),
+        projector,
     )
     if dry_run:
         return [_dead(r) for r in listed]
@@ -96,16 +102,25 @@ async def requeue_dead(
     by_bucket = itemgetter("bucket")
     for bucket, part in itertools.groupby(sorted(listed, key=by_bucket), key=by_bucket):
         keys = list(part)
-        rows += await conn.fetch(
+        moved = await conn.fetch(
             Q.requeue_dead_rows,
             bucket,
             [k["campaign_id"] for k in keys],
             [k["seq"] for k in keys],
         )
+        cids, seqs = [r["campaign_id"] for r in moved], [r["seq"] for r in moved]
+        await conn.execute(Q.requeue_dead_holds, bucket, cids, seqs, projector)
+        await refresh_held_rows(conn, bucket, cids, seqs)
+        rows += moved
     if rows:
         columns = ("campaign_id", "seq", "status", "attempt_count", "last_error", "next_attempt_at")
         await conn.execute(
-            Q.insert_requeue_audit, actor, reason, *([r[c] for r in rows] for c in columns)
+            Q.insert_requeue_audit,
+            actor,
+            reason,
+            *([r[c] for r in rows] for c in columns),
+            projector,
+            None,
         )
     # Live again: their campaigns are claimable at once. The dead policy is the workers' to
     # know; never marking a campaign blocked is the safe side (a block worker's next claim of
@@ -135,6 +150,31 @@ async def discard_dead_row(
     return None if r is None else DeadRow(*r)
 
 
+async def audit_hold_discard(
+    conn: Connection,
+    campaign_id: str,
+    holds: Sequence[RowHold],
+    *,
+    actor: str,
+    reason: str,
+) -> None:
+    """The audit rows of discarded holds of one row (S24), one per projector."""
+    for h in holds:
+        await conn.execute(
+            Q.insert_requeue_audit,
+            actor,
+            reason,
+            [campaign_id],
+            [h.seq],
+            [h.status],
+            [h.attempt_count],
+            [h.last_error],
+            [h.next_attempt_at],
+            h.projector,
+            "discard",
+        )
+
+
 @dataclass(frozen=True, slots=True)
 class AuditEntry:
     """One audited action of an operator on a work row, with the row as it was before."""
@@ -148,6 +188,7 @@ class AuditEntry:
     previous_status: str
     previous_attempt_count: int
     previous_last_error: str | None
+    projector: str | None = None  # the projector whose hold it was (S24; None: the row's)
 
 
 async def list_audit(conn: Connection, campaign_id: str | None, *, limit: int) -> list[AuditEntry]:

@@ -4,18 +4,37 @@
 -- name: list_dead_rows
 -- Dead rows an operator names, oldest first by next_attempt_at, seq, at most $1: a batch
 -- (campaign $2, event type $3, error fingerprint $6: see inspect_fn.sql) or one row ($4, $5);
--- $7: the bucket of the campaign or row named. A read: `requeue_dead_rows` takes them, bucket
--- by bucket (a statement that locks rows stays in one bucket).
-SELECT bucket, campaign_id, seq, event_type, attempt_count, last_error, next_attempt_at
-FROM @extschema@.projection_apply_outbox
-WHERE status = 'dead' AND ($7::integer IS NULL OR bucket = $7::integer)
-  AND ($2::text IS NULL OR campaign_id = $2::text)
-  AND ($3::text IS NULL OR event_type = $3::text)
-  AND ($4::text IS NULL OR (campaign_id = $4::text AND seq = $5::bigint))
+-- $7: the bucket of the campaign or row named; $8: only rows that projector is dead on (its
+-- hold, S24). A read: `requeue_dead_rows` takes them, bucket by bucket (a statement that
+-- locks rows stays in one bucket).
+SELECT o.bucket, o.campaign_id, o.seq, o.event_type, o.attempt_count, o.last_error,
+       o.next_attempt_at
+FROM @extschema@.projection_apply_outbox o
+WHERE o.status = 'dead' AND ($7::integer IS NULL OR o.bucket = $7::integer)
+  AND ($2::text IS NULL OR o.campaign_id = $2::text)
+  AND ($3::text IS NULL OR o.event_type = $3::text)
+  AND ($4::text IS NULL OR (o.campaign_id = $4::text AND o.seq = $5::bigint))
   AND ($6::text IS NULL OR @extschema@.outbox_error_fingerprint(
-           @extschema@.outbox_error_projector(last_error), @extschema@.outbox_error_shape(last_error)) = $6::text)
-ORDER BY next_attempt_at, seq
+           @extschema@.outbox_error_projector(o.last_error),
+           @extschema@.outbox_error_shape(o.last_error)) = $6::text)
+  AND ($8::text IS NULL OR EXISTS (
+      SELECT 1 FROM @extschema@.projection_holds h
+      WHERE h.bucket = o.bucket AND h.campaign_id = o.campaign_id AND h.seq = o.seq
+        AND h.projector = $8::text AND h.status = 'dead'
+  ))
+ORDER BY o.next_attempt_at, o.seq
 LIMIT $1::integer
+
+-- name: requeue_dead_holds
+-- The dead holds (S24) of rows ($2, $3), all in bucket $1, back to pending, due now, with a
+-- fresh attempt budget: projector $4's, or every projector's (null). The caller holds the
+-- rows (`requeue_dead_rows`) and then works their columns out from their holds.
+UPDATE @extschema@.projection_holds h
+SET status = 'pending', attempt_count = 0, next_attempt_at = statement_timestamp(),
+    updated_at = statement_timestamp()
+FROM unnest($2::text[], $3::bigint[]) AS k(campaign_id, seq)
+WHERE h.bucket = $1::integer AND h.campaign_id = k.campaign_id AND h.seq = k.seq
+  AND h.status = 'dead' AND ($4::text IS NULL OR h.projector = $4::text)
 
 -- name: requeue_dead_rows
 -- Dead rows ($2, $3), all in bucket $1, back to pending, due now, with a fresh attempt budget;
@@ -44,11 +63,11 @@ FROM target t JOIN moved m ON m.campaign_id = t.campaign_id AND m.seq = t.seq
 
 -- name: insert_requeue_audit
 -- The audit rows of requeued rows ($3..$8: campaign, seq, and what each was), actor $1,
--- reason $2.
+-- reason $2, projector $9 (null: all of the row's), action $10 (null: requeue).
 INSERT INTO @extschema@.outbox_requeue_audit (campaign_id, seq, actor, reason, previous_status,
-    previous_attempt_count, previous_last_error, previous_next_attempt_at)
+    previous_attempt_count, previous_last_error, previous_next_attempt_at, projector, action)
 SELECT a.campaign_id, a.seq, $1::text, $2::text, a.status, a.attempt_count, a.last_error,
-       a.next_attempt_at
+       a.next_attempt_at, $9::text, coalesce($10::text, 'requeue')
 FROM unnest($3::text[], $4::bigint[], $5::text[], $6::integer[], $7::text[],
             $8::timestamptz[]) AS a(campaign_id, seq, status, attempt_count, last_error,
                                     next_attempt_at)
@@ -108,9 +127,10 @@ SELECT campaign_id, seq, event_type, attempt_count, last_error, next_attempt_at 
 
 -- name: list_audit
 -- Operators' actions on work rows, newest first: campaign $1 (or all), at most $2. Each with
--- what the row was before (status, attempts, last error). `action`: requeue or discard.
+-- what the row was before (status, attempts, last error) and the projector it was for (null:
+-- all of the row's). `action`: requeue or discard.
 SELECT a.action, a.at, a.campaign_id, a.seq, a.actor, a.reason,
-       a.previous_status, a.previous_attempt_count, a.previous_last_error
+       a.previous_status, a.previous_attempt_count, a.previous_last_error, a.projector
 FROM @extschema@.outbox_requeue_audit a
 WHERE ($1::text IS NULL OR a.campaign_id = $1::text)
 ORDER BY a.at DESC, a.audit_id DESC

@@ -24,6 +24,7 @@ from outbox import buckets, db
 from outbox.model import Failure, Key
 from outbox.queries import Queries, current_schema
 from outbox.queue.claim import lock_heads
+from outbox.queue.holds import HoldKey, HoldWrite
 
 if TYPE_CHECKING:
     from outbox.db import Connection, Executor
@@ -71,17 +72,20 @@ Q = SettleQueries
 
 @dataclass(frozen=True, slots=True)
 class CampaignWrite:
-    """What a campaign row becomes when a batch settles: its head, blocked flag and due time
-    (None: the failure's next attempt when the head failed in this batch, else now); or, with
-    `gone` (nothing live is left up to `head_seq - 1`), deleted if the settle holds the
-    campaign's append head and no row at or past `head_seq` exists by then; else kept due
-    now."""
+    """What a campaign row becomes when a batch settles: its head, blocked flag and due time,
+    the earliest of `due_at` and `delay` seconds from the settle's instant (neither: now; a
+    row past `seen`, the last seq the claim read, makes it due now and not blocked whatever it
+    would be); or, with `gone` (nothing live is left up to `head_seq - 1`), deleted if the
+    settle holds the campaign's append head and no row at or past `head_seq` exists by then;
+    else kept due now."""
 
     campaign_id: str
     head_seq: int
     due_at: datetime | None
     blocked: bool
     gone: bool = False
+    delay: float | None = None
+    seen: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,15 +105,22 @@ async def settle(
     failures: Sequence[Failure] = (),
     campaigns: Sequence[CampaignWrite] = (),
     checkpoints: Sequence[tuple[str, str, int]] = (),
+    holds: Sequence[HoldWrite] = (),
+    released: Collection[HoldKey] = (),
+    projectors: Collection[str] | None = None,
     now: datetime | None = None,
     notify_applied: bool = True,
 ) -> Settled:
-    """Delete `done`, record `failures`, write `campaigns` and move `checkpoints` (campaign,
-    projector, applied_seq; sorted) in one call per bucket: `bucket`, when the caller knows
-    every campaign is in it (a worker's batch), else each campaign's, worked out here once.
-    With `notify_applied` and rows deleted, wake the readers waiting for their writes (inline
-    apply needs not: its append has not returned yet)."""
-    if not (done or failures or campaigns or checkpoints):
+    """Delete `done`, record `failures`, place `holds` and delete the `released` ones, write
+    `campaigns` and move `checkpoints` (campaign, projector, applied_seq; sorted) in one call
+    per bucket: `bucket`, when the caller knows every campaign is in it (a worker's batch),
+    else each campaign's, worked out here once. The rows a placed or released hold stands for
+    (and that stay) take their columns from their holds. With `notify_applied` and rows
+    deleted, wake the readers waiting for their writes (inline apply needs not: its append
+    has not returned yet). `projectors`: those the batch knew (ran, or left holds for); a
+    projector the database records beyond them fails the call (`db.PROJECTORS_CHANGED`,
+    transient)."""
+    if not (done or failures or campaigns or checkpoints or holds or released):
         return Settled()
     parts: dict[int, _Part] = {}
     where = await buckets.locator(conn, bucket)
@@ -132,10 +143,38 @@ async def settle(
                 "campaign_id": c.campaign_id,
                 "head_seq": c.head_seq,
                 "due_at": c.due_at,
+                "delay": c.delay,
+                "seen": c.seen,
                 "blocked": c.blocked,
                 "gone": c.gone,
             }
         )
+    finished = set(done)
+    touched: set[Key] = set()
+    for h in holds:
+        part = parts.setdefault(where(h.campaign_id), _Part())
+        part.holds.append(
+            {
+                "campaign_id": h.campaign_id,
+                "projector": h.projector,
+                "seq": h.seq,
+                "status": h.status,
+                "attempts": h.attempts,
+                "delay": h.delay,
+                "error": h.error,
+                "event_type": h.event_type,
+            }
+        )
+        if h.row:
+            touched.add((h.campaign_id, h.seq))
+    for cid, projector, seq in sorted(released):
+        parts.setdefault(where(cid), _Part()).released.append(
+            {"campaign_id": cid, "projector": projector, "seq": seq}
+        )
+        if seq:
+            touched.add((cid, seq))
+    for cid, seq in sorted(touched - finished):
+        parts.setdefault(where(cid), _Part()).touched.append({"campaign_id": cid, "seq": seq})
     for campaign_id, projector, seq in checkpoints:
         parts.setdefault(where(campaign_id), _Part()).checkpoints.append(
             {"campaign_id": campaign_id, "projector": projector, "applied_seq": seq}
@@ -149,6 +188,10 @@ async def settle(
                 "failed": part.failed,
                 "campaigns": part.campaigns,
                 "checkpoints": part.checkpoints,
+                "holds": part.holds,
+                "released": part.released,
+                "touched": part.touched,
+                **({} if projectors is None else {"projectors": sorted(projectors)}),
                 "now": now,
                 "notify": notify_applied,
                 "channel": channel,
@@ -169,6 +212,9 @@ class _Part:
     failed: list[dict[str, object]] = field(default_factory=list)
     campaigns: list[dict[str, object]] = field(default_factory=list)
     checkpoints: list[dict[str, object]] = field(default_factory=list)
+    holds: list[dict[str, object]] = field(default_factory=list)
+    released: list[dict[str, object]] = field(default_factory=list)
+    touched: list[dict[str, object]] = field(default_factory=list)
 
 
 async def refresh_campaigns(

@@ -1,6 +1,7 @@
 -- The settle's server functions (`settle.py`): the end of a batch in one call, and the
 -- statement clock that the queue's writes call.
 -- requires: queue/claim_fn.sql
+-- requires: queue/holds_fn.sql
 
 -- The statement clock for writes that take an optional instant: `outbox_now(p)` is `p`, or the
 -- statement's timestamp when `p` is null (the worker passes null; tests pass an instant). A
@@ -22,31 +23,52 @@ $$;
 -- (`p_batch`), so that a field added later is a key old callers leave out, not another copy of
 -- the function:
 --   done         [{campaign_id, seq}]                            completed rows, deleted
---   failed       [{campaign_id, seq, attempts, delay, error, dead}] failures as the policy
---                                                                  decided them
---   campaigns    [{campaign_id, head_seq, due_at, blocked, gone}]  each held campaign's row
+--   failed       [{campaign_id, seq, attempts, delay, error, dead}] a row's own failures (no
+--                                                                  projector to hold: S8)
+--   holds        [{campaign_id, projector, seq, status, attempts, delay, error, event_type}]
+--                                                                  holds placed (S24); with an
+--                                                                  event type, its row is made
+--                                                                  when it is not there
+--   released     [{campaign_id, projector, seq}]                 holds gone; a row left with
+--                                                                  no hold goes with them
+--   touched      [{campaign_id, seq}]                            rows whose holds changed: their
+--                                                                  status, attempts, next attempt
+--                                                                  and error follow their holds
+--   campaigns    [{campaign_id, head_seq, due_at, delay, seen, blocked, gone}]
+--                                                                  each held campaign's row
 --   checkpoints  [{campaign_id, projector, applied_seq}]            moves, sorted (lock order)
+--   projectors   the projectors the batch knew (it ran them, or left their share in holds):
+--                 one the database records and this list lacks fails the call (OB024, which
+--                 a worker treats as transient: the batch runs again, knowing it)
 --   now          an instant (tests), or null: clock_timestamp(), read once before the writes
 --   notify       with rows deleted, one NOTIFY on `channel` (payload: the bucket)
 -- Citus routes the writes below to the batch's shard, reading their rows from the document
--- (`jsonb_to_recordset`), and refuses in them a stable expression over those rows: the
--- failures' next attempts (`now + delay`) are worked out first, into the document, by a
--- statement of the coordinator's own. Measured against the 20 positional arrays it replaces
--- (one warm connection, calls rolled back), the call costs the same or less.
+-- (`jsonb_to_recordset`), and refuses in them a stable expression over those rows: every
+-- instant derived from a delay (a failure's or a hold's next attempt, a campaign's due time)
+-- is worked out first, into the document, by a statement of the coordinator's own. Measured
+-- against the 20 positional arrays it replaces (one warm connection, calls rolled back), the
+-- call costs the same or less.
 -- First statement: hold the append heads of the campaigns the batch left with nothing live
--- (`gone`; outbox_lock_heads). Then the checkpoints move: those the claim found (and locked)
--- by UPDATE ... FROM the document, the few not there yet (a campaign's first batch under an
--- ordered projector) by INSERT ... VALUES one by one: Citus routes both to the batch's shard,
--- where an INSERT ... SELECT would go through its COPY path and commit by two-phase commit.
+-- (`gone`) or waiting for holds alone (`seen`; outbox_lock_heads): an append that comes later
+-- waits for the batch to commit, then finds the campaign row as the batch left it (and makes
+-- it due now); one in flight keeps the campaign row, due now. Then the holds: released ones deleted, placed ones written one
+-- by one (INSERT ... VALUES, as the checkpoints below: Citus routes it to the shard), and the
+-- touched rows' columns worked out from their holds (outbox_hold_rows). Then the checkpoints move: those the
+-- claim found (and locked) by UPDATE ... FROM the document, the few not there yet (a
+-- campaign's first batch under an ordered projector) by INSERT ... VALUES one by one: Citus
+-- routes both to the batch's shard, where an INSERT ... SELECT would go through its COPY path
+-- and commit by two-phase commit.
 -- Then one statement, whose snapshot sees every append that committed before the heads were
 -- held: delete completed rows; record failures (attempts, status failed or dead, the next
 -- attempt at now + delay, the error); write each campaign's row: delete it when the batch left
 -- it nothing live, its head is held, and no row at or past head_seq (the first seq the batch
--- did not see) exists now; else set its head, blocked flag and due time (the failure's next
--- attempt when the head is a row this batch failed, else due_at, else now). The NOTIFY goes
--- after the writes, from this session (readers waiting for their writes look again). Returns
--- how many campaigns are left due now with a head to take (the worker claims again instead of
--- sleeping) and the seconds each deleted row waited since it was enqueued.
+-- did not see) exists now; else set its head, blocked flag and due time: the earliest of
+-- due_at and now + delay, now when neither is set; and due now whatever it would be when a
+-- row past `seen` (the last seq the claim read) exists now: an append that committed during
+-- the batch is not left waiting behind a hold's backoff. The NOTIFY goes after the writes, from this session
+-- (readers waiting for their writes look again). Returns how many campaigns are left due now
+-- with a head to take (the worker claims again instead of sleeping) and the seconds each
+-- deleted row waited since it was enqueued.
 CREATE OR REPLACE FUNCTION outbox_settle(
     p_bucket integer,
     p_batch jsonb,
@@ -61,14 +83,30 @@ DECLARE
     held text[] := '{}';
     v_now timestamptz := coalesce((p_batch ->> 'now')::timestamptz, clock_timestamp());
     gone text[];
+    unknown text;
     failed jsonb := '[]';
+    campaigns jsonb := '[]';
     moved bigint[];
     m record;
 BEGIN
+    IF p_batch ? 'projectors' THEN
+        -- A projector recorded since this worker last read the record (a rolling deploy):
+        -- its share of the batch was not left in holds, so nothing of the batch is kept.
+        SELECT string_agg(k.projector, ', ' ORDER BY k.projector) INTO unknown
+        FROM outbox_projectors k
+        WHERE k.transactional AND NOT k.projector = ANY (
+            ARRAY(SELECT jsonb_array_elements_text(p_batch -> 'projectors')));
+        IF unknown IS NOT NULL THEN
+            RAISE EXCEPTION 'projector % is recorded and this batch did not know it: it runs '
+                            'again', unknown
+                USING ERRCODE = 'OB024';
+        END IF;
+    END IF;
     gone := ARRAY(
         SELECT t.campaign_id
-        FROM jsonb_to_recordset(p_batch -> 'campaigns') AS t(campaign_id text, gone boolean)
-        WHERE t.gone
+        FROM jsonb_to_recordset(p_batch -> 'campaigns')
+            AS t(campaign_id text, gone boolean, seen bigint)
+        WHERE t.gone OR t.seen IS NOT NULL
     );
     IF cardinality(gone) > 0 THEN
         SELECT coalesce(array_agg(h.campaign_id), '{}') INTO held
@@ -80,6 +118,75 @@ BEGIN
                    ORDER BY f.ord)
         INTO failed
         FROM jsonb_array_elements(p_batch -> 'failed') WITH ORDINALITY AS f(value, ord);
+    END IF;
+    IF jsonb_array_length(p_batch -> 'campaigns') > 0 THEN
+        SELECT jsonb_agg(c.value || jsonb_build_object('due', CASE
+                   WHEN c.value ->> 'due_at' IS NULL AND c.value ->> 'delay' IS NULL THEN v_now
+                   ELSE least((c.value ->> 'due_at')::timestamptz,
+                              v_now + make_interval(secs => (c.value ->> 'delay')::double precision))
+                   END)
+                   ORDER BY c.ord)
+        INTO campaigns
+        FROM jsonb_array_elements(p_batch -> 'campaigns') WITH ORDINALITY AS c(value, ord);
+    END IF;
+    IF jsonb_array_length(coalesce(p_batch -> 'released', '[]')) > 0 THEN
+        DELETE FROM projection_holds h
+        USING jsonb_to_recordset(p_batch -> 'released')
+            AS r(campaign_id text, projector text, seq bigint)
+        WHERE h.bucket = p_bucket AND h.campaign_id = r.campaign_id
+          AND h.projector = r.projector AND h.seq = r.seq;
+    END IF;
+    IF jsonb_array_length(coalesce(p_batch -> 'holds', '[]')) > 0 THEN
+        FOR m IN
+            SELECT x.campaign_id, x.projector, x.seq, x.status, x.attempts, x.error,
+                   x.event_type, v_now + make_interval(secs => x.delay) AS next
+            FROM jsonb_to_recordset(p_batch -> 'holds')
+                AS x(campaign_id text, projector text, seq bigint, status text, attempts integer,
+                     delay double precision, error text, event_type text)
+            ORDER BY x.campaign_id, x.projector, x.seq
+        LOOP
+            IF m.event_type IS NOT NULL THEN
+                -- A failure on an event whose row went (the projector met it in the journal):
+                -- the row comes back, for its holder alone, so that readers and operators see
+                -- it like any other.
+                INSERT INTO projection_apply_outbox (bucket, campaign_id, seq, event_type,
+                                                     next_attempt_at, enqueued_at, updated_at)
+                VALUES (p_bucket, m.campaign_id, m.seq, m.event_type, m.next, v_now, v_now)
+                ON CONFLICT (bucket, campaign_id, seq) DO NOTHING;
+            END IF;
+            INSERT INTO projection_holds AS h (bucket, campaign_id, projector, seq, status,
+                                               attempt_count, next_attempt_at, last_error,
+                                               created_at, updated_at)
+            VALUES (p_bucket, m.campaign_id, m.projector, m.seq, m.status, m.attempts, m.next,
+                    m.error, v_now, v_now)
+            ON CONFLICT (bucket, campaign_id, projector, seq) DO UPDATE
+            SET status = excluded.status, attempt_count = excluded.attempt_count,
+                next_attempt_at = excluded.next_attempt_at,
+                last_error = coalesce(excluded.last_error, h.last_error),
+                updated_at = excluded.updated_at;
+        END LOOP;
+    END IF;
+    IF jsonb_array_length(coalesce(p_batch -> 'released', '[]')) > 0 THEN
+        -- A row that stood for holds alone goes with the last of them: its other projectors
+        -- had applied it.
+        DELETE FROM projection_apply_outbox o
+        USING jsonb_to_recordset(p_batch -> 'released')
+            AS r(campaign_id text, projector text, seq bigint)
+        WHERE o.bucket = p_bucket AND o.campaign_id = r.campaign_id AND o.seq = r.seq
+          AND r.seq > 0 AND o.status <> 'processing'
+          AND NOT EXISTS (
+              SELECT 1 FROM projection_holds h
+              WHERE h.bucket = p_bucket AND h.campaign_id = o.campaign_id AND h.seq = o.seq
+          );
+    END IF;
+    IF jsonb_array_length(coalesce(p_batch -> 'touched', '[]')) > 0 THEN
+        PERFORM outbox_hold_rows(
+            p_bucket,
+            ARRAY(SELECT t.campaign_id FROM jsonb_to_recordset(p_batch -> 'touched')
+                      AS t(campaign_id text, seq bigint)),
+            ARRAY(SELECT t.seq FROM jsonb_to_recordset(p_batch -> 'touched')
+                      AS t(campaign_id text, seq bigint)),
+            v_now);
     END IF;
     IF jsonb_array_length(p_batch -> 'checkpoints') > 0 THEN
         -- Checkpoints the claim found (and locked) move in place; the array says which, by
@@ -130,11 +237,19 @@ BEGIN
         WHERE o.bucket = p_bucket AND o.campaign_id = f.campaign_id AND o.seq = f.seq
         RETURNING o.campaign_id, o.seq, o.next_attempt_at
     ), target AS (
-        SELECT t.campaign_id, t.head_seq, t.due_at, t.blocked,
+        SELECT t.campaign_id, t.head_seq, t.due, t.seen, t.blocked,
                t.gone AND t.campaign_id = ANY (held) AS gone
-        FROM jsonb_to_recordset(p_batch -> 'campaigns')
-            AS t(campaign_id text, head_seq bigint, due_at timestamptz, blocked boolean,
-                 gone boolean)
+        FROM jsonb_to_recordset(campaigns)
+            AS t(campaign_id text, head_seq bigint, due timestamptz, seen bigint,
+                 blocked boolean, gone boolean)
+    ), fresh AS (
+        -- Campaigns left waiting for holds that got a row the claim did not see, or whose
+        -- append head an append holds now.
+        SELECT t.campaign_id FROM target t
+        WHERE t.seen IS NOT NULL AND (NOT t.campaign_id = ANY (held) OR EXISTS (
+            SELECT 1 FROM projection_apply_outbox o
+            WHERE o.bucket = p_bucket AND o.campaign_id = t.campaign_id AND o.seq > t.seen
+        ))
     ), beyond AS (
         -- Campaigns the batch saw to their end that have rows past what it saw after all: an
         -- append committed before the heads were held (this statement's snapshot shows it).
@@ -152,11 +267,11 @@ BEGIN
         -- The batch holds these rows (its claim locked them): an update, no insert.
         UPDATE projection_apply_campaigns c
         SET head_seq = t.head_seq,
-            due_at = coalesce(f.next_attempt_at, t.due_at, v_now),
+            due_at = CASE WHEN t.campaign_id IN (SELECT x.campaign_id FROM fresh x) THEN v_now
+                          ELSE t.due END,
             blocked = t.blocked,
             updated_at = v_now
         FROM target t
-        LEFT JOIN failed f ON f.campaign_id = t.campaign_id AND f.seq = t.head_seq
         WHERE c.bucket = p_bucket AND c.campaign_id = t.campaign_id
           AND (NOT t.gone OR t.campaign_id IN (SELECT b.campaign_id FROM beyond b))
         RETURNING c.head_seq, c.due_at, c.blocked

@@ -21,6 +21,7 @@ from outbox.queue.settle import defer, settle
 from outbox.retry import FailurePolicy, log_failure
 from outbox.worker.lease import choose_leases
 from outbox.worker.strategy import Batch, Isolate
+from outbox.worker.tracks import Away, Tracks
 from outbox.worker.transient import raise_transient
 from outbox.worker.walk import campaign_writes, paused_waits, walk
 
@@ -43,7 +44,26 @@ class Apply:
         app, conn, bucket, now, after = batch.app, batch.conn, batch.bucket, batch.now, batch.after
         settings = app.settings
         leased_types = app.registry.leased_types()
-        paused = await app.pauses.types(conn, app.registry) if campaigns else frozenset()
+        stopping = await app.pauses.projectors(conn, app.registry) if campaigns else frozenset()
+        # A paused lease-mode projector stops its campaigns as before; any other holds only
+        # itself (S24): its share of the batch waits in holds, as does the share of a
+        # projector the database knows and this worker's code lacks (a rolling deploy).
+        registry = app.registry.projectors
+        paused = frozenset(
+            t for n in stopping if not (p := registry[n]).transactional for t in p.events
+        )
+        away = [
+            Away(n, registry[n].events, registry[n].ordered)
+            for n in stopping
+            if registry[n].transactional
+        ]
+        if campaigns:
+            away += [
+                Away(k.projector, frozenset(k.events), k.ordered)
+                for k in await app.absent.of(conn, app.registry)
+            ]
+        tracks = Tracks(app.registry, settings.poll_interval)
+        tracks.read(campaigns, stopping, away)
         work = walk(
             campaigns,
             limit=settings.batch_size,
@@ -51,7 +71,9 @@ class Apply:
             ordered=settings.ordered,
             stop_after=leased_types,
             paused=paused,
+            attached=tracks.attached,
         )
+        tracks.wait_for([r for r in work if r.event_type not in leased_types], away)
         counts = BatchCounts(claimed=len(work))
         waiting = paused_waits(campaigns, work, paused, ordered=settings.ordered)
         to_lease = [r for r in work if r.event_type in leased_types]
@@ -63,16 +85,20 @@ class Apply:
         dispatch = Dispatch(conn, app.registry, settings.unsubscribed, bucket)
         done: list[Key] = []
         failures: list[Failure] = []
+        if settings.ordered:  # the claim locked them
+            dispatch.use(
+                {(c.campaign_id, p): v for c in campaigns for p, v in c.checkpoints.items()}
+            )
         if work:
-            if settings.ordered:  # the claim locked them
-                dispatch.use(
-                    {(c.campaign_id, p): v for c in campaigns for p, v in c.checkpoints.items()}
-                )
-            else:
+            if not settings.ordered:
                 await dispatch.load(sorted({r.campaign_id for r in work}))
-            await _apply(batch, dispatch, work, done, failures, counts)
-            after.tally, after.durations = dispatch.tally, dispatch.durations
-            after.unsubscribed = dispatch.skipped_types
+            await _apply(batch, dispatch, work, done, failures, counts, tracks)
+        if tracks.tails:
+            await _catch_up(batch, dispatch, campaigns, set(done), counts, tracks)
+        after.tally, after.durations = dispatch.tally, dispatch.durations
+        after.unsubscribed = dispatch.skipped_types
+        tracks.applied(done)
+        done = [key for key in done if not tracks.holds_row(key)]
         if to_lease:
             await _lease(batch, to_lease, failures, counts)
         writes = (
@@ -83,6 +109,7 @@ class Apply:
                 failures,
                 park=settings.park,
                 leased={lease.key: lease.expires_at for lease in after.leases},
+                tracks=tracks,
             )
             if settings.ordered  # under ordering `none` the claim reads the work rows directly
             else []
@@ -94,9 +121,13 @@ class Apply:
             failures=failures,
             campaigns=writes,
             checkpoints=dispatch.moves(),
+            holds=list(tracks.placed.values()),
+            released=tracks.released,
+            projectors=[*registry, *(a.name for a in away)],
             now=now,
         )
         counts.more_due, after.ages = settled.due, settled.ages
+        counts.paused += tracks.waiting
         if any(waiting):  # due again in one poll interval: a resume is seen that soon
             held, rows = waiting
             await defer(
@@ -106,7 +137,7 @@ class Apply:
                 seconds=settings.poll_interval,
                 bucket=bucket,
             )
-            counts.paused = len(held) + len(rows)
+            counts.paused += len(held) + len(rows)
             counts.more_due = max(0, counts.more_due - len(held))
         return counts
 
@@ -118,10 +149,14 @@ async def _apply(
     done: list[Key],
     failures: list[Failure],
     counts: BatchCounts,
+    tracks: Tracks,
 ) -> None:
     """The walked rows as one group: when it fails, `Isolate`, or, careful, the group rolled
-    back to its savepoint and retried in pieces around the failing event."""
+    back to its savepoint and run again: without the projector that failed, which gets a hold
+    at the event (S24), or, when no projector is to blame, in pieces around the failing
+    event."""
     ordered = batch.app.settings.ordered
+    claimed = {r.key for r in work}
     pending: deque[list[ClaimedRow]] = deque([work])
     while pending:
         # Under campaign ordering, rows behind a row that failed in this batch wait.
@@ -137,11 +172,15 @@ async def _apply(
         if batch.careful:
             await dispatch.open_group()
         try:
-            outcomes = await dispatch.apply(event_batch(group))
+            outcomes = await dispatch.apply(event_batch(group), tracks.skips)
         except GroupFailed as failed:
             raise_transient(failed, closed=dispatch.conn.is_closed())
             if not batch.careful:
                 raise Isolate(failed.describe()) from failed.cause
+            if _hold(batch.policy, failed, tracks, counts, claimed):
+                await dispatch.undo_group()
+                pending.appendleft(group)
+                continue
             pieces = _split(batch.policy, group, failed, failures, counts)
             await dispatch.undo_group()
             pending.extendleft(reversed(pieces))
@@ -160,9 +199,84 @@ async def _apply(
             ]
         )
         applied = outcomes.count(ApplyOutcome.APPLIED)
+        held = outcomes.count(ApplyOutcome.HELD)
+        failing = (  # an event a projector failed on in this batch counts as its failure
+            sum(
+                1
+                for r, o in zip(group, outcomes, strict=True)
+                if o is ApplyOutcome.HELD and tracks.failed_on(r.key)
+            )
+            if held
+            else 0
+        )
+        held -= failing
         counts.applied += applied
-        counts.skipped += len(group) - applied - behind
+        counts.skipped += len(group) - applied - behind - held - failing
         counts.behind += behind
+        counts.held += held
+
+
+async def _catch_up(
+    batch: Batch,
+    dispatch: Dispatch,
+    campaigns: list[ClaimedCampaign],
+    done: set[Key],
+    counts: BatchCounts,
+    tracks: Tracks,
+) -> None:
+    """The ordered projectors whose holds this batch retried go on from their checkpoints
+    through the journal (`Dispatch.catch_up`), where the batch went through all of the
+    campaign's rows (else their holds stay due, and the next batch goes on); one that fails
+    gets its hold at the event, and the others go on without it."""
+    complete = {
+        c.campaign_id
+        for c in campaigns
+        if (c.last_seq is None or (c.rows and c.rows[-1].seq >= c.last_seq))
+        and all(r.key in done or tracks.attached.get(r.key) == frozenset() for r in c.rows)
+    }
+    while True:
+        tails = {
+            cid: set(names) for cid, names in tracks.tails.items() if names and cid in complete
+        }
+        if batch.careful:
+            await dispatch.open_group()
+        try:
+            reached, caught = await dispatch.catch_up(tails)
+        except GroupFailed as failed:
+            raise_transient(failed, closed=dispatch.conn.is_closed())
+            if not batch.careful:
+                raise Isolate(failed.describe()) from failed.cause
+            await dispatch.undo_group()
+            if not _hold(batch.policy, failed, tracks, counts, set()):
+                raise  # catch_up names the projector of every failure it raises
+            continue
+        counts.applied += caught  # events a held projector applied from the journal
+        break
+    for cid, names in tracks.tails.items():
+        for name in names if cid in complete else ():
+            tracks.caught_up(cid, name, done=(cid, name) in reached)
+
+
+def _hold(
+    policy: FailurePolicy,
+    failed: GroupFailed,
+    tracks: Tracks,
+    counts: BatchCounts,
+    claimed: set[Key],
+) -> bool:
+    """A projector of the registry failed on a known event: it gets a hold there (attempts,
+    backoff, dead after the last) and the group goes on without it. False: nobody to hold
+    (a guard, a gap, an unknown type): the row fails as a whole."""
+    name, event = failed.projector, failed.event
+    if name is None or event is None or name not in tracks.registry.projectors:
+        return False
+    cid, seq = event
+    failure = policy.fail(cid, seq, tracks.attempts(cid, name, seq), failed.cause, projector=name)
+    tracks.fail(failure, event_type=None if event in claimed else failed.event_type)
+    counts.dead += failure.dead
+    counts.failed += not failure.dead
+    log_failure(failure, failed.cause)
+    return True
 
 
 async def _lease(

@@ -122,6 +122,8 @@ class Worker:
             if bucket is not None:  # the next batch tries another bucket; a read brings it back
                 self.ring.drop(bucket)
             transient = transient_cause(exc)
+            if transient is not None and transient.sqlstate == db.PROJECTORS_CHANGED:
+                self.app.absent.expire()  # a rolling deploy recorded one: read them again
             if transient is None:
                 raise
             raise transient from exc

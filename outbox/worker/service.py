@@ -228,6 +228,8 @@ class Service:
         if counts.claimed and not (counts.failed or counts.leased):
             return poll
         due_in = await self._due_in(later=True)
+        if due_in is None and counts.failed:  # the retry it scheduled may be due already
+            due_in = await self._due_in()
         return poll if due_in is None else due_in
 
     async def listen(self) -> None:

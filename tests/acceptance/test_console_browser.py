@@ -131,10 +131,11 @@ async def test_an_incident_from_dead_rows_to_zero_in_the_browser(
             viewport={"width": 1280, "height": 800},
         )
         page = await context.new_page()
-        # 1. The overview, live: two orders go dead (attempts exhausted), one waits behind one.
+        # 1. The overview, live: two orders go dead (attempts exhausted), one waits behind one
+        # in the projector's hold: the projector is held, no campaign is blocked (S24).
         await page.goto(console_url)
         await expect(page.locator('[data-status="dead"]')).to_have_text("2", timeout=LIVE_WAIT_MS)
-        await expect(page.locator('[data-figure="blocked"]')).to_have_text("2")
+        await expect(page.locator('[data-figure="blocked"]')).to_have_text("0")
         await expect(page.locator("header .mode")).to_contain_text(f"actions enabled · {USER}")
         await page.screenshot(path=str(screenshots / "overview.png"), full_page=True)
         # 2. The failures page: one group, the projector and the error's shape.

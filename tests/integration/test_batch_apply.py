@@ -188,22 +188,26 @@ async def test_one_failing_event_in_100_records_one_attempt_and_the_rest_apply_i
             await record(tx, [event])
 
     # 10 campaigns x 10 events (in one bucket: one batch), one poison in the fourth: 99 good
-    # events. As its last event, all 99 apply; at seq 4, its seqs 5..10 must wait behind it
-    # (ordering): 93 apply now.
+    # events. As its last event, all 99 apply; at seq 4, its seqs 5..10 wait for `recorder`
+    # behind it (ordering): 93 apply now. `recorder` is held on that campaign (S24): its later
+    # rows go, what it owes is its hold and its checkpoint (the journal has the events).
     names = campaigns_in_one_bucket(10, "c")
     for c in range(10):
         events = [Event("e", {"poison": c == 3 and s == poison_seq}) for s in range(1, 11)]
         await append(pool, names[c], events, settings=settings)
     counts = await Worker(app, pool).run_once()
     assert (counts.claimed, counts.applied, counts.dead) == (100, applied_now, 1)
+    assert counts.held == 10 - poison_seq
     left = await pool.fetch(
         "SELECT campaign_id, seq, status, attempt_count FROM outbox.projection_apply_outbox "
         "ORDER BY campaign_id, seq"
     )
     assert [(r["campaign_id"], r["seq"], r["status"], r["attempt_count"]) for r in left] == [
-        (names[3], poison_seq, "dead", 1),
-        *[(names[3], s, "pending", 0) for s in range(poison_seq + 1, 11)],
+        (names[3], poison_seq, "dead", 1)
     ]
+    hold = await pool.fetchrow("SELECT projector, seq, status FROM outbox.projection_holds")
+    assert hold is not None
+    assert tuple(hold) == ("recorder", poison_seq, "dead")
     rows = await pool.fetch("SELECT campaign_id, seq FROM applied ORDER BY id")
     applied = [(r["campaign_id"], r["seq"]) for r in rows]
     assert len(applied) == len(set(applied)) == applied_now
@@ -269,18 +273,14 @@ async def test_a_statement_projector_pipelines_and_isolates_a_failing_event(
     for c in range(10):
         values = [0 if s == 2 else (5000 if (c, s) == (4, 7) else c + s) for s in range(1, 11)]
         await append(pool, names[c], [Event("add", {"n": v}) for v in values], settings=settings)
-        # The fifth stops at its failing seq 7 (ordering): 1..6 apply, 7 fails, 8..10 wait.
+        # The fifth stops at its failing seq 7 (ordering): 1..6 apply, 7 fails, 8..10 wait for
+        # `sums` in its hold (its only projector: their rows go, S24).
         expected[names[c]] = sum(values[:6] if c == 4 else values)
     counts = await Worker(app, pool).run_once()
-    assert (counts.claimed, counts.applied, counts.failed) == (100, 96, 1)
+    assert (counts.claimed, counts.applied, counts.failed, counts.held) == (100, 96, 1, 3)
     rows = await pool.fetch("SELECT campaign_id, n FROM sums")
     assert Counter({r["campaign_id"]: r["n"] for r in rows}) == expected
     left = await pool.fetch(
         "SELECT seq, status, attempt_count FROM outbox.projection_apply_outbox ORDER BY seq"
     )
-    assert [(r["seq"], r["status"], r["attempt_count"]) for r in left] == [
-        (7, "failed", 1),
-        (8, "pending", 0),
-        (9, "pending", 0),
-        (10, "pending", 0),
-    ]
+    assert [(r["seq"], r["status"], r["attempt_count"]) for r in left] == [(7, "failed", 1)]

@@ -118,7 +118,8 @@ async def _explained(
     conn: db.Connection, sql: str, *args: object
 ) -> tuple[list[db.Record], list[dict[str, Any]]]:
     """Run `sql` in a transaction rolled back after (a claim locks), returning its rows and the
-    plans of the statements it ran inside functions (its own plan when it ran none)."""
+    plans of the statements it ran inside functions, with its own plan unless it reads from a
+    function (whose statements are there: the scan's buffers would count them twice)."""
     statement = await conn.prepare(sql)  # the driver's own lookups happen here, unexplained
     logged: list[dict[str, Any]] = []
 
@@ -138,7 +139,13 @@ async def _explained(
         conn.remove_log_listener(collect)
     ran = [e for e in logged if e["Query Text"] != FLUSH]
     nested = [e["Plan"] for e in ran if e["Query Text"].strip() != sql.strip()]
-    return rows, nested or [e["Plan"] for e in ran]
+    own = [
+        e["Plan"]
+        for e in ran
+        if e["Query Text"].strip() == sql.strip()
+        and not any(n["Node Type"] == "Function Scan" for n in nodes(e["Plan"]))
+    ]
+    return rows, own + nested
 
 
 async def _settle_campaigns(conn: db.Connection) -> None:

@@ -1,5 +1,6 @@
 """Discarding a dead row: the work row goes with an audit entry, the event stays in the
-journal, ordered checkpoints move past it and the campaign's later rows apply (S9, S17)."""
+journal, ordered checkpoints move past it and the campaign's later events apply (S9, S17,
+S24)."""
 
 from __future__ import annotations
 
@@ -29,7 +30,8 @@ def poisoned_app(settings: Settings) -> Outbox:
 
 
 async def dead_in_the_middle(pool: db.Pool, dsn: str) -> Outbox:
-    """Campaign c: seq 1 applied, seq 2 dead (poison), seq 3 waiting behind it."""
+    """Campaign c: seq 1 applied, seq 2 dead (poison), seq 3 waiting behind it (in the
+    projector's dead hold on c: its row went, S24)."""
     await pool.execute(APPLIED)
     settings = Settings(dsn=dsn, max_attempts=1)
     steps = [Event("step", {}), Event("step", {"poison": True}), Event("step", {})]
@@ -77,12 +79,19 @@ async def test_a_discard_is_refused_without_changing_anything(pool: db.Pool, dsn
         await discard_one(pool, app.registry, "c", 2, reason="  ")
     with pytest.raises(NotFound):
         await discard_one(pool, app.registry, "c", 9, reason="r")
-    with pytest.raises(Conflict, match="is pending, not dead"):
+    with pytest.raises(NotFound):  # its share waits in the hold: no row
         await discard_one(pool, app.registry, "c", 3, reason="r")
+    await append(pool, "d", [Event("step", {})], settings=app.settings)
+    with pytest.raises(Conflict, match="is pending, not dead"):
+        await discard_one(pool, app.registry, "d", 1, reason="r")
+    with pytest.raises(Conflict, match="'other' holds nothing"):
+        await discard_one(pool, app.registry, "c", 2, reason="r", projector="other")
     # A checkpoint before the event's predecessor: the events before it are not applied.
     await pool.execute("UPDATE outbox.projection_checkpoints SET applied_seq = 0")
     with pytest.raises(Conflict, match="projector 'applied' is at seq 0"):
         await discard_one(pool, app.registry, "c", 2, reason="r")
-    rows = await pool.fetch("SELECT seq, status FROM outbox.projection_apply_outbox ORDER BY seq")
-    assert [tuple(r) for r in rows] == [(2, "dead"), (3, "pending")]
+    rows = await pool.fetch("SELECT campaign_id, seq, status FROM outbox.projection_apply_outbox")
+    assert sorted(tuple(r) for r in rows) == [("c", 2, "dead"), ("d", 1, "pending")]
+    holds = await pool.fetch("SELECT projector, seq, status FROM outbox.projection_holds")
+    assert [tuple(r) for r in holds] == [("applied", 2, "dead")]
     assert await pool.fetchval("SELECT count(*) FROM outbox.outbox_requeue_audit") == 0

@@ -1,6 +1,7 @@
-"""Paused projectors (maintenance projector-pause/-resume): their events wait, no attempt is
-consumed, under campaign ordering the campaign waits behind them, drains end instead of
-waiting for a resume, inline apply leaves them to the workers; a resume lets them apply.
+"""Paused projectors (maintenance projector-pause/-resume): a paused projector holds only
+itself (S24): its share waits in holds, no attempt is consumed, the campaign's other projectors
+go on, drains end instead of waiting for a resume, inline apply leaves its events to the
+workers; a resume lets it apply what it owes.
 
 "Time passing" is a due time moved back by the test, never a sleep; the pause cache re-reads
 at every batch (interval 0), as a worker does once per poll interval."""
@@ -67,7 +68,22 @@ async def outstanding(pool: db.Pool) -> list[tuple[str, int, str, int]]:
 ORDER = [Event("order.placed", {}), Event("order.shipped", {}), Event("order.placed", {})]
 
 
-async def test_a_paused_projector_holds_its_campaigns_and_a_resume_releases_them(
+async def holds(pool: db.Pool) -> list[tuple[str, str, int, str]]:
+    rows = await pool.fetch(
+        "SELECT campaign_id, projector, seq, status FROM outbox.projection_holds ORDER BY 1, 2"
+    )
+    return [tuple(r) for r in rows]
+
+
+async def come_due(pool: db.Pool) -> None:
+    """A poll interval passes: the campaigns and holds left for later are due."""
+    await pool.execute(
+        "UPDATE outbox.projection_apply_campaigns SET due_at = statement_timestamp()"
+    )
+    await pool.execute("UPDATE outbox.projection_holds SET next_attempt_at = statement_timestamp()")
+
+
+async def test_a_paused_projector_holds_only_itself_and_a_resume_catches_it_up(
     pool: db.Pool, dsn: str
 ) -> None:
     app = shop(dsn)
@@ -80,22 +96,21 @@ async def test_a_paused_projector_holds_its_campaigns_and_a_resume_releases_them
     assert (again.created, again.pause.reason) == (False, "smtp down")  # the first pause stands
     worker = Worker(app, pool)
     counts = await worker.run_once()
-    assert (counts.applied, counts.paused, counts.failed) == (3, 1, 0)
-    # `c` waits at its shipped event, no attempt consumed; what follows waits behind it (order).
-    assert await outstanding(pool) == [(c, 2, "pending", 0), (c, 3, "pending", 0)]
-    assert await tallies(pool) == {(c, "placed"): 1, (d, "placed"): 2}
+    # `totals` applied everything it takes, `c`'s third event too; `mailer`'s event waits in
+    # its hold on `c` (its row went: the journal has it), no attempt consumed.
+    assert (counts.applied, counts.held, counts.paused, counts.failed) == (4, 1, 1, 0)
+    assert await outstanding(pool) == []
+    assert await holds(pool) == [(c, "mailer", 0, "pending")]
+    assert await tallies(pool) == {(c, "placed"): 2, (d, "placed"): 2}
     assert await pool.fetchval(
         "SELECT due_at > clock_timestamp() FROM outbox.projection_apply_campaigns WHERE "
         "campaign_id = $1",
         c,
     )
-    assert (await worker.run_once()).claimed == 0  # deferred: not claimed again before its time
-    # A poll interval passes: still paused, it is deferred again, still no attempt.
-    await pool.execute(
-        "UPDATE outbox.projection_apply_campaigns SET due_at = statement_timestamp()"
-    )
+    assert (await worker.run_once()).claimed == 0  # not looked at again before its time
+    await come_due(pool)  # still paused: left again, still no attempt
     assert (await worker.run_once()).paused == 1
-    assert await outstanding(pool) == [(c, 2, "pending", 0), (c, 3, "pending", 0)]
+    assert await holds(pool) == [(c, "mailer", 0, "pending")]
     resumed = await resume_projector(pool, "mailer")
     assert (resumed.resumed, (await resume_projector(pool, "mailer")).resumed) == (True, False)
     listed = await list_paused(pool)
@@ -105,11 +120,9 @@ async def test_a_paused_projector_holds_its_campaigns_and_a_resume_releases_them
         ("resume", None),
         ("pause", "smtp down"),
     ]
-    await pool.execute(
-        "UPDATE outbox.projection_apply_campaigns SET due_at = statement_timestamp()"
-    )
-    assert (await worker.run_once()).applied == 2
-    assert await outstanding(pool) == []
+    await come_due(pool)
+    assert (await worker.run_once()).applied == 1  # from the journal
+    assert await holds(pool) == []
     assert await tallies(pool) == {(c, "placed"): 2, (c, "shipped"): 1, (d, "placed"): 2}
 
 
@@ -120,6 +133,7 @@ async def test_under_ordering_none_only_the_paused_rows_wait(pool: db.Pool, dsn:
     counts = await Worker(app, pool).run_once()
     assert (counts.applied, counts.paused) == (2, 1)
     assert await outstanding(pool) == [("c", 2, "pending", 0)]
+    assert await holds(pool) == [("c", "mailer", 2, "pending")]
     assert await pool.fetchval(
         "SELECT next_attempt_at > clock_timestamp() FROM outbox.projection_apply_outbox"
     )
@@ -130,7 +144,7 @@ async def test_a_drain_ends_instead_of_waiting_for_a_resume(pool: db.Pool, dsn: 
     await app.append(pool, "c", ORDER)
     await pause_projector(pool, "mailer")
     totals = await drain_now(app, pool)
-    assert (totals.applied, totals.paused) == (1, 1)
+    assert (totals.applied, totals.held, totals.paused) == (2, 1, 1)
 
 
 async def test_outbox_worker_drain_ends_while_a_projector_is_paused(
@@ -147,9 +161,13 @@ async def test_outbox_worker_drain_ends_while_a_projector_is_paused(
     )
     assert proc.returncode == 0, proc.stderr
     body = orjson.loads(proc.stdout)
-    assert (body["counts"]["applied"], body["counts"]["paused"]) == (0, 1)
-    assert body["left"]["pending"] == 2
-    assert await outstanding(pool) == [("x", 1, "pending", 0), ("x", 2, "pending", 0)]
+    counts = body["counts"]
+    # Left in `totals`'s hold, looked at once more a poll interval later (still paused): the
+    # drain then ends.
+    assert (counts["applied"], counts["held"], counts["paused"]) == (0, 2, 2)
+    assert body["left"]["pending"] == 0  # what `totals` owes is its hold on `x`
+    assert await outstanding(pool) == []
+    assert await holds(pool) == [("x", "totals", 0, "pending")]
 
 
 async def test_inline_apply_leaves_a_paused_projectors_events_to_the_workers(

@@ -70,15 +70,18 @@ async def test_a_failing_event_never_undoes_its_neighbours(
         settings=settings,
     )
     counts = await Worker(app, pool, now=Clock()).run_once()
-    assert (counts.applied, counts.failed) == (1, 1)
+    # `curse` failed on the cursed die and holds only itself (S24): the roll after it, which
+    # `curse` does not take, applied in the same batch.
+    assert (counts.applied, counts.failed) == (2, 1)
     rows = await statuses(pool)
-    assert rows == {(bad, 1): ("failed", 1), (bad, 2): ("pending", 0)}
+    assert rows == {(bad, 1): ("failed", 1)}
     error = await pool.fetchval(
         "SELECT last_error FROM outbox.projection_apply_outbox WHERE seq = 1"
     )
     assert error.startswith("projector 'curse': CursedDice: a 13-sided die")
     total = "SELECT total FROM demo_dice_totals WHERE campaign_id = $1"
     assert await pool.fetchval(total, good) == 3
+    assert await pool.fetchval(total, bad) == 4
 
 
 async def test_backoff_bounds_then_dead_at_exactly_max_attempts(
@@ -171,7 +174,9 @@ async def test_transient_error_consumes_no_attempt(pool: db.Pool, settings: Sett
     assert await pool.fetchval("SELECT array_agg(seq ORDER BY seq) FROM fragile_applied") == [1, 2]
 
 
-async def test_failed_head_blocks_its_campaign_only(pool: db.Pool, settings: Settings) -> None:
+async def test_a_dead_projector_holds_only_itself_on_its_campaign_only(
+    pool: db.Pool, settings: Settings
+) -> None:
     await install(pool)
     app = demo(settings)
     await append(
@@ -186,8 +191,13 @@ async def test_failed_head_blocks_its_campaign_only(pool: db.Pool, settings: Set
     for _ in range(10):
         await worker.run_once()
         clock.advance(400)
-    assert await statuses(pool) == {("blocked", 1): ("dead", 8), ("blocked", 2): ("pending", 0)}
-    assert await pool.fetchval("SELECT rolls FROM demo_dice_totals WHERE campaign_id='free'") == 3
+    # `curse` is dead on the cursed die; the roll after it reached the dice totals (S24).
+    assert await statuses(pool) == {("blocked", 1): ("dead", 8)}
+    rolls = "SELECT rolls FROM demo_dice_totals WHERE campaign_id = $1"
+    assert (await pool.fetchval(rolls, "free"), await pool.fetchval(rolls, "blocked")) == (3, 1)
+    hold = await pool.fetchrow("SELECT projector, seq, status FROM outbox.projection_holds")
+    assert hold is not None
+    assert tuple(hold) == ("curse", 1, "dead")
 
 
 async def test_park_lets_the_campaign_continue_and_keeps_the_dead_row(

@@ -1,0 +1,34 @@
+-- Holds (S24) as operators' tools read them.
+
+-- name: list_row_holds
+-- The holds of row ($1, $2) in bucket $3, by projector.
+SELECT h.projector, h.seq, h.status, h.attempt_count, h.next_attempt_at, h.last_error
+FROM @extschema@.projection_holds h
+WHERE h.bucket = $3::integer AND h.campaign_id = $1::text AND h.seq = $2::bigint
+ORDER BY h.projector
+
+-- name: count_holds
+-- Holds per projector (S24), campaign $1 (in bucket $2) or all: failed, dead and waiting
+-- (pending: paused, requeued, or catching up from the journal), the campaigns they hold, and
+-- since when the oldest has held.
+SELECT h.projector,
+       count(*) FILTER (WHERE h.status = 'failed') AS failed,
+       count(*) FILTER (WHERE h.status = 'dead') AS dead,
+       count(*) FILTER (WHERE h.status = 'pending') AS waiting,
+       count(DISTINCT h.campaign_id) AS campaigns,
+       min(h.created_at) AS since
+FROM @extschema@.projection_holds h
+WHERE $1::text IS NULL OR (h.bucket = $2::integer AND h.campaign_id = $1::text)
+GROUP BY h.projector
+ORDER BY h.projector
+
+-- name: refresh_held_rows
+-- Rows ($2, $3) of bucket $1 take their columns from their holds (outbox_hold_rows).
+SELECT @extschema@.outbox_hold_rows($1::integer, $2::text[], $3::bigint[], statement_timestamp())
+
+-- name: delete_projector_holds
+-- Every hold of projector $1 (a retirement: it owes nothing now), whatever its bucket; returns
+-- what each was on.
+DELETE FROM @extschema@.projection_holds
+WHERE projector = $1::text
+RETURNING campaign_id, projector, seq

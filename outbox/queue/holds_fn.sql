@@ -1,0 +1,63 @@
+-- The holds' server function (`holds.py`): a work row's columns worked out from its holds
+-- (S24), for every path that changes holds (the settle, requeues, discards).
+
+-- The rows (p_campaigns[i], p_seqs[i]) of bucket `p_bucket` that have holds take their
+-- columns from them: `failed` while a holder will try again, `pending` while they only wait
+-- (a requeue, a pause), `dead` once every holder is dead; attempts the most any holder made,
+-- the next attempt the earliest of the holders still trying, `last_error` the latest. Rows
+-- with no hold left are not touched. p_now: the instant written as updated_at.
+CREATE OR REPLACE FUNCTION outbox_hold_rows(
+    p_bucket integer,
+    p_campaigns text[],
+    p_seqs bigint[],
+    p_now timestamptz
+) RETURNS void
+LANGUAGE plpgsql VOLATILE
+SET search_path FROM CURRENT
+SET enable_seqscan = off
+AS $$
+BEGIN
+    UPDATE projection_apply_outbox o
+    SET status = s.status, attempt_count = s.attempts, next_attempt_at = s.next,
+        last_error = coalesce(s.error, o.last_error), updated_at = p_now
+    FROM (
+        SELECT h.campaign_id, h.seq,
+               CASE WHEN bool_and(h.status = 'dead') THEN 'dead'
+                    WHEN bool_or(h.status = 'failed') THEN 'failed'
+                    ELSE 'pending' END AS status,
+               max(h.attempt_count) AS attempts,
+               coalesce(min(h.next_attempt_at) FILTER (WHERE h.status <> 'dead'),
+                        max(h.next_attempt_at)) AS next,
+               (array_agg(h.last_error ORDER BY h.updated_at DESC)
+                   FILTER (WHERE h.last_error IS NOT NULL))[1] AS error
+        FROM projection_holds h
+        JOIN unnest(p_campaigns, p_seqs) AS t(campaign_id, seq)
+            ON h.campaign_id = t.campaign_id AND h.seq = t.seq
+        WHERE h.bucket = p_bucket
+        GROUP BY h.campaign_id, h.seq
+    ) s
+    WHERE o.bucket = p_bucket AND o.campaign_id = s.campaign_id AND o.seq = s.seq;
+END
+$$;
+
+-- The holds (as JSON, null for none) of campaign p_campaign in bucket p_bucket, as the claims
+-- return them: of its row p_seq, or (null) all of the campaign's; each due when it is not dead
+-- and its next attempt is at or before p_now. One index range of the primary key.
+CREATE OR REPLACE FUNCTION outbox_holds_of(
+    p_bucket integer,
+    p_campaign text,
+    p_seq bigint,
+    p_now timestamptz
+) RETURNS text
+LANGUAGE sql STABLE
+SET search_path FROM CURRENT
+AS $$
+    SELECT jsonb_agg(jsonb_build_object(
+               'projector', h.projector, 'seq', h.seq, 'status', h.status,
+               'attempts', h.attempt_count, 'next', h.next_attempt_at,
+               'due', h.status <> 'dead' AND h.next_attempt_at <= p_now)
+               ORDER BY h.projector, h.seq)::text
+    FROM projection_holds h
+    WHERE h.bucket = p_bucket AND h.campaign_id = p_campaign
+      AND (p_seq IS NULL OR h.seq = p_seq)
+$$;

@@ -1,0 +1,351 @@
+"""Each projector on its own track (S24): a failing, dead or paused projector holds only itself;
+the campaign's other projectors apply its events at once, and nothing is applied twice. Oracles:
+the sums each test's own generator appended, per projector (`sums`), never what a worker saw."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from datetime import UTC, datetime
+
+import pytest
+
+from helpers import Clock
+from outbox import Event, Settings, append, db
+from outbox.errors import Conflict, PermanentError, TransientBatchError
+from outbox.model import StoredEvent
+from outbox.ops.discard import discard_one
+from outbox.ops.report import audit
+from outbox.ops.requeue import requeue_dead, requeue_one
+from outbox.ops.retire import retire_projector
+from outbox.projection.app import Outbox
+from outbox.projection.known import record
+from outbox.projection.pauses import pause, resume
+from outbox.worker.batch import Worker
+
+SUMS = (
+    "CREATE TABLE sums (projector text, campaign_id text, n bigint, "
+    "PRIMARY KEY (projector, campaign_id))"
+)
+ADD = (
+    "INSERT INTO sums VALUES ($1, $2, $3) ON CONFLICT (projector, campaign_id) "
+    "DO UPDATE SET n = sums.n + excluded.n"
+)
+HOUR = 3600.0
+
+
+def catch_up(clock: Clock) -> None:
+    """The worker's clock moved to the real time, after appends made now (the backoffs of the
+    tests' settings are minutes: no hold comes due by it)."""
+    clock.at = max(clock.at, datetime.now(UTC))
+
+
+class Broken(Exception):
+    pass
+
+
+class Poisoned(PermanentError):
+    pass
+
+
+def tracked_app(
+    settings: Settings,
+    failing: dict[str, set[tuple[str, int] | str]],
+    *,
+    ordered: Sequence[str] = ("roster", "stats"),
+    unordered: Sequence[str] = (),
+    unguarded: Sequence[str] = (),
+    poisoned: Sequence[str] = (),
+) -> Outbox:
+    """Per-event projectors adding each event's `n` into `sums` under their names: `ordered`
+    ones (a checkpoint), `unordered` ones (idempotent: a marker), `unguarded` ones (neither).
+    A projector named in `failing` raises on the campaigns (or (campaign, seq) events) listed
+    there, for as long as they are listed; a `poisoned` one raises a PermanentError (dead at
+    once)."""
+    app = Outbox(settings)
+
+    def register(name: str, *, ordered: bool, idempotent: bool = False) -> None:
+        async def add(tx: db.Connection, event: StoredEvent, name: str = name) -> None:
+            broken = failing.get(name, set())
+            if event.campaign_id in broken or (event.campaign_id, event.seq) in broken:
+                why = f"{name} cannot take {event.campaign_id} seq {event.seq}"
+                raise Poisoned(why) if name in poisoned else Broken(why)
+            await tx.execute(ADD, name, event.campaign_id, event.payload["n"])
+
+        app.projector(name, events=["add"], ordered=ordered, idempotent=idempotent)(add)
+
+    for name in ordered:
+        register(name, ordered=True)
+    for name in unordered:
+        register(name, ordered=False, idempotent=True)
+    for name in unguarded:
+        register(name, ordered=False)
+    return app
+
+
+async def sums(pool: db.Pool, projector: str) -> Counter[str]:
+    rows = await pool.fetch("SELECT campaign_id, n FROM sums WHERE projector = $1", projector)
+    return Counter({r["campaign_id"]: r["n"] for r in rows if r["n"]})
+
+
+async def add_events(
+    pool: db.Pool, settings: Settings, expected: Counter[str], campaign: str, values: list[int]
+) -> None:
+    await append(pool, campaign, [Event("add", {"n": v}) for v in values], settings=settings)
+    expected[campaign] += sum(values)
+
+
+async def holds(pool: db.Pool) -> list[tuple[str, str, int, str]]:
+    rows = await pool.fetch(
+        "SELECT campaign_id, projector, seq, status FROM outbox.projection_holds "
+        "ORDER BY campaign_id, projector, seq"
+    )
+    return [(r["campaign_id"], r["projector"], r["seq"], r["status"]) for r in rows]
+
+
+async def work_rows(pool: db.Pool) -> list[tuple[str, int, str]]:
+    rows = await pool.fetch(
+        "SELECT campaign_id, seq, status FROM outbox.projection_apply_outbox "
+        "ORDER BY campaign_id, seq"
+    )
+    return [(r["campaign_id"], r["seq"], r["status"]) for r in rows]
+
+
+def without(expected: Counter[str], *campaigns: str) -> Counter[str]:
+    return Counter({c: n for c, n in expected.items() if c not in campaigns})
+
+
+@pytest.fixture(autouse=True)
+async def sums_table(pool: db.Pool) -> None:
+    await pool.execute(SUMS)
+
+
+CAMPAIGNS = [f"t-{i:02d}" for i in range(12)]
+
+
+async def test_a_failing_ordered_projector_holds_only_itself_on_its_campaigns(
+    pool: db.Pool, dsn: str
+) -> None:
+    settings = Settings(dsn=dsn, backoff_base=120.0, backoff_cap=600.0)
+    failing: dict[str, set[tuple[str, int] | str]] = {"stats": {"t-03", "t-07"}}
+    app = tracked_app(settings, failing, unordered=["audit"])
+    expected: Counter[str] = Counter()
+    for i, cid in enumerate(CAMPAIGNS):
+        await add_events(pool, settings, expected, cid, [i + 1, 2, 3])
+    clock = Clock()
+    counts = await Worker(app, pool, now=clock).drain()
+    assert (counts.failed, counts.dead) == (2, 0)  # one attempt each, charged to `stats` alone
+    assert await sums(pool, "roster") == expected
+    assert await sums(pool, "audit") == expected
+    assert await sums(pool, "stats") == without(expected, "t-03", "t-07")
+    assert await holds(pool) == [
+        ("t-03", "stats", 1, "failed"),
+        ("t-07", "stats", 1, "failed"),
+    ]
+    # The seed's columns: the row `stats` failed on stays, failed; the rows after it went.
+    assert await work_rows(pool) == [("t-03", 1, "failed"), ("t-07", 1, "failed")]
+
+    # New events on the held campaigns apply to the others at once: no backoff waited out.
+    for cid in ("t-03", "t-07"):
+        await add_events(pool, settings, expected, cid, [100])
+    catch_up(clock)
+    counts = await Worker(app, pool, now=clock).drain()
+    assert (counts.applied, counts.failed) == (2, 0)
+    assert await sums(pool, "roster") == expected
+    assert await sums(pool, "audit") == expected
+
+    # Fixed, and its backoff over: `stats` goes on from its checkpoint through the journal.
+    failing["stats"].clear()
+    clock.advance(HOUR)
+    counts = await Worker(app, pool, now=clock).drain()
+    assert (counts.failed, counts.dead) == (0, 0)
+    assert await sums(pool, "stats") == expected  # every event once, none twice
+    assert await sums(pool, "roster") == expected
+    assert await holds(pool) == []
+    assert await work_rows(pool) == []
+
+
+async def test_an_unordered_projector_failing_holds_that_event_alone(
+    pool: db.Pool, dsn: str
+) -> None:
+    settings = Settings(dsn=dsn, backoff_base=120.0, backoff_cap=600.0)
+    failing: dict[str, set[tuple[str, int] | str]] = {"audit": {("t-01", 2)}}
+    app = tracked_app(
+        settings, failing, ordered=["roster"], unordered=["audit"], unguarded=["tally"]
+    )
+    expected: Counter[str] = Counter()
+    for cid in CAMPAIGNS[:3]:
+        await add_events(pool, settings, expected, cid, [1, 10, 100])
+    clock = Clock()
+    await Worker(app, pool, now=clock).drain()
+    assert await sums(pool, "roster") == expected
+    assert await sums(pool, "tally") == expected
+    # `audit` missed only the event it failed on: the campaign's later events reached it.
+    assert await sums(pool, "audit") == expected - Counter({"t-01": 10})
+    assert await holds(pool) == [("t-01", "audit", 2, "failed")]
+    assert await work_rows(pool) == [("t-01", 2, "failed")]
+    failing["audit"].clear()
+    clock.advance(HOUR)
+    await Worker(app, pool, now=clock).drain()
+    assert await sums(pool, "audit") == expected
+    # The retry ran the row for its holder alone: the projector without a guard, which had
+    # applied it, did not run it again.
+    assert await sums(pool, "tally") == expected
+    assert await sums(pool, "roster") == expected
+    assert await holds(pool) == []
+    assert await work_rows(pool) == []
+
+
+async def test_a_dead_projector_stops_on_its_campaign_and_new_events_reach_the_others(
+    pool: db.Pool, dsn: str
+) -> None:
+    settings = Settings(dsn=dsn, backoff_base=120.0, backoff_cap=600.0)
+    failing: dict[str, set[tuple[str, int] | str]] = {"stats": {"t-00"}}
+    app = tracked_app(settings, failing)
+    expected: Counter[str] = Counter()
+    await add_events(pool, settings, expected, "t-00", [1, 2])
+    clock = Clock()
+    worker = Worker(app, pool, now=clock)
+    for _ in range(settings.max_attempts):
+        await worker.drain()
+        clock.advance(HOUR)
+    assert await holds(pool) == [("t-00", "stats", 1, "dead")]
+    assert await work_rows(pool) == [("t-00", 1, "dead")]
+    attempts = await pool.fetchval("SELECT attempt_count FROM outbox.projection_holds")
+    assert attempts == settings.max_attempts
+    # The campaign waits for nothing now; an append makes it due, and `roster` applies it.
+    await add_events(pool, settings, expected, "t-00", [50])
+    catch_up(clock)
+    counts = await worker.drain()
+    assert (counts.applied, counts.failed, counts.dead) == (1, 0, 0)
+    assert await sums(pool, "roster") == expected
+    assert await sums(pool, "stats") == Counter()
+
+
+async def test_a_paused_projector_holds_only_itself_and_catches_up_on_resume(
+    pool: db.Pool, dsn: str
+) -> None:
+    settings = Settings(dsn=dsn, backoff_base=120.0, backoff_cap=600.0)
+    app = tracked_app(settings, {}, unordered=["audit"])
+    await pause(pool, "stats", actor="test", reason="a fix is on its way")
+    await pause(pool, "audit", actor="test", reason="a fix is on its way")
+    expected: Counter[str] = Counter()
+    for i, cid in enumerate(CAMPAIGNS[:4]):
+        await add_events(pool, settings, expected, cid, [i + 1, 5])
+    clock = Clock()
+    counts = await Worker(app, pool, now=clock).drain()
+    assert counts.failed == 0
+    assert await sums(pool, "roster") == expected
+    assert await sums(pool, "stats") == Counter()
+    assert await sums(pool, "audit") == Counter()
+    await resume(pool, "stats", actor="test")
+    await resume(pool, "audit", actor="test")
+    clock.advance(HOUR)
+    fresh = tracked_app(settings, {}, unordered=["audit"])  # reads the pauses afresh
+    counts = await Worker(fresh, pool, now=clock).drain()
+    assert counts.failed == 0
+    assert await sums(pool, "stats") == expected
+    assert await sums(pool, "audit") == expected
+    assert await sums(pool, "roster") == expected
+    assert await holds(pool) == []
+    assert await work_rows(pool) == []
+
+
+async def test_requeue_and_discard_act_on_one_projectors_hold(pool: db.Pool, dsn: str) -> None:
+    settings = Settings(dsn=dsn, backoff_base=120.0, backoff_cap=600.0)
+    failing: dict[str, set[tuple[str, int] | str]] = {"stats": {"t-00"}, "audit": {("t-01", 1)}}
+    app = tracked_app(settings, failing, unordered=["audit"], poisoned=["stats", "audit"])
+    expected: Counter[str] = Counter()
+    for cid in CAMPAIGNS[:3]:
+        await add_events(pool, settings, expected, cid, [1, 10])
+    clock = Clock()
+    counts = await Worker(app, pool, now=clock).drain()
+    assert (counts.failed, counts.dead) == (0, 2)
+    assert await holds(pool) == [("t-00", "stats", 1, "dead"), ("t-01", "audit", 1, "dead")]
+    assert await work_rows(pool) == [("t-00", 1, "dead"), ("t-01", 1, "dead")]
+    with pytest.raises(Conflict, match="'audit' is not dead on row 't-00' seq 1"):
+        await requeue_one(pool, "t-00", 1, projector="audit")
+    preview = await requeue_dead(pool, limit=10, projector="stats", dry_run=True)
+    assert [(r.campaign_id, r.seq) for r in preview.rows] == [("t-00", 1)]
+
+    # `stats` fixed and requeued: it goes on from its checkpoint through the journal.
+    failing["stats"].clear()
+    await requeue_one(pool, "t-00", 1, projector="stats", reason="fixed in 1.4.2")
+    catch_up(clock)
+    await Worker(app, pool, now=clock).drain()
+    assert await sums(pool, "stats") == expected
+    assert await holds(pool) == [("t-01", "audit", 1, "dead")]
+
+    # `audit` will never take t-01's first event: discarded for it alone.
+    with pytest.raises(Conflict, match="'stats' holds nothing"):
+        await discard_one(pool, app.registry, "t-01", 1, reason="bad", projector="stats")
+    await discard_one(pool, app.registry, "t-01", 1, reason="bad data", projector="audit")
+    assert await holds(pool) == []
+    assert await work_rows(pool) == []
+    assert await sums(pool, "audit") == expected - Counter({"t-01": 1})
+    assert await sums(pool, "roster") == expected
+    entries = (await audit(pool, limit=10)).entries
+    assert [(e.action, e.campaign_id, e.projector) for e in entries] == [
+        ("discard", "t-01", "audit"),
+        ("requeue", "t-00", "stats"),
+    ]
+
+
+async def test_a_rolling_deploy_never_completes_a_new_projectors_share_on_the_old_workers(
+    pool: db.Pool, dsn: str
+) -> None:
+    settings = Settings(dsn=dsn)
+    old = tracked_app(settings, {}, ordered=["roster"], unordered=[])
+    new = tracked_app(settings, {}, ordered=["roster", "stats"], unordered=["audit"])
+    expected: Counter[str] = Counter()
+    for cid in CAMPAIGNS[:4]:
+        await add_events(pool, settings, expected, cid, [1, 2])
+    await Worker(old, pool).drain()  # before the deploy
+    # The first new worker starts (it records its projectors); old ones still run.
+    await record(pool, new.registry, "new-worker")
+    for cid in CAMPAIGNS[:4]:
+        await add_events(pool, settings, expected, cid, [30])
+    # An old worker that read the record before it changed keeps nothing of its batch (the
+    # settle refuses it, as a transient failure: no attempt), reads the record again, and
+    # leaves the new projectors' share in holds.
+    worker = Worker(old, pool)
+    with pytest.raises(TransientBatchError, match="projector audit, stats is recorded"):
+        await worker.drain()
+    assert await sums(pool, "roster") == expected - Counter({c: 30 for c in CAMPAIGNS[:4]})
+    counts = await worker.drain()
+    assert (counts.held, counts.applied) == (0, 4)  # `roster` applied them
+    assert await sums(pool, "roster") == expected
+    assert await sums(pool, "stats") == Counter()
+    # What `stats` and `audit` owe waits for a worker that runs them.
+    assert {(c, p, s) for c, p, s, _ in await holds(pool)} == {
+        *((cid, "stats", 0) for cid in CAMPAIGNS[:4]),
+        *((cid, "audit", 3) for cid in CAMPAIGNS[:4]),
+    }
+    clock = Clock()
+    clock.advance(HOUR)  # past the poll interval the old workers left the holds for
+    await Worker(new, pool, now=clock).drain()
+    assert await sums(pool, "stats") == expected  # its history too, from the journal
+    # `audit` (unordered, no history catch-up: S24) got the events the old workers left it.
+    assert await sums(pool, "audit") == Counter({cid: 30 for cid in CAMPAIGNS[:4]})
+    assert await sums(pool, "roster") == expected
+    assert await holds(pool) == []
+    assert await work_rows(pool) == []
+
+
+async def test_a_retired_projector_owes_nothing_its_holds_and_their_rows_go(
+    pool: db.Pool, dsn: str
+) -> None:
+    settings = Settings(dsn=dsn)
+    failing: dict[str, set[tuple[str, int] | str]] = {"stats": {"t-00"}, "audit": {("t-00", 1)}}
+    app = tracked_app(settings, failing, unordered=["audit"], poisoned=["stats", "audit"])
+    await record(pool, app.registry, "worker")
+    await add_events(pool, settings, Counter(), "t-00", [1, 2])
+    await Worker(app, pool).drain()
+    assert await holds(pool) == [("t-00", "audit", 1, "dead"), ("t-00", "stats", 1, "dead")]
+    await retire_projector(pool, "stats", reason="replaced by stats-v2")
+    # The row stays for `audit`, which still owes it; `stats` owes nothing now.
+    assert await holds(pool) == [("t-00", "audit", 1, "dead")]
+    assert await work_rows(pool) == [("t-00", 1, "dead")]
+    await retire_projector(pool, "audit", reason="no longer needed")
+    assert await holds(pool) == []
+    assert await work_rows(pool) == []
