@@ -196,8 +196,16 @@ BEGIN
         WHERE c.campaign_id = p.campaign_id
     ) k
     CROSS JOIN LATERAL (
-        -- The campaign's holds (S24), usually none: one probe of an empty index range.
-        SELECT outbox_holds_of(p_bucket, p.campaign_id, NULL, v_now) AS holds
+        -- The campaign's holds (S24), usually none: one probe of an empty index range. (No
+        -- function call here: Citus runs this statement on the shard, where a function that
+        -- reads a distributed table may not run.)
+        SELECT jsonb_agg(jsonb_build_object(
+                   'projector', h.projector, 'seq', h.seq, 'status', h.status,
+                   'attempts', h.attempt_count, 'next', h.next_attempt_at,
+                   'due', h.status <> 'dead' AND h.next_attempt_at <= v_now)
+                   ORDER BY h.projector, h.seq)::text AS holds
+        FROM projection_holds h
+        WHERE h.bucket = p_bucket AND h.campaign_id = p.campaign_id
     ) hd
     LEFT JOIN LATERAL (
         SELECT x.seq, x.status, x.attempt_count, x.next_attempt_at, x.lease_owner,
@@ -301,20 +309,6 @@ BEGIN
     ) s
     WHERE o.bucket = p_bucket AND o.campaign_id = s.campaign_id AND o.seq = s.seq;
 END
-$$;
-
-CREATE FUNCTION outbox.outbox_holds_of(p_bucket integer, p_campaign text, p_seq bigint, p_now timestamp with time zone) RETURNS text
-    LANGUAGE sql STABLE
-    SET search_path TO 'outbox', 'pg_temp'
-    AS $$
-    SELECT jsonb_agg(jsonb_build_object(
-               'projector', h.projector, 'seq', h.seq, 'status', h.status,
-               'attempts', h.attempt_count, 'next', h.next_attempt_at,
-               'due', h.status <> 'dead' AND h.next_attempt_at <= p_now)
-               ORDER BY h.projector, h.seq)::text
-    FROM projection_holds h
-    WHERE h.bucket = p_bucket AND h.campaign_id = p_campaign
-      AND (p_seq IS NULL OR h.seq = p_seq)
 $$;
 
 CREATE FUNCTION outbox.outbox_lock_heads(p_bucket integer, p_campaigns text[]) RETURNS TABLE(campaign_id text)

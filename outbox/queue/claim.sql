@@ -40,10 +40,15 @@ SELECT o.campaign_id, true AS due, NULL::bigint AS first_seq, NULL::bigint AS la
        -- include: claimed_row
 FROM o
 CROSS JOIN LATERAL (
-    -- The row's holds (S24), usually none.
-    SELECT @extschema@.outbox_holds_of(
-        $3::integer, o.campaign_id, o.seq, coalesce($2::timestamptz, statement_timestamp())
-    ) AS holds
+    -- The row's holds (S24), usually none, in the shape `outbox_claim` gives a campaign's.
+    SELECT jsonb_agg(jsonb_build_object(
+               'projector', h.projector, 'seq', h.seq, 'status', h.status,
+               'attempts', h.attempt_count, 'next', h.next_attempt_at,
+               'due', h.status <> 'dead'
+                      AND h.next_attempt_at <= coalesce($2::timestamptz, statement_timestamp()))
+               ORDER BY h.projector)::text AS holds
+    FROM @extschema@.projection_holds h
+    WHERE h.bucket = $3::integer AND h.campaign_id = o.campaign_id AND h.seq = o.seq
 ) hd
 LEFT JOIN LATERAL (
     -- One index probe per claimed row. OFFSET 0 keeps this a probe: a generic plan guesses

@@ -1,6 +1,5 @@
 -- The claim's server functions (`claim.py`): the ordered claim in one call, and the append
 -- heads' lock that the claim's callers and the settle share.
--- requires: queue/holds_fn.sql
 --
 -- Each function runs two statements where the protocol needs two snapshots: PostgreSQL gives
 -- every statement of a VOLATILE function its own snapshot (READ COMMITTED), so the statement
@@ -141,8 +140,16 @@ BEGIN
         WHERE c.campaign_id = p.campaign_id
     ) k
     CROSS JOIN LATERAL (
-        -- The campaign's holds (S24), usually none: one probe of an empty index range.
-        SELECT outbox_holds_of(p_bucket, p.campaign_id, NULL, v_now) AS holds
+        -- The campaign's holds (S24), usually none: one probe of an empty index range. (No
+        -- function call here: Citus runs this statement on the shard, where a function that
+        -- reads a distributed table may not run.)
+        SELECT jsonb_agg(jsonb_build_object(
+                   'projector', h.projector, 'seq', h.seq, 'status', h.status,
+                   'attempts', h.attempt_count, 'next', h.next_attempt_at,
+                   'due', h.status <> 'dead' AND h.next_attempt_at <= v_now)
+                   ORDER BY h.projector, h.seq)::text AS holds
+        FROM projection_holds h
+        WHERE h.bucket = p_bucket AND h.campaign_id = p.campaign_id
     ) hd
     LEFT JOIN LATERAL (
         SELECT x.seq, x.status, x.attempt_count, x.next_attempt_at, x.lease_owner,

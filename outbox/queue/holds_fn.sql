@@ -39,25 +39,3 @@ BEGIN
     WHERE o.bucket = p_bucket AND o.campaign_id = s.campaign_id AND o.seq = s.seq;
 END
 $$;
-
--- The holds (as JSON, null for none) of campaign p_campaign in bucket p_bucket, as the claims
--- return them: of its row p_seq, or (null) all of the campaign's; each due when it is not dead
--- and its next attempt is at or before p_now. One index range of the primary key.
-CREATE OR REPLACE FUNCTION outbox_holds_of(
-    p_bucket integer,
-    p_campaign text,
-    p_seq bigint,
-    p_now timestamptz
-) RETURNS text
-LANGUAGE sql STABLE
-SET search_path FROM CURRENT
-AS $$
-    SELECT jsonb_agg(jsonb_build_object(
-               'projector', h.projector, 'seq', h.seq, 'status', h.status,
-               'attempts', h.attempt_count, 'next', h.next_attempt_at,
-               'due', h.status <> 'dead' AND h.next_attempt_at <= p_now)
-               ORDER BY h.projector, h.seq)::text
-    FROM projection_holds h
-    WHERE h.bucket = p_bucket AND h.campaign_id = p_campaign
-      AND (p_seq IS NULL OR h.seq = p_seq)
-$$;
