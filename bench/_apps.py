@@ -61,7 +61,7 @@ def __getattr__(name: str) -> Outbox:
     if name == "visible":
         return visible_app()
     if name == "isolated":
-        return isolated()
+        return isolated_app()
     raise AttributeError(name)
 
 
@@ -107,7 +107,7 @@ ON CONFLICT (projector, campaign_id) DO UPDATE SET n = t.n + excluded.n
 """
 
 
-def isolated(settings: Settings | None = None) -> Outbox:
+def isolated_app(settings: Settings | None = None) -> Outbox:
     """`visible` (one row per event: its commit says when it became visible), eight more
     healthy batch projectors counting events per campaign, and `flaky`."""
     app = visible_app(settings)

@@ -10,7 +10,10 @@
 -- empty) scanned the work rows, the journal and the checkpoints once per claimed campaign after
 -- a backlog grew. So the claim runs with enable_seqscan off (it holds only while it runs):
 -- every table it touches is read by campaign, through its primary key or the claim index, and
--- on a small table a probe costs no more than the scan. The checkpoint lock is a probe per
+-- on a small table a probe costs no more than the scan. And with jit off: a statement left
+-- with a sequential scan (a small table no index serves) costs 1e10 to the planner then, far
+-- past the JIT thresholds, and compiling it took 100 ms a call (the settle's check of the
+-- recorded projectors did, in the first version of the holds). The checkpoint lock is a probe per
 -- campaign (a LATERAL subquery on the primary key).
 
 -- The append heads of `p_campaigns` (all in bucket `p_bucket`) held (FOR SHARE) until the
@@ -89,6 +92,7 @@ RETURNS TABLE (
 LANGUAGE plpgsql VOLATILE
 SET search_path FROM CURRENT
 SET enable_seqscan = off
+SET jit = off
 AS $$
 #variable_conflict use_column
 DECLARE

@@ -15,6 +15,7 @@ CREATE OR REPLACE FUNCTION outbox_hold_rows(
 LANGUAGE plpgsql VOLATILE
 SET search_path FROM CURRENT
 SET enable_seqscan = off
+SET jit = off
 AS $$
 BEGIN
     UPDATE projection_apply_outbox o

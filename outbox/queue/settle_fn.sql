@@ -77,6 +77,7 @@ CREATE OR REPLACE FUNCTION outbox_settle(
 LANGUAGE plpgsql VOLATILE
 SET search_path FROM CURRENT
 SET enable_seqscan = off
+SET jit = off
 AS $$
 #variable_conflict use_column
 DECLARE

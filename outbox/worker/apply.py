@@ -73,7 +73,8 @@ class Apply:
             paused=paused,
             attached=tracks.attached,
         )
-        tracks.wait_for([r for r in work if r.event_type not in leased_types], away)
+        if away:
+            tracks.wait_for([r for r in work if r.event_type not in leased_types], away)
         counts = BatchCounts(claimed=len(work))
         waiting = paused_waits(campaigns, work, paused, ordered=settings.ordered)
         to_lease = [r for r in work if r.event_type in leased_types]
@@ -97,8 +98,9 @@ class Apply:
             await _catch_up(batch, dispatch, campaigns, set(done), counts, tracks)
         after.tally, after.durations = dispatch.tally, dispatch.durations
         after.unsubscribed = dispatch.skipped_types
-        tracks.applied(done)
-        done = [key for key in done if not tracks.holds_row(key)]
+        if not tracks.quiet:
+            tracks.applied(done)
+            done = [key for key in done if not tracks.holds_row(key)]
         if to_lease:
             await _lease(batch, to_lease, failures, counts)
         writes = (
@@ -154,36 +156,49 @@ async def _apply(
     """The walked rows as one group: when it fails, `Isolate`, or, careful, the group rolled
     back to its savepoint and run again: without the projector that failed, which gets a hold
     at the event (S24), or, when no projector is to blame, in pieces around the failing
-    event."""
+    event. The campaigns whose holds this batch retries (likely to fail again) run in a group
+    of their own with a savepoint from the first pass, so a retry that fails again costs the
+    batch no second pass."""
     ordered = batch.app.settings.ordered
     claimed = {r.key for r in work}
-    pending: deque[list[ClaimedRow]] = deque([work])
+    retried = tracks.retried_campaigns() if not batch.careful else set()
+    pending: deque[tuple[list[ClaimedRow], bool]] = deque(
+        [
+            ([r for r in work if r.campaign_id not in retried], False),
+            ([r for r in work if r.campaign_id in retried], True),
+        ]
+        if retried
+        else [(work, batch.careful)]
+    )
     while pending:
         # Under campaign ordering, rows behind a row that failed in this batch wait.
         failed_at = {f.campaign_id: f.seq for f in failures} if ordered else {}
-        group = [r for r in pending.popleft() if r.seq <= failed_at.get(r.campaign_id, r.seq)]
+        rows, careful = pending.popleft()
+        group = [r for r in rows if r.seq <= failed_at.get(r.campaign_id, r.seq)]
         if not group:
             continue
         bad = next((i for i, r in enumerate(group) if r.event_type is None), None)
         if bad is not None:  # a missing or undecodable event fails its row alone (S8)
             failures.append(_failed(batch.policy, group[bad], group[bad].unavailable, counts))
-            pending.extendleft([group[bad + 1 :], group[:bad]])
+            pending.extendleft([(group[bad + 1 :], careful), (group[:bad], careful)])
             continue
-        if batch.careful:
+        if careful:
             await dispatch.open_group()
         try:
             outcomes = await dispatch.apply(event_batch(group), tracks.skips)
         except GroupFailed as failed:
             raise_transient(failed, closed=dispatch.conn.is_closed())
-            if not batch.careful:
+            if not careful:
                 raise Isolate(failed.describe()) from failed.cause
             if _hold(batch.policy, failed, tracks, counts, claimed):
                 await dispatch.undo_group()
-                pending.appendleft(group)
+                pending.appendleft((group, careful))
                 continue
+            if not batch.careful:  # no projector to hold: the batch runs again, careful
+                raise Isolate(failed.describe()) from failed.cause
             pieces = _split(batch.policy, group, failed, failures, counts)
             await dispatch.undo_group()
-            pending.extendleft(reversed(pieces))
+            pending.extendleft((piece, careful) for piece in reversed(pieces))
             continue
         # A campaign an ordered projector is still catching up from the journal comes back
         # BEHIND: its rows stay due, charged nothing, and the next batch goes on from the
@@ -238,14 +253,11 @@ async def _catch_up(
         tails = {
             cid: set(names) for cid, names in tracks.tails.items() if names and cid in complete
         }
-        if batch.careful:
-            await dispatch.open_group()
+        await dispatch.open_group()  # a savepoint whatever the pass: a retry may fail again
         try:
             reached, caught = await dispatch.catch_up(tails)
         except GroupFailed as failed:
             raise_transient(failed, closed=dispatch.conn.is_closed())
-            if not batch.careful:
-                raise Isolate(failed.describe()) from failed.cause
             await dispatch.undo_group()
             if not _hold(batch.policy, failed, tracks, counts, set()):
                 raise  # catch_up names the projector of every failure it raises

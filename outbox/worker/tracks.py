@@ -158,6 +158,8 @@ class Tracks:
 
     def applied(self, keys: Collection[Key]) -> None:
         """The retried holds of unordered projectors on these rows went through."""
+        if not self.attached:
+            return
         for cid, seq in keys:
             for name in self.attached.get((cid, seq), ()):
                 key = (cid, name, seq)
@@ -167,6 +169,8 @@ class Tracks:
 
     def holds_row(self, key: Key) -> bool:
         """Whether a hold stands for row `key` after the batch (the row stays)."""
+        if self.quiet:
+            return False
         cid, seq = key
         if any(k[0] == cid and k[2] == seq and w.row for k, w in self.placed.items()):
             return True
@@ -174,6 +178,15 @@ class Tracks:
             k[0] == cid and k[2] == seq and k not in self.released and k not in self.placed
             for k in self.found
         )
+
+    def retried_campaigns(self) -> set[str]:
+        """The campaigns whose holds this batch retries (due, their projector here)."""
+        return set(self.tails) | {cid for (cid, _), holders in self.attached.items() if holders}
+
+    @property
+    def quiet(self) -> bool:
+        """No hold was read or placed: every row is everyone's (the healthy path)."""
+        return not (self.found or self.placed)
 
     def failed_on(self, key: Key) -> bool:
         """Whether a projector failed on row `key` in this batch."""
@@ -196,6 +209,8 @@ class Tracks:
     def left(self, campaign_id: str) -> tuple[list[Hold], list[HoldWrite]]:
         """The campaign's holds after the batch: those the claim read that stay as they were,
         and those the batch places."""
+        if self.quiet:
+            return [], []
         kept = [
             h
             for k, h in self.found.items()

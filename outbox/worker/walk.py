@@ -125,13 +125,14 @@ async def campaign_writes(
             unknown.append(cid)
             continue
         kept, placed = tracks.left(cid) if tracks is not None else ([], [])
+        tracked = tracks is not None and not tracks.quiet
         dead_before = False
         head: ClaimedRow | None = None
         driver: ClaimedRow | None = None  # the first live row without holds
         for row in rows:
             if row.key in done:
                 continue
-            if tracks is not None and tracks.holds_row(row.key):
+            if tracked and tracks is not None and tracks.holds_row(row.key):
                 if tracks.row_waits(row.key):  # a holder will try again: the claim reads it
                     head = head or row
                 continue  # every holder is dead on it: an operator's, out of the claim's way
