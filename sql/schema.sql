@@ -145,6 +145,7 @@ CREATE FUNCTION outbox.outbox_claim(p_bucket integer, p_campaigns integer, p_bud
     LANGUAGE plpgsql
     SET search_path TO 'outbox', 'pg_temp'
     SET enable_seqscan TO 'off'
+    SET jit TO 'off'
     AS $$
 #variable_conflict use_column
 DECLARE
@@ -286,6 +287,7 @@ CREATE FUNCTION outbox.outbox_hold_rows(p_bucket integer, p_campaigns text[], p_
     LANGUAGE plpgsql
     SET search_path TO 'outbox', 'pg_temp'
     SET enable_seqscan TO 'off'
+    SET jit TO 'off'
     AS $$
 BEGIN
     UPDATE projection_apply_outbox o
@@ -391,6 +393,7 @@ CREATE FUNCTION outbox.outbox_settle(p_bucket integer, p_batch jsonb, OUT due bi
     LANGUAGE plpgsql
     SET search_path TO 'outbox', 'pg_temp'
     SET enable_seqscan TO 'off'
+    SET jit TO 'off'
     AS $$
 #variable_conflict use_column
 DECLARE
