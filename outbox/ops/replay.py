@@ -17,6 +17,7 @@ from outbox import db
 from outbox.errors import Conflict, EventUnavailable
 from outbox.projection.dispatch import ApplyOutcome, Dispatch, GroupFailed
 from outbox.queue.claim import claim_one
+from outbox.queue.holds import row_holds
 from outbox.queue.settle import refresh_campaigns, settle
 from outbox.retry import ErrorClass, classify
 
@@ -50,8 +51,9 @@ async def replay(
     *,
     now: Callable[[], datetime | None] = lambda: None,
 ) -> Replayed:
-    """Apply one queued row now. A row a batch holds, or one waiting behind an earlier row of
-    its campaign, is refused (Conflict)."""
+    """Apply one queued row now. A row a batch holds, one waiting behind an earlier row of its
+    campaign, or one that projectors' holds stand for (S24: its other projectors applied it)
+    is refused (Conflict)."""
     settings = app.settings
     async with db.acquire(executor) as conn, conn.transaction():
         row, blocked_by = await claim_one(conn, campaign_id, seq, park=settings.park)
@@ -60,6 +62,12 @@ async def replay(
             raise Conflict(
                 f"row {campaign_id!r} seq {seq} has a non-transactional projector, which runs "
                 "under a lease, never in a replay: a worker takes it (requeue it first if dead)"
+            )
+        if held := await row_holds(conn, campaign_id, seq):
+            names = ", ".join(h.projector for h in held)
+            raise Conflict(
+                f"row {campaign_id!r} seq {seq} waits for {names} alone (its other projectors "
+                "applied it): requeue it for them (outbox-requeue --projector), not a replay"
             )
         if settings.ordered and blocked_by is not None:
             raise Conflict(

@@ -15,6 +15,7 @@ from outbox import Event, Settings, append, db
 from outbox.errors import Conflict, PermanentError, TransientBatchError
 from outbox.model import StoredEvent
 from outbox.ops.discard import discard_one
+from outbox.ops.replay import replay
 from outbox.ops.report import audit
 from outbox.ops.requeue import requeue_dead, requeue_one
 from outbox.ops.retire import retire_projector
@@ -265,6 +266,9 @@ async def test_requeue_and_discard_act_on_one_projectors_hold(pool: db.Pool, dsn
     assert await work_rows(pool) == [("t-00", 1, "dead"), ("t-01", 1, "dead")]
     with pytest.raises(Conflict, match="'audit' is not dead on row 't-00' seq 1"):
         await requeue_one(pool, "t-00", 1, projector="audit")
+    # A replay would run the row's other projectors again: refused, nothing changes.
+    with pytest.raises(Conflict, match="waits for stats alone"):
+        await replay(app, pool, "t-00", 1)
     preview = await requeue_dead(pool, limit=10, projector="stats", dry_run=True)
     assert [(r.campaign_id, r.seq) for r in preview.rows] == [("t-00", 1)]
 
