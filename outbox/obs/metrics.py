@@ -13,7 +13,7 @@ from bisect import bisect_right
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from socketserver import ThreadingMixIn
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import (
@@ -31,7 +31,25 @@ from prometheus_client.utils import floatToGoString
 if TYPE_CHECKING:
     from outbox.model import BatchCounts
 
-__all__ = ["DEDUP_CLAIMS", "REFRESH_INTERVAL", "Metrics"]
+__all__ = ["DEDUP_CLAIMS", "REFRESH_INTERVAL", "HeldProjector", "Metrics"]
+
+
+class HeldProjector(Protocol):
+    """One projector's holds as the gauges read them (`outbox.queue.holds.ProjectorHolds`)."""
+
+    @property
+    def projector(self) -> str: ...
+    @property
+    def failed(self) -> int: ...
+    @property
+    def dead(self) -> int: ...
+    @property
+    def waiting(self) -> int: ...
+    @property
+    def campaigns(self) -> int: ...
+    @property
+    def held_seconds(self) -> float: ...
+
 
 REFRESH_INTERVAL = 15.0
 
@@ -171,6 +189,28 @@ class Metrics:
             "Longest enqueue-to-first-sighting lag a shadow worker saw.",
             registry=r,
         )
+        # Each projector on its own track (S24): what holds one projector alone. One series
+        # per projector and state: bounded by the projectors, never by campaigns.
+        self.projector_holds = Gauge(
+            "outbox_projector_holds",
+            "Holds of one projector alone, by state (failed: will retry; dead: an operator's; "
+            "waiting: paused, requeued or catching up from the journal).",
+            ["projector", "state"],
+            registry=r,
+        )
+        self.projector_held_campaigns = Gauge(
+            "outbox_projector_held_campaigns",
+            "Campaigns a projector is held on (its other projectors go on).",
+            ["projector"],
+            registry=r,
+        )
+        self.projector_held_seconds = Gauge(
+            "outbox_projector_held_seconds",
+            "How long the projector's oldest hold has held (0: none).",
+            ["projector"],
+            registry=r,
+        )
+        self._held_projectors: set[str] = set()
 
     def register_projectors(self, names: Iterable[str]) -> None:
         """Create every projector's labelled series at 0, so `rate()` and absence alerts work
@@ -179,6 +219,7 @@ class Metrics:
             for outcome in ("applied", "skipped", "failed"):
                 self.apply.labels(name, outcome)
             self.apply_duration.labels(name)
+            self._held_projectors.add(name)
 
     def record_batch(self, counts: BatchCounts) -> None:
         """Count one batch; a claim that found nothing is not a batch."""
@@ -216,6 +257,17 @@ class Metrics:
         """Events a committed batch completed unapplied, per type."""
         for event_type, n in by_type.items():
             self.unsubscribed.labels(event_type).inc(n)
+
+    def set_holds(self, holds: Iterable[HeldProjector]) -> None:
+        """Every projector's holds (S24); a projector seen before with none left reads 0."""
+        found = {h.projector: h for h in holds}
+        for name in sorted(self._held_projectors | set(found)):
+            h = found.get(name)
+            for state in ("failed", "dead", "waiting"):
+                self.projector_holds.labels(name, state).set(getattr(h, state) if h else 0)
+            self.projector_held_campaigns.labels(name).set(h.campaigns if h else 0)
+            self.projector_held_seconds.labels(name).set(h.held_seconds if h else 0.0)
+        self._held_projectors |= set(found)
 
     def set_queue(
         self,

@@ -143,6 +143,7 @@ class ProjectorHolds:
     waiting: int
     campaigns: int
     since: datetime
+    held_seconds: float
 
 
 async def count_holds(conn: Connection, campaign_id: str | None = None) -> list[ProjectorHolds]:

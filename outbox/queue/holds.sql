@@ -10,13 +10,15 @@ ORDER BY h.projector
 -- name: count_holds
 -- Holds per projector (S24), campaign $1 (in bucket $2) or all: failed, dead and waiting
 -- (pending: paused, requeued, or catching up from the journal), the campaigns they hold, and
--- since when the oldest has held.
+-- since when (and for how many seconds, by the database clock) the oldest has held.
 SELECT h.projector,
        count(*) FILTER (WHERE h.status = 'failed') AS failed,
        count(*) FILTER (WHERE h.status = 'dead') AS dead,
        count(*) FILTER (WHERE h.status = 'pending') AS waiting,
        count(DISTINCT h.campaign_id) AS campaigns,
-       min(h.created_at) AS since
+       min(h.created_at) AS since,
+       extract(epoch FROM clock_timestamp() - min(h.created_at))::double precision
+           AS held_seconds
 FROM @extschema@.projection_holds h
 WHERE $1::text IS NULL OR (h.bucket = $2::integer AND h.campaign_id = $1::text)
 GROUP BY h.projector

@@ -31,6 +31,7 @@ from outbox.obs import log
 from outbox.obs.metrics import REFRESH_INTERVAL, Metrics
 from outbox.projection import known
 from outbox.queue import inspect
+from outbox.queue.holds import count_holds
 from outbox.queue.settle import unblock_campaigns
 from outbox.retry import backoff_delay, describe_error
 from outbox.worker.batch import Worker
@@ -56,12 +57,15 @@ RECHECK_DELAY = 0.01  # a claim that found a campaign due but nothing in it look
 
 
 async def refresh_gauges(metrics: Metrics, executor: db.Executor, *, park: bool) -> None:
-    """Set the queue gauges from the report's reads (rows by status, oldest head, blocked)."""
+    """Set the queue gauges from the report's reads (rows by status, oldest head, blocked, each
+    projector's holds)."""
     async with db.acquire(executor) as conn:
         counts = await inspect.count_rows(conn)
         oldest = await inspect.oldest_claimable(conn, park=park)
         _, blocked = await inspect.blocked_campaigns(conn, park=park, limit=1)
         shadow = await inspect.shadow_observations(conn)
+        holds = await count_holds(conn)
+    metrics.set_holds(holds)
     metrics.set_queue(
         dataclasses.asdict(counts),
         oldest_age=oldest.age_seconds if oldest else None,

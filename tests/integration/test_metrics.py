@@ -66,3 +66,27 @@ async def test_shadow_observations_show_in_the_metrics(pool: db.Pool, settings: 
     # Enqueue to first sighting, in seconds by the database clock: within the test's own span.
     assert lag is not None
     assert 0 < lag <= (after - before).total_seconds()
+
+
+async def test_a_held_projector_has_its_own_series(pool: db.Pool, settings: Settings) -> None:
+    await install(pool)
+    await append(pool, "d", [Event(c.DICE_CURSED, {}), Event(c.DICE_ROLLED, {"value": 2})],
+                 settings=settings)  # fmt: skip
+    app = build_app(Outbox(settings))
+    metrics = Metrics()
+    metrics.register_projectors(app.registry.projectors)
+    await Worker(app, pool).run_once()  # `curse` fails on the cursed die: a hold of its own
+    await refresh_gauges(metrics, pool, park=False)
+    sample = metrics.registry.get_sample_value
+    assert sample("outbox_projector_holds", {"projector": "curse", "state": "failed"}) == 1
+    assert sample("outbox_projector_held_campaigns", {"projector": "curse"}) == 1
+    assert (sample("outbox_projector_held_seconds", {"projector": "curse"}) or 0) >= 0
+    # The others hold nothing: their series read 0, and no campaign is blocked.
+    others = [n for n in app.registry.projectors if n != "curse"]
+    assert others
+    for name in others:
+        assert sample("outbox_projector_holds", {"projector": name, "state": "failed"}) == 0
+    assert sample("outbox_blocked_campaigns") == 0
+    await pool.execute("DELETE FROM outbox.projection_holds")
+    await refresh_gauges(metrics, pool, park=False)
+    assert sample("outbox_projector_holds", {"projector": "curse", "state": "failed"}) == 0
