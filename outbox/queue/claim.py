@@ -14,7 +14,7 @@ every applier out of a campaign hold its queue row (`hold_campaign`) or all its 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, cast
 
@@ -160,14 +160,7 @@ async def claim(
             )
         elif not ordered and r["holds"] is not None:  # a claim of rows: each row's own
             last = claimed[-1]
-            claimed[-1] = ClaimedCampaign(
-                last.campaign_id,
-                last.rows,
-                last.first_seq,
-                last.last_seq,
-                last.checkpoints,
-                last.holds + parse_holds(r["holds"]),
-            )
+            claimed[-1] = replace(last, holds=last.holds + parse_holds(r["holds"]))
         if r["seq"] is not None:
             claimed[-1].rows.append(next(rows))
     return claimed

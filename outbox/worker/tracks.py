@@ -171,13 +171,8 @@ class Tracks:
         """Whether a hold stands for row `key` after the batch (the row stays)."""
         if self.quiet:
             return False
-        cid, seq = key
-        if any(k[0] == cid and k[2] == seq and w.row for k, w in self.placed.items()):
-            return True
-        return any(
-            k[0] == cid and k[2] == seq and k not in self.released and k not in self.placed
-            for k in self.found
-        )
+        placed, kept = self._on_row(key)
+        return any(w.row for w in placed) or bool(kept)
 
     def retried_campaigns(self) -> set[str]:
         """The campaigns whose holds this batch retries (due, their projector here)."""
@@ -190,32 +185,32 @@ class Tracks:
 
     def failed_on(self, key: Key) -> bool:
         """Whether a projector failed on row `key` in this batch."""
-        cid, seq = key
-        return any(
-            k[0] == cid and k[2] == seq and w.status != "pending" for k, w in self.placed.items()
-        )
+        placed, _ = self._on_row(key)
+        return any(w.status != "pending" for w in placed)
 
     def row_waits(self, key: Key) -> bool:
         """Whether a hold on row `key` that is not dead is left after the batch."""
+        placed, kept = self._on_row(key)
+        return any(w.status != "dead" for w in placed) or any(h.status != "dead" for h in kept)
+
+    def _on_row(self, key: Key) -> tuple[list[HoldWrite], list[Hold]]:
+        """The holds on row `key` after the batch: those it places, and those the claim read
+        that stay as they were."""
         cid, seq = key
         placed = [w for k, w in self.placed.items() if k[0] == cid and k[2] == seq]
-        kept = [
-            h
-            for k, h in self.found.items()
-            if k[0] == cid and k[2] == seq and k not in self.released and k not in self.placed
-        ]
-        return any(w.status != "dead" for w in placed) or any(h.status != "dead" for h in kept)
+        kept = [h for k, h in self.found.items() if k[0] == cid and k[2] == seq and self._kept(k)]
+        return placed, kept
+
+    def _kept(self, key: HoldKey) -> bool:
+        """Whether a hold the claim read stays as it was (neither released nor replaced)."""
+        return key not in self.released and key not in self.placed
 
     def left(self, campaign_id: str) -> tuple[list[Hold], list[HoldWrite]]:
         """The campaign's holds after the batch: those the claim read that stay as they were,
         and those the batch places."""
         if self.quiet:
             return [], []
-        kept = [
-            h
-            for k, h in self.found.items()
-            if k[0] == campaign_id and k not in self.released and k not in self.placed
-        ]
+        kept = [h for k, h in self.found.items() if k[0] == campaign_id and self._kept(k)]
         return kept, [w for k, w in self.placed.items() if k[0] == campaign_id]
 
     def _keep(self, campaign_id: str, hold: Hold, delay: float) -> None:
