@@ -53,8 +53,8 @@ def outbox_app(
 
 
 def __getattr__(name: str) -> Outbox:
-    """`batch_app`, `per_event_app`, `statement_app`, `visible`, `isolated` (built on first use: the
-    settings come from the environment the worker process was started with)."""
+    """`batch_app`, `per_event_app`, `statement_app`, `visible`, `isolated`, `catching_up` (built
+    on first use: the settings come from the environment the worker process was started with)."""
     kinds = {"batch_app": "batch", "per_event_app": "per-event", "statement_app": "statement"}
     if name in kinds:
         return outbox_app(kind=kinds[name])
@@ -62,6 +62,8 @@ def __getattr__(name: str) -> Outbox:
         return visible_app()
     if name == "isolated":
         return isolated_app()
+    if name == "catching_up":
+        return catching_up_app()
     raise AttributeError(name)
 
 
@@ -123,5 +125,17 @@ def isolated_app(settings: Settings | None = None) -> Outbox:
     async def flaky(tx: db.Connection, event: StoredEvent) -> None:
         if failing and event.campaign_id.endswith("0"):
             raise RuntimeError(f"flaky on {event.campaign_id}")
+
+    return app
+
+
+def catching_up_app(settings: Settings | None = None) -> Outbox:
+    """`visible`, and `totals` deployed beside it: the bench's per-event upsert as a statement
+    projector, ordered, starting at the beginning (bench/catch_up.py)."""
+    app = visible_app(settings)
+
+    @app.statement("totals", events=[EVENT_TYPE], sql=UPSERT_ONE)
+    def totals_args(event: StoredEvent) -> tuple[str, int]:
+        return (event.campaign_id, event.payload["amount"])
 
     return app

@@ -174,6 +174,7 @@ VERBS = frozenset(
         "stop",
         "delete",
         "prune",
+        "sweep",
         # transaction and session control
         "open",
         "undo",

@@ -605,6 +605,99 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION outbox.outbox_sweep(p_projector text, p_campaigns integer, p_outstanding integer) RETURNS TABLE(seeded integer, reached integer, swept boolean)
+    LANGUAGE plpgsql
+    SET search_path TO 'outbox', 'pg_temp'
+    SET jit TO 'off'
+    AS $$
+DECLARE
+    cursor_bucket integer;
+    cursor_campaign text;
+    waiting integer;
+    bs integer[];
+    cs text[];
+    heads bigint[];
+    skip text[];
+    v_reached integer;
+    placed integer;
+    v_now timestamptz := statement_timestamp();
+BEGIN
+    SELECT p.sweep_bucket, p.sweep_campaign INTO cursor_bucket, cursor_campaign
+    FROM outbox_projectors p
+    WHERE p.projector = p_projector AND p.swept_at IS NULL
+    FOR UPDATE SKIP LOCKED;
+    IF NOT FOUND THEN
+        RETURN QUERY
+        SELECT 0, 0, coalesce(
+            (SELECT p.swept_at IS NOT NULL FROM outbox_projectors p
+             WHERE p.projector = p_projector),
+            true);
+        RETURN;
+    END IF;
+    SELECT count(*) INTO waiting
+    FROM projection_holds h
+    WHERE h.projector = p_projector AND h.status <> 'dead' AND h.seq = 0;
+    IF waiting >= p_outstanding THEN
+        RETURN QUERY SELECT 0, 0, false;
+        RETURN;
+    END IF;
+    -- Statements on arrays, not one statement of CTEs: Citus plans each of these alone.
+    SELECT coalesce(array_agg(n.bucket ORDER BY n.bucket, n.campaign_id), '{}'),
+           coalesce(array_agg(n.campaign_id ORDER BY n.bucket, n.campaign_id), '{}'),
+           coalesce(array_agg(n.last_seq ORDER BY n.bucket, n.campaign_id), '{}')
+    INTO bs, cs, heads
+    FROM (
+        SELECT h.bucket, h.campaign_id, h.last_seq
+        FROM campaign_heads h
+        WHERE cursor_bucket IS NULL
+           OR (h.bucket, h.campaign_id) > (cursor_bucket, cursor_campaign)
+        ORDER BY h.bucket, h.campaign_id
+        LIMIT p_campaigns
+    ) n;
+    v_reached := cardinality(cs);
+    -- Not behind: at the head already, or a hold of its own there. Nor a campaign with work
+    -- rows: their claim heals the projector from the journal up to them (S24).
+    SELECT coalesce(array_agg(x.campaign_id), '{}') INTO skip
+    FROM (
+        SELECT k.campaign_id FROM projection_checkpoints k
+        JOIN unnest(cs, heads) AS t(campaign_id, head) ON t.campaign_id = k.campaign_id
+        WHERE k.bucket = ANY (bs) AND k.campaign_id = ANY (cs) AND k.projector = p_projector
+          AND k.applied_seq >= t.head
+        UNION ALL
+        SELECT y.campaign_id FROM projection_holds y
+        WHERE y.bucket = ANY (bs) AND y.campaign_id = ANY (cs) AND y.projector = p_projector
+        UNION ALL
+        SELECT DISTINCT o.campaign_id FROM projection_apply_outbox o
+        WHERE o.bucket = ANY (bs) AND o.campaign_id = ANY (cs)
+    ) x;
+    INSERT INTO projection_holds AS y
+        (bucket, campaign_id, projector, seq, status, attempt_count, next_attempt_at,
+         created_at, updated_at)
+    SELECT t.bucket, t.campaign_id, p_projector, 0, 'pending', 0, v_now, v_now, v_now
+    FROM unnest(bs, cs) AS t(bucket, campaign_id)
+    WHERE NOT t.campaign_id = ANY (skip)
+    ORDER BY t.bucket, t.campaign_id
+    ON CONFLICT DO NOTHING;
+    GET DIAGNOSTICS placed = ROW_COUNT;
+    INSERT INTO projection_apply_campaigns AS c
+        (bucket, campaign_id, head_seq, due_at, updated_at)
+    SELECT t.bucket, t.campaign_id, 0, v_now, v_now
+    FROM unnest(bs, cs) AS t(bucket, campaign_id)
+    WHERE NOT t.campaign_id = ANY (skip)
+    ORDER BY t.bucket, t.campaign_id
+    ON CONFLICT (bucket, campaign_id) DO NOTHING;
+    UPDATE outbox_projectors p
+    SET sweep_bucket = coalesce(bs[v_reached], p.sweep_bucket),
+        sweep_campaign = coalesce(cs[v_reached], p.sweep_campaign),
+        swept_at = CASE WHEN v_reached < p_campaigns THEN clock_timestamp() END
+    WHERE p.projector = p_projector;
+    IF placed > 0 THEN
+        PERFORM pg_notify(current_schema() || '.outbox_work', '');
+    END IF;
+    RETURN QUERY SELECT placed, v_reached, v_reached < p_campaigns;
+END
+$$;
+
 CREATE FUNCTION outbox.outbox_try_append(p_campaign_id text, p_events jsonb, p_expected_seq bigint DEFAULT NULL::bigint, p_idempotency_key text DEFAULT NULL::text, p_enqueue boolean DEFAULT NULL::boolean, p_key_ttl double precision DEFAULT NULL::double precision) RETURNS TABLE(first_seq bigint, last_seq bigint, duplicate boolean, refusal text, field text, message text)
     LANGUAGE plpgsql
     SET search_path TO 'outbox', 'pg_temp'
@@ -904,7 +997,12 @@ CREATE TABLE outbox.outbox_projectors (
     transactional boolean NOT NULL,
     first_seen_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
     last_seen_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
-    last_seen_by text NOT NULL
+    last_seen_by text NOT NULL,
+    start text DEFAULT 'now'::text NOT NULL,
+    sweep_bucket integer,
+    sweep_campaign text,
+    swept_at timestamp with time zone,
+    CONSTRAINT outbox_projectors_start_check CHECK ((start = ANY (ARRAY['beginning'::text, 'now'::text])))
 );
 
 CREATE TABLE outbox.outbox_requeue_audit (

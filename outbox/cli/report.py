@@ -91,6 +91,25 @@ def render_report(report: Report, *, payload: bool = False) -> None:
                 when(h.since),
             )
         stdout.print(held)
+    catching_up = [c for c in summary.catch_ups if c.catching_up]
+    if catching_up:
+        caught = _table(
+            "projector",
+            "campaigns done",
+            "events behind",
+            "sweep",
+            "since",
+            title="projectors catching up from the journal",
+        )
+        for c in catching_up:
+            caught.add_row(
+                c.projector,
+                f"{c.done} of {c.campaigns}",
+                str(c.events_behind),
+                "under way" if c.swept_at is None else f"done {when(c.swept_at)}",
+                when(c.first_seen_at),
+            )
+        stdout.print(caught)
     if summary.blocked_campaigns:
         blocked = _table(
             "campaign", "blocking seq", "status", "waiting", "age", title="blocked campaigns"
@@ -282,11 +301,29 @@ def health_command(
         int,
         typer.Option(min=0, help="Unhealthy when more campaigns than this are blocked."),
     ] = 0,
+    projector: Annotated[
+        str | None,
+        typer.Option(
+            help="Judge this recorded projector too: unhealthy when paused, dead on more "
+            "events than --max-dead, or stalled (due work unworked for over --max-lag)."
+        ),
+    ] = None,
+    max_lag: Annotated[
+        float | None,
+        typer.Option(
+            min=0,
+            help="With --projector: seconds its due work may wait unworked "
+            "(default: 10 poll intervals).",
+        ),
+    ] = None,
     as_json: JsonOption = False,
 ) -> None:
     """Exit 0 when the database answers, migrations are current, no more rows are dead and no
-    more campaigns blocked than allowed, and the backlog is young; else exit 1 with reasons."""
+    more campaigns blocked than allowed, and the backlog is young (and, with --projector, that
+    projector is not paused, dead or stalled); else exit 1 with reasons."""
     settings = settings_for(dsn=dsn)
+    if max_lag is not None and projector is None:
+        raise OutboxError("--max-lag judges a projector: name it with --projector")
     result = pool_run(
         dsn,
         lambda pool: health(
@@ -295,6 +332,8 @@ def health_command(
             max_dead=max_dead,
             max_blocked=max_blocked,
             park=settings.park,
+            projector=projector,
+            max_lag=max_lag if max_lag is not None else 10 * settings.poll_interval,
         ),
     )
     if as_json:

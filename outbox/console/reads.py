@@ -174,7 +174,7 @@ async def read_projectors(executor: db.Executor, app: Outbox | None) -> Projecto
     known = sorted(app.registry.projectors.values(), key=lambda p: p.name) if app else []
     async with reading(executor) as conn:
         pauses = {p.projector: p for p in await list_pauses(conn)}
-        lags = await projector_lag(conn, [p.name for p in known if p.ordered])
+        lags = {p.name: await projector_lag(conn, p.name, p.events) for p in known if p.ordered}
         held = {h.projector: h for h in await count_holds(conn)}
         workers = await live_workers(conn)
         history = await list_pause_audit(conn, limit=LIST_LIMIT)

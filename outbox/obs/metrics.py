@@ -211,6 +211,26 @@ class Metrics:
             registry=r,
         )
         self._held_projectors: set[str] = set()
+        # Where each ordered projector of the worker stands (S25): one pass over the campaigns'
+        # heads per projector and refresh, the cost of `maintenance outbox-report`'s figure.
+        self.projector_events_behind = Gauge(
+            "outbox_projector_events_behind",
+            "Events of its types past an ordered projector's checkpoints, to the journal heads.",
+            ["projector"],
+            registry=r,
+        )
+        self.projector_oldest_unapplied = Gauge(
+            "outbox_projector_oldest_unapplied_seconds",
+            "Age of the oldest event of its types an ordered projector has not applied (0: none).",
+            ["projector"],
+            registry=r,
+        )
+        self.projector_catching_up = Gauge(
+            "outbox_projector_catching_up_campaigns",
+            "Campaigns a projector is catching up on from the journal (its catch-up holds).",
+            ["projector"],
+            registry=r,
+        )
 
     def register_projectors(self, names: Iterable[str]) -> None:
         """Create every projector's labelled series at 0, so `rate()` and absence alerts work
@@ -268,6 +288,20 @@ class Metrics:
             self.projector_held_campaigns.labels(name).set(h.campaigns if h else 0)
             self.projector_held_seconds.labels(name).set(h.held_seconds if h else 0.0)
         self._held_projectors |= set(found)
+
+    def set_progress(
+        self,
+        behind: Mapping[str, tuple[int, float | None]],
+        catching_up: Mapping[str, int],
+    ) -> None:
+        """Each measured ordered projector's events behind and oldest unapplied event's age,
+        and every projector's catch-up campaigns (0 for one seen before with none left)."""
+        for name, (events, oldest) in behind.items():
+            self.projector_events_behind.labels(name).set(events)
+            self.projector_oldest_unapplied.labels(name).set(oldest or 0.0)
+        for name in sorted(self._held_projectors | set(catching_up)):
+            self.projector_catching_up.labels(name).set(catching_up.get(name, 0))
+        self._held_projectors |= set(catching_up)
 
     def set_queue(
         self,

@@ -13,9 +13,11 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 from outbox import db
-from outbox.errors import SchemaNotReady, ValidationError
+from outbox.errors import NotFound, SchemaNotReady, ValidationError
+from outbox.projection.known import list_known
+from outbox.projection.sweep import CatchUp, catch_ups
 from outbox.queue import inspect
-from outbox.queue.holds import ProjectorHolds, count_holds
+from outbox.queue.holds import ProjectorHolds, count_holds, projector_stall
 from outbox.queue.inspect import (
     STATUSES,
     BlockedCampaign,
@@ -43,6 +45,7 @@ __all__ = [
     "Failures",
     "Health",
     "Leftovers",
+    "ProjectorHealth",
     "Report",
     "Summary",
     "audit",
@@ -74,6 +77,7 @@ class Summary:
     workers: list[LiveWorker]
     resolved_mode: str | None
     holds: list[ProjectorHolds]  # per projector: what holds it alone (S24)
+    catch_ups: list[CatchUp]  # projectors that start at the beginning, their progress (S25)
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,7 +103,21 @@ class Health:
     max_dead: int
     blocked_campaigns: int | None
     max_blocked: int
+    projector: ProjectorHealth | None
     reasons: list[str]
+
+
+@dataclass(frozen=True, slots=True)
+class ProjectorHealth:
+    """`maintenance health --projector`: one projector's state, and the lag it was judged by
+    (`max_lag_seconds`)."""
+
+    projector: str
+    paused: bool
+    catching_up: bool
+    dead: int
+    lag_seconds: float
+    max_lag_seconds: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,6 +191,7 @@ async def outbox_report(
         workers = await live_workers(conn)
         shadow = await inspect.shadow_observations(conn, campaign_id)
         held = await count_holds(conn, campaign_id)
+        caught = await catch_ups(conn) if campaign_id is None else []
     summary = Summary(
         campaign_id,
         counts,
@@ -186,6 +205,7 @@ async def outbox_report(
         workers,
         resolved_mode,
         held,
+        caught,
     )
     return Report(status, limit, summary, rows)
 
@@ -205,13 +225,16 @@ async def health(
     max_dead: int = 0,
     max_blocked: int = 0,
     park: bool = False,
+    projector: str | None = None,
+    max_lag: float = 60.0,
 ) -> Health:
     """Healthy when migrations are current, at most `max_dead` rows are dead, at most
     `max_blocked` campaigns are blocked behind a failed or dead head (under `park` dead rows
     block nothing), and the oldest claimable row is younger than `max_oldest_age`; the reasons
     say what is not; a server in recovery (a standby: the DSN does not lead to the primary) is
     unhealthy whatever the figures. (The database answering is the caller's first
-    check.)"""
+    check.) `projector`: that projector is judged too, against `max_lag` seconds
+    (`_projector_health`)."""
     reasons: list[str] = []
     refusal = await db.write_refusal(executor, session=False)
     if refusal is not None:
@@ -248,6 +271,9 @@ async def health(
                     f"oldest claimable row {oldest.campaign_id!r} seq {oldest.seq} "
                     f"is {age:.0f}s old, over {max_oldest_age:g}s"
                 )
+    judged = None
+    if projector is not None and migrations == "current":
+        judged = await _projector_health(executor, projector, max_lag, max_dead, reasons)
     return Health(
         not reasons,
         refusal is not None,
@@ -258,8 +284,41 @@ async def health(
         max_dead,
         blocked,
         max_blocked,
+        judged,
         reasons,
     )
+
+
+async def _projector_health(
+    executor: Executor, name: str, max_lag: float, max_dead: int, reasons: list[str]
+) -> ProjectorHealth:
+    """Judge projector `name` (recorded, S23): stalled when something it owes has been due and
+    unworked for over `max_lag` seconds (a due hold no worker took, a due row of its types
+    no worker claimed; nothing due is no lag, so an idle store raises no alarm); unhealthy
+    too when paused, or dead on more than `max_dead` events."""
+    async with db.acquire(executor) as conn:
+        recorded = {k.projector: k for k in await list_known(conn)}
+        if name not in recorded:
+            raise NotFound(
+                f"projector {name!r} is not recorded (recorded: {', '.join(recorded) or 'none'})"
+            )
+        known = recorded[name]
+        lag = await projector_stall(conn, name, known.events)
+        catching = [c for c in await catch_ups(conn) if c.projector == name and c.catching_up]
+    if known.paused:
+        reasons.append(f"projector {name!r} is paused (maintenance projector-resume)")
+    if lag.dead > max_dead:
+        reasons.append(f"projector {name!r} is dead on {lag.dead} event(s), over {max_dead}")
+    if lag.lag_seconds > max_lag and not known.paused:
+        what = (
+            "a due hold of it has not been worked"
+            if (lag.hold_seconds or 0.0) >= (lag.row_seconds or 0.0)
+            else "a due row of its types has not been claimed"
+        )
+        reasons.append(
+            f"projector {name!r} is stalled: {what} for {lag.lag_seconds:.0f}s, over {max_lag:g}s"
+        )
+    return ProjectorHealth(name, known.paused, bool(catching), lag.dead, lag.lag_seconds, max_lag)
 
 
 async def audit(executor: Executor, *, campaign_id: str | None = None, limit: int = 50) -> Audit:

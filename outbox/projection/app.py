@@ -20,7 +20,7 @@ from outbox.model import AppendResult, Event, StoredEvent
 from outbox.projection.inline import append_inline
 from outbox.projection.known import AbsentProjectors
 from outbox.projection.pauses import PausedProjectors
-from outbox.projection.registry import Projector, Registry, ResetFn
+from outbox.projection.registry import Projector, Registry, ResetFn, Start
 from outbox.queries import using_schema
 from outbox.retry import FailurePolicy
 
@@ -62,6 +62,7 @@ class Outbox:
         reset: ResetFn | None = None,
         batch: bool = False,
         transactional: bool = True,
+        start: Start | None = None,
     ) -> Callable[[F], F]:
         """Register a projector of `events` (a list of types) under `name`.
 
@@ -81,15 +82,29 @@ class Outbox:
           heartbeat extends the row's lease; delivery is at-least-once, so the projector must
           be idempotent towards its target (docs/worker.md, docs/idempotency.md). Per-campaign
           order still holds. It takes no guard: `ordered` defaults to False for it.
+        - `start`: where it starts when first deployed (S25). `"beginning"` (the default of
+          an ordered projector) catches up from the journal on its own, every campaign of it,
+          dormant ones too, while the other projectors go on. `"now"` (the default of the
+          others: a lease-mode projector's side effects are never replayed unasked) starts on
+          each campaign at the first event the queue holds for it.
         """
         if isinstance(events, str):
             raise ConfigError(f"projector {name!r}: events must be a list of types, not a string")
         guarded = transactional if ordered is None else ordered
+        begins: Start = start or ("beginning" if guarded and transactional else "now")
 
         def register(fn: F) -> F:
             self.registry.add(
                 Projector(
-                    name, frozenset(events), fn, guarded, idempotent, reset, batch, transactional
+                    name,
+                    frozenset(events),
+                    fn,
+                    guarded,
+                    idempotent,
+                    reset,
+                    batch,
+                    transactional,
+                    begins,
                 )
             )
             return fn
@@ -105,6 +120,7 @@ class Outbox:
         ordered: bool | None = None,
         idempotent: bool = False,
         reset: ResetFn | None = None,
+        start: Start | None = None,
     ) -> Callable[[A], A]:
         """Register a per-event projector that is one SQL statement per event: `fn(event)`
         returns the statement's arguments for that event (None: nothing to write for it),
@@ -114,14 +130,20 @@ class Outbox:
         @app.statement("totals", events=["deposited"], sql=UPSERT)
         def totals(event): return (event.campaign_id, event.payload["amount"])
 
-        Guards as `projector` (`ordered`, `idempotent`, `reset`). A failing statement fails
-        the group without saying which event: the worker retries the halves until the event is
-        alone (S6), as for a batch projector.
+        Guards and start as `projector` (`ordered`, `idempotent`, `reset`, `start`). A failing
+        statement fails the group without saying which event: the worker retries the halves
+        until the event is alone (S6), as for a batch projector.
         """
         if not sql.strip():
             raise ConfigError(f"projector {name!r}: sql is empty")
         as_batch = self.projector(
-            name, events=events, ordered=ordered, idempotent=idempotent, reset=reset, batch=True
+            name,
+            events=events,
+            ordered=ordered,
+            idempotent=idempotent,
+            reset=reset,
+            batch=True,
+            start=start,
         )
 
         def register(fn: A) -> A:

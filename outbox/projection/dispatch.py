@@ -61,14 +61,9 @@ _announced: set[str] = set()
 def _announce(event_type: str) -> None:
     if event_type not in _announced:
         _announced.add(event_type)
-        _logger.info(
-            "apply.unsubscribed",
-            extra={
-                "event_type": event_type,
-                "hint": "no projector subscribes: its events complete unapplied "
-                "(OUTBOX_UNSUBSCRIBED=skip); a projector added later rebuilds from the journal",
-            },
-        )
+        hint = "no projector subscribes: its events complete unapplied (OUTBOX_UNSUBSCRIBED="
+        hint += "skip); a projector added later rebuilds from the journal"
+        _logger.info("apply.unsubscribed", extra={"event_type": event_type, "hint": hint})
 
 
 @dataclass
@@ -111,9 +106,11 @@ class Dispatch:
             )
         )
 
-    def use(self, checkpoints: dict[CheckpointKey, int]) -> None:
-        """Take checkpoints the caller already locked (an ordered claim reads them)."""
+    def use(self, checkpoints: dict[CheckpointKey, int], *, write: bool = False) -> None:
+        """Take checkpoints the caller already locked (an ordered claim reads them); `write`:
+        ones it sets, written with the batch (`plan.starting_now`, S25)."""
         self.checkpoints.update(checkpoints)
+        self.moved |= checkpoints.keys() if write else set()
 
     async def open_group(self) -> None:
         await open_group(self.conn)

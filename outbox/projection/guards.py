@@ -12,7 +12,7 @@ marker reset, pruning) and never opens a transaction of its own.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from operator import itemgetter
 from typing import TYPE_CHECKING
@@ -50,7 +50,7 @@ class GuardsQueries(Queries):
     list_markers: str
     delete_markers: str
     prune_markers: str
-    list_projector_lag: str
+    get_projector_lag: str
 
 
 Q = GuardsQueries
@@ -94,20 +94,21 @@ async def checkpoints_of(conn: Connection, campaign_id: str) -> dict[str, int]:
 
 @dataclass(frozen=True, slots=True)
 class ProjectorLag:
-    """How far an ordered projector stands behind the journal heads."""
+    """How far an ordered projector stands behind the journal heads, in events of its own
+    types: the campaigns with some behind, those events, the oldest one's age (None: none);
+    and the journal's campaigns in all."""
 
     campaigns_behind: int
     events_behind: int
     oldest_unapplied_seconds: float | None
+    campaigns: int
 
 
-async def projector_lag(conn: Connection, projectors: Sequence[str]) -> dict[str, ProjectorLag]:
-    """Lag of each ordered projector in `projectors` (caught up: zero, no age)."""
-    found = {
-        r["projector"]: ProjectorLag(r[1], r[2], r[3])
-        for r in await conn.fetch(Q.list_projector_lag, sorted(projectors))
-    }
-    return {p: found.get(p, ProjectorLag(0, 0, None)) for p in projectors}
+async def projector_lag(conn: Connection, projector: str, events: Iterable[str]) -> ProjectorLag:
+    """The lag of ordered `projector`, subscribed to `events` (one statement)."""
+    row = await conn.fetchrow(Q.get_projector_lag, projector, sorted(events))
+    assert row is not None  # scalar subqueries: one row
+    return ProjectorLag(*row)
 
 
 async def open_group(conn: Connection) -> None:

@@ -80,27 +80,28 @@ WHERE (bucket, campaign_id, seq, handler) IN (
     LIMIT $2::integer
 )
 
--- name: list_projector_lag
--- How far the ordered projectors ($1) stand behind the journal: per projector, the campaigns
--- whose checkpoint is below the journal head (no checkpoint reads as 0), the events between
--- (every ordered checkpoint passes every event, S17) and the age of the oldest event not yet
--- applied (the one after a checkpoint) by the database clock. Projectors caught up return no
--- row. The cost grows with campaigns x projectors: one pass over the heads, one probe per
--- campaign behind.
+-- name: get_projector_lag
+-- How far ordered projector $1 stands behind the journal, counting the events of its own types
+-- ($2) only: the campaigns where some event of its types lies past its checkpoint (no
+-- checkpoint reads as 0), those events, and the age of the oldest (by the database clock);
+-- and the journal's campaigns in all. The cost grows with the campaigns and the events behind:
+-- one pass over the heads, one probe per campaign, a read of each behind range.
 WITH behind AS (
-    SELECT p.projector, h.bucket, h.campaign_id, h.last_seq,
-           coalesce(k.applied_seq, 0) AS applied_seq
-    FROM unnest($1::text[]) AS p(projector)
-    CROSS JOIN @extschema@.campaign_heads h
+    SELECT h.bucket, h.campaign_id, h.last_seq, coalesce(k.applied_seq, 0) AS applied_seq
+    FROM @extschema@.campaign_heads h
     LEFT JOIN @extschema@.projection_checkpoints k
-        ON k.bucket = h.bucket AND k.campaign_id = h.campaign_id AND k.projector = p.projector
+        ON k.bucket = h.bucket AND k.campaign_id = h.campaign_id AND k.projector = $1::text
     WHERE h.last_seq > coalesce(k.applied_seq, 0)
+), owed AS (
+    SELECT e.campaign_id, e.recorded_at
+    FROM behind b
+    JOIN @extschema@.event_journal e
+        ON e.bucket = b.bucket AND e.campaign_id = b.campaign_id
+       AND e.seq > b.applied_seq AND e.seq <= b.last_seq
+    WHERE e.event_type = ANY ($2::text[])
 )
-SELECT b.projector, count(*) AS campaigns_behind,
-       sum(b.last_seq - b.applied_seq)::bigint AS events_behind,
-       extract(epoch FROM clock_timestamp() - min(e.recorded_at))::double precision
-           AS oldest_unapplied_seconds
-FROM behind b
-LEFT JOIN @extschema@.event_journal e
-    ON e.bucket = b.bucket AND e.campaign_id = b.campaign_id AND e.seq = b.applied_seq + 1
-GROUP BY b.projector
+SELECT (SELECT count(DISTINCT o.campaign_id) FROM owed o) AS campaigns_behind,
+       (SELECT count(*) FROM owed o) AS events_behind,
+       (SELECT extract(epoch FROM clock_timestamp() - min(o.recorded_at))::double precision
+        FROM owed o) AS oldest_unapplied_seconds,
+       (SELECT count(*) FROM @extschema@.campaign_heads) AS campaigns

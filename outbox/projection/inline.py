@@ -24,6 +24,7 @@ from outbox.config import Settings
 from outbox.model import AppendResult, Event, StoredEvent
 from outbox.projection.dispatch import ApplyOutcome, Dispatch, GroupFailed
 from outbox.projection.pauses import PausedProjectors
+from outbox.projection.plan import starting_now
 from outbox.projection.registry import Registry
 from outbox.queue.applied import outstanding_upto
 from outbox.queue.settle import CampaignWrite, refresh_campaigns, settle
@@ -92,6 +93,8 @@ async def _apply(
     try:
         async with conn.transaction():
             await dispatch.load([cid], held=True)  # the append holds the head
+            starts = starting_now(registry, {cid: result.first_seq}, dispatch.checkpoints)
+            dispatch.use(starts, write=True)
             await _apply_level(dispatch, stored)
             # Nothing of the campaign is left outstanding, and this append holds its head:
             # its campaign row goes too. Past this append's last seq is where the settle looks

@@ -43,12 +43,14 @@ Q = KnownQueries
 
 @dataclass(frozen=True, slots=True)
 class KnownProjector:
-    """A recorded projector: what the last worker to start with it said, and when."""
+    """A recorded projector: what the last worker to start with it said, and when; where it
+    started when first seen (S25)."""
 
     projector: str
     events: list[str]
     ordered: bool
     transactional: bool
+    start: str
     first_seen_at: datetime
     last_seen_at: datetime
     last_seen_by: str
@@ -71,6 +73,7 @@ def _known(r: db.Record) -> KnownProjector:
         list(r["events"]),
         r["ordered"],
         r["transactional"],
+        r["start"],
         r["first_seen_at"],
         r["last_seen_at"],
         r["last_seen_by"],
@@ -86,6 +89,7 @@ async def record(executor: Executor, registry: Registry, worker_id: str) -> list
             "events": sorted(p.events),
             "ordered": p.ordered,
             "transactional": p.transactional,
+            "start": p.start,
         }
         for p in registry.projectors.values()
     ]

@@ -3,13 +3,16 @@
 
 -- name: record_projectors
 -- A worker's projectors as it runs them ($1: a JSON array of {projector, events, ordered,
--- transactional}; by worker $2): new ones first seen now, known ones refreshed. Which were
--- new comes back.
+-- transactional, start}; by worker $2): new ones first seen now, known ones refreshed. A new
+-- one that starts at the beginning has its sweep under way (S25); where a projector starts
+-- counts once, when it is first seen. Which were new comes back.
 INSERT INTO @extschema@.outbox_projectors AS p
-    (projector, events, ordered, transactional, first_seen_at, last_seen_at, last_seen_by)
-SELECT r.projector, r.events, r.ordered, r.transactional, c.at, c.at, $2::text
+    (projector, events, ordered, transactional, start, first_seen_at, last_seen_at,
+     last_seen_by, swept_at)
+SELECT r.projector, r.events, r.ordered, r.transactional, r.start, c.at, c.at, $2::text,
+       CASE WHEN r.start = 'now' THEN c.at END
 FROM jsonb_to_recordset($1::text::jsonb)
-    AS r(projector text, events text[], ordered boolean, transactional boolean),
+    AS r(projector text, events text[], ordered boolean, transactional boolean, start text),
     (SELECT clock_timestamp() AS at) c
 ORDER BY r.projector
 ON CONFLICT (projector) DO UPDATE
@@ -20,8 +23,8 @@ RETURNING p.projector, p.first_seen_at = p.last_seen_at AS new
 
 -- name: list_projectors
 -- Every recorded projector, by name, with whether it is paused.
-SELECT p.projector, p.events, p.ordered, p.transactional, p.first_seen_at, p.last_seen_at,
-       p.last_seen_by, s.projector IS NOT NULL AS paused
+SELECT p.projector, p.events, p.ordered, p.transactional, p.start, p.first_seen_at,
+       p.last_seen_at, p.last_seen_by, s.projector IS NOT NULL AS paused
 FROM @extschema@.outbox_projectors p
 LEFT JOIN @extschema@.outbox_projector_pauses s ON s.projector = p.projector
 ORDER BY p.projector
@@ -32,7 +35,7 @@ ORDER BY p.projector
 WITH retired AS (
     DELETE FROM @extschema@.outbox_projectors
     WHERE projector = $1::text
-    RETURNING projector, events, ordered, transactional, first_seen_at, last_seen_at,
+    RETURNING projector, events, ordered, transactional, start, first_seen_at, last_seen_at,
               last_seen_by
 ), unpaused AS (
     DELETE FROM @extschema@.outbox_projector_pauses
@@ -41,8 +44,8 @@ WITH retired AS (
     INSERT INTO @extschema@.outbox_projector_audit (projector, action, actor, reason)
     SELECT r.projector, 'retire', $2::text, $3::text FROM retired r
 )
-SELECT projector, events, ordered, transactional, first_seen_at, last_seen_at, last_seen_by,
-       false AS paused
+SELECT projector, events, ordered, transactional, start, first_seen_at, last_seen_at,
+       last_seen_by, false AS paused
 FROM retired
 
 -- name: delete_checkpoints

@@ -8,7 +8,7 @@ touches the database and never runs a projector.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import groupby
 from typing import TYPE_CHECKING
@@ -18,9 +18,16 @@ from outbox.model import EventBatch, Key
 
 if TYPE_CHECKING:
     from outbox.projection.guards import CheckpointKey
-    from outbox.projection.registry import Projector
+    from outbox.projection.registry import Projector, Registry
 
-__all__ = ["Run", "Skips", "first_unknown", "pass_checkpoints", "plan_runs"]
+__all__ = [
+    "Run",
+    "Skips",
+    "first_unknown",
+    "pass_checkpoints",
+    "plan_runs",
+    "starting_now",
+]
 
 
 @dataclass(slots=True)
@@ -179,3 +186,17 @@ def pass_checkpoints(
         if gap is not None:
             return duplicates, gap
     return duplicates, None
+
+
+def starting_now(
+    registry: Registry, firsts: Mapping[str, int], checkpoints: Mapping[CheckpointKey, int]
+) -> dict[CheckpointKey, int]:
+    """Where the ordered projectors that start now (S25) start on the campaigns they have no
+    checkpoint on: just before the first event the queue holds for each (`firsts`: campaign
+    -> that seq), not at the journal's first."""
+    return {
+        (cid, name): seq - 1
+        for name in registry.starting_now()
+        for cid, seq in firsts.items()
+        if (cid, name) not in checkpoints
+    }

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from outbox.config import Settings
 from outbox.errors import ConfigError
@@ -18,7 +18,15 @@ from outbox.model import EventBatch, StoredEvent
 if TYPE_CHECKING:
     from outbox.db import Connection
 
-__all__ = ["BatchProjectorFn", "Projector", "ProjectorFn", "Registry", "ResetFn"]
+__all__ = [
+    "STARTS",
+    "BatchProjectorFn",
+    "Projector",
+    "ProjectorFn",
+    "Registry",
+    "ResetFn",
+    "Start",
+]
 
 # A per-event projector: (transaction, event); a non-transactional one gets the worker's pool
 # instead of a transaction (lease mode).
@@ -26,6 +34,9 @@ ProjectorFn = Callable[["Connection", StoredEvent], Awaitable[None]]
 # A batch projector: (transaction, the batch's events it subscribes to, in (campaign_id, seq)
 # order, that its guard lets through), as an EventBatch: columns, or StoredEvents on demand.
 BatchProjectorFn = Callable[["Connection", EventBatch], Awaitable[None]]
+# Where a projector starts when first deployed (S25).
+Start = Literal["beginning", "now"]
+STARTS: tuple[Start, ...] = ("beginning", "now")
 # Clears one campaign's projection rows before a rebuild re-applies its journal.
 ResetFn = Callable[["Connection", str], Awaitable[None]]
 
@@ -41,6 +52,14 @@ class Projector:
     batch: bool = False
     # False: runs outside any queue transaction, under a lease (at-least-once).
     transactional: bool = True
+    # Where it starts when first deployed (S25): "beginning" catches up from the journal, every
+    # campaign of it; "now" starts at what the queue holds when a worker first meets a campaign.
+    start: Start = "now"
+
+    @property
+    def sweeps(self) -> bool:
+        """Whether it catches up from the journal when first recorded (S25)."""
+        return self.start == "beginning"
 
     async def run(self, conn: Connection, events: Sequence[StoredEvent]) -> None:
         """Call the function: once with `events` as an EventBatch (batch), or once per event."""
@@ -57,6 +76,7 @@ class Registry:
     ignored: set[str] = field(default_factory=set)
     _by_type: dict[str, tuple[Projector, ...]] = field(default_factory=dict)
     _ordered: list[str] = field(default_factory=list)
+    _now: list[str] = field(default_factory=list)
     _leased: frozenset[str] = frozenset()
 
     def add(self, projector: Projector) -> None:
@@ -69,6 +89,17 @@ class Registry:
                 f"projector {projector.name!r}: transactional=False runs outside the queue's "
                 "transaction, where no checkpoint, marker or batch can guard it; drop "
                 "ordered/idempotent/batch (the queue keeps per-campaign order)"
+            )
+        if projector.start not in STARTS:
+            raise ConfigError(
+                f"projector {projector.name!r}: start must be 'beginning' or 'now', "
+                f"not {projector.start!r}"
+            )
+        if projector.sweeps and not (projector.ordered and projector.transactional):
+            raise ConfigError(
+                f"projector {projector.name!r}: start='beginning' catches up from the journal "
+                "with its checkpoint as the resume point; register it ordered (the default of "
+                "a transactional projector) or use start='now'"
             )
         if projector.name in self.projectors:
             raise ConfigError(f"projector {projector.name!r} is registered twice")
@@ -100,6 +131,7 @@ class Registry:
                 index.setdefault(t, []).append(p)
         self._by_type = {t: tuple(ps) for t, ps in index.items()}
         self._ordered = sorted(p.name for p in self.projectors.values() if p.ordered)
+        self._now = [n for n in self._ordered if self.projectors[n].start == "now"]
         self._leased = frozenset(
             t for t, ps in self._by_type.items() if any(not p.transactional for p in ps)
         )
@@ -112,6 +144,11 @@ class Registry:
         """Event types with a non-transactional subscriber: their rows go through lease mode."""
         self._index()
         return self._leased
+
+    def starting_now(self) -> list[str]:
+        """The ordered projectors that start at what the queue holds (S25), sorted."""
+        self._index()
+        return self._now
 
     def ordered_names(self) -> list[str]:
         """Every ordered projector, sorted (a fixed lock order for their checkpoints)."""

@@ -37,10 +37,12 @@ __all__ = [
     "HoldKey",
     "HoldWrite",
     "ProjectorHolds",
+    "ProjectorStall",
     "RowHold",
     "count_holds",
     "delete_projector_holds",
     "parse_holds",
+    "projector_stall",
     "refresh_held_rows",
     "row_holds",
 ]
@@ -51,6 +53,7 @@ class HoldsQueries(Queries):
     count_holds: str
     refresh_held_rows: str
     delete_projector_holds: str
+    get_projector_stall: str
 
 
 Q = HoldsQueries
@@ -150,6 +153,32 @@ async def count_holds(conn: Connection, campaign_id: str | None = None) -> list[
     """Holds per projector, one campaign's or all (by projector name)."""
     bucket = await buckets.filter_bucket(conn, campaign_id)
     return [ProjectorHolds(*r) for r in await conn.fetch(Q.count_holds, campaign_id, bucket)]
+
+
+@dataclass(frozen=True, slots=True)
+class ProjectorStall:
+    """How far one projector stands from its work (`maintenance health --projector`): its dead
+    holds; the seconds its longest-waiting due hold has gone unworked, and the age of the oldest
+    due work row of its types (None: nothing due)."""
+
+    dead: int
+    hold_seconds: float | None
+    row_seconds: float | None
+
+    @property
+    def lag_seconds(self) -> float:
+        """The longer of the two waits (0: nothing it owes is due)."""
+        return max(self.hold_seconds or 0.0, self.row_seconds or 0.0)
+
+
+async def projector_stall(
+    conn: Connection, projector: str, events: Sequence[str]
+) -> ProjectorStall:
+    """How long `projector`'s due work has waited, counting the rows of `events` (the types
+    it subscribes to)."""
+    row = await conn.fetchrow(Q.get_projector_stall, projector, list(events))
+    assert row is not None  # scalar subqueries: one row
+    return ProjectorStall(row["dead"], row["hold_seconds"], row["row_seconds"])
 
 
 async def refresh_held_rows(

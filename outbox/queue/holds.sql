@@ -34,3 +34,23 @@ SELECT @extschema@.outbox_hold_rows($1::integer, $2::text[], $3::bigint[], state
 DELETE FROM @extschema@.projection_holds
 WHERE projector = $1::text
 RETURNING campaign_id, projector, seq
+
+-- name: get_projector_stall
+-- Projector $1 (subscribed to types $2), by the database clock: its dead holds; the seconds
+-- since the longest-waiting of its due holds was last worked (null: none due); and since the
+-- oldest due work row of its types that no hold stands for was enqueued (null: none).
+SELECT
+    (SELECT count(*) FROM @extschema@.projection_holds h
+     WHERE h.projector = $1::text AND h.status = 'dead') AS dead,
+    (SELECT extract(epoch FROM clock_timestamp() - min(h.updated_at))::double precision
+     FROM @extschema@.projection_holds h
+     WHERE h.projector = $1::text AND h.status <> 'dead'
+       AND h.next_attempt_at <= clock_timestamp()) AS hold_seconds,
+    (SELECT extract(epoch FROM clock_timestamp() - min(o.enqueued_at))::double precision
+     FROM @extschema@.projection_apply_outbox o
+     WHERE o.status IN ('pending', 'failed') AND o.next_attempt_at <= clock_timestamp()
+       AND o.event_type = ANY ($2::text[])
+       AND NOT EXISTS (
+           SELECT 1 FROM @extschema@.projection_holds y
+           WHERE y.bucket = o.bucket AND y.campaign_id = o.campaign_id AND y.seq = o.seq
+       )) AS row_seconds

@@ -15,6 +15,7 @@ from collections import deque
 from outbox.config import Settings
 from outbox.model import BatchCounts, Failure, Key
 from outbox.projection.dispatch import ApplyOutcome, Dispatch, GroupFailed
+from outbox.projection.plan import starting_now
 from outbox.queue.claim import ClaimedCampaign, ClaimedRow, event_batch
 from outbox.queue.lease import Lease, lease_rows
 from outbox.queue.settle import defer, settle
@@ -90,6 +91,9 @@ class Apply:
             dispatch.use(
                 {(c.campaign_id, p): v for c in campaigns for p, v in c.checkpoints.items()}
             )
+            if app.registry.starting_now():
+                firsts = {c.campaign_id: c.first_seq for c in campaigns if c.first_seq}
+                dispatch.use(starting_now(app.registry, firsts, dispatch.checkpoints), write=True)
         if work:
             if not settings.ordered:
                 await dispatch.load(sorted({r.campaign_id for r in work}))

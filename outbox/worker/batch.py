@@ -27,6 +27,7 @@ from outbox.model import BatchCounts
 from outbox.obs import log, tracing
 from outbox.obs.metrics import Metrics
 from outbox.projection.app import Outbox
+from outbox.projection.sweep import Sweeps
 from outbox.queue.claim import ClaimedCampaign, claim
 from outbox.retry import FailurePolicy
 from outbox.worker.apply import Apply
@@ -41,6 +42,10 @@ if TYPE_CHECKING:
 __all__ = ["Worker"]
 
 _logger = log.get_logger("outbox.worker")
+
+# Seconds between steps of a catch-up sweep while the worker is busy (S25); an idle worker
+# steps it at once.
+SWEEP_INTERVAL = 1.0
 
 
 @dataclass
@@ -69,13 +74,16 @@ class Worker:
     strategy: Strategy = field(default_factory=Apply)
     # Which bucket the next batch claims from.
     ring: BucketRing = field(init=False, repr=False)
+    # The catch-up sweeps of this worker's projectors that start at the beginning (S25).
+    sweeps: Sweeps = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.rand is None:
             self.rand = self.app.rand or FailurePolicy().rand
-        self.ring = BucketRing(
-            rows=not self._claim_ordered(), poll_interval=self.app.settings.poll_interval
-        )
+        poll = self.app.settings.poll_interval
+        self.ring = BucketRing(rows=not self._claim_ordered(), poll_interval=poll)
+        applies = isinstance(self.strategy, Apply) and self.ordered
+        self.sweeps = Sweeps.of(self.app.registry, min(poll, SWEEP_INTERVAL), applies=applies)
 
     @property
     def policy(self) -> FailurePolicy:
@@ -100,16 +108,20 @@ class Worker:
         after = AfterCommit()
         bucket: int | None = None
         try:
+            await self._sweep(idle=False)
             bucket = await self.ring.take(self.pool, self.now())
             if bucket is None:
                 self.took_all = True
-                return BatchCounts()
+                # Nothing due: a sweep under way steps now, and has the loop look again.
+                return BatchCounts(more_due=int(await self._sweep(idle=True)))
             try:
                 counts = await self._batch(after, bucket, careful=False)
             except Isolate as isolate:
                 _logger.debug("batch.isolate", extra={"error": str(isolate)})
                 after = AfterCommit()
                 counts = await self._batch(after, bucket, careful=True)
+            if not (counts.claimed or counts.more_due) and await self._sweep(idle=True):
+                counts.more_due = 1
             full = counts.claimed >= self.app.settings.batch_size
             await self.ring.found(
                 self.pool,
@@ -146,6 +158,17 @@ class Worker:
             await runner.run(after.leases, counts)
             self.ring.wake(str(bucket))  # the campaigns behind the leases go on
         return counts
+
+    async def _sweep(self, *, idle: bool) -> bool:
+        """Step the catch-up sweeps still under way (S25): when nothing is due (`idle`), else
+        at most once per interval; whether there is more to do now (it placed catch-up holds,
+        and the buckets are read again, or a sweep has further to go)."""
+        if not self.sweeps.pending:
+            return False
+        seeded, moving = await self.sweeps.step(self.pool, idle=idle)
+        if seeded:
+            self.ring.wake("")
+        return bool(seeded) or moving
 
     async def _batch(self, after: AfterCommit, bucket: int, *, careful: bool) -> BatchCounts:
         """One transaction in `bucket`: claim, hand the campaigns to `_handle`, commit.

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import signal
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -30,6 +31,8 @@ from outbox.model import BatchCounts, WorkerMode
 from outbox.obs import log
 from outbox.obs.metrics import REFRESH_INTERVAL, Metrics
 from outbox.projection import known
+from outbox.projection.guards import projector_lag
+from outbox.projection.sweep import catch_up_holds
 from outbox.queue import inspect
 from outbox.queue.holds import count_holds
 from outbox.queue.settle import unblock_campaigns
@@ -56,16 +59,29 @@ RECONNECT_CAP = 30.0
 RECHECK_DELAY = 0.01  # a claim that found a campaign due but nothing in it looks again
 
 
-async def refresh_gauges(metrics: Metrics, executor: db.Executor, *, park: bool) -> None:
+async def refresh_gauges(
+    metrics: Metrics,
+    executor: db.Executor,
+    *,
+    park: bool,
+    ordered: Mapping[str, Iterable[str]] | None = None,
+) -> None:
     """Set the queue gauges from the report's reads (rows by status, oldest head, blocked, each
-    projector's holds)."""
+    projector's holds and catch-up campaigns), and how far each projector in `ordered` (name ->
+    its types) stands behind the journal."""
     async with db.acquire(executor) as conn:
         counts = await inspect.count_rows(conn)
         oldest = await inspect.oldest_claimable(conn, park=park)
         _, blocked = await inspect.blocked_campaigns(conn, park=park, limit=1)
         shadow = await inspect.shadow_observations(conn)
         holds = await count_holds(conn)
+        catching_up = await catch_up_holds(conn)
+        behind = {}
+        for name, events in sorted((ordered or {}).items()):
+            lag = await projector_lag(conn, name, events)
+            behind[name] = (lag.events_behind, lag.oldest_unapplied_seconds)
     metrics.set_holds(holds)
+    metrics.set_progress(behind, catching_up)
     metrics.set_queue(
         dataclasses.asdict(counts),
         oldest_age=oldest.age_seconds if oldest else None,
@@ -258,9 +274,13 @@ class Service:
 
     async def refresh_metrics(self) -> None:
         """Queue gauges from the database; only while /metrics is served."""
+        registry = self.worker.app.registry
+        ordered = {n: registry.projectors[n].events for n in registry.ordered_names()}
         while True:
             try:
-                await refresh_gauges(self.metrics, self.worker.pool, park=self.worker.park)
+                await refresh_gauges(
+                    self.metrics, self.worker.pool, park=self.worker.park, ordered=ordered
+                )
             except Exception as exc:  # metrics never stop the work
                 _logger.warning("metrics.refresh_failed", extra={"error": describe_error(exc)})
             await anyio.sleep(REFRESH_INTERVAL)

@@ -1,0 +1,283 @@
+#!/usr/bin/env python3
+"""A projector deployed onto years of history catches up on its own, while live appends flow.
+
+Usage: python bench/catch_up.py [--events 1000000] [--campaigns 10000] [--rate 200]
+                                [--seconds 20]
+One durable server, one run. The journal holds `events` events over `campaigns` campaigns, all
+dormant (no work rows), and `visible` (one row per event, whose commit says when it became
+visible) is level with it, as on a live store. Then:
+
+1. **Raw passes** over the same journal doing the same upsert as the new projector, the bar:
+   a client loop reading the journal in key order, 2,000 events a transaction, sending the
+   per-event upsert pipelined (what the statement projector sends); and, for scale, one
+   set-based INSERT ... SELECT ... GROUP BY.
+2. **Before**: a worker process (2 claim loops) runs `visible` under `rate` events/s of
+   one-event appends to the same campaigns for `seconds`: commit -> visible.
+3. **Catch-up**: the worker is restarted with `totals` added (`_apps:catching_up`: the per-event
+   upsert, ordered, `start="beginning"`), live appends still flowing. The figure is the events
+   it applied per second from its first record until it reached every campaign's head (the
+   report's catch-up progress at 0 events behind), and `visible`'s commit -> visible meanwhile.
+
+Oracle: `totals` holds every journaled event once (the journal's own counts per campaign,
+not what a worker saw), `visible` every live event; no hold failed or died.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+
+import asyncpg
+import orjson
+from _apps import VISIBLE
+from _support import EVENT_TYPE, UPSERT_ONE, bench_database, percentiles, print_json
+from latency import WORKER, start, stop, wait_until
+
+from outbox import Event, Settings, append
+from outbox.projection.sweep import catch_ups
+
+# The journal's history: `$2` events over `$1` campaigns 'h-' || n, as appends leave it, with
+# no work rows (every campaign dormant).
+LOAD_HISTORY = """
+WITH heads AS (
+    INSERT INTO outbox.campaign_heads (bucket, campaign_id, last_seq)
+    SELECT outbox.outbox_bucket('h-' || c), 'h-' || c, ($2::integer - c - 1) / $1::integer + 1
+    FROM generate_series(0, least($1::integer, $2::integer) - 1) c
+)
+INSERT INTO outbox.event_journal (bucket, campaign_id, seq, event_type, payload)
+SELECT outbox.outbox_bucket('h-' || (g % $1::integer)), 'h-' || (g % $1::integer),
+       g / $1::integer + 1, 'bench.tick', jsonb_build_object('amount', g % 7)
+FROM generate_series(0, $2::integer - 1) g
+"""
+# `visible` level with the journal, recorded as a running store's worker left it.
+LEVEL_VISIBLE = """
+WITH known AS (
+    INSERT INTO outbox.outbox_projectors
+        (projector, events, ordered, transactional, start, last_seen_by, swept_at)
+    VALUES ('visible', ARRAY['bench.tick'], true, true, 'beginning', 'bench', clock_timestamp())
+)
+INSERT INTO outbox.projection_checkpoints (bucket, campaign_id, projector, applied_seq)
+SELECT bucket, campaign_id, 'visible', last_seq FROM outbox.campaign_heads
+"""
+RAW_TABLES = """
+CREATE TABLE raw_totals (campaign_id text PRIMARY KEY, events bigint NOT NULL,
+                         amount bigint NOT NULL);
+CREATE TABLE set_totals (campaign_id text PRIMARY KEY, events bigint NOT NULL,
+                         amount bigint NOT NULL);
+"""
+RAW_CHUNK = """
+SELECT bucket, campaign_id, seq, payload::text
+FROM outbox.event_journal
+WHERE (bucket, campaign_id, seq) > ($1::integer, $2::text, $3::bigint)
+ORDER BY bucket, campaign_id, seq
+LIMIT 2000
+"""
+SET_BASED = """
+INSERT INTO set_totals (campaign_id, events, amount)
+SELECT campaign_id, count(*), sum((payload ->> 'amount')::bigint)
+FROM outbox.event_journal
+GROUP BY campaign_id
+"""
+LATENCY = """
+SELECT extract(
+    epoch FROM pg_xact_commit_timestamp(v.xmin) - pg_xact_commit_timestamp(j.xmin)
+)::float8
+FROM bench_visible v JOIN outbox.event_journal j USING (campaign_id, seq)
+WHERE j.recorded_at >= $1 AND j.recorded_at < $2
+"""
+
+
+async def raw_pass(conn: asyncpg.Connection) -> float:
+    """The client loop over the journal: events per second."""
+    upsert = UPSERT_ONE.replace("bench_totals", "raw_totals")
+    after: tuple[int, str, int] = (-1, "", 0)
+    done = 0
+    started = time.perf_counter()
+    while True:
+        rows = await conn.fetch(RAW_CHUNK, *after)
+        if not rows:
+            break
+        async with conn.transaction():
+            await conn.executemany(
+                upsert, [(r["campaign_id"], orjson.loads(r["payload"])["amount"]) for r in rows]
+            )
+        done += len(rows)
+        last = rows[-1]
+        after = (last["bucket"], last["campaign_id"], last["seq"])
+    return done / (time.perf_counter() - started)
+
+
+async def set_pass(conn: asyncpg.Connection, events: int) -> float:
+    started = time.perf_counter()
+    await conn.execute(SET_BASED)
+    return events / (time.perf_counter() - started)
+
+
+class Producer:
+    """One-event appends at `rate` per second to the history's campaigns until stopped."""
+
+    def __init__(self, pool: asyncpg.Pool, rate: int, campaigns: int) -> None:
+        self.pool, self.rate, self.campaigns = pool, rate, campaigns
+        self.sent = 0
+        self.stopping = asyncio.Event()
+        self.settings = Settings()
+
+    async def run(self) -> None:
+        tasks: set[asyncio.Task[object]] = set()
+        started = time.perf_counter()
+        i = 0
+        while not self.stopping.is_set():
+            delay = started + i / self.rate - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            event = Event(EVENT_TYPE, {"amount": i % 7})
+            task = asyncio.create_task(
+                append(
+                    self.pool, f"h-{(i * 7919) % self.campaigns}", [event], settings=self.settings
+                )
+            )
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+            i += 1
+        await asyncio.gather(*tasks)
+        self.sent = i
+
+
+async def latency(conn: asyncpg.Connection, since: object, until: object) -> dict[str, float]:
+    return percentiles([r[0] for r in await conn.fetch(LATENCY, since, until)])
+
+
+async def main(events: int, campaigns: int, rate: int, seconds: float) -> None:
+    async with bench_database(commit_timestamps=True) as dsn:
+        conn = await asyncpg.connect(dsn)
+        pool = await asyncpg.create_pool(dsn, min_size=4, max_size=16)
+        try:
+            await run(conn, pool, dsn, events, campaigns, rate, seconds)
+        finally:
+            await pool.close()
+            await conn.close()
+
+
+async def run(
+    conn: asyncpg.Connection,
+    pool: asyncpg.Pool,
+    dsn: str,
+    events: int,
+    campaigns: int,
+    rate: int,
+    seconds: float,
+) -> None:
+    await conn.execute(VISIBLE)
+    await conn.execute(RAW_TABLES)
+    loaded = time.perf_counter()
+    await conn.execute(LOAD_HISTORY, campaigns, events)
+    await conn.execute(LEVEL_VISIBLE)
+    await conn.execute("VACUUM ANALYZE")
+    print(
+        f"history: {events} events over {campaigns} campaigns, loaded in "
+        f"{time.perf_counter() - loaded:.0f}s",
+        file=sys.stderr,
+    )
+    raw_rate = await raw_pass(conn)
+    set_rate = await set_pass(conn, events)
+
+    # Before: `visible` alone under the live appends.
+    worker = start([str(WORKER), "--app", "_apps:visible", "--concurrency", "2"], dsn)
+    await asyncio.sleep(2)  # connected and listening (a bench may wait; tests never)
+    since = await conn.fetchval("SELECT clock_timestamp()")
+    producer = Producer(pool, rate, campaigns)
+    running = asyncio.create_task(producer.run())
+    await asyncio.sleep(seconds)
+    producer.stopping.set()
+    await running
+    until = await conn.fetchval("SELECT clock_timestamp()")
+    await wait_until(conn, "SELECT count(*) FROM bench_visible", producer.sent, 60)
+    stop(worker)
+    before = await latency(conn, since, until)
+    live_before = producer.sent
+
+    # Catch-up: `totals` deployed beside it, the appends still flowing.
+    worker = start([str(WORKER), "--app", "_apps:catching_up", "--concurrency", "2"], dsn)
+    producer = Producer(pool, rate, campaigns)
+    running = asyncio.create_task(producer.run())
+    while True:
+        await asyncio.sleep(0.5)
+        found = {c.projector: c for c in await catch_ups(conn)}
+        totals = found.get("totals")
+        if totals is not None and not totals.catching_up:
+            break
+        if worker.poll() is not None:
+            raise SystemExit(f"bench: the worker exited ({worker.returncode})")
+    reached = await conn.fetchval("SELECT clock_timestamp()")
+    first_seen = totals.first_seen_at
+    applied = await conn.fetchval("SELECT coalesce(sum(events), 0) FROM bench_totals")
+    producer.stopping.set()
+    await running
+    journal = await conn.fetchval("SELECT count(*) FROM outbox.event_journal")
+    await wait_until(conn, "SELECT coalesce(sum(events), 0) FROM bench_totals", journal, 120)
+    await wait_until(conn, "SELECT count(*) FROM bench_visible", live_before + producer.sent, 60)
+    stop(worker)
+    during = await latency(conn, first_seen, reached)
+    elapsed = (reached - first_seen).total_seconds()
+
+    # The oracle: the journal's own counts per campaign, and no hold failed.
+    wrong = await conn.fetchval(
+        "SELECT count(*) FROM (SELECT campaign_id, count(*) AS n FROM outbox.event_journal "
+        "GROUP BY campaign_id) j FULL JOIN bench_totals t USING (campaign_id) "
+        "WHERE t.events IS DISTINCT FROM j.n"
+    )
+    failed = await conn.fetchval(
+        "SELECT count(*) FROM outbox.projection_holds WHERE status <> 'pending' "
+        "OR attempt_count > 0"
+    )
+    dead = await conn.fetchval(
+        "SELECT count(*) FROM outbox.projection_apply_outbox WHERE status = 'dead'"
+    )
+    if wrong or failed or dead:
+        raise SystemExit(f"bench: {wrong} campaigns wrong, {failed} holds failed, {dead} dead")
+    rate_catch_up = applied / elapsed
+    print(
+        f"catch-up of a new ordered projector over {events} events on {campaigns} campaigns, "
+        f"{rate} events/s live, durable server"
+    )
+    print(f"  raw client loop (same upsert, pipelined): {raw_rate:9.0f} events/s")
+    print(f"  raw set-based INSERT ... SELECT:          {set_rate:9.0f} events/s")
+    print(
+        f"  outbox catch-up: {applied} events in {elapsed:.1f}s = {rate_catch_up:9.0f} events/s"
+        f" = {rate_catch_up / raw_rate:.2f}x the raw loop (target >= 0.5x), "
+        f"{rate_catch_up / set_rate:.2f}x the set-based pass"
+    )
+    for label, f in (("before", before), ("during", during)):
+        print(
+            f"  visible commit -> visible {label:<6} p50 {f['p50_ms']:6.2f}  "
+            f"p95 {f['p95_ms']:6.2f}  p99 {f['p99_ms']:6.2f} ms"
+        )
+    ratio = during["p99_ms"] / before["p99_ms"]
+    print(f"  p99 during catch-up: {ratio:.2f}x before (target <= 1.5x); 0 dead, 0 failed")
+    print_json(
+        "catch_up",
+        {
+            "events": events,
+            "campaigns": campaigns,
+            "rate": rate,
+            "raw_loop_events_per_s": raw_rate,
+            "set_pass_events_per_s": set_rate,
+            "catch_up_events_per_s": rate_catch_up,
+            "catch_up_seconds": elapsed,
+            "ratio_raw_loop": rate_catch_up / raw_rate,
+            "latency": {"before": before, "during": during},
+            "p99_ratio": ratio,
+        },
+    )
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--events", type=int, default=1_000_000)
+    parser.add_argument("--campaigns", type=int, default=10_000)
+    parser.add_argument("--rate", type=int, default=200)
+    parser.add_argument("--seconds", type=float, default=20.0)
+    args = parser.parse_args()
+    asyncio.run(main(args.events, args.campaigns, args.rate, args.seconds))

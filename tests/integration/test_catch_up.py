@@ -1,0 +1,241 @@
+"""Where a new projector starts (S25): `beginning` catches up from the journal on its own, every
+campaign of it, dormant ones too, while the other projectors go on; `now` starts at what the
+queue holds. Oracles: the sums each test's own generator appended (`expected`), never what a
+worker saw."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import pytest
+
+from helpers import run_cli
+from outbox import Event, Settings, append, db
+from outbox.errors import ConfigError, NotFound
+from outbox.model import StoredEvent
+from outbox.obs.metrics import Metrics
+from outbox.ops.report import health
+from outbox.projection import sweep
+from outbox.projection.app import Outbox
+from outbox.projection.known import list_known, record
+from outbox.projection.pauses import pause
+from outbox.projection.registry import Start
+from outbox.worker.batch import Worker
+from outbox.worker.runtime import drain_now
+from outbox.worker.service import refresh_gauges
+
+SUMS = (
+    "CREATE TABLE sums (projector text, campaign_id text, n bigint, "
+    "PRIMARY KEY (projector, campaign_id))"
+)
+ADD = (
+    "INSERT INTO sums VALUES ($1, $2, $3) ON CONFLICT (projector, campaign_id) "
+    "DO UPDATE SET n = sums.n + excluded.n"
+)
+
+
+def app_of(dsn: str, *names: str, start: Start | None = None) -> Outbox:
+    """Ordered projectors adding each event's `n` into `sums` under their names; the last
+    named one starts at `start` (None: its default)."""
+    app = Outbox(Settings(dsn=dsn, batch_size=10))
+    for i, name in enumerate(names):
+
+        async def add(tx: db.Connection, event: StoredEvent, name: str = name) -> None:
+            await tx.execute(ADD, name, event.campaign_id, event.payload["n"])
+
+        last = i == len(names) - 1
+        app.projector(name, events=["add"], start=start if last else None)(add)
+    return app
+
+
+async def progress(pool: db.Pool, projector: str) -> sweep.CatchUp:
+    [found] = [c for c in await sweep.catch_ups(pool) if c.projector == projector]
+    return found
+
+
+async def sums(pool: db.Pool, projector: str) -> Counter[str]:
+    rows = await pool.fetch("SELECT campaign_id, n FROM sums WHERE projector = $1", projector)
+    return Counter({r["campaign_id"]: r["n"] for r in rows if r["n"]})
+
+
+async def history(
+    pool: db.Pool, settings: Settings, campaigns: list[str], rng: random.Random
+) -> Counter[str]:
+    """1 to 6 events on each campaign, in random order; what each campaign's sum must be."""
+    expected: Counter[str] = Counter()
+    for cid in rng.sample(campaigns, len(campaigns)):
+        events = [Event("add", {"n": rng.randint(1, 9)}) for _ in range(rng.randint(1, 6))]
+        await append(pool, cid, events, settings=settings)
+        expected[cid] += sum(e.payload["n"] for e in events)
+    return expected
+
+
+@pytest.fixture
+async def table(pool: db.Pool) -> None:
+    await pool.execute(SUMS)
+
+
+@pytest.mark.usefixtures("table")
+async def test_a_new_projector_catches_up_on_every_campaign_and_the_others_apply_once(
+    pool: db.Pool, dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Small steps: the sweep's cursor crosses many chunks, and stops seeding at its bound.
+    monkeypatch.setattr(sweep, "CAMPAIGNS", 7)
+    monkeypatch.setattr(sweep, "OUTSTANDING", 10)
+    rng = random.Random(37)
+    campaigns = [f"c{i:02d}" for i in range(40)]
+    old = app_of(dsn, "roster")
+    expected = await history(pool, old.settings, campaigns, rng)
+    await drain_now(old, pool)  # every campaign dormant now: no work rows
+    assert await pool.fetchval("SELECT count(*) FROM outbox.projection_apply_outbox") == 0
+    new = app_of(dsn, "roster", "stats")
+    # Appends while it deploys: some campaigns active, heals and sweep both at work.
+    expected += await history(pool, new.settings, rng.sample(campaigns, 8), rng)
+    counts = await drain_now(new, pool)
+    assert await sums(pool, "stats") == expected
+    assert await sums(pool, "roster") == expected
+    assert counts.dead == counts.failed == 0
+    assert await pool.fetchval("SELECT count(*) FROM outbox.projection_holds") == 0
+    assert await pool.fetchval("SELECT count(*) FROM outbox.projection_apply_outbox") == 0
+    stats = await progress(pool, "stats")
+    assert stats.swept_at is not None
+    assert not stats.catching_up
+    heads = await pool.fetch(
+        "SELECT h.last_seq, k.applied_seq FROM outbox.campaign_heads h "
+        "JOIN outbox.projection_checkpoints k USING (bucket, campaign_id) "
+        "WHERE k.projector = 'stats'"
+    )
+    assert len(heads) == len(campaigns)
+    assert all(r["last_seq"] == r["applied_seq"] for r in heads)
+
+
+@pytest.mark.usefixtures("table")
+async def test_catch_up_progress_is_reported_and_resumes_from_the_checkpoints(
+    pool: db.Pool, dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sweep, "CAMPAIGNS", 5)
+    rng = random.Random(7)
+    campaigns = [f"d{i:02d}" for i in range(12)]
+    old = app_of(dsn, "roster")
+    expected = await history(pool, old.settings, campaigns, rng)
+    await drain_now(old, pool)
+    new = app_of(dsn, "roster", "stats")
+    await record(pool, new.registry, "deploy")
+    before = await progress(pool, "stats")
+    total = await pool.fetchval("SELECT sum(last_seq) FROM outbox.campaign_heads")
+    assert (before.campaigns, before.done, before.events_behind) == (12, 0, total)
+    assert before.catching_up
+    assert before.swept_at is None
+    # One worker steps the sweep once and applies one batch, then stops (a SIGKILL's effect:
+    # whatever it committed stays, the rest waits in holds).
+    worker = Worker(new, pool)
+    assert await worker.sweeps.step(pool, idle=True) == (5, False)
+    await worker.run_once()
+    during = await progress(pool, "stats")
+    assert during.catching_up
+    assert during.holds > 0
+    assert during.done is not None
+    assert during.events_behind is not None
+    assert 0 < during.events_behind < total
+    # The worker's series say the same.
+    metrics = Metrics()
+    await refresh_gauges(metrics, pool, park=False, ordered={"stats": {"add"}})
+    sample = metrics.registry.get_sample_value
+    assert sample("outbox_projector_events_behind", {"projector": "stats"}) == (
+        during.events_behind
+    )
+    assert sample("outbox_projector_catching_up_campaigns", {"projector": "stats"}) == (
+        during.holds
+    )
+    oldest = sample("outbox_projector_oldest_unapplied_seconds", {"projector": "stats"})
+    assert oldest is not None
+    assert oldest > 0
+    # Another worker takes over: the holds go on from the checkpoints, nothing twice.
+    await drain_now(new, pool)
+    assert await sums(pool, "stats") == expected
+    after = await progress(pool, "stats")
+    assert not after.catching_up
+    assert after.events_behind is None
+
+
+@pytest.mark.usefixtures("table")
+async def test_a_projector_that_starts_now_takes_no_history(pool: db.Pool, dsn: str) -> None:
+    old = app_of(dsn, "roster")
+    settings = old.settings
+    for cid in ("e1", "e2", "e3"):
+        await append(pool, cid, [Event("add", {"n": 5}), Event("add", {"n": 6})], settings=settings)
+    await drain_now(old, pool)
+    new = app_of(dsn, "roster", "fresh", start="now")
+    await append(pool, "e1", [Event("add", {"n": 1}), Event("add", {"n": 2})], settings=settings)
+    await drain_now(new, pool)
+    assert await sums(pool, "fresh") == Counter({"e1": 3})
+    assert await sums(pool, "roster") == Counter({"e1": 14, "e2": 11, "e3": 11})
+    [fresh] = [k for k in await list_known(pool) if k.projector == "fresh"]
+    assert fresh.start == "now"
+    assert [c.projector for c in await sweep.catch_ups(pool)] == ["roster"]
+    # Its checkpoint was put before the first event it met, then moved past what it applied.
+    assert (
+        await pool.fetchval(
+            "SELECT applied_seq FROM outbox.projection_checkpoints "
+            "WHERE projector = 'fresh' AND campaign_id = 'e1'"
+        )
+        == 4
+    )
+
+
+def test_start_is_checked_when_a_projector_is_registered() -> None:
+    app = Outbox(Settings(dsn="postgresql://localhost/x"))
+
+    async def nothing(tx: db.Connection, event: StoredEvent) -> None:
+        return None
+
+    with pytest.raises(ConfigError, match="start='beginning' catches up from the journal"):
+        app.projector("u", events=["a"], ordered=False, start="beginning")(nothing)
+    with pytest.raises(ConfigError, match="start='beginning'"):
+        app.projector("l", events=["a"], transactional=False, start="beginning")(nothing)
+    with pytest.raises(ConfigError, match="start must be 'beginning' or 'now', not 'later'"):
+        app.projector("x", events=["a"], start="later")(nothing)  # type: ignore[arg-type]
+    app.projector("lease", events=["a"], transactional=False)(nothing)
+    app.projector("ordered", events=["a"])(nothing)
+    starts = {p.name: p.start for p in app.registry.projectors.values()}
+    assert starts == {"lease": "now", "ordered": "beginning"}
+
+
+@pytest.mark.usefixtures("table")
+async def test_health_names_a_stalled_projector_and_no_idle_one(pool: db.Pool, dsn: str) -> None:
+    app = app_of(dsn, "roster", "stats")
+    await append(pool, "h1", [Event("add", {"n": 1})], settings=app.settings)
+    await drain_now(app, pool)
+    idle = await health(pool, projector="stats", max_lag=1.0)
+    assert idle.healthy, idle.reasons
+    assert idle.projector is not None
+    assert (idle.projector.lag_seconds, idle.projector.dead) == (0.0, 0)
+    with pytest.raises(NotFound, match=r"'nope' is not recorded \(recorded: roster, stats\)"):
+        await health(pool, projector="nope")
+    # A worker of the previous release (no `stats`) applies the next event and leaves its
+    # share in a hold; no worker that runs `stats` comes for two minutes.
+    await append(pool, "h1", [Event("add", {"n": 2})], settings=app.settings)
+    await drain_now(app_of(dsn, "roster"), pool)
+    await pool.execute(
+        "UPDATE outbox.projection_holds SET updated_at = updated_at - interval '2 minutes', "
+        "next_attempt_at = next_attempt_at - interval '2 minutes'"
+    )
+    stalled = await health(pool, projector="stats", max_lag=60.0)
+    assert not stalled.healthy
+    assert stalled.projector is not None
+    assert stalled.projector.lag_seconds >= 120
+    assert any(
+        "'stats' is stalled: a due hold of it has not been worked" in r for r in stalled.reasons
+    )
+    assert (await health(pool, projector="roster", max_lag=60.0)).healthy
+    await pause(pool, "stats", actor="test", reason="looking")
+    paused = await health(pool, projector="stats", max_lag=60.0)
+    assert [r for r in paused.reasons if "stats" in r] == [
+        "projector 'stats' is paused (maintenance projector-resume)"
+    ]
+    bare = run_cli("maintenance", "health", "--max-lag", "5", dsn=dsn)
+    assert bare.returncode != 0
+    assert "--max-lag judges a projector: name it with --projector" in bare.stderr
+    named = run_cli("maintenance", "health", "--projector", "roster", "--json", dsn=dsn)
+    assert named.returncode == 0, named.stderr
