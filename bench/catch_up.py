@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 import time
 
@@ -79,6 +80,17 @@ INSERT INTO set_totals (campaign_id, events, amount)
 SELECT campaign_id, count(*), sum((payload ->> 'amount')::bigint)
 FROM outbox.event_journal
 GROUP BY campaign_id
+"""
+TRACE = """
+SELECT floor(extract(epoch FROM j.recorded_at - $1)) AS t, count(*),
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY l.ms), max(l.ms)
+FROM bench_visible v JOIN outbox.event_journal j USING (campaign_id, seq)
+CROSS JOIN LATERAL (
+    SELECT 1e3 * extract(epoch FROM pg_xact_commit_timestamp(v.xmin)
+                                    - pg_xact_commit_timestamp(j.xmin)) AS ms
+) l
+WHERE j.recorded_at >= $1 AND j.recorded_at < $2
+GROUP BY 1 ORDER BY 1
 """
 LATENCY = """
 SELECT extract(
@@ -183,28 +195,26 @@ async def run(
     raw_rate = await raw_pass(conn)
     set_rate = await set_pass(conn, events)
 
-    # Before: `visible` alone under the live appends.
-    worker = start([str(WORKER), "--app", "_apps:visible", "--concurrency", "2"], dsn)
+    # Before: `visible` alone under the live appends, which flow from here to the end.
+    old = start([str(WORKER), "--app", "_apps:visible", "--concurrency", "2"], dsn)
     await asyncio.sleep(2)  # connected and listening (a bench may wait; tests never)
+    producer = Producer(pool, rate, campaigns)
+    running = asyncio.create_task(producer.run())
+    await asyncio.sleep(1)
     since = await conn.fetchval("SELECT clock_timestamp()")
-    producer = Producer(pool, rate, campaigns)
-    running = asyncio.create_task(producer.run())
     await asyncio.sleep(seconds)
-    producer.stopping.set()
-    await running
     until = await conn.fetchval("SELECT clock_timestamp()")
-    await wait_until(conn, "SELECT count(*) FROM bench_visible", producer.sent, 60)
-    stop(worker)
     before = await latency(conn, since, until)
-    live_before = producer.sent
 
-    # Catch-up: `totals` deployed beside it, the appends still flowing.
+    # Catch-up: a rolling deploy starts a worker with `totals` beside the old one, which
+    # stops once the new one recorded it (until then it leaves `totals`' share in holds).
     worker = start([str(WORKER), "--app", "_apps:catching_up", "--concurrency", "2"], dsn)
-    producer = Producer(pool, rate, campaigns)
-    running = asyncio.create_task(producer.run())
+    totals = None
     while True:
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(0.2)
         found = {c.projector: c for c in await catch_ups(conn)}
+        if totals is None and "totals" in found:
+            stop(old)
         totals = found.get("totals")
         if totals is not None and not totals.catching_up:
             break
@@ -212,14 +222,18 @@ async def run(
             raise SystemExit(f"bench: the worker exited ({worker.returncode})")
     reached = await conn.fetchval("SELECT clock_timestamp()")
     first_seen = totals.first_seen_at
-    applied = await conn.fetchval("SELECT coalesce(sum(events), 0) FROM bench_totals")
+    applied = await conn.fetchval("SELECT coalesce(sum(events), 0)::bigint FROM bench_totals")
     producer.stopping.set()
     await running
     journal = await conn.fetchval("SELECT count(*) FROM outbox.event_journal")
     await wait_until(conn, "SELECT coalesce(sum(events), 0) FROM bench_totals", journal, 120)
-    await wait_until(conn, "SELECT count(*) FROM bench_visible", live_before + producer.sent, 60)
+    await wait_until(conn, "SELECT count(*) FROM bench_visible", producer.sent, 60)
     stop(worker)
     during = await latency(conn, first_seen, reached)
+    if os.environ.get("BENCH_TRACE"):  # commit -> visible per second of the catch-up
+        for r in await conn.fetch(TRACE, first_seen, reached):
+            print(f"  t+{r[0]:3.0f}s  events {r[1]:5d}  p50 {r[2]:8.1f}  max {r[3]:8.1f} ms",
+                  file=sys.stderr)
     elapsed = (reached - first_seen).total_seconds()
 
     # The oracle: the journal's own counts per campaign, and no hold failed.

@@ -246,12 +246,23 @@ BEGIN
             -- naming its bucket (at most once per append).
             PERFORM pg_notify(current_schema() || '.outbox_work', b::text);
         ELSE
-            -- A campaign row left waiting for a projector's hold (a backoff, S24) is due
-            -- now: the campaign's other projectors apply the new rows at once. A row due
-            -- already is not touched (and not waited for: the batch that holds it sees the
-            -- new rows, `outbox_settle`).
-            UPDATE projection_apply_campaigns c SET due_at = v_now, updated_at = v_now
-            WHERE c.bucket = b AND c.campaign_id = p_campaign_id AND c.due_at > v_now;
+            -- A campaign row left waiting for a projector's hold (a backoff, S24), or for
+            -- holds alone (head_seq 0: a projector catching up, S25, a hold's retry), now has
+            -- live work: due now, its head at the new rows (a batch that serves appends
+            -- first takes it), and the workers woken for it as for a new campaign row. The
+            -- campaign's other projectors apply the new rows at once. A row due already with
+            -- rows of its own is not touched (and not waited for: the batch that holds it
+            -- sees the new rows, `outbox_settle`); a batch that holds one of these keeps it
+            -- (the append holds the head) and the update waits for its commit.
+            UPDATE projection_apply_campaigns c
+            SET due_at = least(c.due_at, v_now),
+                head_seq = CASE WHEN c.head_seq = 0 THEN head - n + 1 ELSE c.head_seq END,
+                updated_at = v_now
+            WHERE c.bucket = b AND c.campaign_id = p_campaign_id
+              AND (c.due_at > v_now OR c.head_seq = 0);
+            IF FOUND THEN
+                PERFORM pg_notify(current_schema() || '.outbox_work', b::text);
+            END IF;
         END IF;
     END IF;
 

@@ -59,6 +59,9 @@ class BucketRing:
     last: int = -1
     _lock: anyio.Lock = field(default_factory=anyio.Lock, repr=False)
     _told: dict[int, float] = field(default_factory=dict, repr=False)  # wake-ups, batches' news
+    # Buckets a wake-up named, oldest first: an append's new work is taken before work the
+    # ring knew of (catch-up holds, retries), so a backlog elsewhere never delays it a round.
+    woken: list[int] = field(default_factory=list, repr=False)
 
     def due_now(self) -> bool:
         """Whether some bucket is known to have work due now."""
@@ -66,18 +69,32 @@ class BucketRing:
         return any(at <= now for at in self.due.values())
 
     async def take(self, executor: Executor, now: datetime | None = None) -> int | None:
-        """The next bucket due now after the last one taken (None: nothing is due), after
-        reading every bucket again when what is known is stale or shows nothing due. `now`:
-        the database's time instead of its clock (tests move time forward)."""
+        """The next bucket due now (`take_next`'s, without how it was found)."""
+        taken = await self.take_next(executor, now)
+        return None if taken is None else taken[0]
+
+    async def take_next(
+        self, executor: Executor, now: datetime | None = None, *, woken_first: bool = True
+    ) -> tuple[int, bool] | None:
+        """The next bucket due now, and whether a wake-up named it: those first, else the next
+        after the last one taken (None: nothing is due), after reading every bucket again when
+        what is known is stale or shows nothing due (`woken_first=False`: in turn, whatever
+        woke them). `now`: the database's time instead of its clock (tests move time
+        forward)."""
         if self.stale or not self.due_now() or self._old():
             await self.refresh(executor, now)
         at = self.clock()
+        while woken_first and self.woken:
+            bucket = self.woken.pop(0)
+            if self.due.get(bucket, at + 1) <= at:
+                self.last = bucket
+                return bucket, True
         ready = sorted(b for b, due in self.due.items() if due <= at)
         if not ready:
             return None
         bucket = next((b for b in ready if b > self.last), ready[0])
         self.last = bucket
-        return bucket
+        return bucket, False
 
     async def refresh(self, executor: Executor, now: datetime | None = None) -> None:
         """Read which buckets have work and when it is due (one call; concurrent callers
@@ -99,7 +116,10 @@ class BucketRing:
         """A NOTIFY: its payload names a bucket that got work; anything else (a requeue, a
         reconcile) means read every bucket again."""
         if payload.isdigit():
-            self._due_now(int(payload))
+            bucket = int(payload)
+            self._due_now(bucket)
+            if bucket not in self.woken:
+                self.woken.append(bucket)
         else:
             self.stale = True
 

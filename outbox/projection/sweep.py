@@ -42,7 +42,7 @@ __all__ = [
 # Campaigns one step of a sweep looks at, and the catch-up holds of a projector past which a
 # step seeds none.
 CAMPAIGNS = 500
-OUTSTANDING = 2000
+OUTSTANDING = 1024
 # Steps one call takes at most past campaigns that need no hold (a sweep over campaigns the
 # projector is level with already).
 STEPS = 20

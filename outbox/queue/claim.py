@@ -130,16 +130,24 @@ async def claim(
     campaigns: int | None = None,
     projectors: Sequence[str] = (),
     now: datetime | None = None,
+    background: bool = True,
 ) -> list[ClaimedCampaign]:
     """Lock up to `limit` rows of `bucket`: under campaign ordering, due campaigns and the rows
     from their heads (the campaign's rows are the holder's alone) with the checkpoints of the
     ordered `projectors`, in one call whose second statement sees every commit of the
     campaigns' previous holders; else due rows, each locked, one pseudo-campaign per row's
     campaign (no checkpoints read). Campaigns sorted by id, rows by seq. `campaigns`: how many
-    campaigns an ordered claim takes at most (default `limit`), the rows shared among them."""
+    campaigns an ordered claim takes at most (default `limit`), the rows shared among them;
+    without `background`, none that waits for holds alone (S25)."""
     if ordered:
         records = await conn.fetch(
-            Q.claim_batch, bucket, min(campaigns or limit, limit), limit, list(projectors), now
+            Q.claim_batch,
+            bucket,
+            min(campaigns or limit, limit),
+            limit,
+            list(projectors),
+            now,
+            background,
         )
     else:
         records = await conn.fetch(Q.claim_due_rows, limit, now, bucket)

@@ -26,7 +26,11 @@ from outbox.worker.tracks import Away, Tracks
 from outbox.worker.transient import raise_transient
 from outbox.worker.walk import campaign_writes, paused_waits, walk
 
-__all__ = ["Apply"]
+__all__ = ["LIVE_HEAL", "Apply"]
+
+# Journal events a batch that serves appends first heals an ordered projector by, per campaign
+# (a few rows deleted by hand, a restart); one further behind catches up in the background.
+LIVE_HEAL = 20
 
 
 class Apply:
@@ -64,7 +68,7 @@ class Apply:
                 for k in await app.absent.of(conn, app.registry)
             ]
         tracks = Tracks(app.registry, settings.poll_interval)
-        tracks.read(campaigns, stopping, away)
+        tracks.read(campaigns, stopping, away, go_on=batch.background)
         work = walk(
             campaigns,
             limit=settings.batch_size,
@@ -94,6 +98,8 @@ class Apply:
             if app.registry.starting_now():
                 firsts = {c.campaign_id: c.first_seq for c in campaigns if c.first_seq}
                 dispatch.use(starting_now(app.registry, firsts, dispatch.checkpoints), write=True)
+            if not batch.background:  # appends first: a long catch-up waits for the background
+                tracks.defer_behind(campaigns, dispatch.checkpoints, LIVE_HEAL)
         if work:
             if not settings.ordered:
                 await dispatch.load(sorted({r.campaign_id for r in work}))

@@ -45,7 +45,9 @@ _logger = log.get_logger("outbox.worker")
 
 # Seconds between steps of a catch-up sweep while the worker is busy (S25); an idle worker
 # steps it at once.
-SWEEP_INTERVAL = 1.0
+SWEEP_INTERVAL = 0.2
+# Batches for buckets an append woke a worker serves in a row before one in turn (S25).
+APPENDS_FIRST = 4
 
 
 @dataclass
@@ -76,6 +78,8 @@ class Worker:
     ring: BucketRing = field(init=False, repr=False)
     # The catch-up sweeps of this worker's projectors that start at the beginning (S25).
     sweeps: Sweeps = field(init=False, repr=False)
+    # Batches served in a row for buckets an append woke (see `run_once`).
+    _woken_streak: int = field(default=0, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.rand is None:
@@ -109,17 +113,25 @@ class Worker:
         bucket: int | None = None
         try:
             await self._sweep(idle=False)
-            bucket = await self.ring.take(self.pool, self.now())
-            if bucket is None:
+            # Appends first (S25): a bucket an append woke is served first, without background
+            # work (campaigns waiting for holds alone, catch-ups), as long as the worker has
+            # not served `APPENDS_FIRST` such batches in a row: then the next bucket in turn
+            # with background work, so a catch-up moves however busy the appends keep it.
+            woken_first = self._woken_streak < APPENDS_FIRST
+            taken = await self.ring.take_next(self.pool, self.now(), woken_first=woken_first)
+            if taken is None:
                 self.took_all = True
                 # Nothing due: a sweep under way steps now, and has the loop look again.
                 return BatchCounts(more_due=int(await self._sweep(idle=True)))
+            bucket, woken = taken
+            background = not woken
+            self._woken_streak = self._woken_streak + 1 if woken else 0
             try:
-                counts = await self._batch(after, bucket, careful=False)
+                counts = await self._batch(after, bucket, careful=False, background=background)
             except Isolate as isolate:
                 _logger.debug("batch.isolate", extra={"error": str(isolate)})
                 after = AfterCommit()
-                counts = await self._batch(after, bucket, careful=True)
+                counts = await self._batch(after, bucket, careful=True, background=background)
             if not (counts.claimed or counts.more_due) and await self._sweep(idle=True):
                 counts.more_due = 1
             full = counts.claimed >= self.app.settings.batch_size
@@ -170,10 +182,13 @@ class Worker:
             self.ring.wake("")
         return bool(seeded) or moving
 
-    async def _batch(self, after: AfterCommit, bucket: int, *, careful: bool) -> BatchCounts:
+    async def _batch(
+        self, after: AfterCommit, bucket: int, *, careful: bool, background: bool = True
+    ) -> BatchCounts:
         """One transaction in `bucket`: claim, hand the campaigns to `_handle`, commit.
         `careful`: a savepoint around each group, so a failing event can be rolled back
-        alone."""
+        alone; `background`: campaigns that wait for holds alone are claimed too, and the
+        holds of ordered projectors go on through the journal (S25)."""
         now = self.now()
         session = self.app.settings.worker_session()
         with tracing.span("outbox.batch"):
@@ -187,11 +202,20 @@ class Worker:
                     campaigns=wanted,
                     projectors=self.app.registry.ordered_names(),
                     now=now,
+                    background=background,
                 )
                 self.took_all = not self._claim_ordered() or len(campaigns) < wanted
                 self._observe(campaigns)
                 batch = Batch(
-                    self.app, self.policy, self.worker_id, conn, bucket, now, after, careful
+                    self.app,
+                    self.policy,
+                    self.worker_id,
+                    conn,
+                    bucket,
+                    now,
+                    after,
+                    careful,
+                    background,
                 )
                 return await self.strategy.handle(batch, campaigns)
 

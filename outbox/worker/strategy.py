@@ -49,8 +49,9 @@ class Isolate(Exception):
 class Batch:
     """One batch as its strategy sees it: the app and the failure policy, the worker's id (the
     owner of its leases), the transaction's connection, the bucket it claimed in, the instant
-    tests move (None: the database clock), what it hands on past the commit, and whether each
-    group runs in a savepoint of its own (`careful`, after a failure)."""
+    tests move (None: the database clock), what it hands on past the commit, whether each
+    group runs in a savepoint of its own (`careful`, after a failure), and whether it takes
+    background work (`background`: campaigns that wait for holds alone, catch-ups; S25)."""
 
     app: Outbox
     policy: FailurePolicy
@@ -60,6 +61,7 @@ class Batch:
     now: datetime | None
     after: AfterCommit
     careful: bool
+    background: bool = True
 
 
 class Strategy(Protocol):

@@ -54,11 +54,18 @@ class Tracks:
     waiting: int = 0
 
     def read(
-        self, campaigns: list[ClaimedCampaign], paused: Collection[str], absent: Sequence[Away]
+        self,
+        campaigns: list[ClaimedCampaign],
+        paused: Collection[str],
+        absent: Sequence[Away],
+        *,
+        go_on: bool = True,
     ) -> None:
         """Learn the claimed campaigns' holds: who is stopped, which rows wait for whom. A due
         hold of a projector `paused` or `absent` (not in this worker's code) is looked at again
-        in a poll interval."""
+        in a poll interval. Without `go_on` (a batch that serves appends first, S25) an ordered
+        projector's due hold stays as it is, stopping it, for a background batch to go on
+        from."""
         projectors = self.registry.projectors
         away = {a.name: a for a in absent}
         for campaign in campaigns:
@@ -78,7 +85,7 @@ class Tracks:
                     self._keep(cid, hold, self.poll_interval)
                     self.waiting += 1
                 if ordered:
-                    if retry:
+                    if retry and go_on:
                         self.tails.setdefault(cid, set()).add(hold.projector)
                     else:  # from the event it failed on (its checkpoint may be before it)
                         self.skips.stop(cid, hold.projector, hold.seq)
@@ -111,6 +118,23 @@ class Tracks:
                     self.skips.held.add((cid, row.seq, name))
                     self._place(cid, name, row.seq, "pending", 0, None, True, wait)
                     self.waiting += 1
+
+    def defer_behind(
+        self, campaigns: list[ClaimedCampaign], checkpoints: dict[tuple[str, str], int], gap: int
+    ) -> None:
+        """An ordered projector more than `gap` events behind a claimed campaign's first row
+        (deployed onto its history) is not healed in this batch: it stops there with a
+        catch-up hold, due now, for a background batch to take on through the journal (S25),
+        and the campaign's other projectors apply the rows now."""
+        for c in campaigns:
+            if not c.rows:
+                continue
+            cid, first = c.campaign_id, c.rows[0].seq
+            for name in self.registry.ordered_names():
+                stopped = (cid, name) in self.skips.stopped or name in self.tails.get(cid, ())
+                if not stopped and first - 1 - checkpoints.get((cid, name), 0) > gap:
+                    self.skips.stop(cid, name, CATCHING_UP)
+                    self._place(cid, name, CATCHING_UP, "pending", 0, None, False, 0.0)
 
     def fail(self, failure: Failure, *, event_type: str | None) -> None:
         """`failure.projector` failed on event (campaign, seq): it gets a hold there, which

@@ -8,11 +8,17 @@ the generator recorded, never with the journal or the queue. `mystery` events ha
 projector: the unknown-type poison. `lease_app` (lease mode, S13) adds `courier`, a
 non-transactional projector of every `step` that records each delivery on its own connection
 (`fault_delivered`: at-least-once, so repeats are counted, never lost or out of order), while
-`witness` applies in each lease's fenced completion (exactly once).
+`witness` applies in each lease's fenced completion (exactly once). `tracks_app` (S24) adds
+two ordered projectors, `ledger` and `flaky`, each recording its applications under its name
+(`fault_tracked`); `flaky` raises on every event of a campaign listed in `fault_sick` for as
+long as it is listed. `catch_up_app` (S25) adds `late`, ordered and starting at the beginning,
+deployed onto a journal with history (a millisecond per event, so a catch-up lasts long
+enough for kills to land in it).
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 
 from outbox import db
@@ -26,6 +32,14 @@ CREATE TABLE IF NOT EXISTS fault_applied (
     uid         text   NOT NULL,
     i           bigint NOT NULL
 );
+CREATE TABLE IF NOT EXISTS fault_tracked (
+    id          bigserial PRIMARY KEY,
+    projector   text   NOT NULL,
+    campaign_id text   NOT NULL,
+    uid         text   NOT NULL,
+    i           bigint NOT NULL
+);
+CREATE TABLE IF NOT EXISTS fault_sick (campaign_id text PRIMARY KEY);
 CREATE TABLE IF NOT EXISTS fault_delivered (
     id          bigserial PRIMARY KEY,
     campaign_id text   NOT NULL,
@@ -73,3 +87,41 @@ async def courier(pool: db.Pool, event: StoredEvent) -> None:
         event.payload["uid"],
         event.payload["i"],
     )
+
+
+TRACK = "INSERT INTO fault_tracked (projector, campaign_id, uid, i) VALUES ($1, $2, $3, $4)"
+
+
+async def _track(tx: db.Connection, name: str, event: StoredEvent) -> None:
+    await tx.execute(TRACK, name, event.campaign_id, event.payload["uid"], event.payload["i"])
+
+
+tracks_app = Outbox()
+tracks_app.registry.add(app.registry.projectors["witness"])
+
+
+@tracks_app.projector("ledger", events=["step"])
+async def ledger(tx: db.Connection, event: StoredEvent) -> None:
+    await _track(tx, "ledger", event)
+
+
+class Sick(Exception):
+    """`flaky` on a campaign listed in `fault_sick`."""
+
+
+@tracks_app.projector("flaky", events=["step"])
+async def flaky(tx: db.Connection, event: StoredEvent) -> None:
+    sick = "SELECT EXISTS (SELECT 1 FROM fault_sick WHERE campaign_id = $1)"
+    if await tx.fetchval(sick, event.campaign_id):
+        raise Sick(f"flaky is sick on {event.campaign_id}")
+    await _track(tx, "flaky", event)
+
+
+catch_up_app = Outbox()
+catch_up_app.registry.add(app.registry.projectors["witness"])
+
+
+@catch_up_app.projector("late", events=["step"], start="beginning")
+async def late(tx: db.Connection, event: StoredEvent) -> None:
+    await asyncio.sleep(0.001)
+    await _track(tx, "late", event)

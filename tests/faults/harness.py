@@ -20,7 +20,7 @@ import subprocess
 import sys
 import uuid
 from collections import Counter, defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -138,6 +138,7 @@ class Generator:
     campaigns: list[str]
     per_append: int = 3
     pause: float = 0.05
+    key_prefix: str = ""  # a second generator over the same campaigns: keys of its own
     expected: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
     unknown_outcomes: int = 0
     stopping: anyio.Event = field(default_factory=anyio.Event)
@@ -160,7 +161,7 @@ class Generator:
         rng = random.Random(campaign)
         while not self.stopping.is_set() and (appends is None or n < appends):
             n += 1
-            key = f"{campaign}-{n}"
+            key = f"{self.key_prefix}{campaign}-{n}"
             first = len(self.expected[campaign])
             uids = [uuid.uuid4().hex for _ in range(self.per_append)]
             events = [Event("step", {"uid": uid, "i": first + j}) for j, uid in enumerate(uids)]
@@ -240,9 +241,18 @@ async def tally(
     *,
     faults: int,
     notes: str = "",
+    projector: str | None = None,
 ) -> Tally:
-    """Compare what the witness applied with the generator's record."""
-    rows = await pool.fetch("SELECT campaign_id, uid, i FROM fault_applied ORDER BY id")
+    """Compare what the witness (or `projector`, of `faults_app.tracks_app`) applied with the
+    generator's record."""
+    rows = (
+        await pool.fetch("SELECT campaign_id, uid, i FROM fault_applied ORDER BY id")
+        if projector is None
+        else await pool.fetch(
+            "SELECT campaign_id, uid, i FROM fault_tracked WHERE projector = $1 ORDER BY id",
+            projector,
+        )
+    )
     seen = Counter(r["uid"] for r in rows)
     wanted = {uid for uids in expected.values() for uid in uids}
     lost = sum(1 for uid in wanted if seen[uid] == 0)
@@ -300,13 +310,28 @@ async def finish(
     faults: int,
     notes: str = "",
     waiting: str = "",
+    projectors: Sequence[str] = (),
 ) -> None:
     fleet.check()
     await wait_drained(pool, waiting=waiting)
     await fleet.stop()
-    result = await tally(name, pool, generator.expected, fleet, faults=faults, notes=notes)
-    record(result)
-    assert result.clean, result.line() + f" unplanned={fleet.unplanned[:3]}"
+    results = [await tally(name, pool, generator.expected, fleet, faults=faults, notes=notes)]
+    for projector in projectors:  # each projector on its own track: a line each (S24)
+        results.append(
+            await tally(
+                f"{name}[{projector}]",
+                pool,
+                generator.expected,
+                fleet,
+                faults=faults,
+                notes=notes,
+                projector=projector,
+            )
+        )
+    for result in results:
+        record(result)
+    for result in results:
+        assert result.clean, result.line() + f" unplanned={fleet.unplanned[:3]}"
 
 
 # The fixtures of the tiers that run scenarios (tests/faults, tests/citus): their conftests

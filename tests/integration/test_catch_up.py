@@ -10,7 +10,7 @@ from collections import Counter
 
 import pytest
 
-from helpers import run_cli
+from helpers import campaigns_in_one_bucket, run_cli
 from outbox import Event, Settings, append, db
 from outbox.errors import ConfigError, NotFound
 from outbox.model import StoredEvent
@@ -21,6 +21,7 @@ from outbox.projection.app import Outbox
 from outbox.projection.known import list_known, record
 from outbox.projection.pauses import pause
 from outbox.projection.registry import Start
+from outbox.worker.apply import LIVE_HEAL
 from outbox.worker.batch import Worker
 from outbox.worker.runtime import drain_now
 from outbox.worker.service import refresh_gauges
@@ -239,3 +240,36 @@ async def test_health_names_a_stalled_projector_and_no_idle_one(pool: db.Pool, d
     assert "--max-lag judges a projector: name it with --projector" in bare.stderr
     named = run_cli("maintenance", "health", "--projector", "roster", "--json", dsn=dsn)
     assert named.returncode == 0, named.stderr
+
+
+@pytest.mark.usefixtures("table")
+async def test_appends_are_served_first_and_a_long_catch_up_waits_for_the_background(
+    pool: db.Pool, dsn: str
+) -> None:
+    c1, c2, c3 = campaigns_in_one_bucket(3, prefix="live")
+    old = app_of(dsn, "roster")
+    history = [Event("add", {"n": 1})] * (LIVE_HEAL + 10)
+    for cid in (c1, c2, c3):
+        await append(pool, cid, history, settings=old.settings)
+    await drain_now(old, pool)
+    new = app_of(dsn, "roster", "stats")
+    await record(pool, new.registry, "deploy")
+    worker = Worker(new, pool)
+    await worker.sweeps.step(pool, idle=True)  # c1, c2, c3 dormant: catch-up holds
+    await pool.execute("DELETE FROM outbox.projection_holds WHERE campaign_id = $1", c1)
+    await pool.execute("DELETE FROM outbox.projection_apply_campaigns WHERE campaign_id = $1", c1)
+    await append(pool, c1, [Event("add", {"n": 100})], settings=new.settings)
+    bucket = await pool.fetchval("SELECT outbox.outbox_bucket($1)", c1)
+    worker.ring.wake(str(bucket))  # the append's NOTIFY: served first, no background work
+    counts = await worker.run_once()
+    assert (counts.claimed, counts.applied) == (1, 1)
+    assert await sums(pool, "roster") == Counter({c1: 130, c2: 30, c3: 30})
+    assert await sums(pool, "stats") == Counter()  # 30 behind c1: not healed in this batch
+    holds = await pool.fetch(
+        "SELECT campaign_id, seq, status FROM outbox.projection_holds "
+        "WHERE projector = 'stats' ORDER BY campaign_id"
+    )
+    assert [tuple(h) for h in holds] == [(c, 0, "pending") for c in sorted((c1, c2, c3))]
+    await drain_now(new, pool)  # the background takes them on
+    assert await sums(pool, "stats") == Counter({c1: 130, c2: 30, c3: 30})
+    assert await sums(pool, "roster") == Counter({c1: 130, c2: 30, c3: 30})
