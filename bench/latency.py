@@ -113,7 +113,10 @@ async def wait_until(conn: asyncpg.Connection, sql: str, want: int, deadline: fl
 
 
 def start(args: list[str], dsn: str) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "OUTBOX_DSN": dsn, "PYTHONPATH": str(HERE)}
+    # The bench's apps, and whatever PYTHONPATH the bench runs under (another checkout of the
+    # package, for a figure of the code before).
+    path = os.pathsep.join(p for p in (str(HERE), os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, "OUTBOX_DSN": dsn, "PYTHONPATH": path}
     log = Path(os.environ.get("BENCH_WORKER_LOG", os.devnull))  # the worker's JSON lines
     with log.open("ab") as stderr:
         return subprocess.Popen(args, cwd=HERE, env=env, stderr=stderr)

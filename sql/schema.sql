@@ -141,7 +141,7 @@ BEGIN
 END
 $$;
 
-CREATE FUNCTION outbox.outbox_claim(p_bucket integer, p_campaigns integer, p_budget integer, p_projectors text[], p_now timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS TABLE(campaign_id text, due boolean, first_seq bigint, last_seq bigint, projectors text[], applied_seqs bigint[], holds text, seq bigint, status text, attempt_count integer, next_attempt_at timestamp with time zone, lease_owner text, claim_epoch bigint, event_type text, payload text, metadata text, recorded_at timestamp with time zone)
+CREATE FUNCTION outbox.outbox_claim(p_bucket integer, p_campaigns integer, p_budget integer, p_projectors text[], p_now timestamp with time zone DEFAULT NULL::timestamp with time zone, p_background boolean DEFAULT true) RETURNS TABLE(campaign_id text, due boolean, first_seq bigint, last_seq bigint, projectors text[], applied_seqs bigint[], holds text, seq bigint, status text, attempt_count integer, next_attempt_at timestamp with time zone, lease_owner text, claim_epoch bigint, event_type text, payload text, metadata text, recorded_at timestamp with time zone)
     LANGUAGE plpgsql
     SET search_path TO 'outbox', 'pg_temp'
     SET enable_seqscan TO 'off'
@@ -160,6 +160,7 @@ BEGIN
         SELECT q.campaign_id, q.head_seq
         FROM projection_apply_campaigns q
         WHERE q.bucket = p_bucket AND NOT q.blocked AND q.due_at <= v_now
+          AND (p_background OR q.head_seq > 0)
         ORDER BY q.due_at
         LIMIT p_campaigns
         FOR UPDATE SKIP LOCKED
@@ -899,12 +900,23 @@ BEGIN
             -- naming its bucket (at most once per append).
             PERFORM pg_notify(current_schema() || '.outbox_work', b::text);
         ELSE
-            -- A campaign row left waiting for a projector's hold (a backoff, S24) is due
-            -- now: the campaign's other projectors apply the new rows at once. A row due
-            -- already is not touched (and not waited for: the batch that holds it sees the
-            -- new rows, `outbox_settle`).
-            UPDATE projection_apply_campaigns c SET due_at = v_now, updated_at = v_now
-            WHERE c.bucket = b AND c.campaign_id = p_campaign_id AND c.due_at > v_now;
+            -- A campaign row left waiting for a projector's hold (a backoff, S24), or for
+            -- holds alone (head_seq 0: a projector catching up, S25, a hold's retry), now has
+            -- live work: due now, its head at the new rows (a batch that serves appends
+            -- first takes it), and the workers woken for it as for a new campaign row. The
+            -- campaign's other projectors apply the new rows at once. A row due already with
+            -- rows of its own is not touched (and not waited for: the batch that holds it
+            -- sees the new rows, `outbox_settle`); a batch that holds one of these keeps it
+            -- (the append holds the head) and the update waits for its commit.
+            UPDATE projection_apply_campaigns c
+            SET due_at = least(c.due_at, v_now),
+                head_seq = CASE WHEN c.head_seq = 0 THEN head - n + 1 ELSE c.head_seq END,
+                updated_at = v_now
+            WHERE c.bucket = b AND c.campaign_id = p_campaign_id
+              AND (c.due_at > v_now OR c.head_seq = 0);
+            IF FOUND THEN
+                PERFORM pg_notify(current_schema() || '.outbox_work', b::text);
+            END IF;
         END IF;
     END IF;
 
