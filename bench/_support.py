@@ -7,10 +7,12 @@ so figures include the cost of commits.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import platform
 import statistics
 import sys
+import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -20,6 +22,7 @@ from typing import Any
 import asyncpg
 import orjson
 
+from outbox import Event, Settings, append
 from outbox.queue.settle import refresh_campaigns
 from outbox.schema import migrate
 from outbox.testing.localpg import LocalCluster
@@ -166,3 +169,47 @@ def print_json(bench: str, figures: dict[str, Any]) -> None:
 
 def decode_amounts(payloads: Sequence[str]) -> list[int]:
     return [orjson.loads(p)["amount"] for p in payloads]
+
+
+# Commit -> visible of the events `visible` (`_apps.visible_app`) applied that were appended
+# in a window ($1, $2), by their commit timestamps (track_commit_timestamp).
+WINDOW_LATENCY = """
+SELECT extract(
+    epoch FROM pg_xact_commit_timestamp(v.xmin) - pg_xact_commit_timestamp(j.xmin)
+)::float8
+FROM bench_visible v JOIN outbox.event_journal j USING (campaign_id, seq)
+WHERE j.recorded_at >= $1 AND j.recorded_at < $2
+"""
+
+
+async def window_latency(conn: asyncpg.Connection, since: Any, until: Any) -> dict[str, float]:
+    """Percentiles of commit -> visible over the events appended from `since` to `until`."""
+    return percentiles([r[0] for r in await conn.fetch(WINDOW_LATENCY, since, until)])
+
+
+class Producer:
+    """One-event appends at `rate` per second, spread over `campaigns` campaigns named
+    `prefix` n, until `stopping` is set; `sent` once it has stopped."""
+
+    def __init__(self, pool: asyncpg.Pool, rate: int, campaigns: int, prefix: str) -> None:
+        self.pool, self.rate, self.campaigns, self.prefix = pool, rate, campaigns, prefix
+        self.sent = 0
+        self.stopping = asyncio.Event()
+        self.settings = Settings()
+
+    async def run(self) -> None:
+        tasks: set[asyncio.Task[object]] = set()
+        started = time.perf_counter()
+        i = 0
+        while not self.stopping.is_set():
+            delay = started + i / self.rate - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            event = Event(EVENT_TYPE, {"amount": i % 7})
+            campaign = f"{self.prefix}{(i * 7919) % self.campaigns}"
+            task = asyncio.create_task(append(self.pool, campaign, [event], settings=self.settings))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+            i += 1
+        await asyncio.gather(*tasks)
+        self.sent = i

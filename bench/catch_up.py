@@ -2,7 +2,7 @@
 """A projector deployed onto years of history catches up on its own, while live appends flow.
 
 Usage: python bench/catch_up.py [--events 1000000] [--campaigns 10000] [--rate 200]
-                                [--seconds 20]
+                                [--seconds 20] [--split]
 One durable server, one run. The journal holds `events` events over `campaigns` campaigns, all
 dormant (no work rows), and `visible` (one row per event, whose commit says when it became
 visible) is level with it, as on a live store. Then:
@@ -17,6 +17,9 @@ visible) is level with it, as on a live store. Then:
    upsert, ordered, `start="beginning"`), live appends still flowing. The figure is the events
    it applied per second from its first record until it reached every campaign's head (the
    report's catch-up progress at 0 events behind), and `visible`'s commit -> visible meanwhile.
+
+`--split` deploys two workers instead of one: one that does the appends' work alone
+(`--background never`, 2 loops) and one that only catches up (`--background only`, 1 loop).
 
 Oracle: `totals` holds every journaled event once (the journal's own counts per campaign,
 not what a worker saw), `visible` every live event; no hold failed or died.
@@ -33,10 +36,9 @@ import time
 import asyncpg
 import orjson
 from _apps import VISIBLE
-from _support import EVENT_TYPE, UPSERT_ONE, bench_database, percentiles, print_json
+from _support import UPSERT_ONE, Producer, bench_database, print_json, window_latency
 from latency import WORKER, start, stop, wait_until
 
-from outbox import Event, Settings, append
 from outbox.projection.sweep import catch_ups
 
 # The journal's history: `$2` events over `$1` campaigns 'h-' || n, as appends leave it, with
@@ -92,13 +94,6 @@ CROSS JOIN LATERAL (
 WHERE j.recorded_at >= $1 AND j.recorded_at < $2
 GROUP BY 1 ORDER BY 1
 """
-LATENCY = """
-SELECT extract(
-    epoch FROM pg_xact_commit_timestamp(v.xmin) - pg_xact_commit_timestamp(j.xmin)
-)::float8
-FROM bench_visible v JOIN outbox.event_journal j USING (campaign_id, seq)
-WHERE j.recorded_at >= $1 AND j.recorded_at < $2
-"""
 
 
 async def raw_pass(conn: asyncpg.Connection) -> float:
@@ -127,46 +122,12 @@ async def set_pass(conn: asyncpg.Connection, events: int) -> float:
     return events / (time.perf_counter() - started)
 
 
-class Producer:
-    """One-event appends at `rate` per second to the history's campaigns until stopped."""
-
-    def __init__(self, pool: asyncpg.Pool, rate: int, campaigns: int) -> None:
-        self.pool, self.rate, self.campaigns = pool, rate, campaigns
-        self.sent = 0
-        self.stopping = asyncio.Event()
-        self.settings = Settings()
-
-    async def run(self) -> None:
-        tasks: set[asyncio.Task[object]] = set()
-        started = time.perf_counter()
-        i = 0
-        while not self.stopping.is_set():
-            delay = started + i / self.rate - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            event = Event(EVENT_TYPE, {"amount": i % 7})
-            task = asyncio.create_task(
-                append(
-                    self.pool, f"h-{(i * 7919) % self.campaigns}", [event], settings=self.settings
-                )
-            )
-            tasks.add(task)
-            task.add_done_callback(tasks.discard)
-            i += 1
-        await asyncio.gather(*tasks)
-        self.sent = i
-
-
-async def latency(conn: asyncpg.Connection, since: object, until: object) -> dict[str, float]:
-    return percentiles([r[0] for r in await conn.fetch(LATENCY, since, until)])
-
-
-async def main(events: int, campaigns: int, rate: int, seconds: float) -> None:
+async def main(events: int, campaigns: int, rate: int, seconds: float, split: bool) -> None:
     async with bench_database(commit_timestamps=True) as dsn:
         conn = await asyncpg.connect(dsn)
         pool = await asyncpg.create_pool(dsn, min_size=4, max_size=16)
         try:
-            await run(conn, pool, dsn, events, campaigns, rate, seconds)
+            await run(conn, pool, dsn, events, campaigns, rate, seconds, split)
         finally:
             await pool.close()
             await conn.close()
@@ -180,6 +141,7 @@ async def run(
     campaigns: int,
     rate: int,
     seconds: float,
+    split: bool,
 ) -> None:
     await conn.execute(VISIBLE)
     await conn.execute(RAW_TABLES)
@@ -198,17 +160,25 @@ async def run(
     # Before: `visible` alone under the live appends, which flow from here to the end.
     old = start([str(WORKER), "--app", "_apps:visible", "--concurrency", "2"], dsn)
     await asyncio.sleep(2)  # connected and listening (a bench may wait; tests never)
-    producer = Producer(pool, rate, campaigns)
+    producer = Producer(pool, rate, campaigns, "h-")
     running = asyncio.create_task(producer.run())
     await asyncio.sleep(1)
     since = await conn.fetchval("SELECT clock_timestamp()")
     await asyncio.sleep(seconds)
     until = await conn.fetchval("SELECT clock_timestamp()")
-    before = await latency(conn, since, until)
+    before = await window_latency(conn, since, until)
 
     # Catch-up: a rolling deploy starts a worker with `totals` beside the old one, which
     # stops once the new one recorded it (until then it leaves `totals`' share in holds).
-    worker = start([str(WORKER), "--app", "_apps:catching_up", "--concurrency", "2"], dsn)
+    new = [str(WORKER), "--app", "_apps:catching_up"]
+    workers = (
+        [  # a worker for the appends' work, one for the catch-up (OUTBOX_BACKGROUND)
+            start([*new, "--concurrency", "2", "--background", "never"], dsn),
+            start([*new, "--concurrency", "1", "--background", "only"], dsn),
+        ]
+        if split
+        else [start([*new, "--concurrency", "2"], dsn)]
+    )
     totals = None
     while True:
         await asyncio.sleep(0.2)
@@ -218,8 +188,8 @@ async def run(
         totals = found.get("totals")
         if totals is not None and not totals.catching_up:
             break
-        if worker.poll() is not None:
-            raise SystemExit(f"bench: the worker exited ({worker.returncode})")
+        if any(w.poll() is not None for w in workers):
+            raise SystemExit("bench: a worker exited")
     reached = await conn.fetchval("SELECT clock_timestamp()")
     first_seen = totals.first_seen_at
     applied = await conn.fetchval("SELECT coalesce(sum(events), 0)::bigint FROM bench_totals")
@@ -228,12 +198,15 @@ async def run(
     journal = await conn.fetchval("SELECT count(*) FROM outbox.event_journal")
     await wait_until(conn, "SELECT coalesce(sum(events), 0) FROM bench_totals", journal, 120)
     await wait_until(conn, "SELECT count(*) FROM bench_visible", producer.sent, 60)
-    stop(worker)
-    during = await latency(conn, first_seen, reached)
+    for worker in workers:
+        stop(worker)
+    during = await window_latency(conn, first_seen, reached)
     if os.environ.get("BENCH_TRACE"):  # commit -> visible per second of the catch-up
         for r in await conn.fetch(TRACE, first_seen, reached):
-            print(f"  t+{r[0]:3.0f}s  events {r[1]:5d}  p50 {r[2]:8.1f}  max {r[3]:8.1f} ms",
-                  file=sys.stderr)
+            print(
+                f"  t+{r[0]:3.0f}s  events {r[1]:5d}  p50 {r[2]:8.1f}  max {r[3]:8.1f} ms",
+                file=sys.stderr,
+            )
     elapsed = (reached - first_seen).total_seconds()
 
     # The oracle: the journal's own counts per campaign, and no hold failed.
@@ -252,9 +225,10 @@ async def run(
     if wrong or failed or dead:
         raise SystemExit(f"bench: {wrong} campaigns wrong, {failed} holds failed, {dead} dead")
     rate_catch_up = applied / elapsed
+    how = "two workers (appends' work, catch-up)" if split else "one worker"
     print(
         f"catch-up of a new ordered projector over {events} events on {campaigns} campaigns, "
-        f"{rate} events/s live, durable server"
+        f"{rate} events/s live, {how}, durable server"
     )
     print(f"  raw client loop (same upsert, pipelined): {raw_rate:9.0f} events/s")
     print(f"  raw set-based INSERT ... SELECT:          {set_rate:9.0f} events/s")
@@ -276,6 +250,7 @@ async def run(
             "events": events,
             "campaigns": campaigns,
             "rate": rate,
+            "split": split,
             "raw_loop_events_per_s": raw_rate,
             "set_pass_events_per_s": set_rate,
             "catch_up_events_per_s": rate_catch_up,
@@ -293,5 +268,10 @@ if __name__ == "__main__":
     parser.add_argument("--campaigns", type=int, default=10_000)
     parser.add_argument("--rate", type=int, default=200)
     parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument(
+        "--split",
+        action="store_true",
+        help="deploy two workers: one for the appends' work, one catching up",
+    )
     args = parser.parse_args()
-    asyncio.run(main(args.events, args.campaigns, args.rate, args.seconds))
+    asyncio.run(main(args.events, args.campaigns, args.rate, args.seconds, args.split))

@@ -22,18 +22,9 @@ from typing import Any
 
 import asyncpg
 from _apps import VISIBLE
-from _support import EVENT_TYPE, bench_database, percentiles, print_json
+from _support import Producer, bench_database, print_json, window_latency
 from latency import WORKER, start, stop
 
-from outbox import Event, Settings, append
-
-LATENCY = """
-SELECT extract(
-    epoch FROM pg_xact_commit_timestamp(v.xmin) - pg_xact_commit_timestamp(j.xmin)
-)::float8
-FROM bench_visible v JOIN outbox.event_journal j USING (campaign_id, seq)
-WHERE j.recorded_at >= $1 AND j.recorded_at < $2
-"""
 TABLES = (
     "projection_apply_outbox",
     "projection_apply_campaigns",
@@ -57,29 +48,6 @@ async def window(
     return label, since, until, state
 
 
-async def produce(pool: asyncpg.Pool, rate: int, campaigns: int, stopping: asyncio.Event) -> None:
-    settings = Settings()
-    tasks: set[asyncio.Task[object]] = set()
-    started = time.perf_counter()
-    i = 0
-    while not stopping.is_set():
-        delay = started + i / rate - time.perf_counter()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        task = asyncio.create_task(
-            append(
-                pool,
-                f"s-{i % campaigns}",
-                [Event(EVENT_TYPE, {"amount": i % 7})],
-                settings=settings,
-            )
-        )
-        tasks.add(task)
-        task.add_done_callback(tasks.discard)
-        i += 1
-    await asyncio.gather(*tasks)
-
-
 async def main(rate: int, campaigns: int, hold: float, seconds: float) -> None:
     async with bench_database(commit_timestamps=True) as dsn:
         conn = await asyncpg.connect(dsn)
@@ -87,10 +55,10 @@ async def main(rate: int, campaigns: int, hold: float, seconds: float) -> None:
         pool = await asyncpg.create_pool(dsn, min_size=4, max_size=16)
         await conn.execute(VISIBLE)
         worker = start([str(WORKER), "--app", "_apps:visible", "--concurrency", "2"], dsn)
-        stopping = asyncio.Event()
         try:
             await asyncio.sleep(2)  # connected and listening (a bench may wait; tests never)
-            producing = asyncio.create_task(produce(pool, rate, campaigns, stopping))
+            producer = Producer(pool, rate, campaigns, "s-")
+            producing = asyncio.create_task(producer.run())
             await asyncio.sleep(10)  # warm-up
             windows = [await window(conn, seconds, "before")]
             await holder.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
@@ -102,7 +70,7 @@ async def main(rate: int, campaigns: int, hold: float, seconds: float) -> None:
             windows.append(await window(conn, seconds, f"held {hold / 60:g} min"))
             await holder.execute("ROLLBACK")
             windows.append(await window(conn, seconds, "after release"))
-            stopping.set()
+            producer.stopping.set()
             await producing
         finally:
             stop(worker)
@@ -114,7 +82,7 @@ async def main(rate: int, campaigns: int, hold: float, seconds: float) -> None:
             f"{hold / 60:g} min elsewhere, durable server"
         )
         for label, since, until, state in windows:
-            f = percentiles([r[0] for r in await conn.fetch(LATENCY, since, until)])
+            f = await window_latency(conn, since, until)
             figures[label] = {"latency": f, "tables": state}
             tables = "  ".join(
                 f"{name.removeprefix('projection_')}: {dead} dead, {size / 2**20:.1f} MB"

@@ -15,6 +15,7 @@ from typing import Any, Literal, cast, overload
 
 __all__ = [
     "AppendResult",
+    "Background",
     "BatchCounts",
     "DeadPolicy",
     "Event",
@@ -23,6 +24,7 @@ __all__ = [
     "Key",
     "Ordering",
     "StoredEvent",
+    "Take",
     "Unsubscribed",
     "WorkerMode",
 ]
@@ -31,6 +33,10 @@ Ordering = Literal["campaign", "none"]
 DeadPolicy = Literal["block", "park"]
 Unsubscribed = Literal["skip", "retry"]
 WorkerMode = Literal["apply", "shadow"]
+# Which background work a worker does (OUTBOX_BACKGROUND, S25), and which campaigns a claim
+# takes: all, those with work rows (`live`), or those that wait for holds alone (`holds`).
+Background = Literal["share", "only", "never"]
+Take = Literal["all", "live", "holds"]
 
 # A work row, a journal event: (campaign_id, seq).
 Key = tuple[str, int]

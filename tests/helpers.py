@@ -11,6 +11,7 @@ import itertools
 import os
 import subprocess
 import sys
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
@@ -217,3 +218,21 @@ async def login_role(pool: db.Pool, dsn: str, *alter: str) -> AsyncIterator[tupl
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = $1", role
         )
         await pool.execute(f"DROP OWNED BY {role}; DROP ROLE {role}")
+
+
+# A read model per projector for the tracks' tests (S24, S25): each event's `n` added to its
+# campaign's sum under the projector's name; the tests' oracle is what they appended.
+SUMS = (
+    "CREATE TABLE sums (projector text, campaign_id text, n bigint, "
+    "PRIMARY KEY (projector, campaign_id))"
+)
+ADD = (
+    "INSERT INTO sums VALUES ($1, $2, $3) ON CONFLICT (projector, campaign_id) "
+    "DO UPDATE SET n = sums.n + excluded.n"
+)
+
+
+async def sums(pool: db.Pool, projector: str) -> Counter[str]:
+    """`projector`'s sums, per campaign (none for a zero)."""
+    rows = await pool.fetch("SELECT campaign_id, n FROM sums WHERE projector = $1", projector)
+    return Counter({r["campaign_id"]: r["n"] for r in rows if r["n"]})

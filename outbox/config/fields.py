@@ -223,6 +223,13 @@ FIELDS: dict[str, FieldSpec] = {
         "`campaign`: strict seq order per campaign; `none`: any",
         choices=("campaign", "none"),
     ),
+    "background": FieldSpec(
+        "OUTBOX_BACKGROUND",
+        _parse_word,
+        "background work (catch-ups, hold-only campaigns; S25): `share` (appends first, then "
+        "the rest), `only` (a catch-up worker: nothing else), `never` (appends' work alone)",
+        choices=("share", "only", "never"),
+    ),
     "dead_policy": FieldSpec(
         "OUTBOX_DEAD_POLICY",
         _parse_word,

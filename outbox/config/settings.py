@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 from outbox.config.fields import DSN_SCHEMES, FIELDS, SESSION_TIMEOUTS, shorten
 from outbox.errors import ConfigError
-from outbox.model import DeadPolicy, Ordering, Unsubscribed, WorkerMode
+from outbox.model import Background, DeadPolicy, Ordering, Unsubscribed, WorkerMode
 from outbox.redact import redact_dsn
 
 __all__ = ["ModeResolution", "Session", "Settings", "resolve_worker_mode"]
@@ -52,6 +52,7 @@ class Settings:
     max_attempts: int = 8
     ordering: Ordering = "campaign"
     dead_policy: DeadPolicy = "block"
+    background: Background = "share"
     unsubscribed: Unsubscribed = "skip"
     append_key_ttl: int = 86_400
     lease_seconds: float = 120.0

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, cast
 from outbox import buckets, db
 from outbox.append.journal import decode_bulk
 from outbox.errors import Conflict, EventUnavailable, NotFound
-from outbox.model import EventBatch, Key, StoredEvent
+from outbox.model import EventBatch, Key, StoredEvent, Take
 from outbox.queries import Queries
 from outbox.queue.holds import Hold, parse_holds
 
@@ -130,7 +130,7 @@ async def claim(
     campaigns: int | None = None,
     projectors: Sequence[str] = (),
     now: datetime | None = None,
-    background: bool = True,
+    take: Take = "all",
 ) -> list[ClaimedCampaign]:
     """Lock up to `limit` rows of `bucket`: under campaign ordering, due campaigns and the rows
     from their heads (the campaign's rows are the holder's alone) with the checkpoints of the
@@ -138,7 +138,8 @@ async def claim(
     campaigns' previous holders; else due rows, each locked, one pseudo-campaign per row's
     campaign (no checkpoints read). Campaigns sorted by id, rows by seq. `campaigns`: how many
     campaigns an ordered claim takes at most (default `limit`), the rows shared among them;
-    without `background`, none that waits for holds alone (S25)."""
+    `take`: all due campaigns, `live` ones only (not those that wait for holds alone), or
+    those only (`holds`; S25)."""
     if ordered:
         records = await conn.fetch(
             Q.claim_batch,
@@ -147,7 +148,7 @@ async def claim(
             limit,
             list(projectors),
             now,
-            background,
+            take,
         )
     else:
         records = await conn.fetch(Q.claim_due_rows, limit, now, bucket)

@@ -18,10 +18,11 @@ j.event_type, j.payload::text AS payload, j.metadata::text AS metadata, j.record
 -- and the checkpoints of the ordered projectors ($4), locked; $5 = now. One call, two
 -- snapshots: the function (`outbox_claim`, claim_fn.sql) reads the rows in a statement after
 -- the lock, so a campaign locked as its previous holder committed comes back as that holder
--- left it; $6: hold-only campaigns too (a background batch). Columns as `claim_due_rows`.
+-- left it; $6: which campaigns ('all', 'live', 'holds': see the function). Columns as
+-- `claim_due_rows`.
 SELECT *
 FROM @extschema@.outbox_claim($1::integer, $2::integer, $3::integer, $4::text[], $5::timestamptz,
-                              $6::boolean)
+                              $6::text)
 
 -- name: claim_due_rows
 -- Ordering `none`, in bucket $3: claim up to $1 due rows, oldest first, skipping rows other

@@ -62,10 +62,11 @@ $$;
 -- undecodable event fails its row, never the claim). A campaign with no rows left comes back
 -- as one row with a null seq. A `processing` row (lease mode) is due once its lease expired
 -- (its next_attempt_at is its lease expiry). p_now: tests move time with it; null is
--- statement_timestamp(), which is stable, so it bounds the index scan. Without p_background
--- (a batch that serves appends first, S25) a campaign that waits for holds alone (head_seq 0:
--- a projector catching up, a hold's retry) is left for a background batch.
--- (The release before took no p_background: that signature goes, so one function answers.)
+-- statement_timestamp(), which is stable, so it bounds the index scan. p_take (S25): 'all', or
+-- 'live' (a batch that serves appends first: a campaign that waits for holds alone, head_seq 0,
+-- a projector catching up or a hold's retry, is left for a background batch), or 'holds' (a
+-- background worker's batch: those alone).
+-- (The release before took no p_take: that signature goes, so one function answers.)
 DROP FUNCTION IF EXISTS outbox_claim(integer, integer, integer, text[], timestamptz);
 
 CREATE OR REPLACE FUNCTION outbox_claim(
@@ -74,7 +75,7 @@ CREATE OR REPLACE FUNCTION outbox_claim(
     p_budget integer,
     p_projectors text[],
     p_now timestamptz DEFAULT NULL,
-    p_background boolean DEFAULT true
+    p_take text DEFAULT 'all'
 )
 RETURNS TABLE (
     campaign_id text,
@@ -113,7 +114,7 @@ BEGIN
         SELECT q.campaign_id, q.head_seq
         FROM projection_apply_campaigns q
         WHERE q.bucket = p_bucket AND NOT q.blocked AND q.due_at <= v_now
-          AND (p_background OR q.head_seq > 0)
+          AND (p_take = 'all' OR (p_take = 'live') = (q.head_seq > 0))
         ORDER BY q.due_at
         LIMIT p_campaigns
         FOR UPDATE SKIP LOCKED

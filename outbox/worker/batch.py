@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 from outbox import db
 from outbox.buckets.ring import BucketRing
-from outbox.model import BatchCounts
+from outbox.model import BatchCounts, Take
 from outbox.obs import log, tracing
 from outbox.obs.metrics import Metrics
 from outbox.projection.app import Outbox
@@ -116,22 +116,29 @@ class Worker:
             # Appends first (S25): a bucket an append woke is served first, without background
             # work (campaigns waiting for holds alone, catch-ups), as long as the worker has
             # not served `APPENDS_FIRST` such batches in a row: then the next bucket in turn
-            # with background work, so a catch-up moves however busy the appends keep it.
-            woken_first = self._woken_streak < APPENDS_FIRST
+            # with background work, so a catch-up moves however busy the appends keep it. A
+            # worker that does only background work (OUTBOX_BACKGROUND=only) or none (`never`)
+            # takes buckets in turn, or those woken first, and that work alone.
+            share = self.app.settings.background
+            woken_first = share == "never" or (
+                share == "share" and self._woken_streak < APPENDS_FIRST
+            )
             taken = await self.ring.take_next(self.pool, self.now(), woken_first=woken_first)
             if taken is None:
                 self.took_all = True
                 # Nothing due: a sweep under way steps now, and has the loop look again.
                 return BatchCounts(more_due=int(await self._sweep(idle=True)))
             bucket, woken = taken
-            background = not woken
+            take: Take = (
+                "holds" if share == "only" else "live" if share == "never" or woken else "all"
+            )
             self._woken_streak = self._woken_streak + 1 if woken else 0
             try:
-                counts = await self._batch(after, bucket, careful=False, background=background)
+                counts = await self._batch(after, bucket, careful=False, take=take)
             except Isolate as isolate:
                 _logger.debug("batch.isolate", extra={"error": str(isolate)})
                 after = AfterCommit()
-                counts = await self._batch(after, bucket, careful=True, background=background)
+                counts = await self._batch(after, bucket, careful=True, take=take)
             if not (counts.claimed or counts.more_due) and await self._sweep(idle=True):
                 counts.more_due = 1
             full = counts.claimed >= self.app.settings.batch_size
@@ -183,12 +190,12 @@ class Worker:
         return bool(seeded) or moving
 
     async def _batch(
-        self, after: AfterCommit, bucket: int, *, careful: bool, background: bool = True
+        self, after: AfterCommit, bucket: int, *, careful: bool, take: Take = "all"
     ) -> BatchCounts:
         """One transaction in `bucket`: claim, hand the campaigns to `_handle`, commit.
         `careful`: a savepoint around each group, so a failing event can be rolled back
-        alone; `background`: campaigns that wait for holds alone are claimed too, and the
-        holds of ordered projectors go on through the journal (S25)."""
+        alone; `take`: which campaigns the claim takes (S25): with any but `live`, the batch
+        does background work (the holds of ordered projectors go on through the journal)."""
         now = self.now()
         session = self.app.settings.worker_session()
         with tracing.span("outbox.batch"):
@@ -202,7 +209,7 @@ class Worker:
                     campaigns=wanted,
                     projectors=self.app.registry.ordered_names(),
                     now=now,
-                    background=background,
+                    take=take,
                 )
                 self.took_all = not self._claim_ordered() or len(campaigns) < wanted
                 self._observe(campaigns)
@@ -215,7 +222,7 @@ class Worker:
                     now,
                     after,
                     careful,
-                    background,
+                    take != "live",
                 )
                 return await self.strategy.handle(batch, campaigns)
 

@@ -286,6 +286,18 @@ def scaled(n: int) -> int:
     return max(1, round(n * SCALE))
 
 
+async def kill_at_random(
+    fleet: Fleet, names: Sequence[str], rng: random.Random, kills: int
+) -> None:
+    """`kills` SIGKILLs of workers `names` chosen at random, each restarted at once (2 loops)."""
+    for _ in range(kills):
+        await anyio.sleep(0.2 + rng.random() * 0.4)  # fault pacing
+        worker = rng.choice(list(names))
+        fleet.kill(worker)
+        fleet.start(worker, "--concurrency", "2")
+        fleet.check()
+
+
 def campaigns(prefix: str, n: int) -> list[str]:
     return [f"{prefix}-{i:02d}" for i in range(n)]
 

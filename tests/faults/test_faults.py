@@ -22,6 +22,7 @@ from harness import (
     Generator,
     campaigns,
     finish,
+    kill_at_random,
     scaled,
     two_workers_under_load,
     wait_drained,
@@ -283,15 +284,9 @@ async def _soak(
     for worker in names:
         fleet.start(worker, "--concurrency", "2")
     generator = Generator(pool, settings, campaigns("soak", 12), pause=0.05)
-    rng = random.Random(11)
     async with anyio.create_task_group() as tg:
         tg.start_soon(generator.run)
-        for _ in range(kills):
-            await anyio.sleep(0.2 + rng.random() * 0.4)  # fault pacing
-            worker = rng.choice(names)
-            fleet.kill(worker)
-            fleet.start(worker, "--concurrency", "2")
-            fleet.check()
+        await kill_at_random(fleet, names, random.Random(11), kills)
         generator.stop()
     if not deliveries:
         await finish(name, pool, fleet, generator, faults=kills)

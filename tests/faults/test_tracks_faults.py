@@ -13,7 +13,16 @@ from collections.abc import Sequence
 
 import anyio
 import pytest
-from harness import FAST, Fleet, Generator, campaigns, finish, scaled, wait_drained
+from harness import (
+    FAST,
+    Fleet,
+    Generator,
+    campaigns,
+    finish,
+    kill_at_random,
+    scaled,
+    wait_drained,
+)
 
 from helpers import wait_for
 from outbox import Settings, db
@@ -21,15 +30,6 @@ from outbox.projection.sweep import catch_ups
 
 pytestmark = pytest.mark.timeout(900)
 WORKERS = ("w1", "w2", "w3")
-
-
-async def _kill_at_random(fleet: Fleet, rng: random.Random, kills: int) -> None:
-    for _ in range(kills):
-        await anyio.sleep(0.2 + rng.random() * 0.4)  # fault pacing
-        worker = rng.choice(WORKERS)
-        fleet.kill(worker)
-        fleet.start(worker, "--concurrency", "2")
-        fleet.check()
 
 
 async def _applied(pool: db.Pool, projector: str, campaign_ids: Sequence[str]) -> int:
@@ -60,7 +60,7 @@ async def test_one_projector_failing_under_sigkills_while_the_others_run(
     kills = scaled(30)
     async with anyio.create_task_group() as tg:
         tg.start_soon(generator.run)
-        await _kill_at_random(fleet, random.Random(24), kills)
+        await kill_at_random(fleet, WORKERS, random.Random(24), kills)
         generator.stop()
     owed = sum(len(generator.expected[c]) for c in sick)
 
@@ -113,7 +113,7 @@ async def test_a_projector_catching_up_under_sigkills(
     kills = scaled(20)
     async with anyio.create_task_group() as tg:
         tg.start_soon(live.run)
-        await _kill_at_random(fleet, random.Random(25), kills)
+        await kill_at_random(fleet, WORKERS, random.Random(25), kills)
         live.stop()
 
     async def caught_up() -> bool:

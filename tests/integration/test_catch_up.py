@@ -10,10 +10,10 @@ from collections import Counter
 
 import pytest
 
-from helpers import campaigns_in_one_bucket, run_cli
+from helpers import ADD, SUMS, campaigns_in_one_bucket, run_cli, sums
 from outbox import Event, Settings, append, db
 from outbox.errors import ConfigError, NotFound
-from outbox.model import StoredEvent
+from outbox.model import Background, StoredEvent
 from outbox.obs.metrics import Metrics
 from outbox.ops.report import health
 from outbox.projection import sweep
@@ -26,20 +26,13 @@ from outbox.worker.batch import Worker
 from outbox.worker.runtime import drain_now
 from outbox.worker.service import refresh_gauges
 
-SUMS = (
-    "CREATE TABLE sums (projector text, campaign_id text, n bigint, "
-    "PRIMARY KEY (projector, campaign_id))"
-)
-ADD = (
-    "INSERT INTO sums VALUES ($1, $2, $3) ON CONFLICT (projector, campaign_id) "
-    "DO UPDATE SET n = sums.n + excluded.n"
-)
 
-
-def app_of(dsn: str, *names: str, start: Start | None = None) -> Outbox:
+def app_of(
+    dsn: str, *names: str, start: Start | None = None, background: Background = "share"
+) -> Outbox:
     """Ordered projectors adding each event's `n` into `sums` under their names; the last
     named one starts at `start` (None: its default)."""
-    app = Outbox(Settings(dsn=dsn, batch_size=10))
+    app = Outbox(Settings(dsn=dsn, batch_size=10, background=background))
     for i, name in enumerate(names):
 
         async def add(tx: db.Connection, event: StoredEvent, name: str = name) -> None:
@@ -53,11 +46,6 @@ def app_of(dsn: str, *names: str, start: Start | None = None) -> Outbox:
 async def progress(pool: db.Pool, projector: str) -> sweep.CatchUp:
     [found] = [c for c in await sweep.catch_ups(pool) if c.projector == projector]
     return found
-
-
-async def sums(pool: db.Pool, projector: str) -> Counter[str]:
-    rows = await pool.fetch("SELECT campaign_id, n FROM sums WHERE projector = $1", projector)
-    return Counter({r["campaign_id"]: r["n"] for r in rows if r["n"]})
 
 
 async def history(
@@ -273,3 +261,29 @@ async def test_appends_are_served_first_and_a_long_catch_up_waits_for_the_backgr
     await drain_now(new, pool)  # the background takes them on
     assert await sums(pool, "stats") == Counter({c1: 130, c2: 30, c3: 30})
     assert await sums(pool, "roster") == Counter({c1: 130, c2: 30, c3: 30})
+
+
+@pytest.mark.usefixtures("table")
+async def test_a_catch_up_worker_and_an_appends_worker_split_the_work(
+    pool: db.Pool, dsn: str
+) -> None:
+    c1, c2 = campaigns_in_one_bucket(2, prefix="split")
+    old = app_of(dsn, "roster")
+    for cid in (c1, c2):
+        await append(pool, cid, [Event("add", {"n": 2})] * 3, settings=old.settings)
+    await drain_now(old, pool)
+    new = app_of(dsn, "roster", "stats")
+    await record(pool, new.registry, "deploy")
+    await Worker(new, pool).sweeps.step(pool, idle=True)  # both dormant: catch-up holds
+    await append(pool, c1, [Event("add", {"n": 5})], settings=new.settings)
+    appends = Worker(app_of(dsn, "roster", "stats", background="never"), pool)
+    assert (await appends.run_once()).claimed == 1  # c1's row, not c2's catch-up
+    assert await sums(pool, "roster") == Counter({c1: 11, c2: 6})
+    assert await sums(pool, "stats") == Counter()
+    catch_up = Worker(app_of(dsn, "roster", "stats", background="only"), pool)
+    for _ in range(10):  # the holds alone, until none is left
+        if not (await catch_up.run_once()).claimed:
+            break
+    assert await pool.fetchval("SELECT count(*) FROM outbox.projection_holds") == 0
+    assert await sums(pool, "stats") == Counter({c1: 11, c2: 6})
+    assert await sums(pool, "roster") == Counter({c1: 11, c2: 6})

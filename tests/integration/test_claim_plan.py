@@ -180,11 +180,10 @@ async def test_claims_never_visit_the_backlog(pool: db.Pool, layout: str) -> Non
             _assert_no_backlog_scan(plans, f"{layout}/{mode}/claim_due_rows")
             used = {n.get("Index Name") for plan in plans for n in nodes(plan)}
             assert "projection_apply_outbox_claim_idx" in used, f"{layout}/{mode}: {used}"
-            for background in (True, False):  # a background batch, one serving appends first
-                rows, plans = await _explained(
-                    conn, Q.claim_batch, bucket, 100, 100, [], None, background
-                )
-                where = f"{layout}/{mode}/claim_batch/{background}"
+            for take in ("all", "live"):  # a background batch, one serving appends first
+                args: tuple[object, ...] = (bucket, 100, 100, [], None, take)
+                rows, plans = await _explained(conn, Q.claim_batch, *args)
+                where = f"{layout}/{mode}/claim_batch/{take}"
                 _assert_no_backlog_scan(plans, where)
                 buffers = sum(p["Shared Hit Blocks"] + p["Shared Read Blocks"] for p in plans)
                 assert buffers <= MAX_BUFFERS, f"{where}: the claim read {buffers} buffers"
@@ -280,12 +279,12 @@ async def test_plans_cached_while_small_stay_probes(pool: db.Pool) -> None:
     async with pool.acquire() as conn:
         await conn.execute("SET plan_cache_mode = force_generic_plan")
         await _explain_everything(conn)
-        await _explained(conn, Q.claim_batch, bucket, 20, 100, ["p"], None, True)
+        await _explained(conn, Q.claim_batch, bucket, 20, 100, ["p"], None, "all")
         await _explained(conn, SETTLE, *_settle_args(campaigns, bucket))
         await pool.execute(GROWN)
         await queue_campaigns(pool)
         for what, sql, args in (
-            ("claim", Q.claim_batch, [bucket, 20, 100, ["p"], None, True]),
+            ("claim", Q.claim_batch, [bucket, 20, 100, ["p"], None, "all"]),
             ("settle", SETTLE, _settle_args(campaigns, bucket)),
         ):
             rows, plans = await _explained(conn, sql, *args)

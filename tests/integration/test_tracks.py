@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from helpers import Clock
+from helpers import ADD, SUMS, Clock, sums
 from outbox import Event, Settings, append, db
 from outbox.errors import Conflict, PermanentError, TransientBatchError
 from outbox.model import StoredEvent
@@ -24,14 +24,6 @@ from outbox.projection.known import record
 from outbox.projection.pauses import pause, resume
 from outbox.worker.batch import Worker
 
-SUMS = (
-    "CREATE TABLE sums (projector text, campaign_id text, n bigint, "
-    "PRIMARY KEY (projector, campaign_id))"
-)
-ADD = (
-    "INSERT INTO sums VALUES ($1, $2, $3) ON CONFLICT (projector, campaign_id) "
-    "DO UPDATE SET n = sums.n + excluded.n"
-)
 HOUR = 3600.0
 
 
@@ -82,11 +74,6 @@ def tracked_app(
     for name in unguarded:
         register(name, ordered=False)
     return app
-
-
-async def sums(pool: db.Pool, projector: str) -> Counter[str]:
-    rows = await pool.fetch("SELECT campaign_id, n FROM sums WHERE projector = $1", projector)
-    return Counter({r["campaign_id"]: r["n"] for r in rows if r["n"]})
 
 
 async def add_events(
