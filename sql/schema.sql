@@ -141,7 +141,7 @@ BEGIN
 END
 $$;
 
-CREATE FUNCTION outbox.outbox_claim(p_bucket integer, p_campaigns integer, p_budget integer, p_projectors text[], p_now timestamp with time zone DEFAULT NULL::timestamp with time zone, p_background boolean DEFAULT true) RETURNS TABLE(campaign_id text, due boolean, first_seq bigint, last_seq bigint, projectors text[], applied_seqs bigint[], holds text, seq bigint, status text, attempt_count integer, next_attempt_at timestamp with time zone, lease_owner text, claim_epoch bigint, event_type text, payload text, metadata text, recorded_at timestamp with time zone)
+CREATE FUNCTION outbox.outbox_claim(p_bucket integer, p_campaigns integer, p_budget integer, p_projectors text[], p_now timestamp with time zone DEFAULT NULL::timestamp with time zone, p_take text DEFAULT 'all'::text) RETURNS TABLE(campaign_id text, due boolean, first_seq bigint, last_seq bigint, projectors text[], applied_seqs bigint[], holds text, seq bigint, status text, attempt_count integer, next_attempt_at timestamp with time zone, lease_owner text, claim_epoch bigint, event_type text, payload text, metadata text, recorded_at timestamp with time zone)
     LANGUAGE plpgsql
     SET search_path TO 'outbox', 'pg_temp'
     SET enable_seqscan TO 'off'
@@ -160,7 +160,7 @@ BEGIN
         SELECT q.campaign_id, q.head_seq
         FROM projection_apply_campaigns q
         WHERE q.bucket = p_bucket AND NOT q.blocked AND q.due_at <= v_now
-          AND (p_background OR q.head_seq > 0)
+          AND (p_take = 'all' OR (p_take = 'live') = (q.head_seq > 0))
         ORDER BY q.due_at
         LIMIT p_campaigns
         FOR UPDATE SKIP LOCKED
