@@ -63,7 +63,7 @@ $(BENCH_STAMP): $(STAMP) pyproject.toml
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev,bench]'
 	@touch $(BENCH_STAMP)
 
-bench: $(BENCH_STAMP) ## Run the benchmarks (durable local PostgreSQL, and Citus where found; ~25 min) and print their figures
+bench: $(BENCH_STAMP) ## Run the benchmarks (durable local PostgreSQL, and Citus where found; ~45 min) and print their figures
 	$(PY) bench/run.py $(BENCH_ARGS)
 
 SOAK_MINUTES ?= 10

@@ -576,6 +576,14 @@ BEGIN
             SELECT 1 FROM projection_apply_outbox o
             WHERE o.bucket = p_bucket AND o.campaign_id = t.campaign_id AND o.seq >= t.head_seq
         )
+    ), bare AS (
+        -- Campaigns left waiting for holds alone, with no row at or past the head: their row
+        -- says so (head_seq 0), and only a batch that does background work takes them (S25).
+        SELECT t.campaign_id FROM target t
+        WHERE t.seen IS NOT NULL AND NOT EXISTS (
+            SELECT 1 FROM projection_apply_outbox o
+            WHERE o.bucket = p_bucket AND o.campaign_id = t.campaign_id AND o.seq >= t.head_seq
+        )
     ), removed AS (
         DELETE FROM projection_apply_campaigns c
         USING target t
@@ -584,7 +592,8 @@ BEGIN
     ), kept AS (
         -- The batch holds these rows (its claim locked them): an update, no insert.
         UPDATE projection_apply_campaigns c
-        SET head_seq = t.head_seq,
+        SET head_seq = CASE WHEN t.campaign_id IN (SELECT b.campaign_id FROM bare b) THEN 0
+                            ELSE t.head_seq END,
             due_at = CASE WHEN t.campaign_id IN (SELECT x.campaign_id FROM fresh x) THEN v_now
                           ELSE t.due END,
             blocked = t.blocked,
@@ -596,7 +605,7 @@ BEGIN
     )
     SELECT (
         SELECT count(*) FROM kept
-        WHERE kept.head_seq > 0 AND NOT kept.blocked AND kept.due_at <= v_now
+        WHERE NOT kept.blocked AND kept.due_at <= v_now
     ),
     (SELECT array_agg(done.age) FROM done)
     INTO due, ages;

@@ -66,8 +66,8 @@ $$;
 -- due_at and now + delay, now when neither is set; and due now whatever it would be when a
 -- row past `seen` (the last seq the claim read) exists now: an append that committed during
 -- the batch is not left waiting behind a hold's backoff. The NOTIFY goes after the writes, from this session
--- (readers waiting for their writes look again). Returns how many campaigns are left due now
--- with a head to take (the worker claims again instead of sleeping) and the seconds each
+-- (readers waiting for their writes look again). Returns how many campaigns are left due now,
+-- rows or holds to take (the worker claims again instead of sleeping), and the seconds each
 -- deleted row waited since it was enqueued.
 CREATE OR REPLACE FUNCTION outbox_settle(
     p_bucket integer,
@@ -259,6 +259,14 @@ BEGIN
             SELECT 1 FROM projection_apply_outbox o
             WHERE o.bucket = p_bucket AND o.campaign_id = t.campaign_id AND o.seq >= t.head_seq
         )
+    ), bare AS (
+        -- Campaigns left waiting for holds alone, with no row at or past the head: their row
+        -- says so (head_seq 0), and only a batch that does background work takes them (S25).
+        SELECT t.campaign_id FROM target t
+        WHERE t.seen IS NOT NULL AND NOT EXISTS (
+            SELECT 1 FROM projection_apply_outbox o
+            WHERE o.bucket = p_bucket AND o.campaign_id = t.campaign_id AND o.seq >= t.head_seq
+        )
     ), removed AS (
         DELETE FROM projection_apply_campaigns c
         USING target t
@@ -267,7 +275,8 @@ BEGIN
     ), kept AS (
         -- The batch holds these rows (its claim locked them): an update, no insert.
         UPDATE projection_apply_campaigns c
-        SET head_seq = t.head_seq,
+        SET head_seq = CASE WHEN t.campaign_id IN (SELECT b.campaign_id FROM bare b) THEN 0
+                            ELSE t.head_seq END,
             due_at = CASE WHEN t.campaign_id IN (SELECT x.campaign_id FROM fresh x) THEN v_now
                           ELSE t.due END,
             blocked = t.blocked,
@@ -279,7 +288,7 @@ BEGIN
     )
     SELECT (
         SELECT count(*) FROM kept
-        WHERE kept.head_seq > 0 AND NOT kept.blocked AND kept.due_at <= v_now
+        WHERE NOT kept.blocked AND kept.due_at <= v_now
     ),
     (SELECT array_agg(done.age) FROM done)
     INTO due, ages;
