@@ -304,7 +304,10 @@ async def _projector_health(
             )
         known = recorded[name]
         lag = await projector_stall(conn, name, known.events)
-        catching = [c for c in await catch_ups(conn) if c.projector == name and c.catching_up]
+        catching = any(
+            c.projector == name and c.catching_up
+            for c in await catch_ups(conn, progress=False)  # whether, not how far: no lag pass
+        )
     if known.paused:
         reasons.append(f"projector {name!r} is paused (maintenance projector-resume)")
     if lag.dead > max_dead:
@@ -318,7 +321,7 @@ async def _projector_health(
         reasons.append(
             f"projector {name!r} is stalled: {what} for {lag.lag_seconds:.0f}s, over {max_lag:g}s"
         )
-    return ProjectorHealth(name, known.paused, bool(catching), lag.dead, lag.lag_seconds, max_lag)
+    return ProjectorHealth(name, known.paused, catching, lag.dead, lag.lag_seconds, max_lag)
 
 
 async def audit(executor: Executor, *, campaign_id: str | None = None, limit: int = 50) -> Audit:

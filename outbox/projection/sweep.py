@@ -84,9 +84,10 @@ async def catch_up_holds(executor: Executor) -> dict[str, int]:
         return {r["projector"]: r["holds"] for r in await conn.fetch(Q.count_catch_up_holds)}
 
 
-async def catch_ups(executor: Executor) -> list[CatchUp]:
+async def catch_ups(executor: Executor, *, progress: bool = True) -> list[CatchUp]:
     """Every projector that starts at the beginning, with its progress while it catches up
-    (`guards.projector_lag` each: a pass over the campaigns' heads and its checkpoints)."""
+    (`progress`: `guards.projector_lag` each, a pass over the campaigns' heads and its
+    checkpoints; without it, only whether it catches up)."""
     async with db.acquire(executor) as conn:
         sweeps = await conn.fetch(Q.list_sweeps)
         if not sweeps:
@@ -97,7 +98,7 @@ async def catch_ups(executor: Executor) -> list[CatchUp]:
             name = r["projector"]
             held = holds.get(name, 0)
             campaigns = done = events = None
-            if r["swept_at"] is None or held:
+            if progress and (r["swept_at"] is None or held):
                 lag = await projector_lag(conn, name, r["events"])
                 campaigns, events = lag.campaigns, lag.events_behind
                 done = lag.campaigns - lag.campaigns_behind
@@ -121,7 +122,8 @@ class Sweeps:
     def of(cls, registry: Registry, interval: float, *, applies: bool) -> Sweeps:
         """The sweeps of `registry`'s projectors, for a worker that `applies` (a shadow
         worker steps none)."""
-        return cls(interval, {p.name for p in registry.projectors.values() if p.sweeps and applies})
+        names = {p.name for p in registry.projectors.values() if p.sweeps}
+        return cls(interval, names if applies else set())
 
     async def step(self, executor: Executor, *, idle: bool) -> tuple[int, bool]:
         """Step every sweep still pending (`idle`: whatever the time since the last step),
