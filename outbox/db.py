@@ -270,15 +270,15 @@ def affected(status: str) -> int:
     return int(status.rsplit(" ", 1)[-1])
 
 
-async def prune(conn: Connection, query: str, *args: int) -> int:
-    """Run a bounded DELETE (its last argument is the batch) until it removes fewer rows than
-    a batch: short transactions, short locks. Returns how many rows went."""
+async def prune(conn: Connection, query: str, *args: object, batch: int) -> int:
+    """Run a bounded DELETE (its last argument is the `batch`) until it removes fewer rows
+    than a batch: short transactions, short locks. Returns how many rows went."""
     total = 0
     while True:
-        status = await conn.execute(query, *args)
+        status = await conn.execute(query, *args, batch)
         removed = affected(status)
         total += removed
-        if removed < args[-1]:
+        if removed < batch:
             return total
 
 

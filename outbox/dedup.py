@@ -124,7 +124,7 @@ async def release(
 async def prune_claims(conn: Connection, *, retention_days: int, batch_size: int) -> int:
     """Delete claims whose week ended more than `retention_days` ago (UTC), `batch_size` per
     statement; how many went. A redelivery after that window is not caught."""
-    return await db.prune(conn, Q.prune_consumer_claims, retention_days, batch_size)
+    return await db.prune(conn, Q.prune_consumer_claims, retention_days, batch=batch_size)
 
 
 def _count(scope: str, claimed: object) -> bool:

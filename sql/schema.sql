@@ -623,6 +623,7 @@ CREATE FUNCTION outbox.outbox_sweep(p_projector text, p_campaigns integer, p_out
 DECLARE
     cursor_bucket integer;
     cursor_campaign text;
+    v_ordered boolean;
     waiting integer;
     bs integer[];
     cs text[];
@@ -632,7 +633,8 @@ DECLARE
     placed integer;
     v_now timestamptz := statement_timestamp();
 BEGIN
-    SELECT p.sweep_bucket, p.sweep_campaign INTO cursor_bucket, cursor_campaign
+    SELECT p.sweep_bucket, p.sweep_campaign, p.ordered
+    INTO cursor_bucket, cursor_campaign, v_ordered
     FROM outbox_projectors p
     WHERE p.projector = p_projector AND p.swept_at IS NULL
     FOR UPDATE SKIP LOCKED;
@@ -665,8 +667,8 @@ BEGIN
         LIMIT p_campaigns
     ) n;
     v_reached := cardinality(cs);
-    -- Not behind: at the head already, or a hold of its own there. Nor a campaign with work
-    -- rows: their claim heals the projector from the journal up to them (S24).
+    -- Not behind: at the head already, or a hold of its own there. Nor, for an ordered
+    -- projector, a campaign with work rows: their claim heals it from the journal (S24).
     SELECT coalesce(array_agg(x.campaign_id), '{}') INTO skip
     FROM (
         SELECT k.campaign_id FROM projection_checkpoints k
@@ -678,7 +680,7 @@ BEGIN
         WHERE y.bucket = ANY (bs) AND y.campaign_id = ANY (cs) AND y.projector = p_projector
         UNION ALL
         SELECT DISTINCT o.campaign_id FROM projection_apply_outbox o
-        WHERE o.bucket = ANY (bs) AND o.campaign_id = ANY (cs)
+        WHERE v_ordered AND o.bucket = ANY (bs) AND o.campaign_id = ANY (cs)
     ) x;
     INSERT INTO projection_holds AS y
         (bucket, campaign_id, projector, seq, status, attempt_count, next_attempt_at,

@@ -202,4 +202,4 @@ async def recent_events(conn: Connection, campaign_id: str, *, limit: int) -> li
 
 async def prune_append_keys(conn: Connection, *, batch_size: int) -> int:
     """Delete expired idempotency keys, `batch_size` per statement; how many went."""
-    return await db.prune(conn, Q.prune_append_keys, batch_size)
+    return await db.prune(conn, Q.prune_append_keys, batch=batch_size)

@@ -10,6 +10,7 @@ from outbox import db, dedup
 from outbox.append.journal import prune_append_keys
 from outbox.errors import ValidationError
 from outbox.projection.guards import prune_markers
+from outbox.projection.sweep import catch_ups
 from outbox.worker.registration import prune_workers
 
 if TYPE_CHECKING:
@@ -42,8 +43,9 @@ async def cleanup(
     claims_retention_days: int = CLAIMS_RETENTION_DAYS,
     batch_size: int = 5000,
 ) -> Cleanup:
-    """Prune markers past retention, expired append keys, consumer claims whose week ended more
-    than `claims_retention_days` ago, and stale worker-registry rows."""
+    """Prune markers past retention (but none of a projector catching up from the journal),
+    expired append keys, consumer claims whose week ended more than `claims_retention_days`
+    ago, and stale worker-registry rows."""
     if not 1 <= markers_retention_hours <= 24 * 3660:
         raise ValidationError("markers_retention_hours", "expected 1 to 87840 hours")
     if not 1 <= claims_retention_days <= 3660:
@@ -53,7 +55,12 @@ async def cleanup(
     hours = markers_retention_hours
     async with db.acquire(executor) as conn:
         removed = Removed(
-            await prune_markers(conn, retention_hours=hours, batch_size=batch_size),
+            await prune_markers(
+                conn,
+                retention_hours=hours,
+                batch_size=batch_size,
+                keep=[c.projector for c in await catch_ups(conn, progress=False) if c.catching_up],
+            ),
             await prune_append_keys(conn, batch_size=batch_size),
             await dedup.prune_claims(
                 conn, retention_days=claims_retention_days, batch_size=batch_size

@@ -84,9 +84,12 @@ class Outbox:
           order still holds. It takes no guard: `ordered` defaults to False for it.
         - `start`: where it starts when first deployed (S25). `"beginning"` (the default of
           an ordered projector) catches up from the journal on its own, every campaign of it,
-          dormant ones too, while the other projectors go on. `"now"` (the default of the
-          others: a lease-mode projector's side effects are never replayed unasked) starts on
-          each campaign at the first event the queue holds for it.
+          dormant ones too, while the other projectors go on; an unordered projector may ask
+          for it with `idempotent=True` (its markers keep the catch-up and its live rows from
+          applying an event twice). `"now"` (the default of the others: a lease-mode
+          projector's side effects are never replayed unasked, and an unordered one has no
+          checkpoint to tell its history from an upgrade's) starts on each campaign at the
+          first event the queue holds for it.
         """
         if isinstance(events, str):
             raise ConfigError(f"projector {name!r}: events must be a list of types, not a string")

@@ -27,7 +27,7 @@ SQL: the guards' statements are `outbox.projection.guards`.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from time import perf_counter
 from typing import TYPE_CHECKING
@@ -167,12 +167,16 @@ class Dispatch:
         self.checkpoints = checkpoints
         return outcomes
 
-    async def catch_up(self, tails: dict[str, set[str]]) -> tuple[set[CheckpointKey], int]:
-        """Take each campaign's ordered projectors in `tails` on from their checkpoints through
-        the journal, at most `heal` events in all (call inside a savepoint; raises GroupFailed
+    async def catch_up(
+        self, tails: dict[str, set[str]], held: Collection[tuple[str, int, str]] = ()
+    ) -> tuple[set[CheckpointKey], int]:
+        """Take each campaign's projectors in `tails` on from their checkpoints through the
+        journal, at most `heal` events in all (call inside a savepoint; raises GroupFailed
         naming the projector and event that failed); return the (campaign, projector) pairs
         that reached the journal's end, and how many events it applied. The campaign's other
-        projectors get nothing."""
+        projectors get nothing. An unordered projector's checkpoint is its catch-up cursor: its
+        markers skip what it applied from the rows, and the events `held` from it (a hold of
+        its own, failed there) are passed over, the cursor moving past them (S25)."""
         if not tails:
             return set(), 0
         budget = self.heal if self.heal is not None else HEAL_EVENTS
@@ -198,7 +202,14 @@ class Dispatch:
                 for cid, names in tails.items()
                 for name in self.registry.ordered_names()
                 if name not in names
-            }
+            },
+            set(held),
+            catching={
+                (cid, name)
+                for cid, names in tails.items()
+                for name in names
+                if not self.registry.projectors[name].ordered
+            },
         )
         checkpoints = dict(self.checkpoints)
         try:
@@ -209,6 +220,10 @@ class Dispatch:
             at = events[failed.index]  # a gap in the journal: the projector stops there
             name = min(tails[at.campaign_id])
             raise GroupFailed(failed.cause, None, name, (at.campaign_id, at.seq), at.type) from None
+        last = {e.campaign_id: e.seq for e in events}  # sorted: each campaign's last read
+        for cid, name in skips.catching:  # the cursor passes every event read
+            if cid in last:
+                checkpoints[(cid, name)] = last[cid]
         self.moved |= {k for k, v in checkpoints.items() if self.checkpoints.get(k) != v}
         self.checkpoints = checkpoints
         return reached, outcomes.count(ApplyOutcome.APPLIED)

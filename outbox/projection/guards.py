@@ -189,6 +189,10 @@ async def delete_markers(conn: Connection, campaign_id: str, projector: str) -> 
     await conn.execute(Q.delete_markers, campaign_id, projector, bucket)
 
 
-async def prune_markers(conn: Connection, *, retention_hours: int, batch_size: int) -> int:
-    """Delete markers older than `retention_hours`, `batch_size` per statement; how many."""
-    return await db.prune(conn, Q.prune_markers, retention_hours, batch_size)
+async def prune_markers(
+    conn: Connection, *, retention_hours: int, batch_size: int, keep: Sequence[str] = ()
+) -> int:
+    """Delete markers older than `retention_hours`, `batch_size` per statement, but none of
+    the projectors `keep` (those catching up from the journal: their markers say what the rows
+    gave them, S25); how many."""
+    return await db.prune(conn, Q.prune_markers, list(keep), retention_hours, batch=batch_size)

@@ -71,13 +71,15 @@ DELETE FROM @extschema@.processed_markers
 WHERE bucket = $3::integer AND campaign_id = $1::text AND handler = $2::text
 
 -- name: prune_markers
--- Processed markers older than $1 hours, at most $2 per call (by key, not ctid: on Citus the
--- inner select runs across shards first, and a ctid means nothing outside its shard).
+-- Processed markers older than $2 hours, of no handler in $1 (those catching up from the
+-- journal), at most $3 per call (by key, not ctid: on Citus the inner select runs across
+-- shards first, and a ctid means nothing outside its shard).
 DELETE FROM @extschema@.processed_markers
 WHERE (bucket, campaign_id, seq, handler) IN (
     SELECT bucket, campaign_id, seq, handler FROM @extschema@.processed_markers
-    WHERE applied_at < statement_timestamp() - make_interval(hours => $1::integer)
-    LIMIT $2::integer
+    WHERE applied_at < statement_timestamp() - make_interval(hours => $2::integer)
+      AND handler <> ALL ($1::text[])
+    LIMIT $3::integer
 )
 
 -- name: get_projector_lag

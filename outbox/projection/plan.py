@@ -36,11 +36,13 @@ class Skips:
     campaign from a seq on (a hold: failed, dead, paused); events `held` from one projector (an
     unordered projector's hold); rows whose other projectors applied them before (`only`:
     their holders run them, and projectors with a guard, which skips what they applied; a
-    projector without one never runs such a row again)."""
+    projector without one never runs such a row again); unordered projectors that take a
+    campaign's events from the journal (`catching`: a catch-up, S25)."""
 
     stopped: dict[CheckpointKey, int] = field(default_factory=dict)
     held: set[tuple[str, int, str]] = field(default_factory=set)
     only: dict[Key, frozenset[str]] = field(default_factory=dict)
+    catching: set[CheckpointKey] = field(default_factory=set)
 
     def __bool__(self) -> bool:
         return bool(self.stopped or self.held or self.only)
@@ -95,8 +97,9 @@ def plan_runs(
 ) -> list[Run]:
     """Every transactional subscriber of the group's types, by name, with its events' positions
     less its duplicates (lease-mode projectors run outside the transaction, S13). Positions in
-    `journal` (events merged in from the journal) are an ordered projector's alone, and count
-    in no projector's `subscribed`. `skips`, with the group's campaign ids and seqs: events the
+    `journal` (events merged in from the journal) are an ordered projector's alone, or an
+    unordered one's the skips say catches up on their campaign, and count in no projector's
+    `subscribed`. `skips`, with the group's campaign ids and seqs: events the
     holds keep from a projector, which count in its `subscribed` neither."""
     projectors = {p.name: p for subs in kinds.values() for p in subs if p.transactional}
     plan: list[Run] = []
@@ -110,7 +113,12 @@ def plan_runs(
         subscribed = len(indexes)
         if journal:
             if not p.ordered:
-                indexes = [i for i in indexes if i not in journal]
+                catching = skips[0].catching if skips is not None else ()
+                indexes = [
+                    i
+                    for i in indexes
+                    if i not in journal or (skips is not None and (skips[1][i], name) in catching)
+                ]
             subscribed = sum(1 for i in indexes if i not in journal)
         if skips is not None:
             kept, cids, seqs = skips
@@ -189,14 +197,23 @@ def pass_checkpoints(
 
 
 def starting_now(
-    registry: Registry, firsts: Mapping[str, int], checkpoints: Mapping[CheckpointKey, int]
+    registry: Registry,
+    firsts: Mapping[str, int],
+    checkpoints: Mapping[CheckpointKey, int],
+    held: Mapping[CheckpointKey, int] | None = None,
 ) -> dict[CheckpointKey, int]:
     """Where the ordered projectors that start now (S25) start on the campaigns they have no
     checkpoint on: just before the first event the queue holds for each (`firsts`: campaign
-    -> that seq), not at the journal's first."""
-    return {
+    -> that seq), not at the journal's first; or before the first event a hold of its own
+    stands at (`held`: a worker without it left it there, its row gone since)."""
+    starts = {
         (cid, name): seq - 1
         for name in registry.starting_now()
         for cid, seq in firsts.items()
         if (cid, name) not in checkpoints
     }
+    now = set(registry.starting_now())
+    for key, seq in (held or {}).items():
+        if key[1] in now and key not in checkpoints:
+            starts[key] = min(seq - 1, starts.get(key, seq - 1))
+    return starts

@@ -77,6 +77,7 @@ class Registry:
     _by_type: dict[str, tuple[Projector, ...]] = field(default_factory=dict)
     _ordered: list[str] = field(default_factory=list)
     _now: list[str] = field(default_factory=list)
+    _checkpointed: list[str] = field(default_factory=list)
     _leased: frozenset[str] = frozenset()
 
     def add(self, projector: Projector) -> None:
@@ -95,11 +96,15 @@ class Registry:
                 f"projector {projector.name!r}: start must be 'beginning' or 'now', "
                 f"not {projector.start!r}"
             )
-        if projector.sweeps and not (projector.ordered and projector.transactional):
+        if projector.sweeps and not (
+            projector.transactional and (projector.ordered or projector.idempotent)
+        ):
             raise ConfigError(
                 f"projector {projector.name!r}: start='beginning' catches up from the journal "
-                "with its checkpoint as the resume point; register it ordered (the default of "
-                "a transactional projector) or use start='now'"
+                "inside the queue's transaction, where a guard keeps it from applying an event "
+                "twice; register it ordered (a checkpoint, the default of a transactional "
+                "projector) or ordered=False, idempotent=True (processed markers), or use "
+                "start='now'"
             )
         if projector.name in self.projectors:
             raise ConfigError(f"projector {projector.name!r} is registered twice")
@@ -132,6 +137,9 @@ class Registry:
         self._by_type = {t: tuple(ps) for t, ps in index.items()}
         self._ordered = sorted(p.name for p in self.projectors.values() if p.ordered)
         self._now = [n for n in self._ordered if self.projectors[n].start == "now"]
+        self._checkpointed = sorted(
+            p.name for p in self.projectors.values() if p.ordered or p.sweeps
+        )
         self._leased = frozenset(
             t for t, ps in self._by_type.items() if any(not p.transactional for p in ps)
         )
@@ -155,6 +163,13 @@ class Registry:
         self._index()
         return self._ordered
 
+    def checkpointed_names(self) -> list[str]:
+        """The projectors with checkpoints, sorted (the claim locks them in this order): every
+        ordered one, and each unordered one that catches up from the journal (its catch-up
+        cursor per campaign, S25)."""
+        self._index()
+        return self._checkpointed
+
     def validate(self, settings: Settings) -> None:
         """Refuse settings that contradict the registered projectors (one-line ConfigError)."""
         ordered = self.ordered_names()
@@ -162,6 +177,13 @@ class Registry:
             raise ConfigError(
                 f"OUTBOX_ORDERING=none cannot serve ordered (checkpointed) projectors: "
                 f"{', '.join(ordered)}; register them with ordered=False or use ordering=campaign"
+            )
+        catching = sorted(p.name for p in self.projectors.values() if p.sweeps and not p.ordered)
+        if catching and settings.ordering == "none":
+            raise ConfigError(
+                f"OUTBOX_ORDERING=none cannot catch up projectors from the journal: "
+                f"{', '.join(catching)}; the catch-up takes each campaign through the campaign "
+                "queue: use ordering=campaign, or start='now'"
             )
         leased = sorted(p.name for p in self.projectors.values() if not p.transactional)
         if leased and settings.ordering == "none":

@@ -1,15 +1,17 @@
 """The catch-up sweep (S25): a projector that starts at the beginning reaches every campaign
 of the journal, dormant ones too, with no operator and no rebuild.
 
-When a worker first records an ordered projector with `start="beginning"`, the database starts
-its sweep: the workers that run it step through `campaign_heads` in key order, a chunk at a
+When a worker first records a projector with `start="beginning"`, the database starts its
+sweep: the workers that run it step through `campaign_heads` in key order, a chunk at a
 time (`outbox_sweep`, sweep_fn.sql), and give each campaign it is behind on a catch-up hold.
 From there the worker's own machinery does the work: a due catch-up hold has the batch take the
 projector on from its checkpoint through the journal (at most `HEAL_EVENTS` a batch, the
 checkpoint as the resume point), while the campaign's other projectors go on (S24). Campaigns
-with work rows are left to their claim, which heals the projector from the journal up to
-them. A step seeds nothing while `OUTSTANDING` catch-up holds of the projector wait, so the
-sweep keeps pace with the workers and the holds stay few however long the journal.
+with work rows are left to an ordered projector's claim, which heals it from the journal up to
+them. An unordered projector (with markers) catches up on those too: its checkpoint is a
+cursor through the journal, and its markers skip the events its rows gave it. A step seeds
+nothing while `OUTSTANDING` catch-up holds of the projector wait, so the sweep keeps pace with
+the workers and the holds stay few however long the journal.
 
 It owns the sweep's statements and the progress the report shows (`catch_ups`); it never runs
 a projector.

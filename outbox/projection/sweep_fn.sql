@@ -3,8 +3,9 @@
 
 -- One step of projector `p_projector`'s sweep: the next `p_campaigns` campaigns of
 -- `campaign_heads` after its cursor, in key order, each that it is behind on (its checkpoint
--- below the head, no hold of its own there, and no work rows: their claim heals it from the
--- journal) given a catch-up hold (seq 0, pending, due now) and a campaign row due now (one it
+-- below the head, no hold of its own there, and, for an ordered projector, no work rows: their
+-- claim heals it from the journal; an unordered one's catch-up covers them, its markers
+-- skipping what the rows gave it) given a catch-up hold (seq 0, pending, due now) and a campaign row due now (one it
 -- has already is left as it is: the campaign is claimed when it comes due, the hold with it). The cursor moves past them; past the
 -- last campaign the sweep is done (`swept_at`). Nothing is seeded while the projector has
 -- `p_outstanding` catch-up holds or more not yet dead: the sweep keeps pace with the worker,
@@ -24,6 +25,7 @@ AS $$
 DECLARE
     cursor_bucket integer;
     cursor_campaign text;
+    v_ordered boolean;
     waiting integer;
     bs integer[];
     cs text[];
@@ -33,7 +35,8 @@ DECLARE
     placed integer;
     v_now timestamptz := statement_timestamp();
 BEGIN
-    SELECT p.sweep_bucket, p.sweep_campaign INTO cursor_bucket, cursor_campaign
+    SELECT p.sweep_bucket, p.sweep_campaign, p.ordered
+    INTO cursor_bucket, cursor_campaign, v_ordered
     FROM outbox_projectors p
     WHERE p.projector = p_projector AND p.swept_at IS NULL
     FOR UPDATE SKIP LOCKED;
@@ -66,8 +69,8 @@ BEGIN
         LIMIT p_campaigns
     ) n;
     v_reached := cardinality(cs);
-    -- Not behind: at the head already, or a hold of its own there. Nor a campaign with work
-    -- rows: their claim heals the projector from the journal up to them (S24).
+    -- Not behind: at the head already, or a hold of its own there. Nor, for an ordered
+    -- projector, a campaign with work rows: their claim heals it from the journal (S24).
     SELECT coalesce(array_agg(x.campaign_id), '{}') INTO skip
     FROM (
         SELECT k.campaign_id FROM projection_checkpoints k
@@ -79,7 +82,7 @@ BEGIN
         WHERE y.bucket = ANY (bs) AND y.campaign_id = ANY (cs) AND y.projector = p_projector
         UNION ALL
         SELECT DISTINCT o.campaign_id FROM projection_apply_outbox o
-        WHERE o.bucket = ANY (bs) AND o.campaign_id = ANY (cs)
+        WHERE v_ordered AND o.bucket = ANY (bs) AND o.campaign_id = ANY (cs)
     ) x;
     INSERT INTO projection_holds AS y
         (bucket, campaign_id, projector, seq, status, attempt_count, next_attempt_at,

@@ -97,7 +97,10 @@ class Apply:
             )
             if app.registry.starting_now():
                 firsts = {c.campaign_id: c.first_seq for c in campaigns if c.first_seq}
-                dispatch.use(starting_now(app.registry, firsts, dispatch.checkpoints), write=True)
+                starts = starting_now(
+                    app.registry, firsts, dispatch.checkpoints, tracks.first_holds()
+                )
+                dispatch.use(starts, write=True)
             if not batch.background:  # appends first: a long catch-up waits for the background
                 tracks.defer_behind(campaigns, dispatch.checkpoints, LIVE_HEAL)
         if work:
@@ -249,10 +252,11 @@ async def _catch_up(
     counts: BatchCounts,
     tracks: Tracks,
 ) -> None:
-    """The ordered projectors whose holds this batch retried go on from their checkpoints
-    through the journal (`Dispatch.catch_up`), where the batch went through all of the
-    campaign's rows (else their holds stay due, and the next batch goes on); one that fails
-    gets its hold at the event, and the others go on without it."""
+    """The projectors whose holds this batch retried go on from their checkpoints (an
+    unordered one's catch-up cursor) through the journal (`Dispatch.catch_up`), where the
+    batch went through all of the campaign's rows (else their holds stay due, and the next
+    batch goes on); one that fails gets its hold at the event, and the others go on without
+    it."""
     complete = {
         c.campaign_id
         for c in campaigns
@@ -265,7 +269,7 @@ async def _catch_up(
         }
         await dispatch.open_group()  # a savepoint whatever the pass: a retry may fail again
         try:
-            reached, caught = await dispatch.catch_up(tails)
+            reached, caught = await dispatch.catch_up(tails, tracks.skips.held)
         except GroupFailed as failed:
             raise_transient(failed, closed=dispatch.conn.is_closed())
             await dispatch.undo_group()

@@ -207,7 +207,7 @@ class Worker:
                     limit=self.app.settings.batch_size,
                     ordered=self._claim_ordered(),
                     campaigns=wanted,
-                    projectors=self.app.registry.ordered_names(),
+                    projectors=self.app.registry.checkpointed_names(),
                     now=now,
                     take=take,
                 )

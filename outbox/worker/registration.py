@@ -140,7 +140,7 @@ async def live_workers(executor: Executor, within: float = LIVE_WITHIN) -> list[
 
 async def prune_workers(conn: Connection, *, retention_hours: int, batch_size: int) -> int:
     """Delete rows of workers stopped or silent for `retention_hours`; how many went."""
-    return await db.prune(conn, Q.prune_workers, retention_hours, batch_size)
+    return await db.prune(conn, Q.prune_workers, retention_hours, batch=batch_size)
 
 
 def registry_counters(totals: BatchCounts, tally: Counter[tuple[str, str]]) -> dict[str, Any]:

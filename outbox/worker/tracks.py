@@ -3,7 +3,8 @@
 `Tracks.read()` turns the claimed campaigns' holds and the paused projectors into what the
 walk and the dispatch need: the rows whose holders are due (run for those holders alone),
 the rows nobody may touch now, each ordered projector stopped on a campaign, and the holds
-to retry (an ordered one goes on through the journal: `tails`). While the batch runs, a
+to retry (an ordered one, or an unordered one's catch-up, goes on through the journal:
+`tails`). While the batch runs, a
 projector that fails on an event gets a hold there (`fail`), and the batch goes on without
 it; `leave()` says, at the end, which holds the settle places and releases, and whether each
 row is done. Pure: no statement runs here.
@@ -43,7 +44,8 @@ class Tracks:
     skips: Skips = field(default_factory=Skips)
     # Rows with holds: the due holders that run them (empty: nobody, the walk steps over it).
     attached: dict[Key, frozenset[str]] = field(default_factory=dict)
-    # campaign -> ordered projectors whose due hold this batch retries.
+    # campaign -> projectors whose due hold this batch takes on through the journal (an
+    # ordered one's, an unordered one's catch-up).
     tails: dict[str, set[str]] = field(default_factory=dict)
     # Holds as the claim read them, and those the batch retries or replaces.
     found: dict[HoldKey, Hold] = field(default_factory=dict)
@@ -89,6 +91,9 @@ class Tracks:
                         self.tails.setdefault(cid, set()).add(hold.projector)
                     else:  # from the event it failed on (its checkpoint may be before it)
                         self.skips.stop(cid, hold.projector, hold.seq)
+                elif hold.seq == CATCHING_UP and retry and go_on:
+                    # An unordered catch-up: its rows go on meanwhile, through its markers.
+                    self.tails.setdefault(cid, set()).add(hold.projector)
                 if hold.seq != CATCHING_UP:
                     key = (cid, hold.seq)
                     holders = self.attached.get(key, frozenset())
@@ -109,10 +114,10 @@ class Tracks:
                 if row.event_type not in p.events or row.key in self.attached:
                     continue
                 cid, wait = row.campaign_id, self.poll_interval
-                if p.ordered:
+                if p.ordered:  # at the first event it owes: where one that starts now starts
                     if (cid, name) not in self.skips.stopped:
-                        self.skips.stop(cid, name, CATCHING_UP)
-                        self._place(cid, name, CATCHING_UP, "pending", 0, None, False, wait)
+                        self.skips.stop(cid, name, row.seq)
+                        self._place(cid, name, row.seq, "pending", 0, None, False, wait)
                         self.waiting += 1
                 else:
                     self.skips.held.add((cid, row.seq, name))
@@ -166,16 +171,27 @@ class Tracks:
         )
         self.placed[write.key] = write
 
+    def first_holds(self) -> dict[tuple[str, str], int]:
+        """(campaign, projector) -> the first event a hold the claim read stands at (catch-up
+        holds aside)."""
+        firsts: dict[tuple[str, str], int] = {}
+        for cid, name, seq in self.found:
+            if seq != CATCHING_UP:
+                firsts[(cid, name)] = min(seq, firsts.get((cid, name), seq))
+        return firsts
+
     def attempts(self, campaign_id: str, projector: str, seq: int) -> int:
         """Attempts `projector` made at the event so far (its hold's, 0 for none)."""
         hold = self.found.get((campaign_id, projector, seq))
         return hold.attempts if hold is not None else 0
 
     def caught_up(self, campaign_id: str, projector: str, *, done: bool) -> None:
-        """A retried ordered hold went through: released when the projector reached the
-        journal's end (`done`), else kept pending, due now, for the next batch to go on."""
+        """A retried hold went on through the journal: released when the projector reached the
+        journal's end (`done`), else kept pending, due now, for the next batch to go on. An
+        unordered projector's holds on single events stay (its catch-up passed them)."""
+        ordered = self.registry.projectors[projector].ordered
         for key in [k for k in self.found if k[0] == campaign_id and k[1] == projector]:
-            if key not in self.placed:
+            if key not in self.placed and (ordered or key[2] == CATCHING_UP):
                 self.released.add(key)
         if not done:
             self._place(campaign_id, projector, CATCHING_UP, "pending", 0, None, False, 0.0)

@@ -10,11 +10,12 @@ from collections import Counter
 
 import pytest
 
-from helpers import ADD, SUMS, campaigns_in_one_bucket, run_cli, sums
+from helpers import ADD, SUMS, Clock, campaigns_in_one_bucket, run_cli, sums
 from outbox import Event, Settings, append, db
-from outbox.errors import ConfigError, NotFound
+from outbox.errors import ConfigError, NotFound, TransientBatchError
 from outbox.model import Background, StoredEvent
 from outbox.obs.metrics import Metrics
+from outbox.ops.cleanup import cleanup
 from outbox.ops.report import health
 from outbox.projection import sweep
 from outbox.projection.app import Outbox
@@ -100,6 +101,83 @@ async def test_a_new_projector_catches_up_on_every_campaign_and_the_others_apply
 
 
 @pytest.mark.usefixtures("table")
+async def test_an_unordered_projector_catches_up_through_its_markers(
+    pool: db.Pool, dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sweep, "CAMPAIGNS", 7)
+    monkeypatch.setattr(sweep, "OUTSTANDING", 10)
+    rng = random.Random(38)
+    campaigns = [f"m{i:02d}" for i in range(30)]
+    old = app_of(dsn, "roster")
+    expected = await history(pool, old.settings, campaigns, rng)
+    await drain_now(old, pool)
+    # A backlog when it deploys: rows that its live path and its catch-up both meet.
+    expected += await history(pool, old.settings, rng.sample(campaigns, 10), rng)
+    new = app_of(dsn, "roster")
+    failed: list[str] = []
+
+    async def add(tx: db.Connection, event: StoredEvent) -> None:
+        if event.seq == 2 and not failed:  # once: a hold of its own on that event alone
+            failed.append(event.campaign_id)
+            raise RuntimeError("flaky")
+        await tx.execute(ADD, "marked", event.campaign_id, event.payload["n"])
+
+    new.projector("marked", events=["add"], ordered=False, idempotent=True, start="beginning")(add)
+    await record(pool, new.registry, "deploy")
+    worker = Worker(new, pool)
+    for _ in range(6):  # appends between the batches: live rows inside the catch-up's range
+        await worker.run_once()
+        expected += await history(pool, new.settings, rng.sample(campaigns, 2), rng)
+    await drain_now(new, pool)
+    assert failed
+    assert await sums(pool, "roster") == expected
+    holds = await pool.fetch("SELECT campaign_id, seq, status FROM outbox.projection_holds")
+    assert [tuple(h) for h in holds] == [(failed[0], 2, "failed")]  # that event alone
+    # Its backoff over: the event is retried for it alone.
+    await pool.execute("UPDATE outbox.projection_holds SET next_attempt_at = now()")
+    await pool.execute("UPDATE outbox.projection_apply_outbox SET next_attempt_at = now()")
+    await pool.execute("UPDATE outbox.projection_apply_campaigns SET due_at = now()")
+    counts = await drain_now(new, pool)
+    assert counts.dead == counts.failed == 0
+    assert await sums(pool, "marked") == expected
+    assert await sums(pool, "roster") == expected
+    assert await pool.fetchval("SELECT count(*) FROM outbox.projection_holds") == 0
+    assert await pool.fetchval("SELECT count(*) FROM outbox.projection_apply_outbox") == 0
+    assert not (await progress(pool, "marked")).catching_up
+
+
+async def test_cleanup_keeps_the_markers_of_a_projector_catching_up(
+    pool: db.Pool, dsn: str
+) -> None:
+    app = Outbox(Settings(dsn=dsn))
+
+    async def nothing(tx: db.Connection, event: StoredEvent) -> None:
+        return None
+
+    app.projector("late", events=["a"], ordered=False, idempotent=True, start="beginning")(nothing)
+    app.projector("steady", events=["a"], ordered=False, idempotent=True)(nothing)
+    await append(pool, "k1", [Event("a", {})], settings=app.settings)
+    await record(pool, app.registry, "deploy")  # `late` sweeps: its markers are kept
+    for handler in ("late", "steady"):
+        await pool.execute(
+            "INSERT INTO outbox.processed_markers (bucket, campaign_id, seq, handler, "
+            "applied_at) VALUES (outbox.outbox_bucket('k1'), 'k1', 1, $1, now() - '2 days'::"
+            "interval)",
+            handler,
+        )
+    removed = await cleanup(pool, markers_retention_hours=24)
+    assert removed.removed.processed_markers == 1
+    left = await pool.fetch("SELECT handler FROM outbox.processed_markers")
+    assert [r["handler"] for r in left] == ["late"]
+    await drain_now(app, pool)  # caught up: its markers age out like any others
+    await pool.execute(
+        "UPDATE outbox.processed_markers SET applied_at = now() - '2 days'::interval"
+    )
+    await cleanup(pool, markers_retention_hours=24)
+    assert await pool.fetchval("SELECT count(*) FROM outbox.processed_markers") == 0
+
+
+@pytest.mark.usefixtures("table")
 async def test_catch_up_progress_is_reported_and_resumes_from_the_checkpoints(
     pool: db.Pool, dsn: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -173,6 +251,32 @@ async def test_a_projector_that_starts_now_takes_no_history(pool: db.Pool, dsn: 
     )
 
 
+@pytest.mark.usefixtures("table")
+async def test_a_projector_that_starts_now_gets_what_old_workers_left_it_and_no_history(
+    pool: db.Pool, dsn: str
+) -> None:
+    old = app_of(dsn, "roster")
+    new = app_of(dsn, "roster", "fresh", start="now")
+    for cid in ("r1", "r2"):
+        await append(pool, cid, [Event("add", {"n": 1})] * 2, settings=old.settings)
+    await drain_now(old, pool)
+    await record(pool, new.registry, "new-worker")  # a rolling deploy: old workers still run
+    for cid in ("r1", "r2"):
+        await append(pool, cid, [Event("add", {"n": 10})] * 2, settings=old.settings)
+    worker = Worker(old, pool)
+    with pytest.raises(TransientBatchError):  # it read the record before `fresh` was in it
+        await worker.drain()
+    await worker.drain()  # `fresh`'s share in holds, at the first event it owes
+    assert await sums(pool, "roster") == Counter({"r1": 22, "r2": 22})
+    assert await pool.fetchval("SELECT count(*) FROM outbox.projection_apply_outbox") == 0
+    clock = Clock()
+    clock.advance(3600.0)  # past the poll interval the old worker left the holds for
+    await Worker(new, pool, now=clock).drain()
+    assert await sums(pool, "fresh") == Counter({"r1": 20, "r2": 20})  # what came after it
+    assert await sums(pool, "roster") == Counter({"r1": 22, "r2": 22})
+    assert await pool.fetchval("SELECT count(*) FROM outbox.projection_holds") == 0
+
+
 def test_start_is_checked_when_a_projector_is_registered() -> None:
     app = Outbox(Settings(dsn="postgresql://localhost/x"))
 
@@ -181,14 +285,20 @@ def test_start_is_checked_when_a_projector_is_registered() -> None:
 
     with pytest.raises(ConfigError, match="start='beginning' catches up from the journal"):
         app.projector("u", events=["a"], ordered=False, start="beginning")(nothing)
+    # An unordered projector catches up with its markers as the guard, through the campaigns.
+    app.projector("m", events=["a"], ordered=False, idempotent=True, start="beginning")(nothing)
+    with pytest.raises(ConfigError, match="OUTBOX_ORDERING=none cannot catch up projectors"):
+        app.registry.validate(Settings(dsn="postgresql://localhost/x", ordering="none"))
+    del app.registry.projectors["m"]
     with pytest.raises(ConfigError, match="start='beginning'"):
         app.projector("l", events=["a"], transactional=False, start="beginning")(nothing)
     with pytest.raises(ConfigError, match="start must be 'beginning' or 'now', not 'later'"):
         app.projector("x", events=["a"], start="later")(nothing)  # type: ignore[arg-type]
     app.projector("lease", events=["a"], transactional=False)(nothing)
     app.projector("ordered", events=["a"])(nothing)
+    app.projector("unordered", events=["a"], ordered=False, idempotent=True)(nothing)
     starts = {p.name: p.start for p in app.registry.projectors.values()}
-    assert starts == {"lease": "now", "ordered": "beginning"}
+    assert starts == {"lease": "now", "ordered": "beginning", "unordered": "now"}
 
 
 @pytest.mark.usefixtures("table")
