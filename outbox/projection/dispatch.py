@@ -196,21 +196,7 @@ class Dispatch:
         }
         if not events:
             return reached, 0
-        skips = Skips(
-            {
-                (cid, name): 0
-                for cid, names in tails.items()
-                for name in self.registry.ordered_names()
-                if name not in names
-            },
-            set(held),
-            catching={
-                (cid, name)
-                for cid, names in tails.items()
-                for name in names
-                if not self.registry.projectors[name].ordered
-            },
-        )
+        skips = Skips.catching_up(self.registry, tails, held)
         checkpoints = dict(self.checkpoints)
         try:
             outcomes = await self._apply(events, checkpoints, frozenset(range(len(events))), skips)

@@ -47,6 +47,32 @@ class Skips:
     def __bool__(self) -> bool:
         return bool(self.stopped or self.held or self.only)
 
+    @classmethod
+    def catching_up(
+        cls,
+        registry: Registry,
+        tails: Mapping[str, Collection[str]],
+        held: Collection[tuple[str, int, str]],
+    ) -> Skips:
+        """A catch-up's: each campaign's journal events to its projectors in `tails` alone (the
+        other ordered ones stopped, the unordered ones in `tails` catching up), less the events
+        `held` from one."""
+        return cls(
+            {
+                (cid, name): 0
+                for cid, names in tails.items()
+                for name in registry.ordered_names()
+                if name not in names
+            },
+            set(held),
+            catching={
+                (cid, name)
+                for cid, names in tails.items()
+                for name in names
+                if not registry.projectors[name].ordered
+            },
+        )
+
     def stop(self, campaign_id: str, projector: str, seq: int) -> None:
         key = (campaign_id, projector)
         self.stopped[key] = min(seq, self.stopped.get(key, seq))

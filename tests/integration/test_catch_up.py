@@ -61,6 +61,22 @@ async def history(
     return expected
 
 
+async def dormant(
+    pool: db.Pool, dsn: str, campaigns: list[str], rng: random.Random
+) -> Counter[str]:
+    """`history` applied by `roster` alone: every campaign dormant, no work rows."""
+    old = app_of(dsn, "roster")
+    expected = await history(pool, old.settings, campaigns, rng)
+    await drain_now(old, pool)
+    return expected
+
+
+def small_steps(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sweep's cursor crosses many chunks, and stops seeding at its bound."""
+    monkeypatch.setattr(sweep, "CAMPAIGNS", 7)
+    monkeypatch.setattr(sweep, "OUTSTANDING", 10)
+
+
 @pytest.fixture
 async def table(pool: db.Pool) -> None:
     await pool.execute(SUMS)
@@ -70,14 +86,10 @@ async def table(pool: db.Pool) -> None:
 async def test_a_new_projector_catches_up_on_every_campaign_and_the_others_apply_once(
     pool: db.Pool, dsn: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Small steps: the sweep's cursor crosses many chunks, and stops seeding at its bound.
-    monkeypatch.setattr(sweep, "CAMPAIGNS", 7)
-    monkeypatch.setattr(sweep, "OUTSTANDING", 10)
+    small_steps(monkeypatch)
     rng = random.Random(37)
     campaigns = [f"c{i:02d}" for i in range(40)]
-    old = app_of(dsn, "roster")
-    expected = await history(pool, old.settings, campaigns, rng)
-    await drain_now(old, pool)  # every campaign dormant now: no work rows
+    expected = await dormant(pool, dsn, campaigns, rng)
     assert await pool.fetchval("SELECT count(*) FROM outbox.projection_apply_outbox") == 0
     new = app_of(dsn, "roster", "stats")
     # Appends while it deploys: some campaigns active, heals and sweep both at work.
@@ -104,16 +116,13 @@ async def test_a_new_projector_catches_up_on_every_campaign_and_the_others_apply
 async def test_an_unordered_projector_catches_up_through_its_markers(
     pool: db.Pool, dsn: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(sweep, "CAMPAIGNS", 7)
-    monkeypatch.setattr(sweep, "OUTSTANDING", 10)
+    small_steps(monkeypatch)
     rng = random.Random(38)
     campaigns = [f"m{i:02d}" for i in range(30)]
-    old = app_of(dsn, "roster")
-    expected = await history(pool, old.settings, campaigns, rng)
-    await drain_now(old, pool)
-    # A backlog when it deploys: rows that its live path and its catch-up both meet.
-    expected += await history(pool, old.settings, rng.sample(campaigns, 10), rng)
+    expected = await dormant(pool, dsn, campaigns, rng)
     new = app_of(dsn, "roster")
+    # A backlog when it deploys: rows that its live path and its catch-up both meet.
+    expected += await history(pool, new.settings, rng.sample(campaigns, 10), rng)
     failed: list[str] = []
 
     async def add(tx: db.Connection, event: StoredEvent) -> None:
@@ -184,9 +193,7 @@ async def test_catch_up_progress_is_reported_and_resumes_from_the_checkpoints(
     monkeypatch.setattr(sweep, "CAMPAIGNS", 5)
     rng = random.Random(7)
     campaigns = [f"d{i:02d}" for i in range(12)]
-    old = app_of(dsn, "roster")
-    expected = await history(pool, old.settings, campaigns, rng)
-    await drain_now(old, pool)
+    expected = await dormant(pool, dsn, campaigns, rng)
     new = app_of(dsn, "roster", "stats")
     await record(pool, new.registry, "deploy")
     before = await progress(pool, "stats")

@@ -98,6 +98,7 @@ async def test_a_paused_projector_holds_only_itself_and_a_resume_catches_it_up(
     counts = await worker.run_once()
     # `totals` applied everything it takes, `c`'s third event too; `mailer`'s event waits in
     # its hold on `c` at that event (its row went: the journal has it), no attempt consumed.
+    assert (counts.applied, counts.held, counts.paused, counts.failed) == (4, 1, 1, 0)
     assert await outstanding(pool) == []
     assert await holds(pool) == [(c, "mailer", 2, "pending")]
     assert await tallies(pool) == {(c, "placed"): 2, (d, "placed"): 2}
