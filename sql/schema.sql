@@ -310,7 +310,8 @@ BEGIN
         WHERE h.bucket = p_bucket
         GROUP BY h.campaign_id, h.seq
     ) s
-    WHERE o.bucket = p_bucket AND o.campaign_id = s.campaign_id AND o.seq = s.seq;
+    WHERE o.bucket = p_bucket AND o.campaign_id = s.campaign_id AND o.seq = s.seq
+      AND o.status <> 'processing';
 END
 $$;
 

@@ -5,7 +5,8 @@
 -- columns from them: `failed` while a holder will try again, `pending` while they only wait
 -- (a requeue, a pause), `dead` once every holder is dead; attempts the most any holder made,
 -- the next attempt the earliest of the holders still trying, `last_error` the latest. Rows
--- with no hold left are not touched. p_now: the instant written as updated_at.
+-- with no hold left are not touched, nor a leased row (`processing`: its lease's end works its
+-- columns out). p_now: the instant written as updated_at.
 CREATE OR REPLACE FUNCTION outbox_hold_rows(
     p_bucket integer,
     p_campaigns text[],
@@ -37,6 +38,7 @@ BEGIN
         WHERE h.bucket = p_bucket
         GROUP BY h.campaign_id, h.seq
     ) s
-    WHERE o.bucket = p_bucket AND o.campaign_id = s.campaign_id AND o.seq = s.seq;
+    WHERE o.bucket = p_bucket AND o.campaign_id = s.campaign_id AND o.seq = s.seq
+      AND o.status <> 'processing';
 END
 $$;

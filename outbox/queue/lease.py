@@ -9,14 +9,14 @@ to end) is the worker's (`outbox.worker.lease`); this module only runs the state
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from operator import attrgetter
 from typing import TYPE_CHECKING
 
 from outbox import buckets, db
-from outbox.model import Failure, Key
+from outbox.model import Key
 from outbox.queries import Queries
 from outbox.queue.claim import ClaimedRow
 
@@ -27,9 +27,9 @@ __all__ = [
     "Lease",
     "complete_lease",
     "extend_leases",
-    "fail_lease",
     "lease_rows",
     "release_lease",
+    "settle_lease",
 ]
 
 
@@ -37,7 +37,7 @@ class LeaseQueries(Queries):
     lease_rows: str
     extend_leases: str
     complete_lease: str
-    fail_lease: str
+    settle_lease: str
     release_lease: str
 
 
@@ -46,12 +46,15 @@ Q = LeaseQueries
 
 @dataclass(frozen=True, slots=True)
 class Lease:
-    """A row leased by a worker: the epoch that fences it, and its attempts so far."""
+    """A row leased by a worker: the epoch that fences it, and its attempts so far. `holders`:
+    the projectors whose holds on the row the lease retries (S24), lease-mode ones run in it and
+    transactional ones at its end; None: the event's first run, every subscriber."""
 
     row: ClaimedRow
     epoch: int
     expires_at: datetime
     attempt_count: int
+    holders: frozenset[str] | None = None
 
     @property
     def key(self) -> Key:
@@ -66,10 +69,12 @@ async def lease_rows(
     seconds: float,
     now: datetime | None = None,
     bucket: int | None = None,
+    holders: Mapping[Key, frozenset[str]] | None = None,
 ) -> list[Lease]:
     """Lease `rows` (their campaigns held by the caller's claim) in the caller's transaction;
     rows no longer at the epoch the claim read are left out. A row taken back from an expired
-    lease counts that lease as an attempt. `bucket`: the batch's, when every row is in it."""
+    lease counts that lease as an attempt. `bucket`: the batch's, when every row is in it.
+    `holders`: the rows whose holds a lease retries, and for whom."""
     records: list[db.Record] = []
     by_bucket = await buckets.grouped(conn, rows, attrgetter("campaign_id"), bucket=bucket)
     for in_bucket, group in by_bucket.items():
@@ -90,6 +95,7 @@ async def lease_rows(
             r["claim_epoch"],
             r["lease_expires_at"],
             r["attempt_count"],
+            (holders or {}).get((r["campaign_id"], r["seq"])),
         )
         for r in records
     ]
@@ -127,21 +133,12 @@ async def complete_lease(conn: Connection, lease: Lease, owner: str) -> float | 
     return age
 
 
-async def fail_lease(conn: Connection, lease: Lease, owner: str, failure: Failure) -> bool:
-    """Record `failure` on the leased row if `owner` still holds it; False when fenced."""
-    return bool(
-        await conn.fetchval(
-            Q.fail_lease,
-            *lease.key,
-            owner,
-            lease.epoch,
-            failure.attempts,
-            failure.delay,
-            failure.error,
-            failure.dead,
-            await buckets.bucket_for(conn, lease.row.campaign_id),
-        )
-    )
+async def settle_lease(conn: Connection, lease: Lease, owner: str) -> float | None:
+    """End the lease, its row back to pending for its holds to settle, if `owner` still holds
+    it at its epoch; the seconds since it was enqueued, or None when fenced."""
+    bucket = await buckets.bucket_for(conn, lease.row.campaign_id)
+    age: float | None = await conn.fetchval(Q.settle_lease, *lease.key, owner, lease.epoch, bucket)
+    return age
 
 
 async def release_lease(conn: Connection, lease: Lease, owner: str) -> bool:

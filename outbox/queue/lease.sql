@@ -55,19 +55,21 @@ WITH gone AS (
 )
 SELECT extract(epoch FROM statement_timestamp() - enqueued_at)::double precision AS age FROM gone
 
--- name: fail_lease
--- The fenced end of a lease whose projector failed: attempts $5, next attempt in $6 seconds,
--- error $7, dead when $8; only while owner $3 at epoch $4 still holds it. $9: the bucket.
-UPDATE @extschema@.projection_apply_outbox
-SET status = CASE WHEN $8::boolean THEN 'dead' ELSE 'failed' END,
-    attempt_count = $5::integer,
-    next_attempt_at = statement_timestamp() + make_interval(secs => $6::double precision),
-    last_error = $7::text,
-    lease_expires_at = NULL,
-    updated_at = statement_timestamp()
-WHERE bucket = $9::integer AND campaign_id = $1::text AND seq = $2::bigint AND status = 'processing'
-  AND lease_owner = $3::text AND claim_epoch = $4::bigint
-RETURNING true AS failed
+-- name: settle_lease
+-- The fenced end of a lease whose row may stay: back to pending, for its holds (S24) to say
+-- what it still owes (the caller's settle deletes it or works its columns out from them); only
+-- while owner $3 at epoch $4 still holds it. Returns the seconds since it was enqueued; no
+-- row back means the lease was taken over and nothing changed. $5: the bucket.
+WITH ended AS (
+    UPDATE @extschema@.projection_apply_outbox
+    SET status = 'pending', lease_expires_at = NULL, next_attempt_at = statement_timestamp(),
+        updated_at = statement_timestamp()
+    WHERE bucket = $5::integer AND campaign_id = $1::text AND seq = $2::bigint
+      AND status = 'processing' AND lease_owner = $3::text AND claim_epoch = $4::bigint
+    RETURNING enqueued_at
+)
+SELECT extract(epoch FROM statement_timestamp() - enqueued_at)::double precision AS age
+FROM ended
 
 -- name: release_lease
 -- Hand a lease back unfinished (the worker is stopping): due now, no attempt counted; only

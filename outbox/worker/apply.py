@@ -18,13 +18,13 @@ from outbox.projection.dispatch import ApplyOutcome, Dispatch, GroupFailed
 from outbox.projection.plan import starting_now
 from outbox.queue.claim import ClaimedCampaign, ClaimedRow, event_batch
 from outbox.queue.lease import Lease, lease_rows
-from outbox.queue.settle import defer, settle
+from outbox.queue.settle import settle
 from outbox.retry import FailurePolicy, log_failure
-from outbox.worker.lease import choose_leases
+from outbox.worker.leasing import choose_leases, leasing_types, plan_leases
 from outbox.worker.strategy import Batch, Isolate
 from outbox.worker.tracks import Away, Tracks
 from outbox.worker.transient import raise_transient
-from outbox.worker.walk import campaign_writes, paused_waits, walk
+from outbox.worker.walk import campaign_writes, walk
 
 __all__ = ["LIVE_HEAL", "Apply"]
 
@@ -50,18 +50,11 @@ class Apply:
         settings = app.settings
         leased_types = app.registry.leased_types()
         stopping = await app.pauses.projectors(conn, app.registry) if campaigns else frozenset()
-        # A paused lease-mode projector stops its campaigns as before; any other holds only
-        # itself (S24): its share of the batch waits in holds, as does the share of a
-        # projector the database knows and this worker's code lacks (a rolling deploy).
+        # A paused projector holds only itself (S24), a lease-mode one too: its share of the
+        # batch waits in holds, as does the share of a projector the database knows and this
+        # worker's code lacks (a rolling deploy).
         registry = app.registry.projectors
-        paused = frozenset(
-            t for n in stopping if not (p := registry[n]).transactional for t in p.events
-        )
-        away = [
-            Away(n, registry[n].events, registry[n].ordered)
-            for n in stopping
-            if registry[n].transactional
-        ]
+        away = [Away(n, registry[n].events, registry[n].ordered) for n in sorted(stopping)]
         if campaigns:
             away += [
                 Away(k.projector, frozenset(k.events), k.ordered)
@@ -74,15 +67,14 @@ class Apply:
             limit=settings.batch_size,
             park=settings.park,
             ordered=settings.ordered,
-            stop_after=leased_types,
-            paused=paused,
+            stop_after=leasing_types(app.registry, stopping),
             attached=tracks.attached,
+            leasing=frozenset(n for n, p in registry.items() if not p.transactional),
         )
         if away:
-            tracks.wait_for([r for r in work if r.event_type not in leased_types], away)
+            tracks.wait_for(work, away)
         counts = BatchCounts(claimed=len(work))
-        waiting = paused_waits(campaigns, work, paused, ordered=settings.ordered)
-        to_lease = [r for r in work if r.event_type in leased_types]
+        to_lease, holders = plan_leases(app.registry, work, leased_types, tracks)
         if to_lease:
             leasing = {r.key for r in to_lease}
             work = [r for r in work if r.key not in leasing]
@@ -115,7 +107,7 @@ class Apply:
             tracks.applied(done)
             done = [key for key in done if not tracks.holds_row(key)]
         if to_lease:
-            await _lease(batch, to_lease, failures, counts)
+            await _lease(batch, to_lease, holders, failures, counts, tracks)
         writes = (
             await campaign_writes(
                 conn,
@@ -143,17 +135,6 @@ class Apply:
         )
         counts.more_due, after.ages = settled.due, settled.ages
         counts.paused += tracks.waiting
-        if any(waiting):  # due again in one poll interval: a resume is seen that soon
-            held, rows = waiting
-            await defer(
-                conn,
-                campaigns=held,
-                rows=rows,
-                seconds=settings.poll_interval,
-                bucket=bucket,
-            )
-            counts.paused += len(held) + len(rows)
-            counts.more_due = max(0, counts.more_due - len(held))
         return counts
 
 
@@ -306,9 +287,15 @@ def _hold(
 
 
 async def _lease(
-    batch: Batch, rows: list[ClaimedRow], failures: list[Failure], counts: BatchCounts
+    batch: Batch,
+    rows: list[ClaimedRow],
+    holders: dict[Key, frozenset[str]],
+    failures: list[Failure],
+    counts: BatchCounts,
+    tracks: Tracks,
 ) -> None:
-    """Lease the rows whose campaign did not fail before them in this batch (S13)."""
+    """Lease the rows whose campaign did not fail before them in this batch (S13); a retry's
+    holds are due again when its lease would expire, not before."""
     settings = batch.app.settings
     ready, last, reclaimed = choose_leases(rows, failures, max_attempts=settings.max_attempts)
     counts.reclaimed += reclaimed
@@ -320,7 +307,11 @@ async def _lease(
         seconds=settings.lease_seconds,
         now=batch.now,
         bucket=batch.bucket,
+        holders=holders,
     )
+    for lease in leased:
+        if lease.holders is not None:
+            tracks.leasing(lease.key, lease.holders, settings.lease_seconds)
     batch.after.leases.extend(leased)
     counts.leased += len(leased)
 

@@ -19,6 +19,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
+from time import monotonic
 from typing import TYPE_CHECKING
 
 from outbox import db
@@ -48,6 +49,10 @@ _logger = log.get_logger("outbox.worker")
 SWEEP_INTERVAL = 0.2
 # Batches for buckets an append woke a worker serves in a row before one in turn (S25).
 APPENDS_FIRST = 4
+# Seconds after a failure during which a worker's batches run careful from the first pass (a
+# savepoint per group): a projector that failed once likely fails again, and a failure in a
+# careful pass costs its group one more run, not the batch a rollback and a second claim.
+CAREFUL_AFTER_FAILURE = 10.0
 
 
 @dataclass
@@ -80,6 +85,8 @@ class Worker:
     sweeps: Sweeps = field(init=False, repr=False)
     # Batches served in a row for buckets an append woke (see `run_once`).
     _woken_streak: int = field(default=0, init=False, repr=False)
+    # Until when (monotonic) batches run careful from the first pass (`CAREFUL_AFTER_FAILURE`).
+    _careful_until: float = field(default=float("-inf"), init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.rand is None:
@@ -133,12 +140,16 @@ class Worker:
                 "holds" if share == "only" else "live" if share == "never" or woken else "all"
             )
             self._woken_streak = self._woken_streak + 1 if woken else 0
+            careful = monotonic() < self._careful_until
             try:
-                counts = await self._batch(after, bucket, careful=False, take=take)
+                counts = await self._batch(after, bucket, careful=careful, take=take)
             except Isolate as isolate:
                 _logger.debug("batch.isolate", extra={"error": str(isolate)})
                 after = AfterCommit()
                 counts = await self._batch(after, bucket, careful=True, take=take)
+                careful = True
+            if careful and (counts.failed or counts.dead):
+                self._careful_until = monotonic() + CAREFUL_AFTER_FAILURE
             if not (counts.claimed or counts.more_due) and await self._sweep(idle=True):
                 counts.more_due = 1
             full = counts.claimed >= self.app.settings.batch_size

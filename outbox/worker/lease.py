@@ -20,7 +20,6 @@ projectors, exactly-once for the event's transactional ones.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from time import perf_counter
 from typing import TYPE_CHECKING, Protocol
@@ -28,15 +27,16 @@ from typing import TYPE_CHECKING, Protocol
 import anyio
 
 from outbox import db
-from outbox.errors import LeaseExpired
 from outbox.model import Failure, Key, StoredEvent
 from outbox.obs import log, tracing
 from outbox.obs.metrics import Metrics
 from outbox.projection.dispatch import Dispatch, GroupFailed
+from outbox.projection.plan import Skips
 from outbox.projection.registry import Registry
 from outbox.queue import lease as statements
-from outbox.queue.claim import ClaimedRow, hold_campaign
-from outbox.queue.lease import Lease
+from outbox.queue.claim import hold_campaign
+from outbox.queue.holds import HoldWrite, row_holds
+from outbox.queue.lease import Lease, settle_lease
 from outbox.queue.settle import applied_channel, notify_work, refresh_campaigns, settle
 from outbox.retry import (
     ErrorClass,
@@ -51,7 +51,7 @@ if TYPE_CHECKING:
     from outbox.config import Settings
     from outbox.db import Connection, Executor, Pool
 
-__all__ = ["LeaseRunner", "choose_leases"]
+__all__ = ["LeaseRunner"]
 
 _logger = log.get_logger("outbox.lease")
 
@@ -69,35 +69,6 @@ class Counts(Protocol):
 
 # The leases of a batch still running, and the cancel scope of each one's projectors.
 Live = dict[Key, tuple[Lease, anyio.CancelScope]]
-# A fenced end of a lease: (conn, lease, owner[, failure]) -> whether it still held the lease.
-EndFn = Callable[..., Awaitable[bool]]
-
-
-def choose_leases(
-    rows: list[ClaimedRow], failures: list[Failure], *, max_attempts: int
-) -> tuple[list[ClaimedRow], list[tuple[ClaimedRow, LeaseExpired]], int]:
-    """Of a batch's rows to lease, those to lease now: not behind a row of their campaign that
-    failed in this batch. A row taken back from an expired lease counts that lease as an
-    attempt; on its last attempt it comes back apart, with its error, to be recorded dead.
-    Returns (to lease, out of attempts, how many were taken back)."""
-    failed_at = {f.campaign_id: f.seq for f in failures}
-    ready: list[ClaimedRow] = []
-    last: list[tuple[ClaimedRow, LeaseExpired]] = []
-    reclaimed = 0
-    for row in rows:
-        if row.seq > failed_at.get(row.campaign_id, row.seq):
-            continue
-        if row.status == "processing":
-            reclaimed += 1
-            if row.attempt_count + 1 >= max_attempts:
-                expired = LeaseExpired(
-                    f"lease expired (owner {row.lease_owner}, epoch {row.claim_epoch}) on the "
-                    "last attempt"
-                )
-                last.append((row, expired))
-                continue
-        ready.append(row)
-    return ready, last, reclaimed
 
 
 @dataclass
@@ -134,27 +105,31 @@ class LeaseRunner:
         event, scope = lease.row.stored_event(), live[lease.key][1]
         try:
             failed: GroupFailed | None = None
+            ran: list[str] = []
             with scope:
-                failed = await self._project(event)
+                failed = await self._project(event, lease.holders, ran)
             if scope.cancelled_caught:  # the heartbeat found the lease taken over
                 self._fenced(lease, "heartbeat", counts)
                 return
             if failed is None:
                 failed = await self._complete(lease, event, counts)
             if failed is not None:
-                await self._fail(lease, failed, counts)
+                await self._fail(lease, failed, ran, counts)
         except anyio.get_cancelled_exc_class():
             # The worker is stopping: hand the lease back, no attempt counted.
             with anyio.CancelScope(shield=True), anyio.move_on_after(5):
-                await self._end(lease, statements.release_lease)
+                await self._release(lease)
             raise
         finally:
             live.pop(lease.key, None)
 
-    async def _project(self, event: StoredEvent) -> GroupFailed | None:
-        """Run the event's non-transactional projectors in name order; the first failure."""
+    async def _project(
+        self, event: StoredEvent, holders: frozenset[str] | None, ran: list[str]
+    ) -> GroupFailed | None:
+        """Run the event's non-transactional projectors (those among `holders` on a retry) in
+        name order, each that went through added to `ran`; the first failure."""
         for projector in self.registry.subscribers(event.type):
-            if projector.transactional:
+            if projector.transactional or (holders is not None and projector.name not in holders):
                 continue
             started = perf_counter()
             attributes = {"outbox.projector": projector.name, "outbox.events": 1}
@@ -165,6 +140,7 @@ class LeaseRunner:
                 self._record({(projector.name, "failed"): 1}, projector.name, started)
                 return GroupFailed(exc, 0, projector.name)
             self._record({(projector.name, "applied"): 1}, projector.name, started)
+            ran.append(projector.name)
         return None
 
     def _record(self, tally: dict[tuple[str, str], int], projector: str, started: float) -> None:
@@ -177,7 +153,9 @@ class LeaseRunner:
         self, lease: Lease, event: StoredEvent, counts: Counts
     ) -> GroupFailed | None:
         """Delete the row, fenced, and run the event's transactional projectors in the same
-        transaction; a projector's failure comes back to be recorded."""
+        transaction; a projector's failure comes back to be recorded. A retry (`holders`) runs
+        the transactional holders alone, releases the holds it ran for, and deletes the row
+        only when no other hold stands for it."""
         cid = lease.row.campaign_id
         for attempt in range(1, END_RETRIES + 1):
             try:
@@ -186,14 +164,24 @@ class LeaseRunner:
                     conn.transaction(),
                 ):
                     await hold_campaign(conn, cid)
-                    age = await statements.complete_lease(conn, lease, self.owner)
+                    end = statements.complete_lease if lease.holders is None else settle_lease
+                    age = await end(conn, lease, self.owner)
                     if age is None:
                         self._fenced(lease, "completion", counts)
                         return None
                     dispatch = Dispatch(conn, self.registry, self.settings.unsubscribed, heal=None)
                     await dispatch.load([cid])
-                    await dispatch.apply([event])
-                    await settle(conn, checkpoints=dispatch.moves())
+                    await dispatch.apply([event], self._share(lease))
+                    if lease.holders is None:
+                        await settle(conn, checkpoints=dispatch.moves())
+                    else:
+                        held = {h.projector for h in await row_holds(conn, *lease.key)}
+                        await settle(
+                            conn,
+                            done=[] if held - lease.holders else [lease.key],
+                            released={(cid, n, lease.row.seq) for n in held & lease.holders},
+                            checkpoints=dispatch.moves(),
+                        )
                     await self._requeue(conn, cid)
                     await notify_work(conn, applied_channel())
             except GroupFailed as failed:
@@ -211,37 +199,99 @@ class LeaseRunner:
                 return None
         return None  # the lease runs out and the row is claimed again
 
-    async def _fail(self, lease: Lease, failed: GroupFailed, counts: Counts) -> None:
-        failure = self.policy.fail(
-            *lease.key, lease.attempt_count, failed.cause, projector=failed.projector
-        )
+    def _share(self, lease: Lease) -> Skips | None:
+        """What a retry's end keeps from the event's transactional projectors that do not hold
+        the row (they applied it, or wait for it elsewhere); None: a first run, all of them."""
+        if lease.holders is None:
+            return None
+        cid, seq = lease.key
+        skips = Skips()
+        for p in self.registry.subscribers(lease.row.event_type or ""):
+            if p.transactional and p.name not in lease.holders:
+                if p.ordered:
+                    skips.stop(cid, p.name, seq)
+                else:
+                    skips.held.add((cid, seq, p.name))
+        return skips
+
+    async def _fail(
+        self, lease: Lease, failed: GroupFailed, ran: list[str], counts: Counts
+    ) -> None:
+        """The lease ends with the row held (S24): a lease-mode projector that failed holds
+        the event alone (attempts, backoff, dead after the last), and the rest of the event's
+        share (its lease-mode projectors not yet run, its transactional ones) waits in holds
+        due now, for the batches to take on; those that went through are done with it. A
+        transactional projector failing at the end charges no attempt here: its share goes
+        back to the batches, which isolate it."""
         for attempt in range(1, END_RETRIES + 1):
             try:
-                ended = await self._end(lease, statements.fail_lease, failure)
+                async with (
+                    db.acquire(self.pool, session=self.settings.worker_session()) as conn,
+                    conn.transaction(),
+                ):
+                    await hold_campaign(conn, lease.row.campaign_id)
+                    if await settle_lease(conn, lease, self.owner) is None:
+                        self._fenced(lease, "failure", counts)
+                        return
+                    failure = await self._hold(conn, lease, failed, ran)
+                    await self._requeue(conn, lease.row.campaign_id)
             except Exception as error:
                 if classify(error) is not ErrorClass.TRANSIENT:
                     raise
                 await self._retry_later(lease, "failure", error, attempt)
                 continue
-            if not ended:
-                self._fenced(lease, "failure", counts)
-                return
-            counts.dead += failure.dead
-            counts.failed += not failure.dead
-            log_failure(failure, failed.cause, lease_epoch=lease.epoch)
+            if failure is not None:
+                counts.dead += failure.dead
+                counts.failed += not failure.dead
+                log_failure(failure, failed.cause, lease_epoch=lease.epoch)
             return
 
-    async def _end(self, lease: Lease, end: EndFn, *failure: Failure) -> bool:
-        """One fenced end of a lease (failure, release) and its campaign row's refresh."""
+    async def _hold(
+        self, conn: Connection, lease: Lease, failed: GroupFailed, ran: list[str]
+    ) -> Failure | None:
+        """Place the holds of a failed lease's row (see `_fail`); the lease-mode projector's
+        failure, if one failed."""
+        cid, seq = lease.key
+        held = {h.projector: h for h in await row_holds(conn, cid, seq)}
+        owed = [
+            p
+            for p in self.registry.subscribers(lease.row.event_type or "")
+            if lease.holders is None or p.name in lease.holders
+        ]
+        failure: Failure | None = None
+        holds: dict[str, HoldWrite] = {}
+        name = failed.projector
+        if name is not None and any(p.name == name and not p.transactional for p in owed):
+            before = held[name].attempt_count if name in held else lease.attempt_count
+            failure = self.policy.fail(cid, seq, before, failed.cause, projector=name)
+            status = "dead" if failure.dead else "failed"
+            holds[name] = HoldWrite(
+                cid, name, seq, status, failure.attempts, failure.delay, failure.error, True
+            )
+        for p in owed:
+            if p.name in ran or p.name in holds:
+                continue
+            h = held.get(p.name)
+            status, attempts = (h.status, h.attempt_count) if h is not None else ("pending", 0)
+            holds[p.name] = HoldWrite(cid, p.name, seq, status, attempts, 0.0, None, True)
+        await settle(
+            conn,
+            holds=list(holds.values()),
+            released={(cid, n, seq) for n in ran if n in held},
+        )
+        return failure
+
+    async def _release(self, lease: Lease) -> bool:
+        """Hand the lease back unfinished (no attempt counted) and refresh its campaign row."""
         async with (
             db.acquire(self.pool, session=self.settings.worker_session()) as conn,
             conn.transaction(),
         ):
             await hold_campaign(conn, lease.row.campaign_id)
-            ended = await end(conn, lease, self.owner, *failure)
-            if ended:
+            released = await statements.release_lease(conn, lease, self.owner)
+            if released:
                 await self._requeue(conn, lease.row.campaign_id)
-        return ended
+        return released
 
     async def _requeue(self, conn: Connection, campaign_id: str) -> None:
         """The campaign's next row is its head now: due at once, and the workers woken."""

@@ -72,8 +72,11 @@ class Tracks:
         away = {a.name: a for a in absent}
         for campaign in campaigns:
             cid = campaign.campaign_id
+            # Rows under a live lease (a retry's): their holds are that lease's until it ends.
+            leased = {r.seq for r in campaign.rows if r.status == "processing" and not r.due}
             for hold in campaign.holds:
                 self.found[(cid, hold.projector, hold.seq)] = hold
+                due = hold.due and hold.seq not in leased
                 p = projectors.get(hold.projector)
                 ordered = (
                     p.ordered
@@ -82,8 +85,8 @@ class Tracks:
                     if hold.projector in away
                     else hold.seq == CATCHING_UP
                 )
-                retry = hold.due and p is not None and hold.projector not in paused
-                if hold.due and not retry:  # paused or absent: looked at again later
+                retry = due and p is not None and hold.projector not in paused
+                if due and not retry:  # paused or absent: looked at again later
                     self._keep(cid, hold, self.poll_interval)
                     self.waiting += 1
                 if ordered:
@@ -123,6 +126,23 @@ class Tracks:
                     self.skips.held.add((cid, row.seq, name))
                     self._place(cid, name, row.seq, "pending", 0, None, True, wait)
                     self.waiting += 1
+
+    def defer(self, row: ClaimedRow, names: Sequence[str]) -> None:
+        """The lease-mode projectors `names` of a row that is not leased now (a subscriber of
+        its event waits elsewhere) each get a hold on it, due now: a later batch leases the row
+        for them alone."""
+        for name in names:
+            self.skips.held.add((row.campaign_id, row.seq, name))
+            self._place(row.campaign_id, name, row.seq, "pending", 0, None, True, 0.0)
+
+    def leasing(self, key: Key, holders: Collection[str], seconds: float) -> None:
+        """A row leased to retry its `holders`' holds: each is due again when the lease would
+        expire (the worker died with it), not before."""
+        cid, seq = key
+        for name in holders:
+            hold = self.found.get((cid, name, seq))
+            if hold is not None:
+                self._keep(cid, hold, seconds)
 
     def defer_behind(
         self, campaigns: list[ClaimedCampaign], checkpoints: dict[tuple[str, str], int], gap: int

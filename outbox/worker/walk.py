@@ -32,16 +32,16 @@ def walk(
     park: bool,
     ordered: bool = True,
     stop_after: frozenset[str] = frozenset(),
-    paused: frozenset[str] = frozenset(),
     attached: dict[Key, frozenset[str]] | None = None,
+    leasing: frozenset[str] = frozenset(),
 ) -> list[ClaimedRow]:
     """The rows to process, per campaign in seq order, at most `limit` in all. Under campaign
     ordering a campaign stops at its first row that is not due (a dead row is stepped over
     under `park`), and under `block` a campaign with any row before its head waits. A row with
     holds (`attached`: its due holders, S24) is taken when one is due and stepped over when
     none is: it stops no campaign. A row of an event type in `stop_after` (leased: applied
-    after the batch) is its campaign's last. A row of a type in `paused` (a paused lease-mode
-    projector's) is left: under campaign ordering its campaign stops before it."""
+    after the batch) is its campaign's last, as is a row with holds whose due holders include
+    one of `leasing` (lease-mode projectors: a retry's lease)."""
     attached = attached or {}
     chosen: list[ClaimedRow] = []
     for campaign in campaigns:
@@ -55,42 +55,17 @@ def walk(
             if holders is not None:
                 if holders:
                     chosen.append(row)
+                    if ordered and holders & leasing:
+                        break  # a retry's lease: the campaign waits behind it
                 continue
             if not row.due:
                 if ordered and not (park and row.status == "dead"):
-                    break
-                continue
-            if row.event_type in paused:
-                if ordered:
                     break
                 continue
             chosen.append(row)
             if ordered and row.event_type in stop_after:
                 break
     return chosen
-
-
-def paused_waits(
-    campaigns: list[ClaimedCampaign],
-    work: list[ClaimedRow],
-    paused: frozenset[str],
-    *,
-    ordered: bool,
-) -> tuple[list[str], list[Key]]:
-    """What waits for a paused projector after `walk`: under campaign ordering the campaigns
-    whose walk stopped at a due row of a paused type, under `none` those rows themselves."""
-    if not paused:
-        return [], []
-    chosen = {r.key for r in work}
-    if not ordered:
-        left = [r for c in campaigns for r in c.rows if r.key not in chosen]
-        return [], [r.key for r in left if r.due and r.event_type in paused]
-    held = []
-    for c in campaigns:
-        first = next((r for r in c.rows if r.key not in chosen), None)
-        if first is not None and first.due and first.event_type in paused:
-            held.append(c.campaign_id)
-    return held, []
 
 
 async def campaign_writes(

@@ -20,9 +20,11 @@ from factories import make_leased
 
 from helpers import queue_count, run_cli, wait_for
 from outbox import ConfigError, Event, Settings, db
+from outbox.errors import PermanentError
 from outbox.model import BatchCounts, StoredEvent
 from outbox.obs.metrics import Metrics
 from outbox.ops.report import outbox_report
+from outbox.ops.requeue import requeue_one
 from outbox.projection.app import Outbox
 from outbox.worker.batch import Worker
 
@@ -276,6 +278,49 @@ async def test_a_failing_projector_records_an_attempt_fenced_by_its_lease(
     assert "503 from the webhook" in str(failed["last_error"])
     # The campaign is queued again for the retry.
     assert await pool.fetchval("SELECT head_seq FROM outbox.projection_apply_campaigns") == 1
+
+
+async def test_a_failing_lease_projector_holds_only_that_event(
+    pool: db.Pool, dsn: str, schema: None
+) -> None:
+    app = lease_app(dsn)
+    broken = {("o-7", 1)}
+    app.registry.projectors.pop("search_index")
+
+    @app.projector("search_index", events=["order.placed"], transactional=False)
+    async def search_index(pool_: db.Pool, event: StoredEvent) -> None:
+        if (event.campaign_id, event.seq) in broken:
+            raise PermanentError("410 from the index")
+        await pool_.execute(
+            "INSERT INTO deliveries (campaign_id, seq) VALUES ($1, $2)",
+            event.campaign_id,
+            event.seq,
+        )
+
+    kinds = ["order.placed", "order.noted", "order.placed", "order.placed"]
+    await app.append(pool, "o-7", [Event(k, {}) for k in kinds])
+    worker = Worker(app, pool)
+    await worker.drain()
+    # The index is dead on seq 1 and holds it alone: the ledger took every event, the index the
+    # later ones, in order; the row stays, dead, for an operator.
+    assert await ledger(pool) == [("o-7", s) for s in range(1, 5)]
+    assert await deliveries(pool) == [("o-7", 3), ("o-7", 4)]
+    held = await pool.fetch(
+        "SELECT projector, seq, status, attempt_count FROM outbox.projection_holds"
+    )
+    assert [tuple(h) for h in held] == [("search_index", 1, "dead", 1)]
+    dead = await row(pool, "o-7", 1)
+    assert dead is not None
+    assert (dead["status"], dead["attempt_count"]) == ("dead", 1)
+    assert "search_index" in str(dead["last_error"])
+    assert await queue_count(pool) == 1
+    broken.clear()  # the index is back: a requeue retries it alone, the ledger not again
+    await requeue_one(pool, "o-7", 1, projector="search_index")
+    await worker.drain()
+    assert await deliveries(pool) == [("o-7", 3), ("o-7", 4), ("o-7", 1)]
+    assert await ledger(pool) == [("o-7", s) for s in range(1, 5)]
+    assert await queue_count(pool) == 0
+    assert await pool.fetchval("SELECT count(*) FROM outbox.projection_holds") == 0
 
 
 async def test_the_heartbeat_keeps_a_long_projector_alive(

@@ -195,7 +195,7 @@ def test_an_unknown_projector_is_refused_with_the_app(dsn: str) -> None:
     assert "'nope' is not a projector of the app" in proc.stderr
 
 
-async def test_a_paused_lease_mode_projector_leases_nothing(pool: db.Pool, dsn: str) -> None:
+async def test_a_paused_lease_mode_projector_holds_only_itself(pool: db.Pool, dsn: str) -> None:
     app = Outbox(Settings(dsn=dsn))
     app.pauses.interval = 0
 
@@ -203,13 +203,21 @@ async def test_a_paused_lease_mode_projector_leases_nothing(pool: db.Pool, dsn: 
     async def notify(p: db.Pool, event: StoredEvent) -> None:
         await p.execute("INSERT INTO counted VALUES ($1, 'notified', 1)", event.campaign_id)
 
+    @app.projector("ticks", events=["tick"])
+    async def ticks(tx: db.Connection, event: StoredEvent) -> None:
+        await tx.execute("INSERT INTO counted VALUES ($1, 'ticked', 1)", event.campaign_id)
+
     await app.append(pool, "c", [Event("tick", {})])
     await pause_projector(pool, "notify")
     counts = await Worker(app, pool).run_once()
-    assert (counts.leased, counts.paused) == (0, 1)
+    # `ticks` applied it; it waits for `notify` alone, in a hold, its row kept.
+    assert (counts.leased, counts.applied, counts.paused) == (0, 1, 1)
     assert await outstanding(pool) == [("c", 1, "pending", 0)]
+    assert await holds(pool) == [("c", "notify", 1, "pending")]
     await resume_projector(pool, "notify")
-    await pool.execute(
-        "UPDATE outbox.projection_apply_campaigns SET due_at = statement_timestamp()"
-    )
+    await come_due(pool)
     assert (await Worker(app, pool).run_once()).leased == 1
+    kinds = await pool.fetch("SELECT kind FROM counted ORDER BY kind")
+    assert [k["kind"] for k in kinds] == ["notified", "ticked"]  # each once
+    assert await outstanding(pool) == []
+    assert await holds(pool) == []
