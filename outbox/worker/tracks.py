@@ -71,6 +71,8 @@ class Tracks:
         projectors = self.registry.projectors
         away = {a.name: a for a in absent}
         for campaign in campaigns:
+            if not campaign.holds:
+                continue
             cid = campaign.campaign_id
             # Rows under a live lease (a retry's): their holds are that lease's until it ends.
             leased = {r.seq for r in campaign.rows if r.status == "processing" and not r.due}
