@@ -64,15 +64,19 @@ async def history(
 
 
 async def dormant(
-    pool: db.Pool, dsn: str, campaigns: list[str], rng: random.Random
-) -> Counter[str]:
-    """`history` applied by `roster` alone: every campaign dormant, no work rows."""
+    pool: db.Pool, dsn: str, prefix: str, count: int, seed: int
+) -> tuple[list[str], random.Random, Counter[str]]:
+    """`count` campaigns named `prefix`NN with `history` (from `seed`) applied by `roster`
+    alone: every campaign dormant, no work rows. The campaigns, the generator, the sums."""
+    rng = random.Random(seed)
+    campaigns = [f"{prefix}{i:02d}" for i in range(count)]
     old = app_of(dsn, "roster")
     expected = await history(pool, old.settings, campaigns, rng)
     await drain_now(old, pool)
-    return expected
+    return campaigns, rng, expected
 
 
+@pytest.fixture
 def small_steps(monkeypatch: pytest.MonkeyPatch) -> None:
     """The sweep's cursor crosses many chunks, and stops seeding at its bound."""
     monkeypatch.setattr(sweep, "CAMPAIGNS", 7)
@@ -84,14 +88,11 @@ async def table(pool: db.Pool) -> None:
     await pool.execute(SUMS)
 
 
-@pytest.mark.usefixtures("table")
+@pytest.mark.usefixtures("table", "small_steps")
 async def test_a_new_projector_catches_up_on_every_campaign_and_the_others_apply_once(
-    pool: db.Pool, dsn: str, monkeypatch: pytest.MonkeyPatch
+    pool: db.Pool, dsn: str
 ) -> None:
-    small_steps(monkeypatch)
-    rng = random.Random(37)
-    campaigns = [f"c{i:02d}" for i in range(40)]
-    expected = await dormant(pool, dsn, campaigns, rng)
+    campaigns, rng, expected = await dormant(pool, dsn, "c", 40, seed=37)
     assert await pool.fetchval("SELECT count(*) FROM outbox.projection_apply_outbox") == 0
     new = app_of(dsn, "roster", "stats")
     # Appends while it deploys: some campaigns active, heals and sweep both at work.
@@ -114,14 +115,11 @@ async def test_a_new_projector_catches_up_on_every_campaign_and_the_others_apply
     assert all(r["last_seq"] == r["applied_seq"] for r in heads)
 
 
-@pytest.mark.usefixtures("table")
+@pytest.mark.usefixtures("table", "small_steps")
 async def test_an_unordered_projector_catches_up_through_its_markers(
-    pool: db.Pool, dsn: str, monkeypatch: pytest.MonkeyPatch
+    pool: db.Pool, dsn: str
 ) -> None:
-    small_steps(monkeypatch)
-    rng = random.Random(38)
-    campaigns = [f"m{i:02d}" for i in range(30)]
-    expected = await dormant(pool, dsn, campaigns, rng)
+    campaigns, rng, expected = await dormant(pool, dsn, "m", 30, seed=38)
     new = app_of(dsn, "roster")
     # A backlog when it deploys: rows that its live path and its catch-up both meet.
     expected += await history(pool, new.settings, rng.sample(campaigns, 10), rng)
@@ -190,9 +188,7 @@ async def test_catch_up_progress_is_reported_and_resumes_from_the_checkpoints(
     pool: db.Pool, dsn: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(sweep, "CAMPAIGNS", 5)
-    rng = random.Random(7)
-    campaigns = [f"d{i:02d}" for i in range(12)]
-    expected = await dormant(pool, dsn, campaigns, rng)
+    _, _, expected = await dormant(pool, dsn, "d", 12, seed=7)
     new = app_of(dsn, "roster", "stats")
     await record(pool, new.registry, "deploy")
     before = await progress(pool, "stats")
