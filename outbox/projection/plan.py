@@ -45,7 +45,7 @@ class Skips:
     catching: set[CheckpointKey] = field(default_factory=set)
 
     def __bool__(self) -> bool:
-        return bool(self.stopped or self.held or self.only)
+        return bool(self.stopped or self.held or self.only or self.catching)
 
     @classmethod
     def catching_up(

@@ -79,6 +79,7 @@ class Registry:
     _now: list[str] = field(default_factory=list)
     _checkpointed: list[str] = field(default_factory=list)
     _leased: frozenset[str] = frozenset()
+    _leasing: frozenset[str] = frozenset()
 
     def add(self, projector: Projector) -> None:
         if not projector.name.strip():
@@ -140,8 +141,9 @@ class Registry:
         self._checkpointed = sorted(
             p.name for p in self.projectors.values() if p.ordered or p.sweeps
         )
+        self._leasing = frozenset(p.name for p in self.projectors.values() if not p.transactional)
         self._leased = frozenset(
-            t for t, ps in self._by_type.items() if any(not p.transactional for p in ps)
+            t for t, ps in self._by_type.items() if any(p.name in self._leasing for p in ps)
         )
 
     def subscribers(self, event_type: str) -> tuple[Projector, ...]:
@@ -152,6 +154,11 @@ class Registry:
         """Event types with a non-transactional subscriber: their rows go through lease mode."""
         self._index()
         return self._leased
+
+    def leased_names(self) -> frozenset[str]:
+        """The non-transactional (lease-mode) projectors."""
+        self._index()
+        return self._leasing
 
     def starting_now(self) -> list[str]:
         """The ordered projectors that start at what the queue holds (S25), sorted."""

@@ -69,7 +69,7 @@ class Apply:
             ordered=settings.ordered,
             stop_after=leasing_types(app.registry, stopping),
             attached=tracks.attached,
-            leasing=frozenset(n for n, p in registry.items() if not p.transactional),
+            leasing=app.registry.leased_names(),
         )
         if away:
             tracks.wait_for(work, away)

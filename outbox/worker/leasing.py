@@ -23,10 +23,13 @@ __all__ = ["choose_leases", "leasing_types", "plan_leases"]
 def leasing_types(registry: Registry, paused: Collection[str]) -> frozenset[str]:
     """The event types whose rows a batch leases: those with a lease-mode subscriber that is
     not paused (a row leased ends its campaign's walk, S13)."""
+    if not paused:
+        return registry.leased_types()
+    leasing = registry.leased_names() - frozenset(paused)
     return frozenset(
         t
         for t in registry.leased_types()
-        if any(not p.transactional and p.name not in paused for p in registry.subscribers(t))
+        if any(p.name in leasing for p in registry.subscribers(t))
     )
 
 
@@ -41,31 +44,21 @@ def plan_leases(
     retry lease."""
     to_lease: list[ClaimedRow] = []
     holders: dict[Key, frozenset[str]] = {}
-    projectors = registry.projectors
+    leasing = registry.leased_names()
     for row in work:
         if row.event_type not in leased_types:
             continue
         due = tracks.attached.get(row.key)
         if due is not None:
-            if any(n in projectors and not projectors[n].transactional for n in due):
+            if due & leasing:
                 to_lease.append(row)
                 holders[row.key] = due
             continue
-        cid, seq = row.key
-        kept = {
-            p.name
-            for p in registry.subscribers(row.event_type)
-            if tracks.skips.excludes(p, cid, seq)
-        }
+        subscribers = registry.subscribers(row.event_type)
+        kept = {p.name for p in subscribers if tracks.skips.excludes(p, *row.key)}
         if kept or tracks.holds_row(row.key):
-            tracks.defer(
-                row,
-                [
-                    p.name
-                    for p in registry.subscribers(row.event_type)
-                    if not p.transactional and p.name not in kept
-                ],
-            )
+            waiting = [p.name for p in subscribers if p.name in leasing and p.name not in kept]
+            tracks.defer(row, waiting)
             continue
         to_lease.append(row)
     return to_lease, holders

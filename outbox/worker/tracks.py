@@ -4,10 +4,9 @@
 walk and the dispatch need: the rows whose holders are due (run for those holders alone),
 the rows nobody may touch now, each ordered projector stopped on a campaign, and the holds
 to retry (an ordered one, or an unordered one's catch-up, goes on through the journal:
-`tails`). While the batch runs, a
-projector that fails on an event gets a hold there (`fail`), and the batch goes on without
-it; `leave()` says, at the end, which holds the settle places and releases, and whether each
-row is done. Pure: no statement runs here.
+`tails`). While the batch runs, a projector that fails on an event gets a hold there (`fail`),
+and the batch goes on without it; `leave()` says, at the end, which holds the settle places and
+releases, and whether each row is done. Pure: no statement runs here.
 """
 
 from __future__ import annotations
