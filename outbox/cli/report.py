@@ -65,6 +65,14 @@ def render_report(report: Report, *, payload: bool = False) -> None:
             f"enqueued {when(oldest.enqueued_at)}, age {age(oldest.age_seconds)}"
         )
     stdout.print(f"earliest next attempt: {when(summary.earliest_next_attempt_at)}")
+    holder = summary.snapshot
+    if holder:
+        since = "" if holder.held_seconds is None else f", held {age(holder.held_seconds)}"
+        who = f" (pid {holder.pid})" if holder.pid is not None else ""
+        stdout.print(
+            f"oldest snapshot: {holder.kind} {holder.name or '(no application_name)'}{who}, "
+            f"{holder.state or 'state not shown'}, {holder.xmin_age} transactions old{since}"
+        )
     shadow = summary.shadow
     if shadow and shadow.rows_seen:
         stdout.print(

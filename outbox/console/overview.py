@@ -1,13 +1,13 @@
 """The overview's figures, and the one poller that reads them for every open page.
 
 `read_overview()` reads rows per status (each counted up to a bound), the oldest claimable
-head, blocked campaigns and the live workers (each read also adds a sample to the last hour's
-`Trend`), in one read-only transaction under the console's
+head, blocked campaigns, the live workers and the oldest snapshot the server holds (each read
+also adds a sample to the last hour's `Trend`), in one read-only transaction under the console's
 session (a statement timeout: the console never holds the database up). `Poller.get()` returns
 the latest figures, reading again only when they are older than its interval, one read at a
 time: ten open tabs cost what one does, and no tab costs nothing. A failed read keeps the
-previous figures and says why. No SQL here: the reads are the queue's (`outbox.queue.inspect`)
-and the registry's.
+previous figures and says why. No SQL here: the reads are the queue's (`outbox.queue.inspect`,
+`outbox.queue.horizon`) and the registry's.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from outbox import db
 from outbox.console.history import Trend
 from outbox.console.reads import COUNT_BOUND, reading
 from outbox.queue import inspect
+from outbox.queue.horizon import HorizonHolder, horizon_holder
 from outbox.queue.inspect import OldestClaimable, StatusCounts
 from outbox.retry import describe_error
 from outbox.worker.registration import LiveWorker, live_workers
@@ -39,6 +40,7 @@ class Overview:
     oldest_claimable: OldestClaimable | None
     blocked_campaigns: int
     workers: list[LiveWorker]
+    snapshot: HorizonHolder | None  # the oldest snapshot the server holds for this database
 
 
 async def read_overview(executor: db.Executor, *, park: bool, bound: int) -> Overview:
@@ -47,7 +49,8 @@ async def read_overview(executor: db.Executor, *, park: bool, bound: int) -> Ove
         oldest = await inspect.oldest_claimable(conn, park=park)
         _, blocked = await inspect.blocked_campaigns(conn, park=park, limit=1, waiting_bound=1)
         workers = await live_workers(conn)
-    return Overview(datetime.now(UTC), counts, bound, oldest, blocked, workers)
+        snapshot = await horizon_holder(conn)
+    return Overview(datetime.now(UTC), counts, bound, oldest, blocked, workers, snapshot)
 
 
 @dataclass

@@ -18,6 +18,7 @@ from outbox.projection.known import list_known
 from outbox.projection.sweep import CatchUp, catch_ups
 from outbox.queue import inspect
 from outbox.queue.holds import ProjectorHolds, count_holds, projector_stall
+from outbox.queue.horizon import HorizonHolder, horizon_holder
 from outbox.queue.inspect import (
     STATUSES,
     BlockedCampaign,
@@ -78,6 +79,8 @@ class Summary:
     resolved_mode: str | None
     holds: list[ProjectorHolds]  # per projector: what holds it alone (S24)
     catch_ups: list[CatchUp]  # projectors that start at the beginning, their progress (S25)
+    # The oldest snapshot the server holds for this database (what keeps dead versions alive).
+    snapshot: HorizonHolder | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,6 +195,7 @@ async def outbox_report(
         shadow = await inspect.shadow_observations(conn, campaign_id)
         held = await count_holds(conn, campaign_id)
         caught = await catch_ups(conn) if campaign_id is None else []
+        snapshot = await horizon_holder(conn)
     summary = Summary(
         campaign_id,
         counts,
@@ -206,6 +210,7 @@ async def outbox_report(
         resolved_mode,
         held,
         caught,
+        snapshot,
     )
     return Report(status, limit, summary, rows)
 

@@ -258,6 +258,28 @@ async def test_sigkill_soak_in_lease_mode(pool: db.Pool, dsn: str, fleet: Fleet)
     await _soak("sigkill_soak_lease", pool, dsn, fleet, kills=scaled(20), deliveries=True)
 
 
+async def test_sigkill_soak_under_a_snapshot_held_elsewhere(
+    pool: db.Pool, dsn: str, fleet: Fleet
+) -> None:
+    """Another session holds one REPEATABLE READ snapshot, as a `pg_dump` does (it read the
+    journal and the queue's tables, so it holds their ACCESS SHARE locks too), from before the
+    first append until the oracle has judged the drain: vacuum removes nothing the whole time.
+    Workers are SIGKILLed meanwhile."""
+    holder = await db.connect(dsn, server_settings={"application_name": "fault-dump"})
+    try:
+        await holder.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        seen = [
+            await holder.fetchval(f"SELECT count(*) FROM outbox.{table}")
+            for table in ("event_journal", "projection_apply_outbox", "projection_apply_campaigns")
+        ]
+        await _soak("sigkill_soak_held_snapshot", pool, dsn, fleet, kills=scaled(20))
+        # Still the same snapshot: it saw none of the soak's events.
+        assert await holder.fetchval("SELECT count(*) FROM outbox.event_journal") == seen[0]
+        assert await pool.fetchval("SELECT count(*) FROM outbox.event_journal") > seen[0]
+    finally:
+        await holder.close()
+
+
 async def _deliveries(pool: db.Pool, expected: dict[str, list[str]]) -> tuple[int, int, int]:
     """The courier's record: (lost, repeated, order violations). A repeat re-delivers an event
     already delivered (at-least-once); going back past it is a violation."""
