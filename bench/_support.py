@@ -83,19 +83,25 @@ CLEAR = f"TRUNCATE {OUTBOX_TABLES}, bench_totals"
 
 @asynccontextmanager
 async def bench_database(
-    *, commit_timestamps: bool = False, projection: str = PROJECTION
+    *, commit_timestamps: bool = False, projection: str = PROJECTION, statements: bool = False
 ) -> AsyncIterator[str]:
     """Yield the DSN of a fresh migrated database with the bench projection (`projection`: its
-    DDL); drop it (and any cluster) afterwards. `commit_timestamps`: track_commit_timestamp on
-    (set on our own cluster; a given server must have it)."""
+    DDL); drop it (and any cluster) afterwards. `commit_timestamps`: track_commit_timestamp on;
+    `statements`: pg_stat_statements loaded and created in the database (each set on our own
+    cluster; a given server must have them)."""
     cluster: LocalCluster | None = None
     server = os.environ.get("OUTBOX_BENCH_DSN", "")
     if not server:
         cluster = LocalCluster.temporary(durable=True)
         server = cluster.start()
-        if commit_timestamps:
+        if commit_timestamps or statements:
             admin = await asyncpg.connect(server)
-            await admin.execute("ALTER SYSTEM SET track_commit_timestamp = on")
+            if commit_timestamps:
+                await admin.execute("ALTER SYSTEM SET track_commit_timestamp = on")
+            if statements:
+                await admin.execute(
+                    "ALTER SYSTEM SET shared_preload_libraries = pg_stat_statements"
+                )
             await admin.close()
             cluster.restart()
     try:
@@ -108,6 +114,8 @@ async def bench_database(
             dsn = server.rsplit("/", 1)[0] + f"/{name}"
             conn = await asyncpg.connect(dsn)
             try:
+                if statements:
+                    await conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
                 await migrate(conn)
                 await conn.execute(projection)
             finally:
