@@ -3,6 +3,7 @@
 settle's time per call, and the queue's tables, while vacuum is held back.
 
 Usage: python bench/held_snapshot.py [--rate 200] [--campaigns 500] [--hold 900] [--window 30]
+                                      [--profile]
 One durable server (our own cluster: track_commit_timestamp on, pg_stat_statements loaded). A
 worker process (2 claim loops) runs `visible` (ordered: one row per event, whose commit says
 when it was applied) under a steady `rate` events/s of one-event appends over `campaigns`
@@ -18,7 +19,8 @@ campaign rows, checkpoints, holds, markers). Every figure is also a ratio to the
 the hold; the issue's bars (p99 <= 2x, p50 <= 1.5x, claim and settle <= 1.5x, tables <= 2x,
 the appends kept up with; back to the before-window's figures a minute after the release) are
 printed beside them. Run it under another checkout's package (PYTHONPATH=/path/to/checkout)
-for the figure of the code before.
+for the figure of the code before. `--profile`: pg_stat_statements tracks the statements inside
+the server functions too, and each window prints its ten costliest statements (what grows).
 """
 
 from __future__ import annotations
@@ -54,6 +56,20 @@ FROM pg_stat_statements
 WHERE query LIKE '%outbox_claim(%' OR query LIKE '%outbox_settle(%'
 GROUP BY 1
 """
+# The costliest statements of a window, nested ones included under --profile.
+TOP = """
+SELECT calls, total_exec_time AS total_ms, total_exec_time / calls AS mean_ms,
+       shared_blks_hit / calls AS hits, regexp_replace(left(query, 110), '\\s+', ' ', 'g') AS query
+FROM pg_stat_statements
+WHERE calls > 0 AND query NOT LIKE '%pg_stat_statements%'
+ORDER BY total_exec_time DESC
+LIMIT 10
+"""
+PROFILE = """
+DO $$ BEGIN
+    EXECUTE format('ALTER DATABASE %I SET pg_stat_statements.track = all', current_database());
+END $$
+"""
 APPLIED = """
 SELECT count(*) FROM bench_visible
 WHERE pg_xact_commit_timestamp(xmin) >= $1 AND pg_xact_commit_timestamp(xmin) < $2
@@ -71,6 +87,7 @@ class Window:
     calls: dict[str, tuple[int, float]]  # claim/settle: (calls, mean ms)
     tables: dict[str, tuple[int, int]]  # table: (dead versions, bytes with indexes)
     backlog: int
+    top: list[str]  # under --profile: the costliest statements
     p50_ms: float = 0.0
     p99_ms: float = 0.0
     appended: int = 0
@@ -81,14 +98,21 @@ class Window:
         return sum(b for _, b in self.tables.values())
 
 
-async def window(conn: asyncpg.Connection, seconds: float, label: str) -> Window:
+async def window(
+    conn: asyncpg.Connection, seconds: float, label: str, profile: bool = False
+) -> Window:
     await conn.execute("SELECT pg_stat_statements_reset()")
     since = await conn.fetchval("SELECT clock_timestamp()")
     await asyncio.sleep(seconds)
     until = await conn.fetchval("SELECT clock_timestamp()")
     calls = {r["call"]: (r["calls"], r["mean_ms"] or 0.0) for r in await conn.fetch(CALLS)}
     tables = {r["relname"]: (r["n_dead_tup"], r["bytes"]) for r in await conn.fetch(STATE, TABLES)}
-    return Window(label, since, until, calls, tables, await conn.fetchval(BACKLOG))
+    top = [
+        f"{r['total_ms']:9.1f} ms {r['calls']:7d} x {r['mean_ms']:7.3f} ms {r['hits']:7.0f} hits  "
+        f"{r['query']}"
+        for r in (await conn.fetch(TOP) if profile else [])
+    ]
+    return Window(label, since, until, calls, tables, await conn.fetchval(BACKLOG), top)
 
 
 def ratio(value: float, base: float) -> str:
@@ -125,13 +149,20 @@ def report(windows: list[Window], rate: int, campaigns: int, hold: float) -> Non
             f"{name.removeprefix('projection_')} {d}" for name, (d, _) in sorted(w.tables.items())
         )
         print(f"    {w.label:<18}{dead}")
+    for w in windows:
+        if w.top:
+            print(f"  costliest statements, {w.label} (total, calls, mean, buffer hits per call):")
+            for line in w.top:
+                print(f"    {line}")
     print("  bars: p99 <= 2x, p50 <= 1.5x, claim and settle <= 1.5x, tables <= 2x (held);")
     print("        applied/s keeps up with appended/s; 'released 60s' back to 'before'")
 
 
-async def main(rate: int, campaigns: int, hold: float, seconds: float) -> None:
+async def main(rate: int, campaigns: int, hold: float, seconds: float, profile: bool) -> None:
     async with bench_database(commit_timestamps=True, statements=True) as dsn:
         conn = await asyncpg.connect(dsn)
+        if profile:
+            await conn.execute(PROFILE)
         holder = await asyncpg.connect(dsn, server_settings={"application_name": "bench-holder"})
         pool = await asyncpg.create_pool(dsn, min_size=4, max_size=16)
         await conn.execute(VISIBLE)
@@ -142,17 +173,17 @@ async def main(rate: int, campaigns: int, hold: float, seconds: float) -> None:
             producer = Producer(pool, rate, campaigns, "s-")
             producing = asyncio.create_task(producer.run())
             await asyncio.sleep(30)  # warm-up: every campaign seen, plans cached
-            windows.append(await window(conn, seconds, "before"))
+            windows.append(await window(conn, seconds, "before", profile))
             await holder.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
             await holder.fetchval("SELECT count(*) FROM outbox.event_journal")
             held = time.monotonic()
             await asyncio.sleep(max(0.0, hold / 2 - seconds))
-            windows.append(await window(conn, seconds, f"held {hold / 2 / 60:.1f} min"))
+            windows.append(await window(conn, seconds, f"held {hold / 2 / 60:.1f} min", profile))
             await asyncio.sleep(max(0.0, held + hold - seconds - time.monotonic()))
-            windows.append(await window(conn, seconds, f"held {hold / 60:.1f} min"))
+            windows.append(await window(conn, seconds, f"held {hold / 60:.1f} min", profile))
             await holder.execute("ROLLBACK")
-            windows.append(await window(conn, seconds, f"released {seconds:g}s"))
-            windows.append(await window(conn, seconds, f"released {2 * seconds:g}s"))
+            windows.append(await window(conn, seconds, f"released {seconds:g}s", profile))
+            windows.append(await window(conn, seconds, f"released {2 * seconds:g}s", profile))
             producer.stopping.set()
             await producing
             # Every event applied, so that each has a figure.
@@ -175,7 +206,7 @@ async def main(rate: int, campaigns: int, hold: float, seconds: float) -> None:
                 "campaigns": campaigns,
                 "hold": hold,
                 "windows": [
-                    {k: v for k, v in asdict(w).items() if k not in ("since", "until")}
+                    {k: v for k, v in asdict(w).items() if k not in ("since", "until", "top")}
                     for w in windows
                 ],
             },
@@ -188,5 +219,6 @@ if __name__ == "__main__":
     parser.add_argument("--campaigns", type=int, default=500)
     parser.add_argument("--hold", type=float, default=900.0)
     parser.add_argument("--window", type=float, default=30.0)
+    parser.add_argument("--profile", action="store_true")
     args = parser.parse_args()
-    asyncio.run(main(args.rate, args.campaigns, args.hold, args.window))
+    asyncio.run(main(args.rate, args.campaigns, args.hold, args.window, args.profile))
