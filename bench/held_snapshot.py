@@ -67,7 +67,8 @@ LIMIT 10
 """
 PROFILE = """
 DO $$ BEGIN
-    EXECUTE format('ALTER DATABASE %I SET pg_stat_statements.track = all', current_database());
+    EXECUTE format('ALTER DATABASE %I SET pg_stat_statements.track = %L',
+                   current_database(), 'all');
 END $$
 """
 APPLIED = """
