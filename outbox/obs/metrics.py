@@ -184,6 +184,18 @@ class Metrics:
         self.blocked = Gauge(
             "outbox_blocked_campaigns", "Campaigns whose head row is failed or dead.", registry=r
         )
+        # A snapshot held elsewhere keeps the queue's dead row versions alive (docs/operations.md).
+        self.snapshot_age = Gauge(
+            "outbox_oldest_snapshot_seconds",
+            "How long the oldest snapshot this database's vacuum must respect has been held "
+            "(0: none, or the server does not say).",
+            registry=r,
+        )
+        self.snapshot_xmin_age = Gauge(
+            "outbox_oldest_snapshot_xmin_age",
+            "Transactions since the oldest snapshot this database's vacuum must respect.",
+            registry=r,
+        )
         self.shadow_max_lag = Gauge(
             "outbox_shadow_max_lag_seconds",
             "Longest enqueue-to-first-sighting lag a shadow worker saw.",
@@ -318,6 +330,12 @@ class Metrics:
         self.oldest_age.set(oldest_age or 0)
         self.blocked.set(blocked)
         self.shadow_max_lag.set(shadow_max_lag or 0)
+
+    def set_snapshot(self, held_seconds: float | None, xmin_age: int | None) -> None:
+        """The oldest snapshot held for this database: seconds held and its age in
+        transactions (None: nothing holds one, or the server does not say)."""
+        self.snapshot_age.set(held_seconds or 0)
+        self.snapshot_xmin_age.set(xmin_age or 0)
 
     def serve(self, port: int, addr: str = "127.0.0.1") -> tuple[str, int]:
         """Expose `/metrics` on `addr:port` (404 on any other path) from a daemon thread;

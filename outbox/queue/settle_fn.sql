@@ -51,24 +51,14 @@ $$;
 -- First statement: hold the append heads of the campaigns the batch left with nothing live
 -- (`gone`) or waiting for holds alone (`seen`; outbox_lock_heads): an append that comes later
 -- waits for the batch to commit, then finds the campaign row as the batch left it (and makes
--- it due now); one in flight keeps the campaign row, due now. Then the holds: released ones deleted, placed ones written one
--- by one (INSERT ... VALUES, as the checkpoints below: Citus routes it to the shard), and the
--- touched rows' columns worked out from their holds (outbox_hold_rows). Then the checkpoints move: those the
--- claim found (and locked) by UPDATE ... FROM the document, the few not there yet (a
--- campaign's first batch under an ordered projector) by INSERT ... VALUES one by one: Citus
--- routes both to the batch's shard, where an INSERT ... SELECT would go through its COPY path
--- and commit by two-phase commit.
--- Then one statement, whose snapshot sees every append that committed before the heads were
--- held: delete completed rows; record failures (attempts, status failed or dead, the next
--- attempt at now + delay, the error); write each campaign's row: delete it when the batch left
--- it nothing live, its head is held, and no row at or past head_seq (the first seq the batch
--- did not see) exists now; else set its head, blocked flag and due time: the earliest of
--- due_at and now + delay, now when neither is set; and due now whatever it would be when a
--- row past `seen` (the last seq the claim read) exists now: an append that committed during
--- the batch is not left waiting behind a hold's backoff. The NOTIFY goes after the writes, from this session
--- (readers waiting for their writes look again). Returns how many campaigns are left due now,
--- rows or holds to take (the worker claims again instead of sleeping), and the seconds each
--- deleted row waited since it was enqueued.
+-- it due now); one in flight keeps the campaign row, due now. Then the holds: released ones
+-- deleted, placed ones written one by one (INSERT ... VALUES: Citus routes it to the shard),
+-- and the touched rows' columns worked out from their holds (outbox_hold_rows). Then the
+-- checkpoints move, one by one; then each campaign's rows and its campaign row, one statement
+-- per campaign (below). The NOTIFY goes after the writes, from this session (readers waiting
+-- for their writes look again). Returns how many campaigns are left due now, rows or holds to
+-- take (the worker claims again instead of sleeping), and the seconds each deleted row waited
+-- since it was enqueued.
 CREATE OR REPLACE FUNCTION outbox_settle(
     p_bucket integer,
     p_batch jsonb,
@@ -87,7 +77,6 @@ DECLARE
     unknown text;
     failed jsonb := '[]';
     campaigns jsonb := '[]';
-    moved bigint[];
     m record;
 BEGIN
     IF p_batch ? 'projectors' THEN
@@ -189,109 +178,142 @@ BEGIN
                       AS t(campaign_id text, seq bigint)),
             v_now);
     END IF;
-    IF jsonb_array_length(p_batch -> 'checkpoints') > 0 THEN
-        -- Checkpoints the claim found (and locked) move in place; the array says which, by
-        -- their position in the document.
-        WITH m AS (
-            UPDATE projection_checkpoints k
-            SET applied_seq = m.applied_seq, updated_at = v_now
-            FROM ROWS FROM (
-                jsonb_to_recordset(p_batch -> 'checkpoints')
-                    AS (campaign_id text, projector text, applied_seq bigint)
-            ) WITH ORDINALITY AS m(campaign_id, projector, applied_seq, ord)
-            WHERE k.bucket = p_bucket AND k.campaign_id = m.campaign_id
-              AND k.projector = m.projector
-            RETURNING m.ord
-        )
-        SELECT coalesce(array_agg(m.ord), '{}') INTO moved FROM m;
-        FOR m IN
-            SELECT x.campaign_id, x.projector, x.applied_seq
-            FROM ROWS FROM (
-                jsonb_to_recordset(p_batch -> 'checkpoints')
-                    AS (campaign_id text, projector text, applied_seq bigint)
-            ) WITH ORDINALITY AS x(campaign_id, projector, applied_seq, ord)
-            WHERE NOT x.ord = ANY (moved)
-            ORDER BY x.ord
-        LOOP
+    -- Checkpoints move one by one, each by its whole key (the claim found and locked the
+    -- ones there; the few not there yet, a campaign's first batch under an ordered projector,
+    -- are inserted: INSERT ... VALUES, which Citus routes to the shard, where INSERT ...
+    -- SELECT would go through its COPY path and commit by two-phase commit).
+    FOR m IN
+        SELECT x.campaign_id, x.projector, x.applied_seq
+        FROM jsonb_to_recordset(p_batch -> 'checkpoints')
+            AS x(campaign_id text, projector text, applied_seq bigint)
+        ORDER BY x.campaign_id, x.projector
+    LOOP
+        UPDATE projection_checkpoints k
+        SET applied_seq = m.applied_seq, updated_at = v_now
+        WHERE k.bucket = p_bucket AND k.campaign_id = m.campaign_id
+          AND k.projector = m.projector;
+        IF NOT FOUND THEN
             INSERT INTO projection_checkpoints AS k (bucket, campaign_id, projector, applied_seq,
                                                      updated_at)
             VALUES (p_bucket, m.campaign_id, m.projector, m.applied_seq, v_now)
             ON CONFLICT (bucket, campaign_id, projector)
             DO UPDATE SET applied_seq = excluded.applied_seq, updated_at = excluded.updated_at;
-        END LOOP;
+        END IF;
+    END LOOP;
+    -- Then, campaign by campaign, one statement each, whose snapshot sees every append that
+    -- committed before the heads were held: delete its completed rows; record its failures
+    -- (attempts, status failed or dead, the next attempt at now + delay, the error); write its
+    -- row: delete it when the batch left it nothing live, its head is held, and no row at or
+    -- past head_seq (the first seq the batch did not see) exists now; else set its head,
+    -- blocked flag and due time: the earliest of due_at and now + delay, now when neither is
+    -- set; and due now whatever it would be when a row past `seen` (the last seq the claim
+    -- read) exists now: an append that committed during the batch is not left waiting behind
+    -- a hold's backoff. Every read and write names the campaign and its rows by their whole
+    -- key, so each is an index probe whatever the statistics say: a set-wise join against
+    -- the document was planned, on tables analyzed while small, as a hash join over the
+    -- bucket's whole index range, which read every dead version a snapshot held elsewhere
+    -- kept alive (docs/performance.md, issue 38).
+    due := 0;
+    FOR m IN
+        SELECT x.campaign_id,
+               coalesce(d.seqs, '{}') AS done_seqs,
+               coalesce(f.seqs, '{}') AS failed_seqs,
+               coalesce(f.rows, '[]') AS failed_rows,
+               t.value AS target
+        FROM (
+            SELECT e.value ->> 'campaign_id' AS campaign_id
+            FROM jsonb_array_elements((p_batch -> 'done') || failed || campaigns) AS e(value)
+            GROUP BY 1
+        ) x
+        LEFT JOIN LATERAL (
+            SELECT array_agg((e.value ->> 'seq')::bigint) AS seqs
+            FROM jsonb_array_elements(p_batch -> 'done') AS e(value)
+            WHERE e.value ->> 'campaign_id' = x.campaign_id
+        ) d ON true
+        LEFT JOIN LATERAL (
+            SELECT array_agg((e.value ->> 'seq')::bigint) AS seqs, jsonb_agg(e.value) AS rows
+            FROM jsonb_array_elements(failed) AS e(value)
+            WHERE e.value ->> 'campaign_id' = x.campaign_id
+        ) f ON true
+        LEFT JOIN LATERAL (
+            SELECT e.value FROM jsonb_array_elements(campaigns) AS e(value)
+            WHERE e.value ->> 'campaign_id' = x.campaign_id
+            LIMIT 1
+        ) t ON true
+        ORDER BY x.campaign_id
+    LOOP
+        WITH done AS (
+            DELETE FROM projection_apply_outbox o
+            WHERE o.bucket = p_bucket AND o.campaign_id = m.campaign_id
+              AND o.seq = ANY (m.done_seqs)
+            RETURNING extract(epoch FROM v_now - o.enqueued_at)::double precision AS age
+        ), failures AS (  -- a data-modifying CTE runs whether or not it is read
+            UPDATE projection_apply_outbox o
+            SET status = CASE WHEN f.dead THEN 'dead' ELSE 'failed' END,
+                attempt_count = f.attempts,
+                next_attempt_at = f.next,
+                last_error = f.error,
+                updated_at = v_now
+            FROM jsonb_to_recordset(m.failed_rows)
+                AS f(seq bigint, attempts integer, next timestamptz, error text, dead boolean)
+            WHERE o.bucket = p_bucket AND o.campaign_id = m.campaign_id
+              AND o.seq = ANY (m.failed_seqs) AND o.seq = f.seq
+            RETURNING o.seq
+        ), target AS (
+            SELECT t.head_seq, t.due, t.seen, t.blocked,
+                   t.gone AND m.campaign_id = ANY (held) AS gone
+            FROM jsonb_to_record(m.target)
+                AS t(head_seq bigint, due timestamptz, seen bigint, blocked boolean, gone boolean)
+            WHERE m.target IS NOT NULL
+        ), flags AS (
+            SELECT t.head_seq, t.due, t.blocked, t.gone,
+                   -- Left waiting for holds, it got a row the claim did not see, or an append
+                   -- holds its head now.
+                   t.seen IS NOT NULL AND (NOT m.campaign_id = ANY (held) OR EXISTS (
+                       SELECT 1 FROM projection_apply_outbox o
+                       WHERE o.bucket = p_bucket AND o.campaign_id = m.campaign_id
+                         AND o.seq > t.seen
+                   )) AS fresh,
+                   -- Seen to its end, it has rows past what the batch saw after all: an
+                   -- append committed before the heads were held.
+                   t.gone AND EXISTS (
+                       SELECT 1 FROM projection_apply_outbox o
+                       WHERE o.bucket = p_bucket AND o.campaign_id = m.campaign_id
+                         AND o.seq >= t.head_seq
+                   ) AS beyond,
+                   -- Left waiting for holds alone, with no row at or past the head: its row
+                   -- says so (head_seq 0), and only a batch that does background work takes
+                   -- it (S25).
+                   t.seen IS NOT NULL AND NOT EXISTS (
+                       SELECT 1 FROM projection_apply_outbox o
+                       WHERE o.bucket = p_bucket AND o.campaign_id = m.campaign_id
+                         AND o.seq >= t.head_seq
+                   ) AS bare
+            FROM target t
+        ), removed AS (
+            DELETE FROM projection_apply_campaigns c
+            USING flags t
+            WHERE c.bucket = p_bucket AND c.campaign_id = m.campaign_id
+              AND t.gone AND NOT t.beyond
+        ), kept AS (
+            -- The batch holds this row (its claim locked it): an update, no insert.
+            UPDATE projection_apply_campaigns c
+            SET head_seq = CASE WHEN t.bare THEN 0 ELSE t.head_seq END,
+                due_at = CASE WHEN t.fresh THEN v_now ELSE t.due END,
+                blocked = t.blocked,
+                updated_at = v_now
+            FROM flags t
+            WHERE c.bucket = p_bucket AND c.campaign_id = m.campaign_id
+              AND (NOT t.gone OR t.beyond)
+            RETURNING c.head_seq, c.due_at, c.blocked
+        )
+        SELECT due + (SELECT count(*) FROM kept WHERE NOT kept.blocked AND kept.due_at <= v_now),
+               coalesce(ages, '{}') || (SELECT coalesce(array_agg(done.age), '{}') FROM done)
+        INTO due, ages;
+    END LOOP;
+    IF cardinality(ages) = 0 THEN
+        ages := NULL;
     END IF;
-    WITH done AS (
-        DELETE FROM projection_apply_outbox o
-        USING jsonb_to_recordset(p_batch -> 'done') AS d(campaign_id text, seq bigint)
-        WHERE o.bucket = p_bucket AND o.campaign_id = d.campaign_id AND o.seq = d.seq
-        RETURNING extract(epoch FROM v_now - o.enqueued_at)::double precision AS age
-    ), failed AS (
-        UPDATE projection_apply_outbox o
-        SET status = CASE WHEN f.dead THEN 'dead' ELSE 'failed' END,
-            attempt_count = f.attempts,
-            next_attempt_at = f.next,
-            last_error = f.error,
-            updated_at = v_now
-        FROM jsonb_to_recordset(failed)
-            AS f(campaign_id text, seq bigint, attempts integer, next timestamptz, error text,
-                 dead boolean)
-        WHERE o.bucket = p_bucket AND o.campaign_id = f.campaign_id AND o.seq = f.seq
-        RETURNING o.campaign_id, o.seq, o.next_attempt_at
-    ), target AS (
-        SELECT t.campaign_id, t.head_seq, t.due, t.seen, t.blocked,
-               t.gone AND t.campaign_id = ANY (held) AS gone
-        FROM jsonb_to_recordset(campaigns)
-            AS t(campaign_id text, head_seq bigint, due timestamptz, seen bigint,
-                 blocked boolean, gone boolean)
-    ), fresh AS (
-        -- Campaigns left waiting for holds that got a row the claim did not see, or whose
-        -- append head an append holds now.
-        SELECT t.campaign_id FROM target t
-        WHERE t.seen IS NOT NULL AND (NOT t.campaign_id = ANY (held) OR EXISTS (
-            SELECT 1 FROM projection_apply_outbox o
-            WHERE o.bucket = p_bucket AND o.campaign_id = t.campaign_id AND o.seq > t.seen
-        ))
-    ), beyond AS (
-        -- Campaigns the batch saw to their end that have rows past what it saw after all: an
-        -- append committed before the heads were held (this statement's snapshot shows it).
-        SELECT t.campaign_id FROM target t
-        WHERE t.gone AND EXISTS (
-            SELECT 1 FROM projection_apply_outbox o
-            WHERE o.bucket = p_bucket AND o.campaign_id = t.campaign_id AND o.seq >= t.head_seq
-        )
-    ), bare AS (
-        -- Campaigns left waiting for holds alone, with no row at or past the head: their row
-        -- says so (head_seq 0), and only a batch that does background work takes them (S25).
-        SELECT t.campaign_id FROM target t
-        WHERE t.seen IS NOT NULL AND NOT EXISTS (
-            SELECT 1 FROM projection_apply_outbox o
-            WHERE o.bucket = p_bucket AND o.campaign_id = t.campaign_id AND o.seq >= t.head_seq
-        )
-    ), removed AS (
-        DELETE FROM projection_apply_campaigns c
-        USING target t
-        WHERE c.bucket = p_bucket AND t.gone AND c.campaign_id = t.campaign_id
-          AND t.campaign_id NOT IN (SELECT b.campaign_id FROM beyond b)
-    ), kept AS (
-        -- The batch holds these rows (its claim locked them): an update, no insert.
-        UPDATE projection_apply_campaigns c
-        SET head_seq = CASE WHEN t.campaign_id IN (SELECT b.campaign_id FROM bare b) THEN 0
-                            ELSE t.head_seq END,
-            due_at = CASE WHEN t.campaign_id IN (SELECT x.campaign_id FROM fresh x) THEN v_now
-                          ELSE t.due END,
-            blocked = t.blocked,
-            updated_at = v_now
-        FROM target t
-        WHERE c.bucket = p_bucket AND c.campaign_id = t.campaign_id
-          AND (NOT t.gone OR t.campaign_id IN (SELECT b.campaign_id FROM beyond b))
-        RETURNING c.head_seq, c.due_at, c.blocked
-    )
-    SELECT (
-        SELECT count(*) FROM kept
-        WHERE NOT kept.blocked AND kept.due_at <= v_now
-    ),
-    (SELECT array_agg(done.age) FROM done)
-    INTO due, ages;
     IF (p_batch ->> 'notify')::boolean AND ages IS NOT NULL THEN
         PERFORM pg_notify(p_batch ->> 'channel', p_bucket::text);
     END IF;

@@ -35,6 +35,7 @@ from outbox.projection.guards import projector_lag
 from outbox.projection.sweep import catch_up_holds
 from outbox.queue import inspect
 from outbox.queue.holds import count_holds
+from outbox.queue.horizon import horizon_holder
 from outbox.queue.settle import unblock_campaigns
 from outbox.retry import backoff_delay, describe_error
 from outbox.worker.batch import Worker
@@ -67,8 +68,8 @@ async def refresh_gauges(
     ordered: Mapping[str, Iterable[str]] | None = None,
 ) -> None:
     """Set the queue gauges from the report's reads (rows by status, oldest head, blocked, each
-    projector's holds and catch-up campaigns), and how far each projector in `ordered` (name ->
-    its types) stands behind the journal."""
+    projector's holds and catch-up campaigns, the oldest snapshot held), and how far each
+    projector in `ordered` (name -> its types) stands behind the journal."""
     async with db.acquire(executor) as conn:
         counts = await inspect.count_rows(conn)
         oldest = await inspect.oldest_claimable(conn, park=park)
@@ -76,11 +77,15 @@ async def refresh_gauges(
         shadow = await inspect.shadow_observations(conn)
         holds = await count_holds(conn)
         catching_up = await catch_up_holds(conn)
+        holder = await horizon_holder(conn)
         behind = {}
         for name, events in sorted((ordered or {}).items()):
             lag = await projector_lag(conn, name, events)
             behind[name] = (lag.events_behind, lag.oldest_unapplied_seconds)
     metrics.set_holds(holds)
+    metrics.set_snapshot(
+        holder.held_seconds if holder else None, holder.xmin_age if holder else None
+    )
     metrics.set_progress(behind, catching_up)
     metrics.set_queue(
         dataclasses.asdict(counts),

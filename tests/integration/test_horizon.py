@@ -1,6 +1,6 @@
 """A snapshot held elsewhere is named where operators look: the report's summary, the console's
-overview and its fragment name the oldest holder (docs/operations.md, "A snapshot held
-elsewhere")."""
+overview and its fragment name the oldest holder, and the worker's gauges carry its age
+(docs/operations.md, "A snapshot held elsewhere")."""
 
 from __future__ import annotations
 
@@ -8,11 +8,13 @@ import httpx
 import pytest
 
 from helpers import run_cli
-from outbox import db
+from outbox import Event, append, db
 from outbox.console import create_app
 from outbox.console.overview import read_overview
+from outbox.obs.metrics import Metrics
 from outbox.ops.report import outbox_report
 from outbox.queue.horizon import horizon_holder
+from outbox.worker.service import refresh_gauges
 
 pytestmark = pytest.mark.asyncio
 
@@ -26,6 +28,8 @@ async def test_the_report_and_the_console_name_the_oldest_snapshot_held(
         await holder.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
         await holder.fetchval("SELECT count(*) FROM outbox.event_journal")
         pid = await holder.fetchval("SELECT pg_backend_pid()")
+        for n in range(3):  # three transactions younger than the held snapshot
+            await append(pool, f"h-{n}", [Event("noted", {})])
         summary = (await outbox_report(pool)).summary
         assert summary.snapshot is not None
         assert (summary.snapshot.kind, summary.snapshot.pid, summary.snapshot.name) == (
@@ -34,7 +38,12 @@ async def test_the_report_and_the_console_name_the_oldest_snapshot_held(
         assert summary.snapshot.state == "idle in transaction"
         assert summary.snapshot.held_seconds is not None
         assert summary.snapshot.held_seconds >= 0
-        assert summary.snapshot.xmin_age >= 0
+        assert summary.snapshot.xmin_age >= 3
+        metrics = Metrics()
+        await refresh_gauges(metrics, pool, park=False)
+        sample = metrics.registry.get_sample_value
+        assert (sample("outbox_oldest_snapshot_xmin_age") or 0) >= 3
+        assert sample("outbox_oldest_snapshot_seconds") is not None
         shown = run_cli("maintenance", "outbox-report", dsn=dsn)
         assert shown.returncode == 0, shown.stderr
         assert (
