@@ -542,7 +542,7 @@ BEGIN
     -- bucket's whole index range, which read every dead version a snapshot held elsewhere
     -- kept alive (docs/performance.md, issue 38).
     due := 0;
-    FOR m IN
+    FOR m IN  -- each array of the document read once, grouped by campaign
         SELECT x.campaign_id,
                coalesce(d.seqs, '{}') AS done_seqs,
                coalesce(f.seqs, '{}') AS failed_seqs,
@@ -553,21 +553,24 @@ BEGIN
             FROM jsonb_array_elements((p_batch -> 'done') || failed || campaigns) AS e(value)
             GROUP BY 1
         ) x
-        LEFT JOIN LATERAL (
-            SELECT array_agg((e.value ->> 'seq')::bigint) AS seqs
+        LEFT JOIN (
+            SELECT e.value ->> 'campaign_id' AS campaign_id,
+                   array_agg((e.value ->> 'seq')::bigint) AS seqs
             FROM jsonb_array_elements(p_batch -> 'done') AS e(value)
-            WHERE e.value ->> 'campaign_id' = x.campaign_id
-        ) d ON true
-        LEFT JOIN LATERAL (
-            SELECT array_agg((e.value ->> 'seq')::bigint) AS seqs, jsonb_agg(e.value) AS rows
+            GROUP BY 1
+        ) d USING (campaign_id)
+        LEFT JOIN (
+            SELECT e.value ->> 'campaign_id' AS campaign_id,
+                   array_agg((e.value ->> 'seq')::bigint) AS seqs, jsonb_agg(e.value) AS rows
             FROM jsonb_array_elements(failed) AS e(value)
-            WHERE e.value ->> 'campaign_id' = x.campaign_id
-        ) f ON true
-        LEFT JOIN LATERAL (
-            SELECT e.value FROM jsonb_array_elements(campaigns) AS e(value)
-            WHERE e.value ->> 'campaign_id' = x.campaign_id
-            LIMIT 1
-        ) t ON true
+            GROUP BY 1
+        ) f USING (campaign_id)
+        LEFT JOIN (
+            SELECT DISTINCT ON (e.value ->> 'campaign_id')
+                   e.value ->> 'campaign_id' AS campaign_id, e.value
+            FROM jsonb_array_elements(campaigns) AS e(value)
+            ORDER BY e.value ->> 'campaign_id'
+        ) t USING (campaign_id)
         ORDER BY x.campaign_id
     LOOP
         WITH done AS (
@@ -593,6 +596,15 @@ BEGIN
             FROM jsonb_to_record(m.target)
                 AS t(head_seq bigint, due timestamptz, seen bigint, blocked boolean, gone boolean)
             WHERE m.target IS NOT NULL
+        ), rest AS (
+            -- Whether a row at or past the head (the first seq the batch did not see) exists
+            -- now.
+            SELECT t.*, EXISTS (
+                       SELECT 1 FROM projection_apply_outbox o
+                       WHERE o.bucket = p_bucket AND o.campaign_id = m.campaign_id
+                         AND o.seq >= t.head_seq
+                   ) AS past_head
+            FROM target t
         ), flags AS (
             SELECT t.head_seq, t.due, t.blocked, t.gone,
                    -- Left waiting for holds, it got a row the claim did not see, or an append
@@ -604,20 +616,12 @@ BEGIN
                    )) AS fresh,
                    -- Seen to its end, it has rows past what the batch saw after all: an
                    -- append committed before the heads were held.
-                   t.gone AND EXISTS (
-                       SELECT 1 FROM projection_apply_outbox o
-                       WHERE o.bucket = p_bucket AND o.campaign_id = m.campaign_id
-                         AND o.seq >= t.head_seq
-                   ) AS beyond,
+                   t.gone AND t.past_head AS beyond,
                    -- Left waiting for holds alone, with no row at or past the head: its row
                    -- says so (head_seq 0), and only a batch that does background work takes
                    -- it (S25).
-                   t.seen IS NOT NULL AND NOT EXISTS (
-                       SELECT 1 FROM projection_apply_outbox o
-                       WHERE o.bucket = p_bucket AND o.campaign_id = m.campaign_id
-                         AND o.seq >= t.head_seq
-                   ) AS bare
-            FROM target t
+                   t.seen IS NOT NULL AND NOT t.past_head AS bare
+            FROM rest t
         ), removed AS (
             DELETE FROM projection_apply_campaigns c
             USING flags t
@@ -636,12 +640,9 @@ BEGIN
             RETURNING c.head_seq, c.due_at, c.blocked
         )
         SELECT due + (SELECT count(*) FROM kept WHERE NOT kept.blocked AND kept.due_at <= v_now),
-               coalesce(ages, '{}') || (SELECT coalesce(array_agg(done.age), '{}') FROM done)
+               ages || (SELECT array_agg(done.age) FROM done)  -- null while none was deleted
         INTO due, ages;
     END LOOP;
-    IF cardinality(ages) = 0 THEN
-        ages := NULL;
-    END IF;
     IF (p_batch ->> 'notify')::boolean AND ages IS NOT NULL THEN
         PERFORM pg_notify(p_batch ->> 'channel', p_bucket::text);
     END IF;

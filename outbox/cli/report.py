@@ -68,11 +68,7 @@ def render_report(report: Report, *, payload: bool = False) -> None:
     holder = summary.snapshot
     if holder:
         since = "" if holder.held_seconds is None else f", held {age(holder.held_seconds)}"
-        who = f" (pid {holder.pid})" if holder.pid is not None else ""
-        stdout.print(
-            f"oldest snapshot: {holder.kind} {holder.name or '(no application_name)'}{who}, "
-            f"{holder.state or 'state not shown'}, {holder.xmin_age} transactions old{since}"
-        )
+        stdout.print(f"oldest snapshot: {holder.described}{since}")
     shadow = summary.shadow
     if shadow and shadow.rows_seen:
         stdout.print(

@@ -38,6 +38,17 @@ class HorizonHolder:
     xmin_age: int
     held_seconds: float | None
 
+    @property
+    def described(self) -> str:
+        """The holder in one phrase, as the report and the console print it (each adds how
+        long it has been held in its own units): `session nightly-dump (pid 42), idle in
+        transaction, 3 transactions old`."""
+        who = f" (pid {self.pid})" if self.pid is not None else ""
+        return (
+            f"{self.kind} {self.name or '(no application_name)'}{who}, "
+            f"{self.state or 'state not shown'}, {self.xmin_age:,} transactions old"
+        )
+
 
 async def horizon_holder(executor: Executor) -> HorizonHolder | None:
     """The oldest snapshot holder, or None when no other session, slot or prepared transaction
