@@ -50,23 +50,36 @@ def console_command(
         ),
     ] = False,
     app_path: AppOption = None,
+    redact_payloads: Annotated[
+        bool, typer.Option("--redact-payloads", help="Show no event payload on any page.")
+    ] = False,
+    insecure_no_auth: Annotated[
+        bool,
+        typer.Option(
+            "--insecure-no-auth",
+            help="Serve a non-loopback address without authentication (read-only only).",
+        ),
+    ] = False,
 ) -> None:
     """Serve the web console until interrupted: the queue, live; read-only unless
-    --allow-actions (with --app, discards too)."""
+    --allow-actions (with --app, discards too). Every page needs basic auth when
+    OUTBOX_CONSOLE_USER and OUTBOX_CONSOLE_PASSWORD are set, and a non-loopback --host needs
+    them."""
     base = _base_path(base_path)
     outbox_app = prepare_app(app_path, dsn=dsn) if app_path else None
     settings = outbox_app.settings if outbox_app else settings_for(dsn=dsn)
     target = require_dsn(settings)
     try:
         from outbox.console import serve
-        from outbox.console.security import basic_auth_from_env
+        from outbox.console.security import basic_auth_from_env, configured_auth
+        from outbox.console.state import hide_payload
     except ImportError as exc:
         raise UsageError(
             f"the console needs the console extra ({exc.name} is missing): "
             "pip install 'outbox[console]'"
         ) from None
 
-    auth = basic_auth_from_env() if allow_actions else None  # refused before listening
+    auth = basic_auth_from_env() if allow_actions else configured_auth()  # refused early
 
     async def body() -> None:
         await serve(
@@ -79,6 +92,8 @@ def console_command(
             auth=auth,
             app=outbox_app,
             announce=stderr.print,
+            redact=hide_payload if redact_payloads else None,
+            insecure_no_auth=insecure_no_auth,
         )
 
     run(body)

@@ -100,10 +100,12 @@ def group_command(fingerprint: str | None, limit: int, *, reason: str | None, dr
     )
 
 
-async def preview_group(pool: db.Pool, fingerprint: str | None, *, limit: int) -> RequeueResult:
+async def preview_group(
+    executor: db.Executor, fingerprint: str | None, *, limit: int
+) -> RequeueResult:
     """Exactly the dead rows a requeue of this group (None: the oldest `limit` of all dead
-    rows) would move now: a dry run."""
-    return await requeue_dead(pool, limit=limit, fingerprint=fingerprint, dry_run=True)
+    rows) would move now: a dry run (the console runs it in its read-only session)."""
+    return await requeue_dead(executor, limit=limit, fingerprint=fingerprint, dry_run=True)
 
 
 async def requeue_group(

@@ -30,6 +30,16 @@ from outbox.worker.registration import LiveWorker, live_workers
 __all__ = ["Overview", "Poller", "read_overview"]
 
 
+def describe_failure(exc: BaseException) -> str:
+    """A failed read in one line, saying when the database refused it or could not be
+    reached."""
+    if db.database_error(exc):
+        return f"the database refused: {describe_error(exc)}"
+    if isinstance(exc, OSError | TimeoutError):  # refused, unreachable, or no answer
+        return f"the database is unreachable: {describe_error(exc)}"
+    return describe_error(exc)
+
+
 @dataclass(frozen=True, slots=True)
 class Overview:
     """What the overview shows, as of `read_at` (the console's clock)."""
@@ -87,6 +97,6 @@ class Poller:
             oldest = latest.oldest_claimable
             self.trend.add(latest.read_at, applied, oldest.age_seconds if oldest else None)
         except Exception as exc:  # the page shows the last figures and why they are old
-            self.error = describe_error(exc)
+            self.error = describe_failure(exc)
         finally:
             self._read_at = monotonic()

@@ -27,6 +27,7 @@ from outbox.console.state import (
     render,
     required,
     status,
+    text,
 )
 from outbox.errors import Conflict, OutboxError, ValidationError
 
@@ -37,27 +38,38 @@ Handler = Callable[[Request], Awaitable[Response]]
 Run = Callable[[Request, dict[str, str], str], Awaitable[controls.Done]]
 
 
+def _outage(context: dict[str, Any]) -> int:
+    """503 while the figures were never read because the database does not answer."""
+    return 503 if context["overview"] is None and context["error"] else 200
+
+
 async def overview_page(request: Request) -> Response:
-    return await render("overview.html", request, **await overview_context(of(request).poller))
+    context = await overview_context(of(request).poller)
+    return await render("overview.html", request, _outage(context), **context)
 
 
 async def overview_fragment(request: Request) -> Response:
-    return await render("_overview.html", request, **await overview_context(of(request).poller))
+    context = await overview_context(of(request).poller)
+    return await render("_overview.html", request, _outage(context), **context)
 
 
 async def live_fragment(request: Request) -> Response:
-    return await render("_live.html", request, **await overview_context(of(request).poller))
+    context = await overview_context(of(request).poller)
+    return await render("_live.html", request, _outage(context), **context)
 
 
 async def overview_json(request: Request) -> Response:
     poller = of(request).poller
     overview = await poller.get()
     history = list(poller.trend.samples)
-    return json_response("overview", error=poller.error, overview=overview, history=history)
+    outage = 503 if overview is None and poller.error else 200
+    return json_response(
+        "overview", status=outage, error=poller.error, overview=overview, history=history
+    )
 
 
 async def read_failures(request: Request) -> Any:
-    chosen = request.query_params.get("status") or None
+    chosen = text(request.query_params, "status")
     return await reads.read_failures(of(request).pool, status=chosen)
 
 
@@ -70,13 +82,16 @@ async def read_blocked(request: Request) -> Any:
 
 
 async def read_campaign(request: Request) -> Any:
-    return await reads.read_campaign(of(request).pool, required(request.query_params, "id"))
+    console = of(request)
+    found = await reads.read_campaign(console.pool, required(request.query_params, "id"))
+    return found if console.redact is None else reads.redacted(found, console.redact)
 
 
 async def read_preview(request: Request) -> Any:
-    fingerprint = request.query_params.get("fingerprint") or None  # None: every dead row
+    fingerprint = text(request.query_params, "fingerprint")  # None: every dead row
     limit = positive_int(request.query_params.get("limit", str(controls.GROUP_LIMIT)), "limit")
-    result = await controls.preview_group(of(request).pool, fingerprint, limit=limit)
+    async with reads.reading(of(request).pool) as conn:  # the session's timeout, read-only
+        result = await controls.preview_group(conn, fingerprint, limit=limit)
     command = controls.group_command(fingerprint, limit, reason=None, dry_run=True)
     return {"fingerprint": fingerprint, "result": result, "command": command}
 
@@ -136,7 +151,7 @@ def control(run: Run) -> Handler:
         console = of(request)
         actor: str = request.state.actor
         form = {k: v for k, v in (await request.form()).items() if isinstance(v, str)}
-        if not console.csrf.valid(actor, form.get("csrf", "")):
+        if not console.csrf.valid(actor, request.state.session, form.get("csrf", "")):
             message = "missing or bad CSRF token"
             return await render("error.html", request, status=403, message=message)
         try:
@@ -155,7 +170,7 @@ async def requeue_row(request: Request, form: dict[str, str], actor: str) -> con
         required(form, "campaign_id"),
         positive_int(form.get("seq", ""), "seq"),
         actor=actor,
-        reason=form.get("reason") or None,
+        reason=text(form, "reason"),
     )
 
 
@@ -169,23 +184,23 @@ async def discard_row(request: Request, form: dict[str, str], actor: str) -> con
         required(form, "campaign_id"),
         positive_int(form.get("seq", ""), "seq"),
         actor=actor,
-        reason=form.get("reason", ""),
+        reason=text(form, "reason") or "",
     )
 
 
 async def requeue_group(request: Request, form: dict[str, str], actor: str) -> controls.Done:
     return await controls.requeue_group(
         of(request).pool,
-        form.get("fingerprint") or None,
+        text(form, "fingerprint"),
         limit=positive_int(form.get("limit", ""), "limit"),
         actor=actor,
-        reason=form.get("reason") or None,
+        reason=text(form, "reason"),
     )
 
 
 async def pause(request: Request, form: dict[str, str], actor: str) -> controls.Done:
     console = of(request)
-    reason = form.get("reason") or None
+    reason = text(form, "reason")
     return await controls.pause(
         console.pool, console.app, required(form, "projector"), actor=actor, reason=reason
     )
@@ -193,7 +208,7 @@ async def pause(request: Request, form: dict[str, str], actor: str) -> controls.
 
 async def resume(request: Request, form: dict[str, str], actor: str) -> controls.Done:
     console = of(request)
-    reason = form.get("reason") or None
+    reason = text(form, "reason")
     return await controls.resume(
         console.pool, console.app, required(form, "projector"), actor=actor, reason=reason
     )

@@ -9,9 +9,12 @@ here: the reads are the queue's, the journal's, the guards' and the registry's.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager, suppress
+from dataclasses import dataclass, replace
+from typing import Any
+
+import orjson
 
 from outbox import db, schema
 from outbox.append.journal import JournalEntry, get_campaign_head, recent_events
@@ -43,6 +46,7 @@ __all__ = [
     "read_projectors",
     "read_system",
     "reading",
+    "redacted",
 ]
 
 # Rows counted per status (and behind a blocked head) at most: past it a page says "10,000+".
@@ -102,6 +106,21 @@ class CampaignView:
     rows: list[QueueRow]
     journal_tail: list[JournalEntry]
     audit: list[AuditEntry]
+
+
+def redacted(view: CampaignView, redact: Callable[[Any], Any]) -> CampaignView:
+    """`view` with each payload as `redact` shows it (it receives the decoded JSON, or the
+    stored text when that is not JSON)."""
+
+    def shown(payload: Any) -> Any:
+        if isinstance(payload, str):
+            with suppress(orjson.JSONDecodeError):
+                payload = orjson.loads(payload)
+        return redact(payload)
+
+    rows = [replace(r, payload=shown(r.payload)) for r in view.rows]
+    tail = [replace(e, payload=orjson.dumps(shown(e.payload)).decode()) for e in view.journal_tail]
+    return replace(view, rows=rows, journal_tail=tail)
 
 
 async def read_campaign(executor: db.Executor, campaign_id: str) -> CampaignView:

@@ -4,33 +4,40 @@
 tokens, templates, whether it serves actions), kept on the Starlette app (`app.state.console`)
 and read by the module-level endpoints through `of(request)`. `render` fills a template with
 the page's data, the actor and the live figures; `json_response` is a JSON twin's body;
-`refusal` turns a failed read or action into the one line a page shows, and `status` into its
-HTTP status. HTML is rendered by Jinja2 with autoescaping, so ids, errors and payloads from the
-data are inert.
+`refusal` turns a failed read or action into the one line a page shows (an unreachable
+database included), and `status` into its HTTP status. HTML is rendered by Jinja2 with
+autoescaping, so ids, errors and payloads from the data are inert, and with every
+bidirectional control character shown as its escape (`\\u202e`), so none reorders the text
+around it. Links are paths (`url_for`), never built from the request's Host.
 """
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 from jinja2 import Environment, PackageLoader, select_autoescape
+from starlette.datastructures import URL
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 
 from outbox import db
 from outbox.config import Settings
 from outbox.console.history import polyline
-from outbox.console.overview import Poller
+from outbox.console.overview import Poller, describe_failure
 from outbox.console.security import Csrf
 from outbox.errors import Conflict, NotFound, OutboxError, ValidationError
 from outbox.projection.app import Outbox
-from outbox.retry import describe_error
 
 __all__ = [
+    "MAX_TEXT",
     "SCHEMA_VERSION",
     "Console",
+    "Redact",
+    "hide_payload",
     "json_response",
     "of",
     "overview_context",
@@ -39,10 +46,33 @@ __all__ = [
     "render",
     "required",
     "status",
+    "text",
 ]
 
 SCHEMA_VERSION = 1
 _STATUS: dict[type[OutboxError], int] = {NotFound: 404, Conflict: 409, ValidationError: 400}
+# Characters of a form's or a query's text field at most (a reason, an id).
+MAX_TEXT = 2000
+_INT64 = 2**63 - 1
+# Bidirectional controls (embeddings, overrides, isolates, marks): shown as escapes.
+_BIDI = re.compile("[\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+# What a page shows of a payload (decoded JSON, or the stored text when it is not JSON).
+Redact = Callable[[Any], Any]
+
+
+def hide_payload(payload: Any) -> Any:
+    """A `Redact` that hides every payload (`maintenance console --redact-payloads`)."""
+    return "(hidden)"
+
+
+def _shown(value: Any) -> Any:
+    """Jinja's finalize: text (and markup made from data, `tojson`'s) with its bidirectional
+    controls escaped."""
+    if isinstance(value, str):
+        for control in set(_BIDI.findall(value)):  # Markup's replace keeps it Markup
+            value = value.replace(control, f"\\u{ord(control):04x}")
+    return value
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +86,7 @@ class Console:
     poller: Poller
     csrf: Csrf
     templates: Environment
+    redact: Redact | None = None  # what pages show of payloads (None: all of them)
 
     @classmethod
     def build(
@@ -67,15 +98,17 @@ class Console:
         actions: bool,
         refresh: float,
         count_bound: int,
+        redact: Redact | None = None,
     ) -> Console:
         templates = Environment(
             loader=PackageLoader("outbox.console", "templates"),
             autoescape=select_autoescape(["html"]),
             trim_blocks=True,
             lstrip_blocks=True,
+            finalize=_shown,
         )
         poller = Poller(pool, park=settings.park, interval=refresh, bound=count_bound)
-        return cls(pool, settings, app, actions, poller, Csrf(), templates)
+        return cls(pool, settings, app, actions, poller, Csrf(), templates, redact)
 
 
 def of(request: Request) -> Console:
@@ -102,14 +135,20 @@ async def render(name: str, request: Request, status: int = 200, **context: Any)
     """A template with the page's data, the actor and the live figures (the poller's)."""
     console = of(request)
     actor: str | None = getattr(request.state, "actor", None)
+    session: str = getattr(request.state, "session", "")
     if "overview" not in context:
         context.update(await overview_context(console.poller))
+
+    def url_for(name: str, /, **params: Any) -> URL:
+        return URL(request.url_for(name, **params).path)
+
     page = console.templates.get_template(name).render(
         request=request,
+        url_for=url_for,
         actions=console.actions,
         discard=console.app is not None,
         actor=actor,
-        csrf=console.csrf.token(actor) if console.actions and actor else "",
+        csrf=console.csrf.token(actor, session) if console.actions and actor else "",
         refresh=console.poller.interval,
         **context,
     )
@@ -129,8 +168,8 @@ def refusal(exc: Exception) -> OutboxError:
     database's (a timeout, a missing privilege) as one line; anything else is a bug: raised."""
     if isinstance(exc, OutboxError):
         return exc
-    if db.database_error(exc):
-        return OutboxError(f"the database refused: {describe_error(exc)}")
+    if db.database_error(exc) or isinstance(exc, OSError | TimeoutError):
+        return OutboxError(describe_failure(exc))
     raise exc
 
 
@@ -139,20 +178,35 @@ def status(exc: OutboxError) -> int:
     return next((s for t, s in _STATUS.items() if isinstance(exc, t)), 503)
 
 
-def required(values: Any, name: str) -> str:
-    """A non-blank text field of a query or a form."""
+def text(values: Any, name: str) -> str | None:
+    """An optional text field of a query or a form: None when absent or empty; at most
+    `MAX_TEXT` characters and no NUL (ValidationError)."""
     value = values.get(name, "")
-    if not isinstance(value, str) or not value.strip():
+    if not isinstance(value, str) or not value:
+        return None
+    if len(value) > MAX_TEXT:
+        raise ValidationError(name, f"at most {MAX_TEXT} characters, got {len(value)}")
+    if "\x00" in value:
+        raise ValidationError(name, "holds a NUL character")
+    return value
+
+
+def required(values: Any, name: str) -> str:
+    """A non-blank text field of a query or a form (`text`'s bounds)."""
+    value = text(values, name)
+    if value is None or not value.strip():
         raise ValidationError(name, "required")
     return value
 
 
 def positive_int(value: str, name: str) -> int:
-    """An integer of 1 or more, from a query's or a form's text."""
+    """An integer of 1 or more (a bigint's range), from a query's or a form's text."""
     try:
-        number = int(value)
+        number = int(value) if len(value) <= 20 else None
     except ValueError:
-        raise ValidationError(name, f"expected an integer, got {value!r}") from None
-    if number < 1:
-        raise ValidationError(name, f"expected 1 or more, got {number}")
+        number = None
+    if number is None:
+        raise ValidationError(name, f"expected an integer, got {value[:40]!r}")
+    if not 1 <= number <= _INT64:
+        raise ValidationError(name, f"expected 1 to {_INT64}, got {number}")
     return number

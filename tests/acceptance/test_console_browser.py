@@ -131,6 +131,8 @@ async def test_an_incident_from_dead_rows_to_zero_in_the_browser(
             viewport={"width": 1280, "height": 800},
         )
         page = await context.new_page()
+        refused: list[str] = []  # what the page's CSP blocked: nothing of the console's own
+        page.on("console", lambda m: refused.append(m.text) if "Security Policy" in m.text else None)
         # 1. The overview, live: two orders go dead (attempts exhausted), one waits behind one
         # in the projector's hold: the projector is held, no campaign is blocked (S24).
         await page.goto(console_url)
@@ -178,6 +180,7 @@ async def test_an_incident_from_dead_rows_to_zero_in_the_browser(
         await expect(audit).to_contain_text("negative amounts fixed")
         await expect(page.locator("main")).to_contain_text("caught up")
         await page.screenshot(path=str(screenshots / "campaign.png"), full_page=True)
+        assert refused == []
         await browser.close()
     # Exactly once, against the generator's own sums.
     totals = {r["campaign_id"]: (r["total"], r["orders"]) for r in await pool.fetch(
