@@ -132,7 +132,9 @@ async def test_an_incident_from_dead_rows_to_zero_in_the_browser(
         )
         page = await context.new_page()
         refused: list[str] = []  # what the page's CSP blocked: nothing of the console's own
-        page.on("console", lambda m: refused.append(m.text) if "Security Policy" in m.text else None)
+        page.on(
+            "console", lambda m: refused.extend([m.text] if "Security Policy" in m.text else [])
+        )
         # 1. The overview, live: two orders go dead (attempts exhausted), one waits behind one
         # in the projector's hold: the projector is held, no campaign is blocked (S24).
         await page.goto(console_url)

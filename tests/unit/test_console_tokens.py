@@ -6,7 +6,7 @@ import pytest
 
 pytest.importorskip("starlette")
 
-from outbox.console.security import Csrf, Throttle  # noqa: E402
+from outbox.console.security import Csrf, Throttle
 
 
 def test_a_token_is_its_actors_and_sessions_until_it_expires() -> None:
