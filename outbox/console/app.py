@@ -25,6 +25,7 @@ from outbox import db
 from outbox.config import Settings
 from outbox.console import pages, reads
 from outbox.console.guard import AccessLog, Guard
+from outbox.console.overview import Alarms
 from outbox.console.security import Auth, Throttle, basic_auth_from_env, configured_auth
 from outbox.console.state import SCHEMA_VERSION, Console, Redact
 from outbox.projection.app import Outbox
@@ -48,6 +49,7 @@ def create_app(
     allowed_hosts: Sequence[str] | None = None,
     access_log: AccessLog | None = None,
     throttle: Throttle | None = None,
+    alarms: Alarms | None = None,
 ) -> Starlette:
     """The console on `pool` (the application's, or one of its own).
 
@@ -59,7 +61,8 @@ def create_app(
     pages show of each payload (`state.hide_payload` hides them all). `origin`: the console's
     public origin (`https://ops.example.com`), which a POST must come from (default: the
     request's own host); `allowed_hosts`: the Host names served (default: any);
-    `access_log`: receives a mapping per request; `throttle`: the failed-login limit. The dead
+    `access_log`: receives a mapping per request; `throttle`: the failed-login limit;
+    `alarms`: when every page shows a banner (`overview.Alarms`). The dead
     policy comes from `settings` (default: `app`'s, else the environment's)."""
     if settings is None:
         settings = app.settings if app is not None else Settings.from_env()
@@ -73,6 +76,7 @@ def create_app(
         refresh=refresh,
         count_bound=count_bound,
         redact=redact,
+        alarms=alarms,
     )
     routes: list[BaseRoute] = [
         Route("/", pages.overview_page, name="overview"),
@@ -92,6 +96,7 @@ def create_app(
             Route(f"/actions/{path}", pages.control(run), methods=["POST"], name=name)
             for path, name, run in pages.CONTROLS
         ]
+        routes.append(Route("/done", pages.done_page, name="done"))
     guard = Middleware(
         Guard, auth=auth, throttle=throttle or Throttle(), origin=origin, access_log=access_log
     )

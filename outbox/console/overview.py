@@ -53,6 +53,35 @@ class Overview:
     snapshot: HorizonHolder | None  # the oldest snapshot the server holds for this database
 
 
+@dataclass(frozen=True, slots=True)
+class Alarms:
+    """When every page shows a banner: blocked campaigns past `blocked`, the oldest claimable
+    head older than `age` seconds, and (always) no live worker while work waits."""
+
+    blocked: int = 100
+    age: float = 300.0
+
+    def raised(self, overview: Overview) -> list[str]:
+        """The banners `overview` calls for, most urgent first."""
+        found = []
+        waiting = overview.counts.pending + overview.counts.failed + overview.counts.processing
+        if waiting and not overview.workers:
+            more = "+" if waiting >= overview.bound else ""
+            found.append(f"no worker is alive while {waiting:,}{more} rows wait")
+        if overview.blocked_campaigns > self.blocked:
+            found.append(
+                f"{overview.blocked_campaigns:,} campaigns are blocked behind a dead or "
+                f"failing head (more than {self.blocked:,})"
+            )
+        oldest = overview.oldest_claimable
+        if oldest is not None and oldest.age_seconds > self.age:
+            found.append(
+                f"the oldest claimable head ({oldest.campaign_id} seq {oldest.seq}) has waited "
+                f"{oldest.age_seconds:,.0f} s (more than {self.age:,.0f} s)"
+            )
+        return found
+
+
 async def read_overview(executor: db.Executor, *, park: bool, bound: int) -> Overview:
     async with reading(executor) as conn:
         counts = await inspect.count_rows_bounded(conn, bound)
@@ -71,6 +100,7 @@ class Poller:
     park: bool = False
     interval: float = 5.0
     bound: int = COUNT_BOUND
+    alarms: Alarms = field(default_factory=Alarms)
     latest: Overview | None = None
     error: str | None = None  # why the last read failed (None: it did not)
     reads: int = 0  # reads made so far

@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import RedirectResponse, Response
 
 from outbox.console import actions as controls
 from outbox.console import reads
@@ -29,13 +29,15 @@ from outbox.console.state import (
     status,
     text,
 )
-from outbox.errors import Conflict, OutboxError, ValidationError
+from outbox.errors import Conflict, NotFound, OutboxError, ValidationError
 
 __all__ = ["CONTROLS", "PAGES", "control", "live_fragment", "overview_fragment", "overview_json"]
 
 Read = Callable[[Request], Awaitable[Any]]
 Handler = Callable[[Request], Awaitable[Response]]
 Run = Callable[[Request, dict[str, str], str], Awaitable[controls.Done]]
+
+RESULTS_KEPT = 1_000  # browser sessions whose last action's result is kept
 
 
 def _outage(context: dict[str, Any]) -> int:
@@ -159,9 +161,22 @@ def control(run: Run) -> Handler:
         except Exception as exc:
             return await failure(request, refusal(exc))
         console.poller.invalidate()
-        return await render("done.html", request, done=done)
+        # Post/redirect/get: a reload shows the result again and does not act again.
+        console.results.pop(request.state.session, None)
+        console.results[request.state.session] = done
+        while len(console.results) > RESULTS_KEPT:
+            console.results.pop(next(iter(console.results)))
+        return RedirectResponse(request.url_for("done").path, status_code=303)
 
     return handle
+
+
+async def done_page(request: Request) -> Response:
+    """The result of this browser session's last action (where a control redirects)."""
+    done = of(request).results.get(request.state.session)
+    if done is None:
+        return await failure(request, NotFound("no action was taken in this browser session"))
+    return await render("done.html", request, done=done)
 
 
 async def requeue_row(request: Request, form: dict[str, str], actor: str) -> controls.Done:

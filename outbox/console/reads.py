@@ -19,6 +19,7 @@ import orjson
 from outbox import db, schema
 from outbox.append.journal import JournalEntry, get_campaign_head, recent_events
 from outbox.config import Session
+from outbox.errors import NotFound
 from outbox.ops.report import Failures, failures
 from outbox.projection.app import Outbox
 from outbox.projection.guards import ProjectorLag, checkpoints_of, projector_lag
@@ -124,8 +125,9 @@ def redacted(view: CampaignView, redact: Callable[[Any], Any]) -> CampaignView:
 
 
 async def read_campaign(executor: db.Executor, campaign_id: str) -> CampaignView:
+    """NotFound when the journal, the queue and the audit know nothing of `campaign_id`."""
     async with reading(executor) as conn:
-        return CampaignView(
+        view = CampaignView(
             campaign_id,
             await get_campaign_head(conn, campaign_id),
             await checkpoints_of(conn, campaign_id),
@@ -135,6 +137,9 @@ async def read_campaign(executor: db.Executor, campaign_id: str) -> CampaignView
             await recent_events(conn, campaign_id, limit=20),
             await list_audit(conn, campaign_id, limit=LIST_LIMIT),
         )
+    if not (view.journal_head or view.rows or view.audit or view.checkpoints):
+        raise NotFound(f"no campaign {campaign_id!r}: the journal has no event of it")
+    return view
 
 
 @dataclass(frozen=True, slots=True)

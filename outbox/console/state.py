@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 import orjson
@@ -27,7 +28,7 @@ from starlette.responses import HTMLResponse, Response
 from outbox import db
 from outbox.config import Settings
 from outbox.console.history import polyline
-from outbox.console.overview import Poller, describe_failure
+from outbox.console.overview import Alarms, Poller, describe_failure
 from outbox.console.security import Csrf
 from outbox.errors import Conflict, NotFound, OutboxError, ValidationError
 from outbox.projection.app import Outbox
@@ -66,6 +67,22 @@ def hide_payload(payload: Any) -> Any:
     return "(hidden)"
 
 
+def when(at: datetime | None, now: datetime | None = None) -> str:
+    """A time as UTC with how long ago (or ahead) it is: `2026-11-26 10:00:00 UTC (3 min ago)`."""
+    if at is None:
+        return ""
+    delta = ((now or datetime.now(UTC)) - at).total_seconds()
+    span = abs(delta)
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if span >= size:
+            amount = f"{span // size:.0f} {unit}"
+            break
+    else:
+        amount = f"{span:.0f} s"
+    relative = f"{amount} ago" if delta >= 0 else f"in {amount}"
+    return f"{at.astimezone(UTC):%Y-%m-%d %H:%M:%S} UTC ({relative})"
+
+
 def _shown(value: Any) -> Any:
     """Jinja's finalize: text (and markup made from data, `tojson`'s) with its bidirectional
     controls escaped."""
@@ -87,6 +104,8 @@ class Console:
     csrf: Csrf
     templates: Environment
     redact: Redact | None = None  # what pages show of payloads (None: all of them)
+    # The last action's result per browser session, for the page a POST redirects to.
+    results: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def build(
@@ -99,6 +118,7 @@ class Console:
         refresh: float,
         count_bound: int,
         redact: Redact | None = None,
+        alarms: Alarms | None = None,
     ) -> Console:
         templates = Environment(
             loader=PackageLoader("outbox.console", "templates"),
@@ -107,7 +127,10 @@ class Console:
             lstrip_blocks=True,
             finalize=_shown,
         )
-        poller = Poller(pool, park=settings.park, interval=refresh, bound=count_bound)
+        templates.filters["when"] = when
+        poller = Poller(
+            pool, park=settings.park, interval=refresh, bound=count_bound, alarms=alarms or Alarms()
+        )
         return cls(pool, settings, app, actions, poller, Csrf(), templates, redact)
 
 
@@ -128,7 +151,8 @@ async def overview_context(poller: Poller) -> dict[str, Any]:
         "applied_max": max((s.applied_per_second or 0.0 for s in samples), default=0.0),
         "lag_max": max((s.oldest_claimable_age_seconds or 0.0 for s in samples), default=0.0),
     }
-    return {"overview": overview, "error": poller.error, "charts": charts}
+    alarms = poller.alarms.raised(overview) if overview is not None else []
+    return {"overview": overview, "error": poller.error, "charts": charts, "alarms": alarms}
 
 
 async def render(name: str, request: Request, status: int = 200, **context: Any) -> HTMLResponse:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 from collections.abc import AsyncIterator
+from urllib.parse import urlencode
 
 import httpx
 import pytest
@@ -46,7 +47,8 @@ def shop(dsn: str) -> Outbox:
 
 
 def client(app: object) -> httpx.AsyncClient:
-    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://console")  # type: ignore[arg-type]
+    transport = httpx.ASGITransport(app=app)  # type: ignore[arg-type]
+    return httpx.AsyncClient(transport=transport, base_url="http://console", follow_redirects=True)
 
 
 def login(user: str = USER, password: str = PASSWORD) -> dict[str, str]:
@@ -91,7 +93,7 @@ async def test_every_page_renders_its_data_inert_with_a_json_twin(
     pool: db.Pool, app: Outbox
 ) -> None:
     async with client(create_app(pool, app=app)) as console:
-        for path in [*PAGES, f"/campaign?id={HOSTILE_ID}"]:
+        for path in [*PAGES, f"/campaign?{urlencode({'id': HOSTILE_ID})}"]:
             page = await console.get(path)
             assert page.status_code == 200, (path, page.text[:300])
             assert "<script>alert" not in page.text, path

@@ -43,7 +43,9 @@ def login(user: str = USER, password: str = PASSWORD) -> dict[str, str]:
 
 def client(app: object, **headers: str) -> httpx.AsyncClient:
     transport = httpx.ASGITransport(app=app)  # type: ignore[arg-type]
-    return httpx.AsyncClient(transport=transport, base_url="http://console", headers=headers)
+    return httpx.AsyncClient(
+        transport=transport, base_url="http://console", headers=headers, follow_redirects=True
+    )
 
 
 def csrf_of(html: str) -> str:
