@@ -25,6 +25,7 @@ __all__ = [
     "requeue_group",
     "requeue_row",
     "resume",
+    "row_commands",
 ]
 
 # Rows one group requeue moves at most (the preview lists them all).
@@ -87,6 +88,34 @@ async def discard(
         ),
         campaign_id,
     )
+
+
+def row_commands(campaign_id: str, seq: int, status: str | None) -> list[str]:
+    """What an operator runs from a shell about one event: read it, read its audit, and (dead)
+    requeue it or (queued) apply it now."""
+    found = [
+        command_line("outbox-report", "--campaign-id", campaign_id, "--payload", "--json"),
+        command_line("audit", "--campaign-id", campaign_id, "--json"),
+    ]
+    if status == "dead":
+        found.append(
+            command_line(
+                "outbox-requeue", "--campaign-id", campaign_id, "--seq", seq, "--reason", "<why>"
+            )
+        )
+    if status is not None:
+        found.append(
+            command_line(
+                "outbox-replay",
+                "--app",
+                "<module:attr>",
+                "--campaign-id",
+                campaign_id,
+                "--seq",
+                seq,
+            )
+        )
+    return found
 
 
 def group_command(fingerprint: str | None, limit: int, *, reason: str | None, dry_run: bool) -> str:

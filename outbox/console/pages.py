@@ -30,6 +30,7 @@ from outbox.console.state import (
     text,
 )
 from outbox.errors import Conflict, NotFound, OutboxError, ValidationError
+from outbox.queue.attention import START, parse_cursor
 
 __all__ = ["CONTROLS", "PAGES", "control", "live_fragment", "overview_fragment", "overview_json"]
 
@@ -89,6 +90,39 @@ async def read_campaign(request: Request) -> Any:
     return found if console.redact is None else reads.redacted(found, console.redact)
 
 
+# The rows page's filters: query parameter -> `reads.read_rows` keyword.
+ROW_FILTERS = {
+    "status": "status",
+    "event_type": "event_type",
+    "projector": "projector",
+    "error": "fingerprint",
+    "prefix": "prefix",
+}
+
+
+async def read_rows(request: Request) -> Any:
+    query = request.query_params
+    filters = {name: text(query, name) for name in ROW_FILTERS}
+    after = text(query, "after")
+    page = await reads.read_rows(
+        of(request).pool,
+        **{ROW_FILTERS[name]: value for name, value in filters.items()},
+        after=parse_cursor(after) if after else START,
+    )
+    given = {name: value for name, value in filters.items() if value is not None}
+    return {"filters": filters, "given": given, "page": page}
+
+
+async def read_row(request: Request) -> Any:
+    console = of(request)
+    campaign_id = required(request.query_params, "campaign_id")
+    seq = positive_int(request.query_params.get("seq", ""), "seq")
+    view = await reads.read_row(console.pool, campaign_id, seq)
+    if console.redact is not None:
+        view = reads.redacted_row(view, console.redact)
+    return {"view": view, "commands": controls.row_commands(campaign_id, seq, view.event.status)}
+
+
 async def read_preview(request: Request) -> Any:
     fingerprint = text(request.query_params, "fingerprint")  # None: every dead row
     limit = positive_int(request.query_params.get("limit", str(controls.GROUP_LIMIT)), "limit")
@@ -115,6 +149,8 @@ async def read_system(request: Request) -> Any:
 PAGES: tuple[tuple[str, str, Read], ...] = (
     ("failures", "failures.html", read_failures),
     ("failures/requeue", "preview.html", read_preview),
+    ("rows", "rows.html", read_rows),
+    ("row", "row.html", read_row),
     ("blocked", "blocked.html", read_blocked),
     ("campaign", "campaign.html", read_campaign),
     ("projectors", "projectors.html", read_projectors),

@@ -25,9 +25,10 @@ from outbox.projection.app import Outbox
 from outbox.projection.guards import ProjectorLag, checkpoints_of, projector_lag
 from outbox.projection.pauses import Pause, PauseEntry, list_pause_audit, list_pauses
 from outbox.queue import inspect
-from outbox.queue.holds import ProjectorHolds, count_holds
+from outbox.queue.attention import AttentionPage, EventRow, get_event, list_attention
+from outbox.queue.holds import ProjectorHolds, RowHold, count_holds, row_holds
 from outbox.queue.inspect import BlockedCampaign, LeaseRow, QueueRow, ShadowObservations
-from outbox.queue.repair import AuditEntry, list_audit
+from outbox.queue.repair import AuditEntry, Cursor, list_audit
 from outbox.schema import MigrationState
 from outbox.worker.registration import LiveWorker, live_workers
 
@@ -45,9 +46,12 @@ __all__ = [
     "read_failures",
     "read_fleet",
     "read_projectors",
+    "read_row",
+    "read_rows",
     "read_system",
     "reading",
     "redacted",
+    "redacted_row",
 ]
 
 # Rows counted per status (and behind a blocked head) at most: past it a page says "10,000+".
@@ -109,18 +113,22 @@ class CampaignView:
     audit: list[AuditEntry]
 
 
+def _shown(payload: Any, redact: Callable[[Any], Any]) -> Any:
+    """What `redact` shows of a payload: it receives the decoded JSON, or the stored text when
+    that is not JSON."""
+    if isinstance(payload, str):
+        with suppress(orjson.JSONDecodeError):
+            payload = orjson.loads(payload)
+    return redact(payload)
+
+
 def redacted(view: CampaignView, redact: Callable[[Any], Any]) -> CampaignView:
-    """`view` with each payload as `redact` shows it (it receives the decoded JSON, or the
-    stored text when that is not JSON)."""
-
-    def shown(payload: Any) -> Any:
-        if isinstance(payload, str):
-            with suppress(orjson.JSONDecodeError):
-                payload = orjson.loads(payload)
-        return redact(payload)
-
-    rows = [replace(r, payload=shown(r.payload)) for r in view.rows]
-    tail = [replace(e, payload=orjson.dumps(shown(e.payload)).decode()) for e in view.journal_tail]
+    """`view` with each payload as `redact` shows it."""
+    rows = [replace(r, payload=_shown(r.payload, redact)) for r in view.rows]
+    tail = [
+        replace(e, payload=orjson.dumps(_shown(e.payload, redact)).decode())
+        for e in view.journal_tail
+    ]
     return replace(view, rows=rows, journal_tail=tail)
 
 
@@ -140,6 +148,58 @@ async def read_campaign(executor: db.Executor, campaign_id: str) -> CampaignView
     if not (view.journal_head or view.rows or view.audit or view.checkpoints):
         raise NotFound(f"no campaign {campaign_id!r}: the journal has no event of it")
     return view
+
+
+async def read_rows(
+    executor: db.Executor,
+    *,
+    status: str | None,
+    event_type: str | None,
+    projector: str | None,
+    fingerprint: str | None,
+    prefix: str | None,
+    after: Cursor,
+) -> AttentionPage:
+    """A page of failed and dead rows (`attention.list_attention`), `LIST_LIMIT` long, the
+    matches counted up to `COUNT_BOUND`."""
+    async with reading(executor) as conn:
+        return await list_attention(
+            conn,
+            status=status,
+            event_type=event_type,
+            projector=projector,
+            fingerprint=fingerprint,
+            prefix=prefix,
+            after=after,
+            limit=LIST_LIMIT,
+            bound=COUNT_BOUND,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class RowView:
+    """One event in full: the journal's, its work row's state, its holds and its audit."""
+
+    event: EventRow
+    holds: list[RowHold]
+    audit: list[AuditEntry]
+
+
+async def read_row(executor: db.Executor, campaign_id: str, seq: int) -> RowView:
+    """NotFound when the journal has no such event."""
+    async with reading(executor) as conn:
+        event = await get_event(conn, campaign_id, seq)
+        if event is None:
+            raise NotFound(f"no event {campaign_id!r} seq {seq} in the journal")
+        holds = await row_holds(conn, campaign_id, seq)
+        audit = await list_audit(conn, campaign_id, limit=LIST_LIMIT)
+    return RowView(event, holds, [a for a in audit if a.seq == seq])
+
+
+def redacted_row(view: RowView, redact: Callable[[Any], Any]) -> RowView:
+    """`view` with its payload as `redact` shows it."""
+    shown = orjson.dumps(_shown(view.event.payload, redact)).decode()
+    return replace(view, event=replace(view.event, payload=shown))
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,13 +23,24 @@ from outbox.console.state import MAX_TEXT, hide_payload
 
 USER, PASSWORD = "ops", "s3cret"
 # Every GET route: the pages, their JSON twins, the fragments and a static file.
-PAGES = ["/", "/failures", "/failures/requeue", "/blocked", "/projectors", "/workers", "/system"]
+PAGES = [
+    "/",
+    "/failures",
+    "/failures/requeue",
+    "/rows",
+    "/blocked",
+    "/projectors",
+    "/workers",
+    "/system",
+]
 TWINS = ["/api/overview"] + [f"/api{p}" for p in PAGES[1:]]
 ROUTES = [
     *PAGES,
     "/campaign?id=c1",
     *TWINS,
     "/api/campaign?id=c1",
+    "/row?campaign_id=c1&seq=1",
+    "/api/row?campaign_id=c1&seq=1",
     "/fragments/overview",
     "/fragments/live",
 ]
