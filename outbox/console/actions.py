@@ -8,16 +8,23 @@ pages the templates'.
 from __future__ import annotations
 
 import shlex
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import datetime
 
 from outbox import db
 from outbox.ops.discard import discard_one
 from outbox.ops.pause import pause_projector, resume_projector
+from outbox.ops.report import MAX_LIMIT
 from outbox.ops.requeue import RequeueResult, requeue_dead, requeue_one
 from outbox.projection.app import Outbox
+from outbox.queue.repair import database_time
+from outbox.retry import describe_error
 
 __all__ = [
     "Done",
+    "GroupPreview",
+    "Progress",
     "command_line",
     "discard",
     "pause",
@@ -28,17 +35,43 @@ __all__ = [
     "row_commands",
 ]
 
-# Rows one group requeue moves at most (the preview lists them all).
-GROUP_LIMIT = 1_000
+# Rows a preview lists at most (the command line's bound too); a group's requeue moves every
+# row the preview stands for, in as many rounds of it as the group needs.
+GROUP_LIMIT = MAX_LIMIT
+
+
+@dataclass
+class Progress:
+    """A long action's progress, as its result page shows it while it runs."""
+
+    moved: int = 0
+    finished: bool = False
+    error: str | None = None
+
+    def add(self, moved: int) -> None:
+        self.moved += moved
 
 
 @dataclass(frozen=True, slots=True)
 class Done:
-    """What an action did, in a sentence, and the command that does the same."""
+    """What an action did, in a sentence, and the command that does the same; a long one's
+    `job` runs after the answer (its `progress` shows on the result page)."""
 
     message: str
     command: str
     campaign_id: str | None = None
+    progress: Progress | None = None
+    job: Callable[[], Awaitable[None]] | None = field(default=None, repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class GroupPreview:
+    """A dry run of a group requeue: the rows it lists (the oldest `limit`), and the
+    database's time when it read them: the requeue moves only rows dead by then."""
+
+    fingerprint: str | None
+    as_of: datetime
+    result: RequeueResult
 
 
 def command_line(*words: str | int | None) -> str:
@@ -131,22 +164,59 @@ def group_command(fingerprint: str | None, limit: int, *, reason: str | None, dr
 
 async def preview_group(
     executor: db.Executor, fingerprint: str | None, *, limit: int
-) -> RequeueResult:
-    """Exactly the dead rows a requeue of this group (None: the oldest `limit` of all dead
-    rows) would move now: a dry run (the console runs it in its read-only session)."""
-    return await requeue_dead(executor, limit=limit, fingerprint=fingerprint, dry_run=True)
+) -> GroupPreview:
+    """The dead rows a requeue of this group (None: the oldest `limit` dead rows) would move:
+    a dry run (the console runs it in its read-only session), as of the database's clock."""
+    async with db.acquire(executor) as conn:
+        as_of = await database_time(conn)
+        result = await requeue_dead(
+            conn, limit=limit, fingerprint=fingerprint, dry_run=True, died_by=as_of
+        )
+    return GroupPreview(fingerprint, as_of, result)
 
 
-async def requeue_group(
-    pool: db.Pool, fingerprint: str | None, *, limit: int, actor: str, reason: str | None
+def requeue_group(
+    pool: db.Pool,
+    fingerprint: str | None,
+    *,
+    died_by: datetime,
+    limit: int,
+    actor: str,
+    reason: str | None,
 ) -> Done:
-    result = await requeue_dead(
-        pool, limit=limit, fingerprint=fingerprint, actor=actor, reason=reason
-    )
+    """The requeue a preview stands for, as a job: with a `fingerprint`, every row of the
+    group that was dead at the preview (`died_by`), whatever their number, `GROUP_LIMIT` at a
+    time in chunks of their own transactions; without, the oldest `limit` dead by then. Rows
+    that died since wait for the next preview."""
+    progress = Progress()
+
+    async def job() -> None:
+        try:
+            while True:
+                ask = GROUP_LIMIT if fingerprint else limit
+                result = await requeue_dead(
+                    pool,
+                    limit=ask,
+                    fingerprint=fingerprint,
+                    actor=actor,
+                    reason=reason,
+                    died_by=died_by,
+                    progress=progress.add,
+                )
+                if not fingerprint or result.requeued < ask:
+                    break
+        except Exception as exc:  # shown on the result page; nothing moved is undone
+            progress.error = describe_error(exc)
+        finally:
+            progress.finished = True
+
+    what = f"error group {fingerprint}" if fingerprint else f"the oldest {limit:,} dead rows"
     return Done(
-        f"requeued {result.requeued} row(s)"
-        + (f" of error group {fingerprint}" if fingerprint else ", the oldest dead"),
+        f"requeueing {what}: the rows dead at {died_by:%Y-%m-%d %H:%M:%S} UTC "
+        "(rows that died since wait for the next preview)",
         group_command(fingerprint, limit, reason=reason, dry_run=False),
+        progress=progress,
+        job=job,
     )
 
 

@@ -13,13 +13,16 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
 from outbox.console import actions as controls
 from outbox.console import reads
+from outbox.console.overview import Poller
 from outbox.console.state import (
     json_response,
+    moment,
     of,
     overview_context,
     positive_int,
@@ -127,9 +130,15 @@ async def read_preview(request: Request) -> Any:
     fingerprint = text(request.query_params, "fingerprint")  # None: every dead row
     limit = positive_int(request.query_params.get("limit", str(controls.GROUP_LIMIT)), "limit")
     async with reads.reading(of(request).pool) as conn:  # the session's timeout, read-only
-        result = await controls.preview_group(conn, fingerprint, limit=limit)
+        preview = await controls.preview_group(conn, fingerprint, limit=limit)
     command = controls.group_command(fingerprint, limit, reason=None, dry_run=True)
-    return {"fingerprint": fingerprint, "result": result, "command": command}
+    return {
+        "fingerprint": fingerprint,
+        "as_of": preview.as_of,
+        "result": preview.result,
+        "shown": preview.result.rows[: reads.LIST_LIMIT],
+        "command": command,
+    }
 
 
 async def read_projectors(request: Request) -> Any:
@@ -202,9 +211,17 @@ def control(run: Run) -> Handler:
         console.results[request.state.session] = done
         while len(console.results) > RESULTS_KEPT:
             console.results.pop(next(iter(console.results)))
-        return RedirectResponse(request.url_for("done").path, status_code=303)
+        redirect = RedirectResponse(request.url_for("done").path, status_code=303)
+        if done.job is not None:
+            redirect.background = BackgroundTask(_then_invalidate, done.job, console.poller)
+        return redirect
 
     return handle
+
+
+async def _then_invalidate(job: Callable[[], Awaitable[None]], poller: Poller) -> None:
+    await job()
+    poller.invalidate()
 
 
 async def done_page(request: Request) -> Response:
@@ -240,9 +257,10 @@ async def discard_row(request: Request, form: dict[str, str], actor: str) -> con
 
 
 async def requeue_group(request: Request, form: dict[str, str], actor: str) -> controls.Done:
-    return await controls.requeue_group(
+    return controls.requeue_group(
         of(request).pool,
         text(form, "fingerprint"),
+        died_by=moment(form, "died_by"),
         limit=positive_int(form.get("limit", ""), "limit"),
         actor=actor,
         reason=text(form, "reason"),

@@ -40,6 +40,7 @@ __all__ = [
     "Redact",
     "hide_payload",
     "json_response",
+    "moment",
     "of",
     "overview_context",
     "positive_int",
@@ -221,6 +222,18 @@ def required(values: Any, name: str) -> str:
     if value is None or not value.strip():
         raise ValidationError(name, "required")
     return value
+
+
+def moment(values: Any, name: str) -> datetime:
+    """A time with its zone, in ISO 8601, from a query's or a form's text."""
+    value = required(values, name)
+    try:
+        at = datetime.fromisoformat(value)
+    except ValueError:
+        at = None
+    if at is None or at.tzinfo is None:
+        raise ValidationError(name, f"expected an ISO 8601 time with its zone, got {value[:40]!r}")
+    return at
 
 
 def positive_int(value: str, name: str) -> int:

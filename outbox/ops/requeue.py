@@ -13,6 +13,7 @@ import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 from typing import TYPE_CHECKING
 
 from outbox import db
@@ -104,11 +105,13 @@ async def requeue_dead(
     reason: str | None = None,
     progress: Callable[[int], None] | None = None,
     projector: str | None = None,
+    died_by: datetime | None = None,
 ) -> RequeueResult:
     """Up to `limit` dead rows back to pending, oldest first, in chunks of their own
     transactions; `progress(n)` after each chunk. With `dry_run` nothing changes and the rows
     that would move come back. `campaign_id`, `event_type`, `fingerprint` (an error group's):
-    only matching rows; `projector`: only rows it is dead on, and only its holds (S24)."""
+    only matching rows; `projector`: only rows it is dead on, and only its holds (S24);
+    `died_by`: only rows that died by then (what a preview showed, not what died since)."""
     check_limit(limit)
     if fingerprint is not None and not _FINGERPRINT.fullmatch(fingerprint):
         raise ValidationError(
@@ -128,6 +131,7 @@ async def requeue_dead(
                 dry_run=True,
                 actor=actor,
                 reason=reason,
+                died_by=died_by,
             )
             return RequeueResult(limit, True, len(rows), 0, rows)
         while len(done) < limit:
@@ -142,6 +146,7 @@ async def requeue_dead(
                     projector=projector,
                     actor=actor,
                     reason=reason,
+                    died_by=died_by,
                 )
             done += chunk
             if progress is not None:

@@ -29,6 +29,7 @@ __all__ = [
     "Cursor",
     "DeadRow",
     "audit_hold_discard",
+    "database_time",
     "discard_dead_row",
     "enqueue",
     "list_audit",
@@ -40,6 +41,7 @@ __all__ = [
 
 class RepairQueries(Queries):
     list_dead_rows: str
+    get_database_time: str
     requeue_dead_rows: str
     requeue_dead_holds: str
     insert_requeue_audit: str
@@ -78,11 +80,13 @@ async def requeue_dead(
     dry_run: bool = False,
     actor: str,
     reason: str | None,
+    died_by: datetime | None = None,
 ) -> list[DeadRow]:
     """Up to `limit` dead rows (or the one row `one`) back to pending, oldest first, each with
     its audit row; rows other transactions hold are skipped. `fingerprint`: only rows of that
     error group (`inspect.failure_groups`). `projector`: only rows it is dead on, and only its
-    holds go back (S24; None: every holder's). `dry_run`: change nothing."""
+    holds go back (S24; None: every holder's). `died_by`: only rows that died by then (a
+    preview's `database_time`). `dry_run`: change nothing."""
     named = one[0] if one else campaign_id
     listed = await conn.fetch(
         Q.list_dead_rows,
@@ -94,6 +98,7 @@ async def requeue_dead(
         fingerprint,
         await buckets.filter_bucket(conn, named),
         projector,
+        died_by,
     )
     if dry_run:
         return [_dead(r) for r in listed]
@@ -127,6 +132,12 @@ async def requeue_dead(
     # it marks it again if a dead row still precedes).
     await refresh_campaigns(conn, sorted({r["campaign_id"] for r in rows}), park=True, removable=())
     return sorted(map(_dead, rows), key=attrgetter("next_attempt_at", "seq"))
+
+
+async def database_time(conn: Connection) -> datetime:
+    """The database's clock now."""
+    at: datetime = await conn.fetchval(Q.get_database_time)
+    return at
 
 
 def _dead(r: Record) -> DeadRow:

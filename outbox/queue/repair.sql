@@ -5,8 +5,9 @@
 -- Dead rows an operator names, oldest first by next_attempt_at, seq, at most $1: a batch
 -- (campaign $2, event type $3, error fingerprint $6: see inspect_fn.sql) or one row ($4, $5);
 -- $7: the bucket of the campaign or row named; $8: only rows that projector is dead on (its
--- hold, S24). A read: `requeue_dead_rows` takes them, bucket by bucket (a statement that
--- locks rows stays in one bucket).
+-- hold, S24); $9: only rows that died at or before that time (null: any; a preview's rows,
+-- not those that died after it). A read: `requeue_dead_rows` takes them, bucket by bucket (a
+-- statement that locks rows stays in one bucket).
 SELECT o.bucket, o.campaign_id, o.seq, o.event_type, o.attempt_count, o.last_error,
        o.next_attempt_at
 FROM @extschema@.projection_apply_outbox o
@@ -22,8 +23,13 @@ WHERE o.status = 'dead' AND ($7::integer IS NULL OR o.bucket = $7::integer)
       WHERE h.bucket = o.bucket AND h.campaign_id = o.campaign_id AND h.seq = o.seq
         AND h.projector = $8::text AND h.status = 'dead'
   ))
+  AND ($9::timestamptz IS NULL OR o.updated_at <= $9::timestamptz)
 ORDER BY o.next_attempt_at, o.seq
 LIMIT $1::integer
+
+-- name: get_database_time
+-- The database's clock now: what a preview's "dead at" is measured against.
+SELECT clock_timestamp()
 
 -- name: requeue_dead_holds
 -- The dead holds (S24) of rows ($2, $3), all in bucket $1, back to pending, due now, with a

@@ -152,7 +152,7 @@ async def test_an_incident_from_dead_rows_to_zero_in_the_browser(
         await page.screenshot(path=str(screenshots / "failures.png"), full_page=True)
         # 3. The dry run lists exactly the dead rows, and the command that does the same.
         await group.locator("a.button").click()
-        await expect(page.locator("main")).to_contain_text("2 dead row(s) would be requeued now")
+        await expect(page.locator("main")).to_contain_text("2 dead row(s) as of")
         rows = page.locator("table.rows tbody tr")
         await expect(rows).to_have_count(2)
         listed = sorted(
@@ -166,7 +166,9 @@ async def test_an_incident_from_dead_rows_to_zero_in_the_browser(
         await pool.execute("UPDATE shop_flags SET fixed = true")
         await page.fill("form.confirm input[name=reason]", "negative amounts fixed")
         await page.click("form.confirm button")
-        await expect(page.locator("p.done")).to_contain_text("requeued 2 row(s)")
+        await expect(page.locator('[data-figure="moved"]')).to_contain_text(
+            "finished: 2 row(s) requeued"
+        )
         # 5. The open page's live counts reach zero without a reload.
         for figure in ("pending", "failed", "dead", "blocked"):
             await expect(page.locator(f'[data-live="{figure}"]')).to_have_text(

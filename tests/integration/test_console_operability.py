@@ -110,3 +110,44 @@ async def test_the_charts_have_axes(pool: db.Pool, settings: Settings) -> None:
         html = (await console.get("/")).text
     assert html.count('data-axis="top"') == 2
     assert html.count('data-axis="since"') == 2
+
+
+async def test_a_group_requeue_moves_exactly_what_its_preview_stood_for(
+    pool: db.Pool, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A group larger than one preview's count moves whole, round after round; rows that died
+    after the preview stay dead for the next one."""
+    monkeypatch.setattr("outbox.console.actions.GROUP_LIMIT", 10)  # 25 rows: three rounds
+    error = "projector 'totals': ValueError: negative amount -1"
+    for n in range(5):
+        await append(pool, f"g-{n}", [Event("t", {})] * 5, settings=settings)
+        await make_dead(pool, f"g-{n}", error=error)
+    app = create_app(pool, settings=settings, actions=True, auth=basic_auth(USER, PASSWORD))
+    async with client(app) as console:
+        groups = (await console.get("/api/failures")).json()["data"]["groups"]
+        fingerprint = groups[0]["fingerprint"]
+        preview = (await console.get("/failures/requeue", params={"fingerprint": fingerprint})).text
+        assert "10+ dead row(s) as of" in preview
+
+        def field(name: str) -> str:
+            marker = f'name="{name}" value="'
+            return preview[preview.index(marker) + len(marker) :].split('"')[0]
+
+        # Three more die after the preview, of the same error.
+        await append(pool, "late", [Event("t", {})] * 3, settings=settings)
+        await make_dead(pool, "late", error=error)
+        await pool.execute(
+            "UPDATE outbox.projection_apply_outbox SET updated_at = clock_timestamp() "
+            "WHERE campaign_id = 'late'"
+        )
+        form = {name: field(name) for name in ("csrf", "fingerprint", "limit", "died_by")}
+        posted = await console.post("/actions/requeue-group", data={**form, "reason": "fixed"})
+        assert posted.status_code == 303
+        done = (await console.get("/done")).text
+    assert "finished: 25 row(s) requeued" in done
+    left = await pool.fetch(
+        "SELECT campaign_id, count(*) AS n FROM outbox.projection_apply_outbox "
+        "WHERE status = 'dead' GROUP BY campaign_id"
+    )
+    assert [(r["campaign_id"], r["n"]) for r in left] == [("late", 3)]
+    assert await pool.fetchval("SELECT count(*) FROM outbox.outbox_requeue_audit") == 25

@@ -83,10 +83,14 @@ async def operator(pool: db.Pool, app: Outbox) -> AsyncIterator[httpx.AsyncClien
         yield c
 
 
-def csrf_of(html: str) -> str:
-    marker = 'name="csrf" value="'
+def field_of(html: str, name: str) -> str:
+    marker = f'name="{name}" value="'
     start = html.index(marker) + len(marker)
     return html[start : html.index('"', start)]
+
+
+def csrf_of(html: str) -> str:
+    return field_of(html, "csrf")
 
 
 async def test_every_page_renders_its_data_inert_with_a_json_twin(
@@ -208,14 +212,15 @@ async def test_an_error_group_is_previewed_then_requeued(
     assert f"fingerprint={fingerprint}" in listing
     preview = await operator.get("/failures/requeue", params={"fingerprint": fingerprint})
     assert preview.status_code == 200
-    assert "3 dead row(s) would be requeued now" in preview.text
-    assert f"maintenance outbox-requeue-dead --error {fingerprint} --limit 1000 --dry-run" in (
+    assert "3 dead row(s) as of" in preview.text
+    assert f"maintenance outbox-requeue-dead --error {fingerprint} --limit 10000 --dry-run" in (
         preview.text
     )
     # The oldest N dead rows, whatever their error: previewed the same way.
     oldest = await operator.get("/failures/requeue", params={"limit": "2"})
     assert "Requeue the oldest 2 dead rows: dry run" in oldest.text
-    assert "2 dead row(s) would be requeued now (the oldest 2: more may match)" in oldest.text
+    assert "2+ dead row(s) as of" in oldest.text
+    assert "(counted up to 2)" in oldest.text
     assert "maintenance outbox-requeue-dead --limit 2 --dry-run" in oldest.text
     twin = (await operator.get("/api/failures/requeue", params={"fingerprint": fingerprint})).json()
     rows = [(r["campaign_id"], r["seq"]) for r in twin["data"]["result"]["rows"]]
@@ -230,13 +235,14 @@ async def test_an_error_group_is_previewed_then_requeued(
         "/actions/requeue-group",
         data={
             "fingerprint": fingerprint,
-            "limit": "1000",
+            "limit": "10000",
             "reason": "fixed",
             "csrf": csrf_of(preview.text),
+            "died_by": field_of(preview.text, "died_by"),
         },
     )
     assert done.status_code == 200, done.text
-    assert "requeued 3 row(s)" in done.text
+    assert "finished: 3 row(s) requeued" in done.text
     assert (
         await pool.fetchval(
             "SELECT count(*) FROM outbox.projection_apply_outbox WHERE status = 'dead'"
