@@ -2,14 +2,16 @@
 """The console at scale: page render times at 1M work rows, and its load on a running drain.
 
 Usage: python bench/console.py [--campaigns 10000] [--rows-per-campaign 100] [--renders 20]
-       [--drain-events 100000] [--rounds 5]
+       [--drain-events 100000] [--rounds 5] [--pages-only]
 State (one durable server): 1M work rows over 10,000 campaigns, as an outage leaves them:
 100k dead rows (every row of 1,000 campaigns, one error group per projector), 1,000
 campaigns with a failed head, the rest pending and not due (a backlog waiting for a retry),
 each row with its journal event; analyzed.
 - Pages: p50/p95 of a full render (reads and HTML, through the ASGI app in-process) of the
   overview (its figures read afresh for every render: the poller's interval set to 0), blocked
-  campaigns, and failures grouped by projector and error; and of the overview's read alone.
+  campaigns, failures grouped by projector and error, the rows list (first page, one status,
+  one error group, the 51st page by its cursor), one row in full and a group's dry run (10,000
+  rows listed); and of the overview's read alone.
 - Load: a drain of `--drain-events` fresh events (batch projector, 2 claim loops) with the
   console closed, then open (`maintenance console` serving at its default refresh, one tab
   polling its live fragment every second), alternating `--rounds` times on
@@ -68,7 +70,14 @@ SELECT outbox.outbox_bucket('c-' || c), 'c-' || c, s, 'bench.tick',
                 THEN 'projector ''mailer'': TimeoutError: smtp timed out after 30 s' END
 FROM generate_series(0, $1::integer - 1) c, generate_series(1, $2::integer) s
 """
-PAGES = {"overview": "/", "blocked": "/blocked", "failures": "/failures"}
+PAGES = {
+    "overview": "/",
+    "blocked": "/blocked",
+    "failures": "/failures",
+    "rows": "/rows",
+    "rows, one status": "/rows?status=failed",
+    "row": "/row?campaign_id=c-7&seq=50",
+}
 DRAIN_CAMPAIGNS = 500
 
 
@@ -94,7 +103,17 @@ async def time_pages(dsn: str, renders: int) -> dict[str, dict[str, float]]:
         app = create_app(pool, settings=Settings(dsn=dsn), refresh=0.001)
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://console") as client:
-            for name, path in PAGES.items():
+            paths = dict(PAGES)
+            groups = (await client.get("/api/failures")).json()["data"]["groups"]
+            group = next(g["fingerprint"] for g in groups if g["status"] == "dead")
+            paths["rows, one error group"] = f"/rows?error={group}"
+            after = None
+            for _ in range(50):  # the 51st page, by its cursor
+                page = (await client.get("/api/rows", params={"after": after or ""})).json()
+                after = page["data"]["page"]["after"]
+            paths["rows, page 51"] = f"/rows?after={after}"
+            paths["group dry run (10,000 rows)"] = f"/failures/requeue?fingerprint={group}"
+            for name, path in paths.items():
                 samples = []
                 for _ in range(renders + 2):
                     start = time.perf_counter()
@@ -176,6 +195,7 @@ async def main() -> None:
     parser.add_argument("--renders", type=int, default=20)
     parser.add_argument("--drain-events", type=int, default=100_000)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--pages-only", action="store_true", help="Skip the drains.")
     args = parser.parse_args()
     async with bench_database() as dsn:
         started = time.perf_counter()
@@ -183,9 +203,12 @@ async def main() -> None:
         rows = args.campaigns * args.rows_per_campaign
         print(f"state: {rows:,} work rows loaded in {time.perf_counter() - started:.0f} s")
         pages = await time_pages(dsn, args.renders)
-        print(f"{'page':<16}{'p50 ms':>10}{'p95 ms':>10}")
+        print(f"{'page':<30}{'p50 ms':>10}{'p95 ms':>10}")
         for name, cut in pages.items():
-            print(f"{name:<16}{cut['p50_ms']:>10.1f}{cut['p95_ms']:>10.1f}")
+            print(f"{name:<30}{cut['p50_ms']:>10.1f}{cut['p95_ms']:>10.1f}")
+        if args.pages_only:
+            print_json("console", {"work_rows": rows, "dead_rows": rows // 10, "pages": pages})
+            return
         closed: list[float] = []
         opened: list[float] = []
         polls = 0

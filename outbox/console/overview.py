@@ -64,10 +64,12 @@ class Alarms:
     def raised(self, overview: Overview) -> list[str]:
         """The banners `overview` calls for, most urgent first."""
         found = []
-        waiting = overview.counts.pending + overview.counts.failed + overview.counts.processing
-        if waiting and not overview.workers:
-            more = "+" if waiting >= overview.bound else ""
-            found.append(f"no worker is alive while {waiting:,}{more} rows wait")
+        counts = overview.counts
+        waiting = (counts.pending, counts.failed, counts.processing)
+        if any(waiting) and not overview.workers:
+            bounded = max(waiting) >= overview.bound  # each count stops at the bound
+            said = f"{overview.bound:,}+" if bounded else f"{sum(waiting):,}"
+            found.append(f"no worker is alive while {said} rows wait")
         if overview.blocked_campaigns > self.blocked:
             found.append(
                 f"{overview.blocked_campaigns:,} campaigns are blocked behind a dead or "

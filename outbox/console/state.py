@@ -84,6 +84,12 @@ def when(at: datetime | None, now: datetime | None = None) -> str:
     return f"{at.astimezone(UTC):%Y-%m-%d %H:%M:%S} UTC ({relative})"
 
 
+def json_text(value: Any) -> str:
+    """A payload as the pages show it: stored text as it is, decoded JSON as compact JSON (the
+    same escaping in every table: autoescape's)."""
+    return value if isinstance(value, str) else orjson.dumps(value).decode()
+
+
 def _shown(value: Any) -> Any:
     """Jinja's finalize: text (and markup made from data, `tojson`'s) with its bidirectional
     controls escaped."""
@@ -129,6 +135,7 @@ class Console:
             finalize=_shown,
         )
         templates.filters["when"] = when
+        templates.filters["json_text"] = json_text
         poller = Poller(
             pool, park=settings.park, interval=refresh, bound=count_bound, alarms=alarms or Alarms()
         )

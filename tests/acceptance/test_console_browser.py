@@ -193,3 +193,85 @@ async def test_an_incident_from_dead_rows_to_zero_in_the_browser(
     assert totals == {c: (sum(abs(a) for a in v), len(v)) for c, v in ORDERS.items()}
     assert await pool.fetchval("SELECT count(*) FROM outbox.projection_apply_outbox") == 0
     assert worker.poll() is None  # still serving
+
+
+# 200k work rows over 2,000 campaigns as an outage leaves them: the first 200 campaigns all
+# dead (one error group per projector of three), the next 200 with a failed head, the rest
+# pending and not due; every row with its journal event. No worker is alive.
+OUTAGE = """
+INSERT INTO outbox.campaign_heads (bucket, campaign_id, last_seq)
+SELECT outbox.outbox_bucket('c-' || c), 'c-' || c, 100 FROM generate_series(0, 1999) c;
+INSERT INTO outbox.event_journal (bucket, campaign_id, seq, event_type, payload)
+SELECT outbox.outbox_bucket('c-' || c), 'c-' || c, s, 'order.placed',
+       jsonb_build_object('amount', s % 7)
+FROM generate_series(0, 1999) c, generate_series(1, 100) s;
+INSERT INTO outbox.projection_apply_outbox
+    (bucket, campaign_id, seq, event_type, status, attempt_count, next_attempt_at, last_error)
+SELECT outbox.outbox_bucket('c-' || c), 'c-' || c, s, 'order.placed',
+       CASE WHEN c < 200 THEN 'dead' WHEN c < 400 AND s = 1 THEN 'failed' ELSE 'pending' END,
+       CASE WHEN c < 200 THEN 8 WHEN c < 400 AND s = 1 THEN 3 ELSE 0 END,
+       clock_timestamp() + interval '1 day',
+       CASE WHEN c < 200
+                THEN format('projector %L: ValueError: bad amount %s in order %s',
+                            'totals_' || (c % 3), -s, c)
+            WHEN c < 400 AND s = 1
+                THEN 'projector ''mailer'': TimeoutError: smtp timed out after 30 s' END
+FROM generate_series(0, 1999) c, generate_series(1, 100) s
+"""
+
+
+async def test_an_outage_at_200k_rows_in_the_browser(
+    pool: db.Pool, console_url: str, screenshots: Path
+) -> None:
+    """The banner says no worker is alive; the rows list, filtered to one error group, pages
+    through thousands of dead rows; a row opens in full. No CSP violation on the way."""
+    from outbox.queue.settle import refresh_campaigns
+
+    expect = playwright_api.expect
+    async with pool.acquire() as conn:
+        for statement in OUTAGE.split(";\n"):
+            await conn.execute(statement)
+        ids = [f"c-{c}" for c in range(2000)]
+        await refresh_campaigns(conn, ids, park=False, removable=())
+        await conn.execute("ANALYZE")
+    assert await pool.fetchval("SELECT count(*) FROM outbox.projection_apply_outbox") == 200_000
+    async with playwright_api.async_playwright() as p:
+        browser = await p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        context = await browser.new_context(
+            http_credentials={"username": USER, "password": PASSWORD},
+            viewport={"width": 1280, "height": 800},
+        )
+        page = await context.new_page()
+        refused: list[str] = []
+        page.on(
+            "console", lambda m: refused.extend([m.text] if "Security Policy" in m.text else [])
+        )
+        await page.goto(console_url)
+        banner = page.locator("[data-banner]").first
+        await expect(banner).to_contain_text("no worker is alive while 10,000+ rows wait")
+        await expect(page.locator("[data-banner]")).to_have_count(2)  # and 200 blocked
+        await page.screenshot(path=str(screenshots / "outage-banner.png"), full_page=True)
+        # The failures page links each group to its rows; one group's dead rows, paged.
+        await page.click("header nav >> text=failures")
+        group = page.locator("table.groups tbody tr", has_text="totals_1").first
+        await group.locator("text=rows…").click()
+        matches = page.locator('[data-figure="matches"]')
+        await expect(matches).to_contain_text("100 row(s) here of 6,700 matching")
+        first = await page.locator("table.rows tbody tr").first.inner_text()
+        await page.click("a[rel=next]")
+        await expect(page.locator("table.rows tbody tr")).to_have_count(100)
+        assert await page.locator("table.rows tbody tr").first.inner_text() != first
+        await expect(page.locator("table.rows tbody")).not_to_contain_text("totals_0")
+        await page.screenshot(path=str(screenshots / "rows.png"))
+        # A filter by campaign-id prefix, typed into the form.
+        await page.fill("form.filters input[name=prefix]", "c-10")
+        await page.click("form.filters button")
+        await expect(matches).to_contain_text("of 500 matching")  # c-10, c-100, 103, 106, 109
+        # One row in full.
+        await page.locator("table.rows tbody tr").first.locator("td.num a").click()
+        await expect(page.locator('[data-figure="error"]')).to_contain_text(
+            "ValueError: bad amount"
+        )
+        await expect(page.locator("h2", has_text="From a shell")).to_be_visible()
+        assert refused == []
+        await browser.close()
