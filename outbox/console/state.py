@@ -29,6 +29,7 @@ from outbox import db
 from outbox.config import Settings
 from outbox.console.history import polyline
 from outbox.console.overview import Alarms, Poller, describe_failure
+from outbox.console.reads import LIST_LIMIT
 from outbox.console.security import Csrf
 from outbox.errors import Conflict, NotFound, OutboxError, ValidationError
 from outbox.projection.app import Outbox
@@ -136,6 +137,7 @@ class Console:
         )
         templates.filters["when"] = when
         templates.filters["json_text"] = json_text
+        templates.globals["list_limit"] = LIST_LIMIT
         poller = Poller(
             pool, park=settings.park, interval=refresh, bound=count_bound, alarms=alarms or Alarms()
         )

@@ -104,3 +104,15 @@ async def test_one_event_in_full_with_its_commands(pool: db.Pool, settings: Sett
     async with client(create_app(pool, settings=settings, redact=hide_payload)) as console:
         hidden = await console.get("/row", params={"campaign_id": "mail-2", "seq": "3"})
         assert "ann@example.com" not in hidden.text
+
+
+async def test_a_list_at_its_bound_says_so_and_links_to_the_paged_rows(
+    pool: db.Pool, settings: Settings
+) -> None:
+    await append(pool, "big", [Event("t", {})] * (LIST_LIMIT + 5), settings=settings)
+    await make_dead(pool, "big", error=TOTALS_ERROR)
+    async with client(create_app(pool, settings=settings)) as console:
+        page = (await console.get("/campaign", params={"id": "big"})).text
+    assert page.count("<tr data-seq=") == LIST_LIMIT
+    assert f"the first {LIST_LIMIT} shown" in page
+    assert 'href="/rows?prefix=big"' in page
