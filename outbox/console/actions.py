@@ -108,18 +108,15 @@ async def discard(
     moved = ", ".join(found.checkpoints_moved) or "none"
     return Done(
         f"discarded {campaign_id} seq {seq} ({found.event_type}); checkpoints moved: {moved}",
-        command_line(
-            "outbox-discard",
-            "--app",
-            "<module:attr>",
-            "--campaign-id",
-            campaign_id,
-            "--seq",
-            seq,
-            "--reason",
-            reason,
-        ),
+        _app_command("outbox-discard", campaign_id, seq, "--reason", reason),
         campaign_id,
+    )
+
+
+def _app_command(verb: str, campaign_id: str, seq: int, *rest: str | int | None) -> str:
+    """A command about one row that needs the application (`--app`)."""
+    return command_line(
+        verb, "--app", "<module:attr>", "--campaign-id", campaign_id, "--seq", seq, *rest
     )
 
 
@@ -137,17 +134,7 @@ def row_commands(campaign_id: str, seq: int, status: str | None) -> list[str]:
             )
         )
     if status is not None:
-        found.append(
-            command_line(
-                "outbox-replay",
-                "--app",
-                "<module:attr>",
-                "--campaign-id",
-                campaign_id,
-                "--seq",
-                seq,
-            )
-        )
+        found.append(_app_command("outbox-replay", campaign_id, seq))
     return found
 
 

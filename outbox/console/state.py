@@ -26,6 +26,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 
 from outbox import db
+from outbox.append.validate import check_identifier
 from outbox.config import Settings
 from outbox.console.history import polyline
 from outbox.console.overview import Alarms, Poller, describe_failure
@@ -213,16 +214,12 @@ def status(exc: OutboxError) -> int:
 
 
 def text(values: Any, name: str) -> str | None:
-    """An optional text field of a query or a form: None when absent or empty; at most
+    """An optional text field of a query or a form: None when absent or blank; at most
     `MAX_TEXT` characters and no NUL (ValidationError)."""
     value = values.get(name, "")
-    if not isinstance(value, str) or not value:
+    if not isinstance(value, str) or not value.strip():
         return None
-    if len(value) > MAX_TEXT:
-        raise ValidationError(name, f"at most {MAX_TEXT} characters, got {len(value)}")
-    if "\x00" in value:
-        raise ValidationError(name, "holds a NUL character")
-    return value
+    return check_identifier(name, value, MAX_TEXT)
 
 
 def required(values: Any, name: str) -> str:

@@ -19,6 +19,7 @@ import signal
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -102,6 +103,20 @@ def console_url(dsn: str) -> Iterator[str]:
         proc.wait(timeout=30)
 
 
+async def open_console(p: Any) -> tuple[Any, Any, list[str]]:
+    """Chromium logged in to the console, a page, and what its CSP refuses (nothing of the
+    console's own may be)."""
+    browser = await p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+    context = await browser.new_context(
+        http_credentials={"username": USER, "password": PASSWORD},
+        viewport={"width": 1280, "height": 800},
+    )
+    page = await context.new_page()
+    refused: list[str] = []
+    page.on("console", lambda m: refused.extend([m.text] if "Security Policy" in m.text else []))
+    return browser, page, refused
+
+
 @pytest.fixture
 async def shop(pool: db.Pool) -> None:
     await pool.execute(
@@ -125,16 +140,7 @@ async def test_an_incident_from_dead_rows_to_zero_in_the_browser(
         events = [Event("order.placed", {"amount": a}) for a in amounts]
         await append(pool, campaign, events, settings=settings)
     async with playwright_api.async_playwright() as p:
-        browser = await p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        context = await browser.new_context(
-            http_credentials={"username": USER, "password": PASSWORD},
-            viewport={"width": 1280, "height": 800},
-        )
-        page = await context.new_page()
-        refused: list[str] = []  # what the page's CSP blocked: nothing of the console's own
-        page.on(
-            "console", lambda m: refused.extend([m.text] if "Security Policy" in m.text else [])
-        )
+        browser, page, refused = await open_console(p)
         # 1. The overview, live: two orders go dead (attempts exhausted), one waits behind one
         # in the projector's hold: the projector is held, no campaign is blocked (S24).
         await page.goto(console_url)
@@ -236,16 +242,7 @@ async def test_an_outage_at_200k_rows_in_the_browser(
         await conn.execute("ANALYZE")
     assert await pool.fetchval("SELECT count(*) FROM outbox.projection_apply_outbox") == 200_000
     async with playwright_api.async_playwright() as p:
-        browser = await p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        context = await browser.new_context(
-            http_credentials={"username": USER, "password": PASSWORD},
-            viewport={"width": 1280, "height": 800},
-        )
-        page = await context.new_page()
-        refused: list[str] = []
-        page.on(
-            "console", lambda m: refused.extend([m.text] if "Security Policy" in m.text else [])
-        )
+        browser, page, refused = await open_console(p)
         await page.goto(console_url)
         banner = page.locator("[data-banner]").first
         await expect(banner).to_contain_text("no worker is alive while 10,000+ rows wait")
