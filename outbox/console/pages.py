@@ -89,7 +89,12 @@ async def read_blocked(request: Request) -> Any:
 
 async def read_campaign(request: Request) -> Any:
     console = of(request)
-    found = await reads.read_campaign(console.pool, required(request.query_params, "id"))
+    after = request.query_params.get("after")
+    found = await reads.read_campaign(
+        console.pool,
+        required(request.query_params, "id"),
+        after=positive_int(after, "after") if after else 0,
+    )
     return found if console.redact is None else reads.redacted(found, console.redact)
 
 

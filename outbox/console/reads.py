@@ -25,7 +25,13 @@ from outbox.projection.app import Outbox
 from outbox.projection.guards import ProjectorLag, checkpoints_of, projector_lag
 from outbox.projection.pauses import Pause, PauseEntry, list_pause_audit, list_pauses
 from outbox.queue import inspect
-from outbox.queue.attention import AttentionPage, EventRow, get_event, list_attention
+from outbox.queue.attention import (
+    AttentionPage,
+    EventRow,
+    get_event,
+    list_attention,
+    list_campaign_rows,
+)
 from outbox.queue.holds import ProjectorHolds, RowHold, count_holds, row_holds
 from outbox.queue.inspect import BlockedCampaign, LeaseRow, QueueRow, ShadowObservations
 from outbox.queue.repair import AuditEntry, Cursor, list_audit
@@ -108,9 +114,11 @@ class CampaignView:
     campaign_id: str
     journal_head: int
     checkpoints: dict[str, int]
-    rows: list[QueueRow]
+    rows: list[QueueRow]  # a page of its work rows in seq order
     journal_tail: list[JournalEntry]
     audit: list[AuditEntry]
+    rows_total: int = 0  # its work rows, counted up to COUNT_BOUND
+    rows_after: int | None = None  # the next page's seq cursor (None: the last page)
 
 
 def _shown(payload: Any, redact: Callable[[Any], Any]) -> Any:
@@ -132,18 +140,22 @@ def redacted(view: CampaignView, redact: Callable[[Any], Any]) -> CampaignView:
     return replace(view, rows=rows, journal_tail=tail)
 
 
-async def read_campaign(executor: db.Executor, campaign_id: str) -> CampaignView:
-    """NotFound when the journal, the queue and the audit know nothing of `campaign_id`."""
+async def read_campaign(executor: db.Executor, campaign_id: str, *, after: int = 0) -> CampaignView:
+    """A campaign with the page of its work rows after seq `after`; NotFound when the journal,
+    the queue and the audit know nothing of it."""
     async with reading(executor) as conn:
+        rows = await list_campaign_rows(
+            conn, campaign_id, after=after, limit=LIST_LIMIT, bound=COUNT_BOUND
+        )
         view = CampaignView(
             campaign_id,
             await get_campaign_head(conn, campaign_id),
             await checkpoints_of(conn, campaign_id),
-            await inspect.list_rows(
-                conn, status=None, campaign_id=campaign_id, limit=LIST_LIMIT, payload=True
-            ),
+            rows.rows,
             await recent_events(conn, campaign_id, limit=20),
             await list_audit(conn, campaign_id, limit=LIST_LIMIT),
+            rows.total,
+            rows.after,
         )
     if not (view.journal_head or view.rows or view.audit or view.checkpoints):
         raise NotFound(f"no campaign {campaign_id!r}: the journal has no event of it")

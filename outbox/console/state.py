@@ -30,7 +30,7 @@ from outbox.append.validate import check_identifier
 from outbox.config import Settings
 from outbox.console.history import polyline
 from outbox.console.overview import Alarms, Poller, describe_failure
-from outbox.console.reads import LIST_LIMIT
+from outbox.console.reads import COUNT_BOUND, LIST_LIMIT
 from outbox.console.security import Csrf
 from outbox.errors import Conflict, NotFound, OutboxError, ValidationError
 from outbox.projection.app import Outbox
@@ -139,6 +139,7 @@ class Console:
         templates.filters["when"] = when
         templates.filters["json_text"] = json_text
         templates.globals["list_limit"] = LIST_LIMIT
+        templates.globals["count_bound"] = COUNT_BOUND
         poller = Poller(
             pool, park=settings.park, interval=refresh, bound=count_bound, alarms=alarms or Alarms()
         )

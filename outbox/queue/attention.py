@@ -7,13 +7,14 @@ hundredth page costs what the first does; its `total` is counted up to a bound (
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import datetime
 from typing import TYPE_CHECKING
 
 from outbox import buckets
 from outbox.errors import ValidationError
 from outbox.queries import Queries
+from outbox.queue.inspect import QueueRow, decoded
 from outbox.queue.repair import START, Cursor  # the key order shared with the journal's walks
 
 if TYPE_CHECKING:
@@ -23,10 +24,12 @@ __all__ = [
     "START",
     "AttentionPage",
     "AttentionRow",
+    "CampaignRows",
     "Cursor",
     "EventRow",
     "get_event",
     "list_attention",
+    "list_campaign_rows",
     "parse_cursor",
 ]
 
@@ -34,6 +37,7 @@ __all__ = [
 class AttentionQueries(Queries):
     list_attention_rows: str
     get_event_row: str
+    list_campaign_rows: str
 
 
 Q = AttentionQueries
@@ -88,9 +92,9 @@ async def list_attention(
     limit: int,
     bound: int,
 ) -> AttentionPage:
-    """One page of failed and dead rows matching every filter given, after `after`."""
-    if status not in (None, "failed", "dead"):
-        raise ValidationError("status", f"expected failed or dead, got {status!r}")
+    """One page of failed, dead and leased rows matching every filter given, after `after`."""
+    if status not in (None, "failed", "dead", "processing"):
+        raise ValidationError("status", f"expected failed, dead or processing, got {status!r}")
     records = await conn.fetch(
         Q.list_attention_rows,
         status,
@@ -133,3 +137,32 @@ async def get_event(conn: Connection, campaign_id: str, seq: int) -> EventRow | 
     bucket = await buckets.bucket_for(conn, campaign_id)
     record = await conn.fetchrow(Q.get_event_row, campaign_id, seq, bucket)
     return EventRow(*record.values()) if record is not None else None
+
+
+@dataclass(frozen=True, slots=True)
+class CampaignRows:
+    """A page of one campaign's work rows in seq order, and how many it has (up to `bound`)."""
+
+    rows: list[QueueRow]
+    total: int
+    bound: int
+    after: int | None  # the next page's seq cursor (None: this is the last)
+
+
+async def list_campaign_rows(
+    conn: Connection, campaign_id: str, *, after: int = 0, limit: int, bound: int
+) -> CampaignRows:
+    """Campaign `campaign_id`'s work rows after seq `after`, `limit` of them, with payloads."""
+    bucket = await buckets.bucket_for(conn, campaign_id)
+    records = await conn.fetch(Q.list_campaign_rows, campaign_id, bucket, after, limit + 1, bound)
+    total = int(records[0]["total"]) if records else 0
+    rows = [
+        QueueRow(
+            **{**{f.name: r[f.name] for f in fields(QueueRow)}, "payload": decoded(r["payload"])}
+        )
+        for r in records
+        if r["seq"] is not None
+    ]
+    more = len(rows) > limit
+    rows = rows[:limit]
+    return CampaignRows(rows, total, bound, rows[-1].seq if more else None)

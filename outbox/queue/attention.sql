@@ -2,7 +2,7 @@
 -- key, and one event with its work row, in full.
 
 -- name: list_attention_rows
--- Failed and dead rows ($1: one status, or both) of event type $2, named projector $3 (the
+-- Failed, dead and leased rows ($1: one status, or all three) of event type $2, named projector $3 (the
 -- error's), error group $4 (inspect_fn.sql's fingerprint) and campaign id prefix $5 (each
 -- null: any), after key ($6, $7, $8) in key order (bucket, campaign, seq), at most $9; with
 -- `total`, the matches counted from the start up to $10 (as many: there may be more). A
@@ -16,7 +16,7 @@ WITH matching AS NOT MATERIALIZED (
                @extschema@.outbox_error_projector(o.last_error) AS projector,
                @extschema@.outbox_error_shape(o.last_error) AS shape
         FROM @extschema@.projection_apply_outbox o
-        WHERE o.status <> 'pending' AND o.status IN ('failed', 'dead')
+        WHERE o.status <> 'pending' AND o.status IN ('failed', 'dead', 'processing')
           AND ($1::text IS NULL OR o.status = $1::text)
           AND ($2::text IS NULL OR o.event_type = $2::text)
           AND ($5::text IS NULL OR starts_with(o.campaign_id, $5::text))
@@ -45,3 +45,29 @@ FROM @extschema@.event_journal j
 LEFT JOIN @extschema@.projection_apply_outbox o
     ON o.bucket = j.bucket AND o.campaign_id = j.campaign_id AND o.seq = j.seq
 WHERE j.bucket = $3::integer AND j.campaign_id = $1::text AND j.seq = $2::bigint
+
+-- name: list_campaign_rows
+-- Campaign $1's work rows (bucket $2) after seq $3 in seq order, at most $4, each with its
+-- event's payload as text (one journal probe per row); with `total`, the campaign's rows
+-- counted up to $5. Its primary key's range, whatever the rows' status. With no row to show,
+-- one row of nulls but `total`.
+SELECT c.total, p.campaign_id, p.seq, p.event_type, p.status, p.attempt_count,
+       p.next_attempt_at, p.enqueued_at, p.updated_at, p.last_error, p.payload
+FROM (
+    SELECT count(*) AS total FROM (
+        SELECT 1 FROM @extschema@.projection_apply_outbox o
+        WHERE o.bucket = $2::integer AND o.campaign_id = $1::text
+        LIMIT $5::integer
+    ) x
+) c
+LEFT JOIN LATERAL (
+    SELECT o.campaign_id, o.seq, o.event_type, o.status, o.attempt_count, o.next_attempt_at,
+           o.enqueued_at, o.updated_at, o.last_error, j.payload::text AS payload
+    FROM @extschema@.projection_apply_outbox o
+    LEFT JOIN @extschema@.event_journal j
+        ON j.bucket = o.bucket AND j.campaign_id = o.campaign_id AND j.seq = o.seq
+    WHERE o.bucket = $2::integer AND o.campaign_id = $1::text AND o.seq > $3::bigint
+    ORDER BY o.seq
+    LIMIT $4::integer
+) p ON true
+ORDER BY p.seq

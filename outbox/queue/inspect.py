@@ -36,6 +36,7 @@ __all__ = [
     "count_dead",
     "count_rows",
     "count_rows_bounded",
+    "decoded",
     "earliest_next_attempt",
     "failure_groups",
     "list_leases",
@@ -261,10 +262,10 @@ async def list_rows(
         await buckets.filter_bucket(conn, campaign_id),
     )
     listed = [_of(QueueRow, r) for r in rows]
-    return [replace(q, payload=_decoded(q.payload)) for q in listed] if payload else listed
+    return [replace(q, payload=decoded(q.payload)) for q in listed] if payload else listed
 
 
-def _decoded(text: str | None) -> Any:
+def decoded(text: str | None) -> Any:
     """A payload as JSON, or its text where it does not decode (the row fails for that)."""
     if text is None:
         return None

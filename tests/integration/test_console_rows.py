@@ -106,13 +106,21 @@ async def test_one_event_in_full_with_its_commands(pool: db.Pool, settings: Sett
         assert "ann@example.com" not in hidden.text
 
 
-async def test_a_list_at_its_bound_says_so_and_links_to_the_paged_rows(
-    pool: db.Pool, settings: Settings
-) -> None:
-    await append(pool, "big", [Event("t", {})] * (LIST_LIMIT + 5), settings=settings)
-    await make_dead(pool, "big", error=TOTALS_ERROR)
+async def test_a_campaigns_rows_are_paged_in_seq_order(pool: db.Pool, settings: Settings) -> None:
+    await append(
+        pool, "big", [Event("t", {"n": i}) for i in range(LIST_LIMIT + 5)], settings=settings
+    )
+    await make_dead(pool, "big", 3, error=TOTALS_ERROR)
     async with client(create_app(pool, settings=settings)) as console:
+        first = (await console.get("/api/campaign", params={"id": "big"})).json()["data"]
+        after = first["rows_after"]
+        second = (await console.get("/api/campaign", params={"id": "big", "after": after})).json()
         page = (await console.get("/campaign", params={"id": "big"})).text
+    seqs = [r["seq"] for r in first["rows"]] + [r["seq"] for r in second["data"]["rows"]]
+    assert seqs == list(range(1, LIST_LIMIT + 6))  # every row once, in order
+    assert (first["rows_total"], second["data"]["rows_after"]) == (LIST_LIMIT + 5, None)
+    assert first["rows"][2]["status"] == "dead"
+    assert first["rows"][0]["payload"] == {"n": 0}
     assert page.count("<tr data-seq=") == LIST_LIMIT
-    assert f"the first {LIST_LIMIT} shown" in page
-    assert 'href="/rows?prefix=big"' in page
+    assert f"{LIST_LIMIT} here of {LIST_LIMIT + 5:,}" in page
+    assert 'rel="next"' in page
