@@ -28,7 +28,7 @@ $_$;
 
 COMMENT ON FUNCTION outbox.outbox_append(campaign_id text, events jsonb, expected_seq bigint, idempotency_key text) IS 'Append events to a campaign and enqueue their work rows, in the caller''s transaction. SQLSTATE OB001 invalid input, OB002 expected_seq mismatch, OB003 idempotency key reused for other events.';
 
-CREATE FUNCTION outbox.outbox_blocked_campaigns(p_campaign text, p_bucket integer, p_park boolean, p_limit integer, p_waiting integer) RETURNS TABLE(campaign_id text, blocking_seq bigint, status text, enqueued_at timestamp with time zone, waiting bigint, total bigint)
+CREATE FUNCTION outbox.outbox_blocked_campaigns(p_campaign text, p_bucket integer, p_park boolean, p_limit integer, p_waiting integer, p_after_at timestamp with time zone DEFAULT NULL::timestamp with time zone, p_after_campaign text DEFAULT NULL::text) RETURNS TABLE(campaign_id text, blocking_seq bigint, status text, enqueued_at timestamp with time zone, waiting bigint, total bigint)
     LANGUAGE plpgsql STABLE
     SET search_path TO 'outbox', 'pg_temp'
     AS $$
@@ -93,6 +93,7 @@ BEGIN
         SELECT u.b, u.c, u.s, u.st, u.at
         FROM unnest(found_bucket, found_campaign, found_seq, found_status, found_at)
             AS u(b, c, s, st, at)
+        WHERE p_after_at IS NULL OR (u.at, u.c) > (p_after_at, p_after_campaign)
         ORDER BY u.at, u.c
         LIMIT p_limit
     LOOP

@@ -84,7 +84,13 @@ async def read_blocked(request: Request) -> Any:
     order = request.query_params.get("order", "age")
     if order not in ("age", "waiting"):
         raise ValidationError("order", f"expected age or waiting, got {order!r}")
-    return await reads.read_blocked(console.pool, park=console.settings.park, order=order)
+    after = text(request.query_params, "after")
+    return await reads.read_blocked(
+        console.pool,
+        park=console.settings.park,
+        order=order,
+        after=reads.blocked_cursor(after) if after else None,
+    )
 
 
 async def read_campaign(request: Request) -> Any:

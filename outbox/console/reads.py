@@ -12,6 +12,7 @@ from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass, replace
+from datetime import datetime
 from typing import Any
 
 import orjson
@@ -19,7 +20,7 @@ import orjson
 from outbox import db, schema
 from outbox.append.journal import JournalEntry, get_campaign_head, recent_events
 from outbox.config import Session
-from outbox.errors import NotFound
+from outbox.errors import NotFound, ValidationError
 from outbox.ops.report import Failures, failures
 from outbox.projection.app import Outbox
 from outbox.projection.guards import ProjectorLag, checkpoints_of, projector_lag
@@ -47,6 +48,7 @@ __all__ = [
     "ProjectorRow",
     "Projectors",
     "System",
+    "blocked_cursor",
     "read_blocked",
     "read_campaign",
     "read_failures",
@@ -87,23 +89,48 @@ async def read_failures(executor: db.Executor, *, status: str | None = None) -> 
 
 @dataclass(frozen=True, slots=True)
 class Blocked:
-    """Blocked campaigns: the oldest `BLOCKED_LIMIT` by head age, ranked by `order`."""
+    """Blocked campaigns: by head age, `LIST_LIMIT` a page (after `after`'s cursor); or the
+    oldest `BLOCKED_LIMIT` ranked by rows waiting (`order`)."""
 
     order: str  # "age" or "waiting"
     total: int
     read: int
     bound: int
     campaigns: list[BlockedCampaign]
+    after: str | None = None  # by age: the next page's cursor (None: the last page)
 
 
-async def read_blocked(executor: db.Executor, *, park: bool, order: str) -> Blocked:
+def blocked_cursor(text: str) -> tuple[datetime, str]:
+    """A blocked page's cursor: `<head's enqueue time, ISO 8601>/<campaign>`."""
+    at, _, campaign = text.partition("/")
+    try:
+        when = datetime.fromisoformat(at)
+    except ValueError:
+        when = None
+    if when is None or when.tzinfo is None or not campaign:
+        raise ValidationError("after", f"expected a page cursor, got {text[:40]!r}")
+    return when, campaign
+
+
+async def read_blocked(
+    executor: db.Executor, *, park: bool, order: str, after: tuple[datetime, str] | None = None
+) -> Blocked:
+    waiting = order == "waiting"
     async with reading(executor) as conn:
         found, total = await inspect.blocked_campaigns(
-            conn, park=park, limit=BLOCKED_LIMIT, waiting_bound=COUNT_BOUND
+            conn,
+            park=park,
+            limit=BLOCKED_LIMIT if waiting else LIST_LIMIT + 1,
+            waiting_bound=COUNT_BOUND,
+            after=None if waiting else after,
         )
-    if order == "waiting":
+    if waiting:
         found = sorted(found, key=lambda b: -b.waiting)
-    return Blocked(order, total, len(found), COUNT_BOUND, found[:LIST_LIMIT])
+        return Blocked(order, total, len(found), COUNT_BOUND, found[:LIST_LIMIT])
+    page = found[:LIST_LIMIT]
+    last = page[-1] if len(found) > LIST_LIMIT else None
+    cursor = f"{last.enqueued_at.isoformat()}/{last.campaign_id}" if last else None
+    return Blocked(order, total, len(page), COUNT_BOUND, page, cursor)
 
 
 @dataclass(frozen=True, slots=True)

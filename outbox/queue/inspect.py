@@ -98,6 +98,7 @@ class BlockedCampaign:
     status: str
     waiting: int
     age_seconds: float
+    enqueued_at: datetime  # the head's: the order, and a page's cursor
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,12 +222,22 @@ async def blocked_campaigns(
     park: bool,
     limit: int,
     waiting_bound: int | None = None,
+    after: tuple[datetime, str] | None = None,
 ) -> tuple[list[BlockedCampaign], int]:
-    """Up to `limit` blocked campaigns, oldest first, and how many there are in all; the rows
-    waiting behind each head are counted up to `waiting_bound` (None: all of them)."""
+    """Up to `limit` blocked campaigns, oldest first (after `after`: a head's enqueue time and
+    campaign), and how many there are in all; the rows waiting behind each head are counted
+    up to `waiting_bound` (None: all of them)."""
     bucket = await buckets.filter_bucket(conn, campaign_id)
+    at, after_campaign = after if after else (None, None)
     rows = await conn.fetch(
-        Q.list_blocked_campaigns, campaign_id, park, limit, waiting_bound, bucket
+        Q.list_blocked_campaigns,
+        campaign_id,
+        park,
+        limit,
+        waiting_bound,
+        bucket,
+        at,
+        after_campaign,
     )
     total = int(rows[0]["total"]) if rows else 0
     return [_of(BlockedCampaign, r) for r in rows], total

@@ -66,11 +66,13 @@ END
 -- Found from the attention index, bucket by bucket (inspect_fn.sql): each campaign's first
 -- failed or dead row (a loose index scan), kept when nothing outstanding precedes it. The cost
 -- grows with the campaigns that have failed or dead rows, not with the queue. $5: the bucket
--- of campaign $1.
+-- of campaign $1. $6, $7: after that head time and campaign (a page's cursor; null: the
+-- first page).
 SELECT b.campaign_id, b.blocking_seq, b.status, b.waiting,
        extract(epoch FROM clock_timestamp() - b.enqueued_at)::double precision AS age_seconds,
-       b.total
-FROM @extschema@.outbox_blocked_campaigns($1::text, $5::integer, $2::boolean, $3::integer, $4::integer) b
+       b.enqueued_at, b.total
+FROM @extschema@.outbox_blocked_campaigns($1::text, $5::integer, $2::boolean, $3::integer, $4::integer,
+                                          $6::timestamptz, $7::text) b
 ORDER BY b.enqueued_at, b.campaign_id
 
 -- name: list_failure_groups

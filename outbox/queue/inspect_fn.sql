@@ -77,13 +77,18 @@ $$;
 -- The blocked campaigns (campaign p_campaign in bucket p_bucket, or all): those whose first
 -- outstanding row is failed or dead by a failure of its own, not a projector's hold (S24;
 -- under park dead rows step aside and block nothing), found
--- per bucket from the attention index; the oldest head first, at most p_limit, each with the
--- rows waiting behind it counted up to p_waiting (null: all), and `total`, how many campaigns
--- are blocked whatever the limit. (Failed or dead is written "neither pending nor processing":
+-- per bucket from the attention index; the oldest head first, at most p_limit (after head
+-- time and campaign p_after_at, p_after_campaign: a page's cursor; null: from the first),
+-- each with the rows waiting behind it counted up to p_waiting (null: all), and `total`, how
+-- many campaigns are blocked whatever the limit or the cursor. (The release before took no
+-- cursor: that signature goes, and its calls reach this one.) (Failed or dead is written "neither pending nor processing":
 -- the planner's estimate of a rare IN list made it read every such row and sort them, instead
 -- of the first one in index order.)
+DROP FUNCTION IF EXISTS outbox_blocked_campaigns(text, integer, boolean, integer, integer);
+
 CREATE OR REPLACE FUNCTION outbox_blocked_campaigns(
-    p_campaign text, p_bucket integer, p_park boolean, p_limit integer, p_waiting integer
+    p_campaign text, p_bucket integer, p_park boolean, p_limit integer, p_waiting integer,
+    p_after_at timestamptz DEFAULT NULL, p_after_campaign text DEFAULT NULL
 )
     RETURNS TABLE (campaign_id text, blocking_seq bigint, status text, enqueued_at timestamptz,
                    waiting bigint, total bigint)
@@ -151,6 +156,7 @@ BEGIN
         SELECT u.b, u.c, u.s, u.st, u.at
         FROM unnest(found_bucket, found_campaign, found_seq, found_status, found_at)
             AS u(b, c, s, st, at)
+        WHERE p_after_at IS NULL OR (u.at, u.c) > (p_after_at, p_after_campaign)
         ORDER BY u.at, u.c
         LIMIT p_limit
     LOOP

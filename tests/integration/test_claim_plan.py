@@ -321,6 +321,7 @@ async def test_operator_reads_never_visit_the_pending_backlog(pool: db.Pool) -> 
     Counts and blocked campaigns read the attention
     index (failed, dead and leased rows only), so their cost does not depend on the pending
     backlog; the oldest head is one primary-key descent per campaign (a loose index scan)."""
+    from outbox.queue.attention import Q as attention_q
     from outbox.queue.inspect import Q as inspect_q
 
     await pool.execute(TROUBLE)
@@ -336,9 +337,22 @@ async def test_operator_reads_never_visit_the_pending_backlog(pool: db.Pool) -> 
             await _explain_everything(conn)
             for what, sql, args in (
                 ("counts", inspect_q.count_rows_bounded, [100]),
-                ("blocked", inspect_q.list_blocked_campaigns, [None, False, 3, 100, None]),
-                ("blocked/park", inspect_q.list_blocked_campaigns, [None, True, 3, 100, None]),
+                (
+                    "blocked",
+                    inspect_q.list_blocked_campaigns,
+                    [None, False, 3, 100, None, None, None],
+                ),
+                (
+                    "blocked/park",
+                    inspect_q.list_blocked_campaigns,
+                    [None, True, 3, 100, None, None, None],
+                ),
                 ("oldest", inspect_q.get_oldest_claimable, [None, False, None]),
+                (
+                    "rows",  # the console's rows page: its first page, matches counted
+                    attention_q.list_attention_rows,
+                    [None, None, None, None, None, -1, "", 0, 101, 10_000],
+                ),
             ):
                 rows, plans = await _explained(conn, sql, *args)
                 scanned = sum(
@@ -364,3 +378,5 @@ async def test_operator_reads_never_visit_the_pending_backlog(pool: db.Pool) -> 
                     assert {r["status"] for r in rows} == {"failed"}
                 if what == "oldest":
                     assert rows[0]["campaign_id"] == "c-0"
+                if what == "rows":  # 5 dead, 5 failed heads, 151 dead rows of c-11
+                    assert (rows[0]["total"], len(rows)) == (161, 101)

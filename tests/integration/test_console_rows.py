@@ -124,3 +124,29 @@ async def test_a_campaigns_rows_are_paged_in_seq_order(pool: db.Pool, settings: 
     assert page.count("<tr data-seq=") == LIST_LIMIT
     assert f"{LIST_LIMIT} here of {LIST_LIMIT + 5:,}" in page
     assert 'rel="next"' in page
+
+
+async def test_blocked_campaigns_are_paged_by_head_age(pool: db.Pool, settings: Settings) -> None:
+    for n in range(LIST_LIMIT + 30):
+        await append(pool, f"b-{n:03d}", [Event("t", {})] * 2, settings=settings)
+    await pool.execute(
+        "UPDATE outbox.projection_apply_outbox SET status = 'dead', attempt_count = 8, "
+        "last_error = 'Boom', enqueued_at = now() - make_interval(secs => 1000 "
+        "- substr(campaign_id, 3)::int) WHERE seq = 1"
+    )
+    async with client(create_app(pool, settings=settings)) as console:
+        seen: list[str] = []
+        after: str | None = None
+        while True:
+            params = {"after": after} if after else {}
+            data = (await console.get("/api/blocked", params=params)).json()["data"]
+            assert data["total"] == LIST_LIMIT + 30
+            seen += [b["campaign_id"] for b in data["campaigns"]]
+            after = data["after"]
+            if after is None:
+                break
+        html = (await console.get("/blocked")).text
+        bad = await console.get("/api/blocked", params={"after": "yesterday/x"})
+    assert seen == [f"b-{n:03d}" for n in range(LIST_LIMIT + 30)]  # oldest head first, once
+    assert 'rel="next"' in html
+    assert bad.status_code == 400
