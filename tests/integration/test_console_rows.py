@@ -131,8 +131,9 @@ async def test_blocked_campaigns_are_paged_by_head_age(pool: db.Pool, settings: 
         await append(pool, f"b-{n:03d}", [Event("t", {})] * 2, settings=settings)
     await pool.execute(
         "UPDATE outbox.projection_apply_outbox SET status = 'dead', attempt_count = 8, "
-        "last_error = 'Boom', enqueued_at = now() - make_interval(secs => 1000 "
-        "- substr(campaign_id, 3)::int) WHERE seq = 1"
+        "last_error = 'Boom', "
+        # (to_timestamp is immutable: Citus refuses a stable function over a column here.)
+        "enqueued_at = to_timestamp(1.7e9 + substr(campaign_id, 3)::int) WHERE seq = 1"
     )
     async with client(create_app(pool, settings=settings)) as console:
         seen: list[str] = []
