@@ -89,17 +89,19 @@ async def read_blocked(request: Request) -> Any:
         console.pool,
         park=console.settings.park,
         order=order,
-        after=reads.blocked_cursor(after) if after else None,
+        after=reads.time_cursor(after) if after else None,
     )
 
 
 async def read_campaign(request: Request) -> Any:
     console = of(request)
     after = request.query_params.get("after")
+    audit_before = text(request.query_params, "audit_before")
     found = await reads.read_campaign(
         console.pool,
         required(request.query_params, "id"),
         after=positive_int(after, "after") if after else 0,
+        audit_before=reads.audit_cursor(audit_before) if audit_before else None,
     )
     return found if console.redact is None else reads.redacted(found, console.redact)
 

@@ -48,7 +48,7 @@ __all__ = [
     "ProjectorRow",
     "Projectors",
     "System",
-    "blocked_cursor",
+    "audit_cursor",
     "read_blocked",
     "read_campaign",
     "read_failures",
@@ -60,6 +60,7 @@ __all__ = [
     "reading",
     "redacted",
     "redacted_row",
+    "time_cursor",
 ]
 
 # Rows counted per status (and behind a blocked head) at most: past it a page says "10,000+".
@@ -100,16 +101,24 @@ class Blocked:
     after: str | None = None  # by age: the next page's cursor (None: the last page)
 
 
-def blocked_cursor(text: str) -> tuple[datetime, str]:
-    """A blocked page's cursor: `<head's enqueue time, ISO 8601>/<campaign>`."""
-    at, _, campaign = text.partition("/")
+def time_cursor(text: str, name: str = "after") -> tuple[datetime, str]:
+    """A page's cursor ordered by time: `<time, ISO 8601>/<key>` (a blocked campaign's head
+    time and campaign, an audit entry's time and id)."""
+    at, _, key = text.partition("/")
     try:
         when = datetime.fromisoformat(at)
     except ValueError:
         when = None
-    if when is None or when.tzinfo is None or not campaign:
-        raise ValidationError("after", f"expected a page cursor, got {text[:40]!r}")
-    return when, campaign
+    if when is None or when.tzinfo is None or not key:
+        raise ValidationError(name, f"expected a page cursor, got {text[:40]!r}")
+    return when, key
+
+
+def audit_cursor(text: str) -> tuple[datetime, int]:
+    at, key = time_cursor(text, "audit_before")
+    if not key.isdigit() or len(key) > 18:
+        raise ValidationError("audit_before", f"expected a page cursor, got {text[:40]!r}")
+    return at, int(key)
 
 
 async def read_blocked(
@@ -146,6 +155,7 @@ class CampaignView:
     audit: list[AuditEntry]
     rows_total: int = 0  # its work rows, counted up to COUNT_BOUND
     rows_after: int | None = None  # the next page's seq cursor (None: the last page)
+    audit_before: str | None = None  # the audit's next (older) page's cursor (None: the last)
 
 
 def _shown(payload: Any, redact: Callable[[Any], Any]) -> Any:
@@ -167,7 +177,13 @@ def redacted(view: CampaignView, redact: Callable[[Any], Any]) -> CampaignView:
     return replace(view, rows=rows, journal_tail=tail)
 
 
-async def read_campaign(executor: db.Executor, campaign_id: str, *, after: int = 0) -> CampaignView:
+async def read_campaign(
+    executor: db.Executor,
+    campaign_id: str,
+    *,
+    after: int = 0,
+    audit_before: tuple[datetime, int] | None = None,
+) -> CampaignView:
     """A campaign with the page of its work rows after seq `after`; NotFound when the journal,
     the queue and the audit know nothing of it."""
     async with reading(executor) as conn:
@@ -180,10 +196,13 @@ async def read_campaign(executor: db.Executor, campaign_id: str, *, after: int =
             await checkpoints_of(conn, campaign_id),
             rows.rows,
             await recent_events(conn, campaign_id, limit=20),
-            await list_audit(conn, campaign_id, limit=LIST_LIMIT),
+            await list_audit(conn, campaign_id, limit=LIST_LIMIT + 1, before=audit_before),
             rows.total,
             rows.after,
         )
+    audit = view.audit[:LIST_LIMIT]
+    more = audit[-1].cursor if len(view.audit) > LIST_LIMIT else None
+    view = replace(view, audit=audit, audit_before=more)
     if not (view.journal_head or view.rows or view.audit or view.checkpoints):
         raise NotFound(f"no campaign {campaign_id!r}: the journal has no event of it")
     return view

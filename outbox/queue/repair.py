@@ -200,11 +200,25 @@ class AuditEntry:
     previous_attempt_count: int
     previous_last_error: str | None
     projector: str | None = None  # the projector whose hold it was (S24; None: the row's)
+    audit_id: int | None = None
+
+    @property
+    def cursor(self) -> str:
+        """Where the page after this entry starts (`list_audit`'s `before`)."""
+        return f"{self.at.isoformat()}/{self.audit_id}"
 
 
-async def list_audit(conn: Connection, campaign_id: str | None, *, limit: int) -> list[AuditEntry]:
-    """The audit, newest first: one campaign or all, at most `limit` entries."""
-    rows = await conn.fetch(Q.list_audit, campaign_id, limit)
+async def list_audit(
+    conn: Connection,
+    campaign_id: str | None,
+    *,
+    limit: int,
+    before: tuple[datetime, int] | None = None,
+) -> list[AuditEntry]:
+    """The audit, newest first: one campaign or all, at most `limit` entries, older than
+    `before` (an entry's time and id) when given."""
+    at, audit_id = before if before else (None, None)
+    rows = await conn.fetch(Q.list_audit, campaign_id, limit, at, audit_id)
     return [AuditEntry(*r) for r in rows]
 
 

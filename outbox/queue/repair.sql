@@ -132,12 +132,15 @@ WITH gone AS (
 SELECT campaign_id, seq, event_type, attempt_count, last_error, next_attempt_at FROM gone
 
 -- name: list_audit
--- Operators' actions on work rows, newest first: campaign $1 (or all), at most $2. Each with
+-- Operators' actions on work rows, newest first: campaign $1 (or all), at most $2, older
+-- than entry ($3, $4) (a page's cursor: its time and id; null: from the newest). Each with
 -- what the row was before (status, attempts, last error) and the projector it was for (null:
 -- all of the row's). `action`: requeue or discard.
 SELECT a.action, a.at, a.campaign_id, a.seq, a.actor, a.reason,
-       a.previous_status, a.previous_attempt_count, a.previous_last_error, a.projector
+       a.previous_status, a.previous_attempt_count, a.previous_last_error, a.projector,
+       a.audit_id
 FROM @extschema@.outbox_requeue_audit a
 WHERE ($1::text IS NULL OR a.campaign_id = $1::text)
+  AND ($3::timestamptz IS NULL OR (a.at, a.audit_id) < ($3::timestamptz, $4::bigint))
 ORDER BY a.at DESC, a.audit_id DESC
 LIMIT $2::integer

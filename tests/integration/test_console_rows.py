@@ -151,3 +151,26 @@ async def test_blocked_campaigns_are_paged_by_head_age(pool: db.Pool, settings: 
     assert seen == [f"b-{n:03d}" for n in range(LIST_LIMIT + 30)]  # oldest head first, once
     assert 'rel="next"' in html
     assert bad.status_code == 400
+
+
+async def test_a_campaigns_audit_is_paged_newest_first(pool: db.Pool, settings: Settings) -> None:
+    await append(pool, "audited", [Event("t", {})], settings=settings)
+    await pool.execute(
+        "INSERT INTO outbox.outbox_requeue_audit (campaign_id, seq, actor, reason, "
+        "previous_status, previous_attempt_count) "
+        "SELECT 'audited', 1, 'ops', 'round ' || n, 'dead', 8 FROM generate_series(1, $1) n",
+        LIST_LIMIT + 7,
+    )
+    async with client(create_app(pool, settings=settings)) as console:
+        reasons: list[str] = []
+        before: str | None = None
+        while True:
+            params = {"id": "audited", **({"audit_before": before} if before else {})}
+            data = (await console.get("/api/campaign", params=params)).json()["data"]
+            reasons += [a["reason"] for a in data["audit"]]
+            before = data["audit_before"]
+            if before is None:
+                break
+        bad = await console.get("/campaign", params={"id": "audited", "audit_before": "x/1"})
+    assert sorted(reasons) == sorted(f"round {n}" for n in range(1, LIST_LIMIT + 8))
+    assert bad.status_code == 400
