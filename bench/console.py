@@ -32,6 +32,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from urllib.parse import urlencode
 
 import asyncpg
 import httpx
@@ -77,6 +78,7 @@ PAGES = {
     "rows": "/rows",
     "rows, one status": "/rows?status=failed",
     "row": "/row?campaign_id=c-7&seq=50",
+    "campaign (100 rows of 100)": "/campaign?id=c-7",
 }
 DRAIN_CAMPAIGNS = 500
 
@@ -113,6 +115,8 @@ async def time_pages(dsn: str, renders: int) -> dict[str, dict[str, float]]:
                 after = page["data"]["page"]["after"]
             paths["rows, page 51"] = f"/rows?after={after}"
             paths["group dry run (10,000 rows)"] = f"/failures/requeue?fingerprint={group}"
+            blocked = (await client.get("/api/blocked")).json()["data"]["after"]
+            paths["blocked, page 2"] = f"/blocked?{urlencode({'after': blocked})}"
             for name, path in paths.items():
                 samples = []
                 for _ in range(renders + 2):
