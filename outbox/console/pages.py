@@ -68,7 +68,7 @@ async def overview_json(request: Request) -> Response:
     poller = of(request).poller
     overview = await poller.get()
     history = list(poller.trend.samples)
-    outage = 503 if overview is None and poller.error else 200
+    outage = _outage({"overview": overview, "error": poller.error})
     return json_response(
         "overview", status=outage, error=poller.error, overview=overview, history=history
     )

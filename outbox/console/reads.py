@@ -49,6 +49,7 @@ __all__ = [
     "Projectors",
     "System",
     "audit_cursor",
+    "aware_time",
     "read_blocked",
     "read_campaign",
     "read_failures",
@@ -105,13 +106,19 @@ def time_cursor(text: str, name: str = "after") -> tuple[datetime, str]:
     """A page's cursor ordered by time: `<time, ISO 8601>/<key>` (a blocked campaign's head
     time and campaign, an audit entry's time and id)."""
     at, _, key = text.partition("/")
-    try:
-        when = datetime.fromisoformat(at)
-    except ValueError:
-        when = None
-    if when is None or when.tzinfo is None or not key:
+    when = aware_time(at)
+    if when is None or not key:
         raise ValidationError(name, f"expected a page cursor, got {text[:40]!r}")
     return when, key
+
+
+def aware_time(text: str) -> datetime | None:
+    """An ISO 8601 time with its zone; None when `text` is not one."""
+    try:
+        at = datetime.fromisoformat(text)
+    except ValueError:
+        return None
+    return at if at.tzinfo is not None else None
 
 
 def audit_cursor(text: str) -> tuple[datetime, int]:

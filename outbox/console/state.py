@@ -30,7 +30,7 @@ from outbox.append.validate import check_identifier
 from outbox.config import Settings
 from outbox.console.history import polyline
 from outbox.console.overview import Alarms, Poller, describe_failure
-from outbox.console.reads import COUNT_BOUND, LIST_LIMIT
+from outbox.console.reads import COUNT_BOUND, LIST_LIMIT, aware_time
 from outbox.console.security import Csrf
 from outbox.errors import Conflict, NotFound, OutboxError, ValidationError
 from outbox.projection.app import Outbox
@@ -234,11 +234,8 @@ def required(values: Any, name: str) -> str:
 def moment(values: Any, name: str) -> datetime:
     """A time with its zone, in ISO 8601, from a query's or a form's text."""
     value = required(values, name)
-    try:
-        at = datetime.fromisoformat(value)
-    except ValueError:
-        at = None
-    if at is None or at.tzinfo is None:
+    at = aware_time(value)
+    if at is None:
         raise ValidationError(name, f"expected an ISO 8601 time with its zone, got {value[:40]!r}")
     return at
 
