@@ -72,6 +72,21 @@ WITH heads AS (
 INSERT INTO outbox.projection_apply_outbox (bucket, campaign_id, seq, event_type)
 SELECT bucket, campaign_id, seq, event_type FROM journal ORDER BY seq, campaign_id
 """
+# The outbox's tables named $1, a partitioned one as the sum of its partitions (the campaign
+# rows, S26): heap and index bytes, dead and live versions as the statistics count them.
+TABLE_SIZES = """
+SELECT coalesce(p.relname, c.relname)::text AS name,
+       sum(pg_relation_size(c.oid))::bigint AS heap, sum(pg_indexes_size(c.oid))::bigint AS idx,
+       sum(coalesce(s.n_dead_tup, 0))::bigint AS dead,
+       sum(coalesce(s.n_live_tup, 0))::bigint AS live
+FROM pg_class c
+LEFT JOIN pg_inherits i ON i.inhrelid = c.oid
+LEFT JOIN pg_class p ON p.oid = i.inhparent
+LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid
+WHERE coalesce(p.relname, c.relname) = ANY ($1::text[]) AND c.relkind = 'r'
+  AND c.relnamespace = 'outbox'::regnamespace
+GROUP BY 1
+"""
 # The outbox's campaign-keyed tables, emptied before each case with the bench's projection.
 OUTBOX_TABLES = (
     "outbox.event_journal, outbox.campaign_heads, outbox.projection_apply_outbox,"

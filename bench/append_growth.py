@@ -37,13 +37,13 @@ QUEUE_TABLES = ("outbox.projection_apply_outbox", "outbox.projection_apply_campa
 CONTROL = """
 CREATE FUNCTION bench_old_enqueued() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    INSERT INTO outbox.projection_apply_campaigns (bucket, campaign_id, head_seq, due_at)
+    INSERT INTO outbox.projection_apply_campaigns (bucket, campaign_id, head_seq, due_at, slot)
     SELECT n.bucket, n.campaign_id,
            (SELECT min(o.seq) FROM outbox.projection_apply_outbox o
             WHERE o.bucket = n.bucket AND o.campaign_id = n.campaign_id),
-           min(n.next_attempt_at)
+           min(n.next_attempt_at), 0
     FROM enqueued n GROUP BY n.bucket, n.campaign_id ORDER BY n.campaign_id
-    ON CONFLICT (bucket, campaign_id) DO NOTHING;
+    ON CONFLICT (bucket, campaign_id, slot) DO NOTHING;
     RETURN NULL;
 END $$;
 CREATE TRIGGER bench_old_enqueued AFTER INSERT ON outbox.projection_apply_outbox

@@ -33,7 +33,7 @@ from typing import Any
 
 import asyncpg
 from _apps import VISIBLE
-from _support import Producer, bench_database, print_json, window_latency
+from _support import TABLE_SIZES, Producer, bench_database, print_json, window_latency
 from latency import WORKER, start, stop, wait_until
 
 TABLES = (
@@ -43,11 +43,6 @@ TABLES = (
     "projection_holds",
     "processed_markers",
 )
-STATE = """
-SELECT s.relname, s.n_dead_tup, pg_total_relation_size(s.relid) AS bytes
-FROM pg_stat_user_tables s
-WHERE s.schemaname = 'outbox' AND s.relname = ANY ($1::text[])
-"""
 # Mean server time of the worker's claim and settle calls since the last reset.
 CALLS = """
 SELECT CASE WHEN query LIKE '%outbox_claim(%' THEN 'claim' ELSE 'settle' END AS call,
@@ -107,7 +102,9 @@ async def window(
     await asyncio.sleep(seconds)
     until = await conn.fetchval("SELECT clock_timestamp()")
     calls = {r["call"]: (r["calls"], r["mean_ms"] or 0.0) for r in await conn.fetch(CALLS)}
-    tables = {r["relname"]: (r["n_dead_tup"], r["bytes"]) for r in await conn.fetch(STATE, TABLES)}
+    tables = {
+        r["name"]: (r["dead"], r["heap"] + r["idx"]) for r in await conn.fetch(TABLE_SIZES, TABLES)
+    }
     top = [
         f"{r['total_ms']:9.1f} ms {r['calls']:7d} x {r['mean_ms']:7.3f} ms {r['hits']:7.0f} hits  "
         f"{r['query']}"

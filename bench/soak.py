@@ -55,7 +55,7 @@ from typing import Any
 
 import asyncpg
 from _soak_app import EVENT_TYPE, SCHEMA
-from _support import bench_database, print_json
+from _support import TABLE_SIZES, bench_database, print_json
 
 from outbox import AppendOutcomeUnknown, DatabaseUnavailable, Event, Settings, append
 
@@ -71,12 +71,6 @@ QUEUES = ("projection_apply_outbox", "projection_apply_campaigns")
 KEYS = "append_idempotency_keys"
 MIB = 1024 * 1024
 
-SIZES = """
-SELECT c.relname::text AS name, pg_relation_size(c.oid) AS heap, pg_indexes_size(c.oid) AS idx,
-       coalesce(s.n_dead_tup, 0) AS dead, coalesce(s.n_live_tup, 0) AS live
-FROM pg_class c LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid
-WHERE c.relname = ANY ($1::text[]) AND c.relkind = 'r' AND c.relnamespace = 'outbox'::regnamespace
-"""
 CONNECTIONS = "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
 APPLIED = "SELECT coalesce(sum(applied), 0)::bigint FROM soak_applied"
 BACKLOG = "SELECT count(*) FROM outbox.projection_apply_outbox"
@@ -214,7 +208,7 @@ class Load:
 
 
 async def sample(admin: asyncpg.Connection, fleet: Fleet, load: Load) -> dict[str, Any]:
-    sizes = {r["name"]: r for r in await admin.fetch(SIZES, [*QUEUES, KEYS])}
+    sizes = {r["name"]: r for r in await admin.fetch(TABLE_SIZES, [*QUEUES, KEYS])}
     row: dict[str, Any] = {
         "t": time.monotonic(),
         "applied": await admin.fetchval(APPLIED),

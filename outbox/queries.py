@@ -175,6 +175,7 @@ VERBS = frozenset(
         "delete",
         "prune",
         "sweep",
+        "rotate",
         # transaction and session control
         "open",
         "undo",

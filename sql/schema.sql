@@ -392,6 +392,174 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION outbox.outbox_queue_slot(p_at timestamp with time zone) RETURNS smallint
+    LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+    RETURN (((((floor((EXTRACT(epoch FROM p_at) / (10)::numeric)))::bigint % (3)::bigint) + 3) % (3)::bigint))::smallint;
+
+CREATE FUNCTION outbox.outbox_refresh_campaigns(p_bucket integer, p_campaigns text[], p_park boolean, p_gone text[]) RETURNS void
+    LANGUAGE plpgsql
+    SET search_path TO 'outbox', 'pg_temp'
+    SET enable_seqscan TO 'off'
+    SET jit TO 'off'
+    AS $$
+#variable_conflict use_column
+DECLARE
+    todo text[] := p_campaigns;
+    lacking text[];
+    missing text[];
+    rounds integer := 0;
+BEGIN
+    lacking := ARRAY(
+        SELECT t.campaign_id FROM unnest(todo) AS t(campaign_id)
+        WHERE NOT EXISTS (
+            SELECT 1 FROM projection_apply_campaigns c
+            WHERE c.bucket = p_bucket AND c.campaign_id = t.campaign_id
+        )
+    );
+    LOOP
+        IF cardinality(lacking) > 0 THEN
+            PERFORM FROM (
+                SELECT 1 FROM campaign_heads h
+                WHERE h.bucket = p_bucket AND h.campaign_id = ANY (lacking)
+                ORDER BY h.campaign_id
+                FOR NO KEY UPDATE
+            ) x;
+        END IF;
+        WITH state AS (
+            SELECT t.campaign_id, h.seq, least(d.next_attempt_at, k.next) AS next_attempt_at,
+                   k.next IS NOT NULL AS holding,
+                   NOT p_park AND EXISTS (
+                       SELECT 1 FROM projection_apply_outbox x
+                       WHERE x.bucket = p_bucket AND x.campaign_id = t.campaign_id
+                         AND x.seq < coalesce(d.seq, h.seq) AND x.status = 'dead'
+                         AND NOT EXISTS (
+                             SELECT 1 FROM projection_holds y
+                             WHERE y.bucket = p_bucket AND y.campaign_id = x.campaign_id
+                               AND y.seq = x.seq
+                         )
+                   ) AS blocked
+            FROM unnest(todo) AS t(campaign_id)
+            LEFT JOIN LATERAL (
+                SELECT o.seq
+                FROM projection_apply_outbox o
+                WHERE o.bucket = p_bucket AND o.campaign_id = t.campaign_id
+                  AND o.status IN ('pending', 'failed', 'processing')
+                ORDER BY o.seq
+                LIMIT 1
+            ) h ON true
+            LEFT JOIN LATERAL (
+                SELECT o.seq, o.next_attempt_at
+                FROM projection_apply_outbox o
+                WHERE o.bucket = p_bucket AND o.campaign_id = t.campaign_id
+                  AND o.status IN ('pending', 'failed', 'processing')
+                  AND NOT EXISTS (
+                      SELECT 1 FROM projection_holds y
+                      WHERE y.bucket = p_bucket AND y.campaign_id = o.campaign_id
+                        AND y.seq = o.seq
+                  )
+                ORDER BY o.seq
+                LIMIT 1
+            ) d ON true
+            CROSS JOIN LATERAL (
+                SELECT min(y.next_attempt_at) AS next
+                FROM projection_holds y
+                WHERE y.bucket = p_bucket AND y.campaign_id = t.campaign_id
+                  AND y.status <> 'dead'
+            ) k
+        ), removed AS (
+            DELETE FROM projection_apply_campaigns c
+            USING state s
+            WHERE c.bucket = p_bucket AND c.campaign_id = s.campaign_id AND s.seq IS NULL
+              AND NOT s.holding AND s.campaign_id = ANY (p_gone)
+        ), keep AS (
+            SELECT s.* FROM state s
+            WHERE s.seq IS NOT NULL OR s.holding OR NOT s.campaign_id = ANY (p_gone)
+        ), kept AS (
+            UPDATE projection_apply_campaigns c
+            SET head_seq = coalesce(s.seq, 0),
+                due_at = coalesce(s.next_attempt_at, statement_timestamp()),
+                blocked = coalesce(s.blocked, false),
+                updated_at = statement_timestamp()
+            FROM keep s
+            WHERE c.bucket = p_bucket AND c.campaign_id = s.campaign_id
+            RETURNING c.campaign_id
+        ), made AS (
+            INSERT INTO projection_apply_campaigns (bucket, campaign_id, head_seq, due_at,
+                                                    blocked, updated_at, slot)
+            SELECT p_bucket, s.campaign_id, coalesce(s.seq, 0),
+                   coalesce(s.next_attempt_at, statement_timestamp()),
+                   coalesce(s.blocked, false), statement_timestamp(),
+                   outbox_queue_slot(statement_timestamp())
+            FROM keep s
+            WHERE s.campaign_id = ANY (lacking)
+              AND NOT EXISTS (
+                  SELECT 1 FROM projection_apply_campaigns c
+                  WHERE c.bucket = p_bucket AND c.campaign_id = s.campaign_id
+              )
+            ORDER BY s.campaign_id
+            RETURNING campaign_id
+        )
+        SELECT coalesce(array_agg(k.campaign_id), '{}') INTO missing
+        FROM keep k
+        WHERE NOT EXISTS (SELECT 1 FROM kept WHERE kept.campaign_id = k.campaign_id)
+          AND NOT EXISTS (SELECT 1 FROM made WHERE made.campaign_id = k.campaign_id);
+        EXIT WHEN cardinality(missing) = 0;
+        rounds := rounds + 1;
+        IF rounds >= 5 THEN  -- rows that come and go under it: the caller runs again
+            RAISE EXCEPTION 'the campaign rows of % changed under the refresh 5 times', missing
+                USING ERRCODE = '40001';
+        END IF;
+        todo := missing;
+        lacking := missing;
+    END LOOP;
+END
+$$;
+
+CREATE FUNCTION outbox.outbox_rotate(p_limit integer, p_lock_timeout_ms integer, p_now timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS TABLE(slot smallint, outcome text, moved bigint)
+    LANGUAGE plpgsql
+    SET search_path TO 'outbox', 'pg_temp'
+    AS $_$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := coalesce(p_now, clock_timestamp());
+    v_current smallint := outbox_queue_slot(v_now);
+    v_old smallint := (outbox_queue_slot(v_now) + 1) % 3;
+    part text := format('%I.%I', current_schema(), 'projection_apply_campaigns_' || v_old);
+    live bigint;
+    n bigint;
+BEGIN
+    IF pg_relation_size(part::regclass) = 0 THEN
+        RETURN QUERY SELECT v_old, 'empty'::text, 0::bigint;
+        RETURN;
+    END IF;
+    IF NOT pg_try_advisory_xact_lock(hashtext(current_schema() || '.outbox_rotate')) THEN
+        RETURN QUERY SELECT v_old, 'busy'::text, 0::bigint;
+        RETURN;
+    END IF;
+    PERFORM set_config('lock_timeout', p_lock_timeout_ms || 'ms', true);
+    BEGIN
+        EXECUTE format('LOCK TABLE ONLY %s IN ACCESS EXCLUSIVE MODE', part);
+    EXCEPTION WHEN lock_not_available THEN
+        RETURN QUERY SELECT v_old, 'busy'::text, 0::bigint;
+        RETURN;
+    END;
+    EXECUTE format('SELECT count(*) FROM (SELECT 1 FROM ONLY %s LIMIT $1) x', part)
+        INTO live USING p_limit + 1;
+    IF live > p_limit THEN
+        RETURN QUERY SELECT v_old, 'backlog'::text, live;
+        RETURN;
+    END IF;
+    EXECUTE format(
+        'INSERT INTO projection_apply_campaigns (bucket, campaign_id, head_seq, due_at, '
+        'blocked, updated_at, slot) '
+        'SELECT bucket, campaign_id, head_seq, due_at, blocked, updated_at, $1 FROM ONLY %s',
+        part) USING v_current;
+    GET DIAGNOSTICS n = ROW_COUNT;
+    EXECUTE format('TRUNCATE ONLY %s', part);
+    RETURN QUERY SELECT v_old, 'rotated'::text, n;
+END
+$_$;
+
 CREATE FUNCTION outbox.outbox_settle(p_bucket integer, p_batch jsonb, OUT due bigint, OUT ages double precision[]) RETURNS record
     LANGUAGE plpgsql
     SET search_path TO 'outbox', 'pg_temp'
@@ -664,6 +832,8 @@ DECLARE
     cs text[];
     heads bigint[];
     skip text[];
+    lock_b integer;
+    lock_cs text[];
     v_reached integer;
     placed integer;
     v_now timestamptz := statement_timestamp();
@@ -726,13 +896,28 @@ BEGIN
     ORDER BY t.bucket, t.campaign_id
     ON CONFLICT DO NOTHING;
     GET DIAGNOSTICS placed = ROW_COUNT;
-    INSERT INTO projection_apply_campaigns AS c
-        (bucket, campaign_id, head_seq, due_at, updated_at)
-    SELECT t.bucket, t.campaign_id, 0, v_now, v_now
-    FROM unnest(bs, cs) AS t(bucket, campaign_id)
-    WHERE NOT t.campaign_id = ANY (skip)
-    ORDER BY t.bucket, t.campaign_id
-    ON CONFLICT (bucket, campaign_id) DO NOTHING;
+    -- A campaign row for each that has none, made only under the campaign's append head
+    -- (S26): one an append holds now is skipped (the append queues the campaign itself), and
+    -- the look for an existing row comes after the heads are held. Bucket by bucket: Citus
+    -- locks rows only in a statement that names one.
+    FOR lock_b IN SELECT DISTINCT x.b FROM unnest(bs) AS x(b) ORDER BY 1 LOOP
+        lock_cs := ARRAY(
+            SELECT h.campaign_id FROM campaign_heads h
+            WHERE h.bucket = lock_b AND h.campaign_id = ANY (cs)
+              AND NOT h.campaign_id = ANY (skip)
+            ORDER BY h.campaign_id
+            FOR NO KEY UPDATE SKIP LOCKED
+        );
+        INSERT INTO projection_apply_campaigns
+            (bucket, campaign_id, head_seq, due_at, updated_at, slot)
+        SELECT lock_b, t.campaign_id, 0, v_now, v_now, outbox_queue_slot(v_now)
+        FROM unnest(lock_cs) AS t(campaign_id)
+        WHERE NOT EXISTS (
+            SELECT 1 FROM projection_apply_campaigns c
+            WHERE c.bucket = lock_b AND c.campaign_id = t.campaign_id
+        )
+        ORDER BY t.campaign_id;
+    END LOOP;
     UPDATE outbox_projectors p
     SET sweep_bucket = coalesce(bs[v_reached], p.sweep_bucket),
         sweep_campaign = coalesce(cs[v_reached], p.sweep_campaign),
@@ -926,15 +1111,18 @@ BEGIN
     END IF;
 
     IF enqueue THEN
-        -- The campaign's queue row, unless it has one (DO NOTHING waits for no worker). A new
-        -- one starts at the campaign's first row: rows from before (dead rows stepped over,
-        -- rows a tool inserted) come first. That lookup is planned afresh (EXECUTE): a cached
-        -- plan from an empty queue would scan a grown one.
-        INSERT INTO projection_apply_campaigns AS c (bucket, campaign_id, head_seq, due_at,
-                                                     updated_at)
-        VALUES (b, p_campaign_id, head - n + 1, v_now, v_now)
-        ON CONFLICT (bucket, campaign_id) DO NOTHING;
-        IF FOUND THEN
+        -- The campaign's queue row, unless it has one in some slot (S26: the append holds
+        -- the head, under which alone a campaign row is created; the look waits for no
+        -- worker). A new one goes to the current period's slot and starts at the campaign's
+        -- first row: rows from before (dead rows stepped over, rows a tool inserted) come
+        -- first. That lookup is planned afresh (EXECUTE): a cached plan from an empty queue
+        -- would scan a grown one.
+        PERFORM FROM projection_apply_campaigns c
+        WHERE c.bucket = b AND c.campaign_id = p_campaign_id;
+        IF NOT FOUND THEN
+            INSERT INTO projection_apply_campaigns (bucket, campaign_id, head_seq, due_at,
+                                                    updated_at, slot)
+            VALUES (b, p_campaign_id, head - n + 1, v_now, v_now, outbox_queue_slot(v_now));
             EXECUTE 'SELECT min(o.seq) FROM projection_apply_outbox o '
                     'WHERE o.bucket = $1 AND o.campaign_id = $2 AND o.seq < $3'
                 INTO earliest USING b, p_campaign_id, head - n + 1;
@@ -1130,7 +1318,48 @@ CREATE TABLE outbox.projection_apply_campaigns (
     blocked boolean DEFAULT false NOT NULL,
     updated_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
     bucket integer NOT NULL,
-    CONSTRAINT projection_apply_campaigns_bucket_check CHECK ((bucket = outbox.outbox_bucket(campaign_id)))
+    slot smallint NOT NULL,
+    CONSTRAINT projection_apply_campaigns_bucket_check CHECK ((bucket = outbox.outbox_bucket(campaign_id))),
+    CONSTRAINT projection_apply_campaigns_slot_check CHECK ((slot = ANY (ARRAY[0, 1, 2])))
+)
+PARTITION BY LIST (slot);
+
+CREATE TABLE outbox.projection_apply_campaigns_0 (
+    campaign_id text NOT NULL,
+    head_seq bigint NOT NULL,
+    due_at timestamp with time zone NOT NULL,
+    blocked boolean DEFAULT false NOT NULL,
+    updated_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    bucket integer NOT NULL,
+    slot smallint NOT NULL,
+    CONSTRAINT projection_apply_campaigns_bucket_check CHECK ((bucket = outbox.outbox_bucket(campaign_id))),
+    CONSTRAINT projection_apply_campaigns_slot_check CHECK ((slot = ANY (ARRAY[0, 1, 2])))
+)
+WITH (fillfactor='70', autovacuum_vacuum_scale_factor='0.01', autovacuum_vacuum_threshold='1000', autovacuum_vacuum_cost_delay='0', autovacuum_analyze_scale_factor='0.02', autovacuum_analyze_threshold='1000');
+
+CREATE TABLE outbox.projection_apply_campaigns_1 (
+    campaign_id text NOT NULL,
+    head_seq bigint NOT NULL,
+    due_at timestamp with time zone NOT NULL,
+    blocked boolean DEFAULT false NOT NULL,
+    updated_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    bucket integer NOT NULL,
+    slot smallint NOT NULL,
+    CONSTRAINT projection_apply_campaigns_bucket_check CHECK ((bucket = outbox.outbox_bucket(campaign_id))),
+    CONSTRAINT projection_apply_campaigns_slot_check CHECK ((slot = ANY (ARRAY[0, 1, 2])))
+)
+WITH (fillfactor='70', autovacuum_vacuum_scale_factor='0.01', autovacuum_vacuum_threshold='1000', autovacuum_vacuum_cost_delay='0', autovacuum_analyze_scale_factor='0.02', autovacuum_analyze_threshold='1000');
+
+CREATE TABLE outbox.projection_apply_campaigns_2 (
+    campaign_id text NOT NULL,
+    head_seq bigint NOT NULL,
+    due_at timestamp with time zone NOT NULL,
+    blocked boolean DEFAULT false NOT NULL,
+    updated_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    bucket integer NOT NULL,
+    slot smallint NOT NULL,
+    CONSTRAINT projection_apply_campaigns_bucket_check CHECK ((bucket = outbox.outbox_bucket(campaign_id))),
+    CONSTRAINT projection_apply_campaigns_slot_check CHECK ((slot = ANY (ARRAY[0, 1, 2])))
 )
 WITH (fillfactor='70', autovacuum_vacuum_scale_factor='0.01', autovacuum_vacuum_threshold='1000', autovacuum_vacuum_cost_delay='0', autovacuum_analyze_scale_factor='0.02', autovacuum_analyze_threshold='1000');
 
@@ -1186,6 +1415,12 @@ CREATE TABLE outbox.projection_holds (
     CONSTRAINT projection_holds_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'failed'::text, 'dead'::text])))
 );
 
+ALTER TABLE ONLY outbox.projection_apply_campaigns ATTACH PARTITION outbox.projection_apply_campaigns_0 FOR VALUES IN ('0');
+
+ALTER TABLE ONLY outbox.projection_apply_campaigns ATTACH PARTITION outbox.projection_apply_campaigns_1 FOR VALUES IN ('1');
+
+ALTER TABLE ONLY outbox.projection_apply_campaigns ATTACH PARTITION outbox.projection_apply_campaigns_2 FOR VALUES IN ('2');
+
 ALTER TABLE ONLY outbox.append_idempotency_keys
     ADD CONSTRAINT append_idempotency_keys_pkey PRIMARY KEY (bucket, campaign_id, idem_key);
 
@@ -1223,7 +1458,16 @@ ALTER TABLE ONLY outbox.processed_markers
     ADD CONSTRAINT processed_markers_pkey PRIMARY KEY (bucket, campaign_id, seq, handler);
 
 ALTER TABLE ONLY outbox.projection_apply_campaigns
-    ADD CONSTRAINT projection_apply_campaigns_pkey PRIMARY KEY (bucket, campaign_id);
+    ADD CONSTRAINT projection_apply_campaigns_pkey PRIMARY KEY (bucket, campaign_id, slot);
+
+ALTER TABLE ONLY outbox.projection_apply_campaigns_0
+    ADD CONSTRAINT projection_apply_campaigns_0_pkey PRIMARY KEY (bucket, campaign_id, slot);
+
+ALTER TABLE ONLY outbox.projection_apply_campaigns_1
+    ADD CONSTRAINT projection_apply_campaigns_1_pkey PRIMARY KEY (bucket, campaign_id, slot);
+
+ALTER TABLE ONLY outbox.projection_apply_campaigns_2
+    ADD CONSTRAINT projection_apply_campaigns_2_pkey PRIMARY KEY (bucket, campaign_id, slot);
 
 ALTER TABLE ONLY outbox.projection_apply_outbox
     ADD CONSTRAINT projection_apply_outbox_pkey PRIMARY KEY (bucket, campaign_id, seq);
@@ -1244,7 +1488,13 @@ CREATE INDEX outbox_workers_heartbeat_at_idx ON outbox.outbox_workers USING btre
 
 CREATE INDEX processed_markers_applied_at_idx ON outbox.processed_markers USING btree (applied_at);
 
-CREATE INDEX projection_apply_campaigns_claim_idx ON outbox.projection_apply_campaigns USING btree (bucket, due_at) WHERE (NOT blocked);
+CREATE INDEX projection_apply_campaigns_claim_idx ON ONLY outbox.projection_apply_campaigns USING btree (bucket, due_at) WHERE (NOT blocked);
+
+CREATE INDEX projection_apply_campaigns_0_bucket_due_at_idx ON outbox.projection_apply_campaigns_0 USING btree (bucket, due_at) WHERE (NOT blocked);
+
+CREATE INDEX projection_apply_campaigns_1_bucket_due_at_idx ON outbox.projection_apply_campaigns_1 USING btree (bucket, due_at) WHERE (NOT blocked);
+
+CREATE INDEX projection_apply_campaigns_2_bucket_due_at_idx ON outbox.projection_apply_campaigns_2 USING btree (bucket, due_at) WHERE (NOT blocked);
 
 CREATE INDEX projection_apply_outbox_attention_idx ON outbox.projection_apply_outbox USING btree (bucket, campaign_id, seq) INCLUDE (status) WHERE (status <> 'pending'::text);
 
@@ -1253,6 +1503,18 @@ CREATE INDEX projection_apply_outbox_claim_idx ON outbox.projection_apply_outbox
 CREATE INDEX projection_checkpoints_projector_idx ON outbox.projection_checkpoints USING btree (projector);
 
 CREATE INDEX projection_holds_projector_idx ON outbox.projection_holds USING btree (projector, status);
+
+ALTER INDEX outbox.projection_apply_campaigns_claim_idx ATTACH PARTITION outbox.projection_apply_campaigns_0_bucket_due_at_idx;
+
+ALTER INDEX outbox.projection_apply_campaigns_pkey ATTACH PARTITION outbox.projection_apply_campaigns_0_pkey;
+
+ALTER INDEX outbox.projection_apply_campaigns_claim_idx ATTACH PARTITION outbox.projection_apply_campaigns_1_bucket_due_at_idx;
+
+ALTER INDEX outbox.projection_apply_campaigns_pkey ATTACH PARTITION outbox.projection_apply_campaigns_1_pkey;
+
+ALTER INDEX outbox.projection_apply_campaigns_claim_idx ATTACH PARTITION outbox.projection_apply_campaigns_2_bucket_due_at_idx;
+
+ALTER INDEX outbox.projection_apply_campaigns_pkey ATTACH PARTITION outbox.projection_apply_campaigns_2_pkey;
 
 ALTER TABLE ONLY outbox.projection_apply_outbox
     ADD CONSTRAINT projection_apply_outbox_event_fkey FOREIGN KEY (bucket, campaign_id, seq) REFERENCES outbox.event_journal(bucket, campaign_id, seq);

@@ -226,15 +226,18 @@ BEGIN
     END IF;
 
     IF enqueue THEN
-        -- The campaign's queue row, unless it has one (DO NOTHING waits for no worker). A new
-        -- one starts at the campaign's first row: rows from before (dead rows stepped over,
-        -- rows a tool inserted) come first. That lookup is planned afresh (EXECUTE): a cached
-        -- plan from an empty queue would scan a grown one.
-        INSERT INTO projection_apply_campaigns AS c (bucket, campaign_id, head_seq, due_at,
-                                                     updated_at)
-        VALUES (b, p_campaign_id, head - n + 1, v_now, v_now)
-        ON CONFLICT (bucket, campaign_id) DO NOTHING;
-        IF FOUND THEN
+        -- The campaign's queue row, unless it has one in some slot (S26: the append holds
+        -- the head, under which alone a campaign row is created; the look waits for no
+        -- worker). A new one goes to the current period's slot and starts at the campaign's
+        -- first row: rows from before (dead rows stepped over, rows a tool inserted) come
+        -- first. That lookup is planned afresh (EXECUTE): a cached plan from an empty queue
+        -- would scan a grown one.
+        PERFORM FROM projection_apply_campaigns c
+        WHERE c.bucket = b AND c.campaign_id = p_campaign_id;
+        IF NOT FOUND THEN
+            INSERT INTO projection_apply_campaigns (bucket, campaign_id, head_seq, due_at,
+                                                    updated_at, slot)
+            VALUES (b, p_campaign_id, head - n + 1, v_now, v_now, outbox_queue_slot(v_now));
             EXECUTE 'SELECT min(o.seq) FROM projection_apply_outbox o '
                     'WHERE o.bucket = $1 AND o.campaign_id = $2 AND o.seq < $3'
                 INTO earliest USING b, p_campaign_id, head - n + 1;

@@ -31,6 +31,8 @@ DECLARE
     cs text[];
     heads bigint[];
     skip text[];
+    lock_b integer;
+    lock_cs text[];
     v_reached integer;
     placed integer;
     v_now timestamptz := statement_timestamp();
@@ -93,13 +95,28 @@ BEGIN
     ORDER BY t.bucket, t.campaign_id
     ON CONFLICT DO NOTHING;
     GET DIAGNOSTICS placed = ROW_COUNT;
-    INSERT INTO projection_apply_campaigns AS c
-        (bucket, campaign_id, head_seq, due_at, updated_at)
-    SELECT t.bucket, t.campaign_id, 0, v_now, v_now
-    FROM unnest(bs, cs) AS t(bucket, campaign_id)
-    WHERE NOT t.campaign_id = ANY (skip)
-    ORDER BY t.bucket, t.campaign_id
-    ON CONFLICT (bucket, campaign_id) DO NOTHING;
+    -- A campaign row for each that has none, made only under the campaign's append head
+    -- (S26): one an append holds now is skipped (the append queues the campaign itself), and
+    -- the look for an existing row comes after the heads are held. Bucket by bucket: Citus
+    -- locks rows only in a statement that names one.
+    FOR lock_b IN SELECT DISTINCT x.b FROM unnest(bs) AS x(b) ORDER BY 1 LOOP
+        lock_cs := ARRAY(
+            SELECT h.campaign_id FROM campaign_heads h
+            WHERE h.bucket = lock_b AND h.campaign_id = ANY (cs)
+              AND NOT h.campaign_id = ANY (skip)
+            ORDER BY h.campaign_id
+            FOR NO KEY UPDATE SKIP LOCKED
+        );
+        INSERT INTO projection_apply_campaigns
+            (bucket, campaign_id, head_seq, due_at, updated_at, slot)
+        SELECT lock_b, t.campaign_id, 0, v_now, v_now, outbox_queue_slot(v_now)
+        FROM unnest(lock_cs) AS t(campaign_id)
+        WHERE NOT EXISTS (
+            SELECT 1 FROM projection_apply_campaigns c
+            WHERE c.bucket = lock_b AND c.campaign_id = t.campaign_id
+        )
+        ORDER BY t.campaign_id;
+    END LOOP;
     UPDATE outbox_projectors p
     SET sweep_bucket = coalesce(bs[v_reached], p.sweep_bucket),
         sweep_campaign = coalesce(cs[v_reached], p.sweep_campaign),

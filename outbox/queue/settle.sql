@@ -15,70 +15,10 @@
 SELECT due, ages FROM @extschema@.outbox_settle($1::integer, $2::text::jsonb)
 
 -- name: refresh_campaigns
--- Campaign rows ($1) brought in line with their work rows and holds (S24), for paths that
--- change rows without a claim (requeue, reconcile, replay, inline apply) and for campaigns a
--- claim found behind the truth: the head is the first live row (pending, failed, or processing
--- under a lease: due when the lease expires); due at the earliest of its first live row
--- without holds and its holds that are not dead; blocked when a row's own dead row (no hold
--- stands for it) precedes that row (never under park, $2). With nothing live and no hold but
--- dead ones, the row is deleted when its append head is held ($3, see lock_heads), else kept
--- due now with head 0. Waits for a batch that holds one of them. All in bucket $4.
-WITH state AS (
-    SELECT t.campaign_id, h.seq, least(d.next_attempt_at, k.next) AS next_attempt_at,
-           k.next IS NOT NULL AS holding,
-           NOT $2::boolean AND EXISTS (
-               SELECT 1 FROM @extschema@.projection_apply_outbox x
-               WHERE x.bucket = $4::integer AND x.campaign_id = t.campaign_id
-                 AND x.seq < coalesce(d.seq, h.seq) AND x.status = 'dead'
-                 AND NOT EXISTS (
-                     SELECT 1 FROM @extschema@.projection_holds y
-                     WHERE y.bucket = $4::integer AND y.campaign_id = x.campaign_id
-                       AND y.seq = x.seq
-                 )
-           ) AS blocked
-    FROM unnest($1::text[]) AS t(campaign_id)
-    LEFT JOIN LATERAL (
-        SELECT o.seq
-        FROM @extschema@.projection_apply_outbox o
-        WHERE o.bucket = $4::integer AND o.campaign_id = t.campaign_id
-          AND o.status IN ('pending', 'failed', 'processing')
-        ORDER BY o.seq
-        LIMIT 1
-    ) h ON true
-    LEFT JOIN LATERAL (
-        SELECT o.seq, o.next_attempt_at
-        FROM @extschema@.projection_apply_outbox o
-        WHERE o.bucket = $4::integer AND o.campaign_id = t.campaign_id
-          AND o.status IN ('pending', 'failed', 'processing')
-          AND NOT EXISTS (
-              SELECT 1 FROM @extschema@.projection_holds y
-              WHERE y.bucket = $4::integer AND y.campaign_id = o.campaign_id AND y.seq = o.seq
-          )
-        ORDER BY o.seq
-        LIMIT 1
-    ) d ON true
-    CROSS JOIN LATERAL (
-        SELECT min(y.next_attempt_at) AS next
-        FROM @extschema@.projection_holds y
-        WHERE y.bucket = $4::integer AND y.campaign_id = t.campaign_id AND y.status <> 'dead'
-    ) k
-), removed AS (
-    DELETE FROM @extschema@.projection_apply_campaigns c
-    USING state s
-    WHERE c.bucket = $4::integer AND c.campaign_id = s.campaign_id AND s.seq IS NULL
-      AND NOT s.holding AND s.campaign_id = ANY ($3::text[])
-)
-INSERT INTO @extschema@.projection_apply_campaigns AS c (bucket, campaign_id, head_seq, due_at, blocked,
-                                             updated_at)
-SELECT $4::integer, s.campaign_id, coalesce(s.seq, 0),
-       coalesce(s.next_attempt_at, statement_timestamp()), coalesce(s.blocked, false),
-       statement_timestamp()
-FROM state s
-WHERE s.seq IS NOT NULL OR s.holding OR NOT s.campaign_id = ANY ($3::text[])
-ORDER BY s.campaign_id
-ON CONFLICT (bucket, campaign_id) DO UPDATE
-SET head_seq = excluded.head_seq, due_at = excluded.due_at, blocked = excluded.blocked,
-    updated_at = excluded.updated_at
+-- Campaign rows ($1) brought in line with their work rows and holds (`outbox_refresh_campaigns`,
+-- settle_fn.sql); $2: park (no campaign blocked); a campaign left with nothing live is deleted
+-- when its append head is held ($3). All in bucket $4.
+SELECT @extschema@.outbox_refresh_campaigns($4::integer, $1::text[], $2::boolean, $3::text[])
 
 -- name: unblock_campaigns
 -- dead_policy=park: dead rows step aside, so no campaign is blocked (a fleet that ran with

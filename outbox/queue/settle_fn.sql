@@ -320,3 +320,145 @@ BEGIN
     END IF;
 END
 $$;
+
+-- Campaign rows (`p_campaigns`, all in bucket `p_bucket`) brought in line with their work rows
+-- and holds (S24), for paths that change rows without a claim (requeue, reconcile, replay,
+-- inline apply, a lease's end) and for campaigns a claim found behind the truth: the head is
+-- the first live row (pending, failed, or processing under a lease: due when the lease
+-- expires); due at the earliest of its first live row without holds and its holds that are
+-- not dead; blocked when a row's own dead row (no hold stands for it) precedes that row (never
+-- under park, `p_park`). With nothing live and no hold but dead ones, the row is deleted when
+-- its append head is held (`p_gone`, see outbox_lock_heads), else kept due now with head 0.
+-- Waits for a batch that holds one of them.
+--
+-- A campaign has at most one campaign row, in whichever slot (S26), and only a transaction
+-- that holds the campaign's append head exclusively creates one (an append holds it FOR
+-- UPDATE). So the campaigns with no row at all are looked for first, and their heads held
+-- (FOR NO KEY UPDATE: appends and other refreshes wait, batches skip them) before the
+-- statement that writes, whose snapshot sees any row an append made meanwhile. A campaign
+-- that had a row when it was looked for and lost it before the write (a batch that held it
+-- deleted it) is not left without one: the write says which campaigns got neither an update
+-- nor a new row, and those go round again, their heads held.
+CREATE OR REPLACE FUNCTION outbox_refresh_campaigns(
+    p_bucket integer,
+    p_campaigns text[],
+    p_park boolean,
+    p_gone text[]
+) RETURNS void
+LANGUAGE plpgsql VOLATILE
+SET search_path FROM CURRENT
+SET enable_seqscan = off
+SET jit = off
+AS $$
+#variable_conflict use_column
+DECLARE
+    todo text[] := p_campaigns;
+    lacking text[];
+    missing text[];
+    rounds integer := 0;
+BEGIN
+    lacking := ARRAY(
+        SELECT t.campaign_id FROM unnest(todo) AS t(campaign_id)
+        WHERE NOT EXISTS (
+            SELECT 1 FROM projection_apply_campaigns c
+            WHERE c.bucket = p_bucket AND c.campaign_id = t.campaign_id
+        )
+    );
+    LOOP
+        IF cardinality(lacking) > 0 THEN
+            PERFORM FROM (
+                SELECT 1 FROM campaign_heads h
+                WHERE h.bucket = p_bucket AND h.campaign_id = ANY (lacking)
+                ORDER BY h.campaign_id
+                FOR NO KEY UPDATE
+            ) x;
+        END IF;
+        WITH state AS (
+            SELECT t.campaign_id, h.seq, least(d.next_attempt_at, k.next) AS next_attempt_at,
+                   k.next IS NOT NULL AS holding,
+                   NOT p_park AND EXISTS (
+                       SELECT 1 FROM projection_apply_outbox x
+                       WHERE x.bucket = p_bucket AND x.campaign_id = t.campaign_id
+                         AND x.seq < coalesce(d.seq, h.seq) AND x.status = 'dead'
+                         AND NOT EXISTS (
+                             SELECT 1 FROM projection_holds y
+                             WHERE y.bucket = p_bucket AND y.campaign_id = x.campaign_id
+                               AND y.seq = x.seq
+                         )
+                   ) AS blocked
+            FROM unnest(todo) AS t(campaign_id)
+            LEFT JOIN LATERAL (
+                SELECT o.seq
+                FROM projection_apply_outbox o
+                WHERE o.bucket = p_bucket AND o.campaign_id = t.campaign_id
+                  AND o.status IN ('pending', 'failed', 'processing')
+                ORDER BY o.seq
+                LIMIT 1
+            ) h ON true
+            LEFT JOIN LATERAL (
+                SELECT o.seq, o.next_attempt_at
+                FROM projection_apply_outbox o
+                WHERE o.bucket = p_bucket AND o.campaign_id = t.campaign_id
+                  AND o.status IN ('pending', 'failed', 'processing')
+                  AND NOT EXISTS (
+                      SELECT 1 FROM projection_holds y
+                      WHERE y.bucket = p_bucket AND y.campaign_id = o.campaign_id
+                        AND y.seq = o.seq
+                  )
+                ORDER BY o.seq
+                LIMIT 1
+            ) d ON true
+            CROSS JOIN LATERAL (
+                SELECT min(y.next_attempt_at) AS next
+                FROM projection_holds y
+                WHERE y.bucket = p_bucket AND y.campaign_id = t.campaign_id
+                  AND y.status <> 'dead'
+            ) k
+        ), removed AS (
+            DELETE FROM projection_apply_campaigns c
+            USING state s
+            WHERE c.bucket = p_bucket AND c.campaign_id = s.campaign_id AND s.seq IS NULL
+              AND NOT s.holding AND s.campaign_id = ANY (p_gone)
+        ), keep AS (
+            SELECT s.* FROM state s
+            WHERE s.seq IS NOT NULL OR s.holding OR NOT s.campaign_id = ANY (p_gone)
+        ), kept AS (
+            UPDATE projection_apply_campaigns c
+            SET head_seq = coalesce(s.seq, 0),
+                due_at = coalesce(s.next_attempt_at, statement_timestamp()),
+                blocked = coalesce(s.blocked, false),
+                updated_at = statement_timestamp()
+            FROM keep s
+            WHERE c.bucket = p_bucket AND c.campaign_id = s.campaign_id
+            RETURNING c.campaign_id
+        ), made AS (
+            INSERT INTO projection_apply_campaigns (bucket, campaign_id, head_seq, due_at,
+                                                    blocked, updated_at, slot)
+            SELECT p_bucket, s.campaign_id, coalesce(s.seq, 0),
+                   coalesce(s.next_attempt_at, statement_timestamp()),
+                   coalesce(s.blocked, false), statement_timestamp(),
+                   outbox_queue_slot(statement_timestamp())
+            FROM keep s
+            WHERE s.campaign_id = ANY (lacking)
+              AND NOT EXISTS (
+                  SELECT 1 FROM projection_apply_campaigns c
+                  WHERE c.bucket = p_bucket AND c.campaign_id = s.campaign_id
+              )
+            ORDER BY s.campaign_id
+            RETURNING campaign_id
+        )
+        SELECT coalesce(array_agg(k.campaign_id), '{}') INTO missing
+        FROM keep k
+        WHERE NOT EXISTS (SELECT 1 FROM kept WHERE kept.campaign_id = k.campaign_id)
+          AND NOT EXISTS (SELECT 1 FROM made WHERE made.campaign_id = k.campaign_id);
+        EXIT WHEN cardinality(missing) = 0;
+        rounds := rounds + 1;
+        IF rounds >= 5 THEN  -- rows that come and go under it: the caller runs again
+            RAISE EXCEPTION 'the campaign rows of % changed under the refresh 5 times', missing
+                USING ERRCODE = '40001';
+        END IF;
+        todo := missing;
+        lacking := missing;
+    END LOOP;
+END
+$$;

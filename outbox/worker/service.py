@@ -1,9 +1,10 @@
 """The long-running worker service: claim loops, LISTEN, heartbeat, metrics, shutdown.
 
 `Service.run()` owns one task group: N claim loops around `Worker.run_once()`, the LISTEN
-connection that rings them (naming the bucket that got work), the registry heartbeat and the
-metrics refresh. Nothing the database does ends it: a lost connection anywhere or any other
-failure of a batch is logged, backed off and retried; the broken connection is discarded.
+connection that rings them (naming the bucket that got work), the registry heartbeat, the
+campaign queue's rotation and the metrics refresh. Nothing the database does ends it: a lost
+connection anywhere or any other failure of a batch is logged, backed off and retried; the
+broken connection is discarded.
 Only `stop()` (a signal, the end of an embedding block), the end of a drain or a failure at
 start-up ends the service. `database.lost` and `database.restored` mark the link's changes.
 
@@ -36,6 +37,7 @@ from outbox.projection.sweep import catch_up_holds
 from outbox.queue import inspect
 from outbox.queue.holds import count_holds
 from outbox.queue.horizon import horizon_holder
+from outbox.queue.rotation import keep_rotating
 from outbox.queue.settle import unblock_campaigns
 from outbox.retry import backoff_delay, describe_error
 from outbox.worker.batch import Worker
@@ -336,6 +338,7 @@ class Service:
                 if config.notifications:
                     service.start_soon(self.listen)
                 service.start_soon(self.heartbeat, registration)
+                service.start_soon(keep_rotating, self.worker.pool)
                 if config.metrics_port is not None:
                     self.metrics_address = self.metrics.serve(
                         config.metrics_port, config.metrics_host

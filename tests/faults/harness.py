@@ -344,6 +344,12 @@ async def finish(
         record(result)
     for result in results:
         assert result.clean, result.line() + f" unplanned={fleet.unplanned[:3]}"
+    # A campaign has at most one campaign row, in whichever slot (S26).
+    doubled = await pool.fetch(
+        "SELECT campaign_id FROM outbox.projection_apply_campaigns "
+        "GROUP BY bucket, campaign_id HAVING count(*) > 1"
+    )
+    assert not doubled, f"campaigns with two campaign rows: {[r[0] for r in doubled][:5]}"
 
 
 # The fixtures of the tiers that run scenarios (tests/faults, tests/citus): their conftests

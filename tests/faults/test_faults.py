@@ -261,23 +261,30 @@ async def test_sigkill_soak_in_lease_mode(pool: db.Pool, dsn: str, fleet: Fleet)
 async def test_sigkill_soak_under_a_snapshot_held_elsewhere(
     pool: db.Pool, dsn: str, fleet: Fleet
 ) -> None:
-    """Another session holds one REPEATABLE READ snapshot, as a `pg_dump` does (it read the
-    journal and the queue's tables, so it holds their ACCESS SHARE locks too), from before the
-    first append until the oracle has judged the drain: vacuum removes nothing the whole time.
-    Workers are SIGKILLed meanwhile."""
-    holder = await db.connect(dsn, server_settings={"application_name": "fault-dump"})
+    """Another session holds one REPEATABLE READ snapshot (a report's: it read the journal)
+    from before the first append until the oracle has judged the drain: vacuum removes nothing
+    the whole time, and the workers rotate the campaign queue's slots under it (S26) while
+    they are SIGKILLed, mid-rotation too. At the end no campaign has two campaign rows
+    (`finish`), and a slot was emptied by TRUNCATE (a new file) during the soak."""
+    holder = await db.connect(dsn, server_settings={"application_name": "fault-report"})
     try:
         await holder.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
-        seen = [
-            await holder.fetchval(f"SELECT count(*) FROM outbox.{table}")
-            for table in ("event_journal", "projection_apply_outbox", "projection_apply_campaigns")
-        ]
+        seen = await holder.fetchval("SELECT count(*) FROM outbox.event_journal")
+        before = await pool.fetch(SLOT_FILES)
         await _soak("sigkill_soak_held_snapshot", pool, dsn, fleet, kills=scaled(20))
         # Still the same snapshot: it saw none of the soak's events.
-        assert await holder.fetchval("SELECT count(*) FROM outbox.event_journal") == seen[0]
-        assert await pool.fetchval("SELECT count(*) FROM outbox.event_journal") > seen[0]
+        assert await holder.fetchval("SELECT count(*) FROM outbox.event_journal") == seen
+        assert await pool.fetchval("SELECT count(*) FROM outbox.event_journal") > seen
+        assert await pool.fetch(SLOT_FILES) != before, "no slot was rotated under the snapshot"
     finally:
         await holder.close()
+
+
+# The campaign queue's slots and their files: TRUNCATE gives a slot a new one.
+SLOT_FILES = """
+SELECT c.relname, c.relfilenode FROM pg_class c JOIN pg_inherits i ON i.inhrelid = c.oid
+WHERE i.inhparent = 'outbox.projection_apply_campaigns'::regclass ORDER BY 1
+"""
 
 
 async def _deliveries(pool: db.Pool, expected: dict[str, list[str]]) -> tuple[int, int, int]:

@@ -35,10 +35,11 @@ async def test_the_python_twin_computes_the_sql_bucket(pool: db.Pool) -> None:
 async def test_every_campaign_key_leads_with_the_bucket_and_a_wrong_one_is_refused(
     pool: db.Pool,
 ) -> None:
-    # The catalog's tables with both key columns are the plan's bucket-keyed ones, no more.
+    # The catalog's tables with both key columns are the plan's bucket-keyed ones, no more
+    # (a partitioned table's partitions follow it).
     keyed = await pool.fetch(
         "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
-        "WHERE n.nspname = 'outbox' AND c.relkind IN ('r', 'p') AND ("
+        "WHERE n.nspname = 'outbox' AND c.relkind IN ('r', 'p') AND NOT c.relispartition AND ("
         "SELECT count(*) FROM pg_attribute a WHERE a.attrelid = c.oid "
         "AND a.attname IN ('bucket', 'campaign_id') AND NOT a.attisdropped) = 2"
     )

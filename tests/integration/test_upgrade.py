@@ -135,14 +135,15 @@ async def _rows(conn: db.Connection, schema: str) -> dict[str, list[tuple[Any, .
     found = {}
     for table in TABLES_0_1_0:
         # The campaign queue's due time and blocked flag are its bookkeeping: 0006 makes a
-        # campaign that a projector's dead row blocked due for its other projectors (S24).
+        # campaign that a projector's dead row blocked due for its other projectors (S24);
+        # its slot (0008) is where it is kept (S26).
         queue = ["due_at", "blocked", "updated_at"] if table == "projection_apply_campaigns" else []
         columns = await conn.fetchval(
             "SELECT string_agg(quote_ident(attname), ', ' ORDER BY attnum) FROM pg_attribute "
             "WHERE attrelid = $1::regclass AND attnum > 0 AND NOT attisdropped "
             "AND attname NOT IN ('bucket', 'fingerprint', 'source_topic', 'source_partition', "
             "'source_offset', 'lease_owner', 'claim_epoch', 'leased_at', 'lease_expires_at', "
-            "'action', 'projector') AND NOT attname = ANY ($2::text[])",
+            "'action', 'projector', 'slot') AND NOT attname = ANY ($2::text[])",
             f"{schema}.{table}",
             queue,
         )
