@@ -408,6 +408,9 @@ DECLARE
     lacking text[];
     missing text[];
     rounds integer := 0;
+    -- The statement's instant as a value: Citus refuses a function inside COALESCE in a
+    -- statement that writes a distributed table.
+    v_now timestamptz := statement_timestamp();
 BEGIN
     lacking := ARRAY(
         SELECT t.campaign_id FROM unnest(todo) AS t(campaign_id)
@@ -477,19 +480,17 @@ BEGIN
         ), kept AS (
             UPDATE projection_apply_campaigns c
             SET head_seq = coalesce(s.seq, 0),
-                due_at = coalesce(s.next_attempt_at, statement_timestamp()),
+                due_at = coalesce(s.next_attempt_at, v_now),
                 blocked = coalesce(s.blocked, false),
-                updated_at = statement_timestamp()
+                updated_at = v_now
             FROM keep s
             WHERE c.bucket = p_bucket AND c.campaign_id = s.campaign_id
             RETURNING c.campaign_id
         ), made AS (
             INSERT INTO projection_apply_campaigns (bucket, campaign_id, head_seq, due_at,
                                                     blocked, updated_at, slot)
-            SELECT p_bucket, s.campaign_id, coalesce(s.seq, 0),
-                   coalesce(s.next_attempt_at, statement_timestamp()),
-                   coalesce(s.blocked, false), statement_timestamp(),
-                   outbox_queue_slot(statement_timestamp())
+            SELECT p_bucket, s.campaign_id, coalesce(s.seq, 0), coalesce(s.next_attempt_at, v_now),
+                   coalesce(s.blocked, false), v_now, outbox_queue_slot(v_now)
             FROM keep s
             WHERE s.campaign_id = ANY (lacking)
               AND NOT EXISTS (
@@ -524,11 +525,13 @@ DECLARE
     v_now timestamptz := coalesce(p_now, clock_timestamp());
     v_current smallint := outbox_queue_slot(v_now);
     v_old smallint := (outbox_queue_slot(v_now) + 1) % 3;
-    part text := format('%I.%I', current_schema(), 'projection_apply_campaigns_' || v_old);
+    campaigns text := format('%I.%I', current_schema(), 'projection_apply_campaigns_' || v_old);
+    rows text := format('%I.%I', current_schema(), 'projection_apply_outbox_' || v_old);
     live bigint;
     n bigint;
+    m bigint;
 BEGIN
-    IF pg_relation_size(part::regclass) = 0 THEN
+    IF pg_relation_size(campaigns::regclass) = 0 AND pg_relation_size(rows::regclass) = 0 THEN
         RETURN QUERY SELECT v_old, 'empty'::text, 0::bigint;
         RETURN;
     END IF;
@@ -538,12 +541,16 @@ BEGIN
     END IF;
     PERFORM set_config('lock_timeout', p_lock_timeout_ms || 'ms', true);
     BEGIN
-        EXECUTE format('LOCK TABLE ONLY %s IN ACCESS EXCLUSIVE MODE', part);
+        -- A wait on either lock is bounded by the timeout: no deadlock with a reader lasts.
+        EXECUTE format('LOCK TABLE ONLY %s, %s IN ACCESS EXCLUSIVE MODE', campaigns, rows);
     EXCEPTION WHEN lock_not_available THEN
         RETURN QUERY SELECT v_old, 'busy'::text, 0::bigint;
         RETURN;
     END;
-    EXECUTE format('SELECT count(*) FROM (SELECT 1 FROM ONLY %s LIMIT $1) x', part)
+    EXECUTE format(
+        'SELECT (SELECT count(*) FROM (SELECT 1 FROM ONLY %s LIMIT $1) x) '
+        '     + (SELECT count(*) FROM (SELECT 1 FROM ONLY %s LIMIT $1) y)',
+        campaigns, rows)
         INTO live USING p_limit + 1;
     IF live > p_limit THEN
         RETURN QUERY SELECT v_old, 'backlog'::text, live;
@@ -553,10 +560,20 @@ BEGIN
         'INSERT INTO projection_apply_campaigns (bucket, campaign_id, head_seq, due_at, '
         'blocked, updated_at, slot) '
         'SELECT bucket, campaign_id, head_seq, due_at, blocked, updated_at, $1 FROM ONLY %s',
-        part) USING v_current;
+        campaigns) USING v_current;
     GET DIAGNOSTICS n = ROW_COUNT;
-    EXECUTE format('TRUNCATE ONLY %s', part);
-    RETURN QUERY SELECT v_old, 'rotated'::text, n;
+    EXECUTE format(
+        'INSERT INTO projection_apply_outbox (bucket, campaign_id, seq, event_type, status, '
+        'attempt_count, next_attempt_at, last_error, enqueued_at, updated_at, seen_count, '
+        'first_seen_at, last_seen_at, lease_owner, claim_epoch, leased_at, lease_expires_at, '
+        'slot) '
+        'SELECT bucket, campaign_id, seq, event_type, status, attempt_count, next_attempt_at, '
+        'last_error, enqueued_at, updated_at, seen_count, first_seen_at, last_seen_at, '
+        'lease_owner, claim_epoch, leased_at, lease_expires_at, $1 FROM ONLY %s',
+        rows) USING v_current;
+    GET DIAGNOSTICS m = ROW_COUNT;
+    EXECUTE format('TRUNCATE ONLY %s, %s', campaigns, rows);
+    RETURN QUERY SELECT v_old, 'rotated'::text, n + m;
 END
 $_$;
 
@@ -636,10 +653,17 @@ BEGIN
                 -- A failure on an event whose row went (the projector met it in the journal):
                 -- the row comes back, for its holder alone, so that readers and operators see
                 -- it like any other.
-                INSERT INTO projection_apply_outbox (bucket, campaign_id, seq, event_type,
-                                                     next_attempt_at, enqueued_at, updated_at)
-                VALUES (p_bucket, m.campaign_id, m.seq, m.event_type, m.next, v_now, v_now)
-                ON CONFLICT (bucket, campaign_id, seq) DO NOTHING;
+                -- The batch holds the campaign, so no one else makes its rows meanwhile (S26:
+                -- the look covers every slot).
+                PERFORM FROM projection_apply_outbox o
+                WHERE o.bucket = p_bucket AND o.campaign_id = m.campaign_id AND o.seq = m.seq;
+                IF NOT FOUND THEN
+                    INSERT INTO projection_apply_outbox (bucket, campaign_id, seq, event_type,
+                                                         next_attempt_at, enqueued_at,
+                                                         updated_at, slot)
+                    VALUES (p_bucket, m.campaign_id, m.seq, m.event_type, m.next, v_now, v_now,
+                            outbox_queue_slot(v_now));
+                END IF;
             END IF;
             INSERT INTO projection_holds AS h (bucket, campaign_id, projector, seq, status,
                                                attempt_count, next_attempt_at, last_error,
@@ -1091,9 +1115,10 @@ BEGIN
                     appended -> (i - 1) -> 1, appended -> (i - 1) -> 2, v_now);
             IF enqueue THEN
                 INSERT INTO projection_apply_outbox (bucket, campaign_id, seq, event_type,
-                                                     next_attempt_at, enqueued_at, updated_at)
+                                                     next_attempt_at, enqueued_at, updated_at,
+                                                     slot)
                 VALUES (b, p_campaign_id, head - n + i, appended -> (i - 1) ->> 0, v_now, v_now,
-                        v_now);
+                        v_now, outbox_queue_slot(v_now));
             END IF;
         END LOOP;
     ELSE  -- set-wise: one statement per table (on Citus, COPY and two-phase commit)
@@ -1104,8 +1129,9 @@ BEGIN
         FROM jsonb_array_elements(appended) WITH ORDINALITY AS e(value, ord);
         IF enqueue THEN
             INSERT INTO projection_apply_outbox (bucket, campaign_id, seq, event_type,
-                                                 next_attempt_at, enqueued_at, updated_at)
-            SELECT b, p_campaign_id, head - n + e.ord, e.value ->> 0, v_now, v_now, v_now
+                                                 next_attempt_at, enqueued_at, updated_at, slot)
+            SELECT b, p_campaign_id, head - n + e.ord, e.value ->> 0, v_now, v_now, v_now,
+                   outbox_queue_slot(v_now)
             FROM jsonb_array_elements(appended) WITH ORDINALITY AS e(value, ord);
         END IF;
     END IF;
@@ -1318,9 +1344,8 @@ CREATE TABLE outbox.projection_apply_campaigns (
     blocked boolean DEFAULT false NOT NULL,
     updated_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
     bucket integer NOT NULL,
-    slot smallint NOT NULL,
-    CONSTRAINT projection_apply_campaigns_bucket_check CHECK ((bucket = outbox.outbox_bucket(campaign_id))),
-    CONSTRAINT projection_apply_campaigns_slot_check CHECK ((slot = ANY (ARRAY[0, 1, 2])))
+    slot smallint DEFAULT outbox.outbox_queue_slot(clock_timestamp()) NOT NULL,
+    CONSTRAINT projection_apply_campaigns_bucket_check CHECK ((bucket = outbox.outbox_bucket(campaign_id)))
 )
 PARTITION BY LIST (slot);
 
@@ -1331,9 +1356,8 @@ CREATE TABLE outbox.projection_apply_campaigns_0 (
     blocked boolean DEFAULT false NOT NULL,
     updated_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
     bucket integer NOT NULL,
-    slot smallint NOT NULL,
-    CONSTRAINT projection_apply_campaigns_bucket_check CHECK ((bucket = outbox.outbox_bucket(campaign_id))),
-    CONSTRAINT projection_apply_campaigns_slot_check CHECK ((slot = ANY (ARRAY[0, 1, 2])))
+    slot smallint DEFAULT outbox.outbox_queue_slot(clock_timestamp()) NOT NULL,
+    CONSTRAINT projection_apply_campaigns_bucket_check CHECK ((bucket = outbox.outbox_bucket(campaign_id)))
 )
 WITH (fillfactor='70', autovacuum_vacuum_scale_factor='0.01', autovacuum_vacuum_threshold='1000', autovacuum_vacuum_cost_delay='0', autovacuum_analyze_scale_factor='0.02', autovacuum_analyze_threshold='1000');
 
@@ -1344,9 +1368,8 @@ CREATE TABLE outbox.projection_apply_campaigns_1 (
     blocked boolean DEFAULT false NOT NULL,
     updated_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
     bucket integer NOT NULL,
-    slot smallint NOT NULL,
-    CONSTRAINT projection_apply_campaigns_bucket_check CHECK ((bucket = outbox.outbox_bucket(campaign_id))),
-    CONSTRAINT projection_apply_campaigns_slot_check CHECK ((slot = ANY (ARRAY[0, 1, 2])))
+    slot smallint DEFAULT outbox.outbox_queue_slot(clock_timestamp()) NOT NULL,
+    CONSTRAINT projection_apply_campaigns_bucket_check CHECK ((bucket = outbox.outbox_bucket(campaign_id)))
 )
 WITH (fillfactor='70', autovacuum_vacuum_scale_factor='0.01', autovacuum_vacuum_threshold='1000', autovacuum_vacuum_cost_delay='0', autovacuum_analyze_scale_factor='0.02', autovacuum_analyze_threshold='1000');
 
@@ -1357,9 +1380,8 @@ CREATE TABLE outbox.projection_apply_campaigns_2 (
     blocked boolean DEFAULT false NOT NULL,
     updated_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
     bucket integer NOT NULL,
-    slot smallint NOT NULL,
-    CONSTRAINT projection_apply_campaigns_bucket_check CHECK ((bucket = outbox.outbox_bucket(campaign_id))),
-    CONSTRAINT projection_apply_campaigns_slot_check CHECK ((slot = ANY (ARRAY[0, 1, 2])))
+    slot smallint DEFAULT outbox.outbox_queue_slot(clock_timestamp()) NOT NULL,
+    CONSTRAINT projection_apply_campaigns_bucket_check CHECK ((bucket = outbox.outbox_bucket(campaign_id)))
 )
 WITH (fillfactor='70', autovacuum_vacuum_scale_factor='0.01', autovacuum_vacuum_threshold='1000', autovacuum_vacuum_cost_delay='0', autovacuum_analyze_scale_factor='0.02', autovacuum_analyze_threshold='1000');
 
@@ -1381,6 +1403,88 @@ CREATE TABLE outbox.projection_apply_outbox (
     leased_at timestamp with time zone,
     lease_expires_at timestamp with time zone,
     bucket integer NOT NULL,
+    slot smallint DEFAULT outbox.outbox_queue_slot(clock_timestamp()) NOT NULL,
+    CONSTRAINT projection_apply_outbox_attempt_count_check CHECK ((attempt_count >= 0)),
+    CONSTRAINT projection_apply_outbox_bucket_check CHECK ((bucket = outbox.outbox_bucket(campaign_id))),
+    CONSTRAINT projection_apply_outbox_lease_check CHECK (((status <> 'processing'::text) OR ((lease_owner IS NOT NULL) AND (claim_epoch IS NOT NULL) AND (lease_expires_at IS NOT NULL)))),
+    CONSTRAINT projection_apply_outbox_seen_count_check CHECK ((seen_count >= 0)),
+    CONSTRAINT projection_apply_outbox_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'processing'::text, 'failed'::text, 'dead'::text])))
+)
+PARTITION BY LIST (slot);
+
+CREATE TABLE outbox.projection_apply_outbox_0 (
+    campaign_id text NOT NULL,
+    seq bigint NOT NULL,
+    event_type text NOT NULL,
+    status text DEFAULT 'pending'::text NOT NULL,
+    attempt_count integer DEFAULT 0 NOT NULL,
+    next_attempt_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    last_error text,
+    enqueued_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    updated_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    seen_count integer DEFAULT 0 NOT NULL,
+    first_seen_at timestamp with time zone,
+    last_seen_at timestamp with time zone,
+    lease_owner text,
+    claim_epoch bigint,
+    leased_at timestamp with time zone,
+    lease_expires_at timestamp with time zone,
+    bucket integer NOT NULL,
+    slot smallint DEFAULT outbox.outbox_queue_slot(clock_timestamp()) NOT NULL,
+    CONSTRAINT projection_apply_outbox_attempt_count_check CHECK ((attempt_count >= 0)),
+    CONSTRAINT projection_apply_outbox_bucket_check CHECK ((bucket = outbox.outbox_bucket(campaign_id))),
+    CONSTRAINT projection_apply_outbox_lease_check CHECK (((status <> 'processing'::text) OR ((lease_owner IS NOT NULL) AND (claim_epoch IS NOT NULL) AND (lease_expires_at IS NOT NULL)))),
+    CONSTRAINT projection_apply_outbox_seen_count_check CHECK ((seen_count >= 0)),
+    CONSTRAINT projection_apply_outbox_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'processing'::text, 'failed'::text, 'dead'::text])))
+)
+WITH (fillfactor='90', autovacuum_vacuum_scale_factor='0.01', autovacuum_vacuum_threshold='1000', autovacuum_vacuum_cost_delay='0', autovacuum_analyze_scale_factor='0.02', autovacuum_analyze_threshold='1000');
+
+CREATE TABLE outbox.projection_apply_outbox_1 (
+    campaign_id text NOT NULL,
+    seq bigint NOT NULL,
+    event_type text NOT NULL,
+    status text DEFAULT 'pending'::text NOT NULL,
+    attempt_count integer DEFAULT 0 NOT NULL,
+    next_attempt_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    last_error text,
+    enqueued_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    updated_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    seen_count integer DEFAULT 0 NOT NULL,
+    first_seen_at timestamp with time zone,
+    last_seen_at timestamp with time zone,
+    lease_owner text,
+    claim_epoch bigint,
+    leased_at timestamp with time zone,
+    lease_expires_at timestamp with time zone,
+    bucket integer NOT NULL,
+    slot smallint DEFAULT outbox.outbox_queue_slot(clock_timestamp()) NOT NULL,
+    CONSTRAINT projection_apply_outbox_attempt_count_check CHECK ((attempt_count >= 0)),
+    CONSTRAINT projection_apply_outbox_bucket_check CHECK ((bucket = outbox.outbox_bucket(campaign_id))),
+    CONSTRAINT projection_apply_outbox_lease_check CHECK (((status <> 'processing'::text) OR ((lease_owner IS NOT NULL) AND (claim_epoch IS NOT NULL) AND (lease_expires_at IS NOT NULL)))),
+    CONSTRAINT projection_apply_outbox_seen_count_check CHECK ((seen_count >= 0)),
+    CONSTRAINT projection_apply_outbox_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'processing'::text, 'failed'::text, 'dead'::text])))
+)
+WITH (fillfactor='90', autovacuum_vacuum_scale_factor='0.01', autovacuum_vacuum_threshold='1000', autovacuum_vacuum_cost_delay='0', autovacuum_analyze_scale_factor='0.02', autovacuum_analyze_threshold='1000');
+
+CREATE TABLE outbox.projection_apply_outbox_2 (
+    campaign_id text NOT NULL,
+    seq bigint NOT NULL,
+    event_type text NOT NULL,
+    status text DEFAULT 'pending'::text NOT NULL,
+    attempt_count integer DEFAULT 0 NOT NULL,
+    next_attempt_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    last_error text,
+    enqueued_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    updated_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    seen_count integer DEFAULT 0 NOT NULL,
+    first_seen_at timestamp with time zone,
+    last_seen_at timestamp with time zone,
+    lease_owner text,
+    claim_epoch bigint,
+    leased_at timestamp with time zone,
+    lease_expires_at timestamp with time zone,
+    bucket integer NOT NULL,
+    slot smallint DEFAULT outbox.outbox_queue_slot(clock_timestamp()) NOT NULL,
     CONSTRAINT projection_apply_outbox_attempt_count_check CHECK ((attempt_count >= 0)),
     CONSTRAINT projection_apply_outbox_bucket_check CHECK ((bucket = outbox.outbox_bucket(campaign_id))),
     CONSTRAINT projection_apply_outbox_lease_check CHECK (((status <> 'processing'::text) OR ((lease_owner IS NOT NULL) AND (claim_epoch IS NOT NULL) AND (lease_expires_at IS NOT NULL)))),
@@ -1420,6 +1524,12 @@ ALTER TABLE ONLY outbox.projection_apply_campaigns ATTACH PARTITION outbox.proje
 ALTER TABLE ONLY outbox.projection_apply_campaigns ATTACH PARTITION outbox.projection_apply_campaigns_1 FOR VALUES IN ('1');
 
 ALTER TABLE ONLY outbox.projection_apply_campaigns ATTACH PARTITION outbox.projection_apply_campaigns_2 FOR VALUES IN ('2');
+
+ALTER TABLE ONLY outbox.projection_apply_outbox ATTACH PARTITION outbox.projection_apply_outbox_0 FOR VALUES IN ('0');
+
+ALTER TABLE ONLY outbox.projection_apply_outbox ATTACH PARTITION outbox.projection_apply_outbox_1 FOR VALUES IN ('1');
+
+ALTER TABLE ONLY outbox.projection_apply_outbox ATTACH PARTITION outbox.projection_apply_outbox_2 FOR VALUES IN ('2');
 
 ALTER TABLE ONLY outbox.append_idempotency_keys
     ADD CONSTRAINT append_idempotency_keys_pkey PRIMARY KEY (bucket, campaign_id, idem_key);
@@ -1470,7 +1580,16 @@ ALTER TABLE ONLY outbox.projection_apply_campaigns_2
     ADD CONSTRAINT projection_apply_campaigns_2_pkey PRIMARY KEY (bucket, campaign_id, slot);
 
 ALTER TABLE ONLY outbox.projection_apply_outbox
-    ADD CONSTRAINT projection_apply_outbox_pkey PRIMARY KEY (bucket, campaign_id, seq);
+    ADD CONSTRAINT projection_apply_outbox_pkey PRIMARY KEY (bucket, campaign_id, seq, slot);
+
+ALTER TABLE ONLY outbox.projection_apply_outbox_0
+    ADD CONSTRAINT projection_apply_outbox_0_pkey PRIMARY KEY (bucket, campaign_id, seq, slot);
+
+ALTER TABLE ONLY outbox.projection_apply_outbox_1
+    ADD CONSTRAINT projection_apply_outbox_1_pkey PRIMARY KEY (bucket, campaign_id, seq, slot);
+
+ALTER TABLE ONLY outbox.projection_apply_outbox_2
+    ADD CONSTRAINT projection_apply_outbox_2_pkey PRIMARY KEY (bucket, campaign_id, seq, slot);
 
 ALTER TABLE ONLY outbox.projection_checkpoints
     ADD CONSTRAINT projection_checkpoints_pkey PRIMARY KEY (bucket, campaign_id, projector);
@@ -1496,9 +1615,21 @@ CREATE INDEX projection_apply_campaigns_1_bucket_due_at_idx ON outbox.projection
 
 CREATE INDEX projection_apply_campaigns_2_bucket_due_at_idx ON outbox.projection_apply_campaigns_2 USING btree (bucket, due_at) WHERE (NOT blocked);
 
-CREATE INDEX projection_apply_outbox_attention_idx ON outbox.projection_apply_outbox USING btree (bucket, campaign_id, seq) INCLUDE (status) WHERE (status <> 'pending'::text);
+CREATE INDEX projection_apply_outbox_attention_idx ON ONLY outbox.projection_apply_outbox USING btree (bucket, campaign_id, seq) INCLUDE (status) WHERE (status <> 'pending'::text);
 
-CREATE INDEX projection_apply_outbox_claim_idx ON outbox.projection_apply_outbox USING btree (bucket, next_attempt_at, seq) WHERE (status = ANY (ARRAY['pending'::text, 'failed'::text]));
+CREATE INDEX projection_apply_outbox_0_bucket_campaign_id_seq_status_idx ON outbox.projection_apply_outbox_0 USING btree (bucket, campaign_id, seq) INCLUDE (status) WHERE (status <> 'pending'::text);
+
+CREATE INDEX projection_apply_outbox_claim_idx ON ONLY outbox.projection_apply_outbox USING btree (bucket, next_attempt_at, seq) WHERE (status = ANY (ARRAY['pending'::text, 'failed'::text]));
+
+CREATE INDEX projection_apply_outbox_0_bucket_next_attempt_at_seq_idx ON outbox.projection_apply_outbox_0 USING btree (bucket, next_attempt_at, seq) WHERE (status = ANY (ARRAY['pending'::text, 'failed'::text]));
+
+CREATE INDEX projection_apply_outbox_1_bucket_campaign_id_seq_status_idx ON outbox.projection_apply_outbox_1 USING btree (bucket, campaign_id, seq) INCLUDE (status) WHERE (status <> 'pending'::text);
+
+CREATE INDEX projection_apply_outbox_1_bucket_next_attempt_at_seq_idx ON outbox.projection_apply_outbox_1 USING btree (bucket, next_attempt_at, seq) WHERE (status = ANY (ARRAY['pending'::text, 'failed'::text]));
+
+CREATE INDEX projection_apply_outbox_2_bucket_campaign_id_seq_status_idx ON outbox.projection_apply_outbox_2 USING btree (bucket, campaign_id, seq) INCLUDE (status) WHERE (status <> 'pending'::text);
+
+CREATE INDEX projection_apply_outbox_2_bucket_next_attempt_at_seq_idx ON outbox.projection_apply_outbox_2 USING btree (bucket, next_attempt_at, seq) WHERE (status = ANY (ARRAY['pending'::text, 'failed'::text]));
 
 CREATE INDEX projection_checkpoints_projector_idx ON outbox.projection_checkpoints USING btree (projector);
 
@@ -1516,5 +1647,23 @@ ALTER INDEX outbox.projection_apply_campaigns_claim_idx ATTACH PARTITION outbox.
 
 ALTER INDEX outbox.projection_apply_campaigns_pkey ATTACH PARTITION outbox.projection_apply_campaigns_2_pkey;
 
-ALTER TABLE ONLY outbox.projection_apply_outbox
+ALTER INDEX outbox.projection_apply_outbox_attention_idx ATTACH PARTITION outbox.projection_apply_outbox_0_bucket_campaign_id_seq_status_idx;
+
+ALTER INDEX outbox.projection_apply_outbox_claim_idx ATTACH PARTITION outbox.projection_apply_outbox_0_bucket_next_attempt_at_seq_idx;
+
+ALTER INDEX outbox.projection_apply_outbox_pkey ATTACH PARTITION outbox.projection_apply_outbox_0_pkey;
+
+ALTER INDEX outbox.projection_apply_outbox_attention_idx ATTACH PARTITION outbox.projection_apply_outbox_1_bucket_campaign_id_seq_status_idx;
+
+ALTER INDEX outbox.projection_apply_outbox_claim_idx ATTACH PARTITION outbox.projection_apply_outbox_1_bucket_next_attempt_at_seq_idx;
+
+ALTER INDEX outbox.projection_apply_outbox_pkey ATTACH PARTITION outbox.projection_apply_outbox_1_pkey;
+
+ALTER INDEX outbox.projection_apply_outbox_attention_idx ATTACH PARTITION outbox.projection_apply_outbox_2_bucket_campaign_id_seq_status_idx;
+
+ALTER INDEX outbox.projection_apply_outbox_claim_idx ATTACH PARTITION outbox.projection_apply_outbox_2_bucket_next_attempt_at_seq_idx;
+
+ALTER INDEX outbox.projection_apply_outbox_pkey ATTACH PARTITION outbox.projection_apply_outbox_2_pkey;
+
+ALTER TABLE outbox.projection_apply_outbox
     ADD CONSTRAINT projection_apply_outbox_event_fkey FOREIGN KEY (bucket, campaign_id, seq) REFERENCES outbox.event_journal(bucket, campaign_id, seq);

@@ -206,9 +206,10 @@ BEGIN
                     appended -> (i - 1) -> 1, appended -> (i - 1) -> 2, v_now);
             IF enqueue THEN
                 INSERT INTO projection_apply_outbox (bucket, campaign_id, seq, event_type,
-                                                     next_attempt_at, enqueued_at, updated_at)
+                                                     next_attempt_at, enqueued_at, updated_at,
+                                                     slot)
                 VALUES (b, p_campaign_id, head - n + i, appended -> (i - 1) ->> 0, v_now, v_now,
-                        v_now);
+                        v_now, outbox_queue_slot(v_now));
             END IF;
         END LOOP;
     ELSE  -- set-wise: one statement per table (on Citus, COPY and two-phase commit)
@@ -219,8 +220,9 @@ BEGIN
         FROM jsonb_array_elements(appended) WITH ORDINALITY AS e(value, ord);
         IF enqueue THEN
             INSERT INTO projection_apply_outbox (bucket, campaign_id, seq, event_type,
-                                                 next_attempt_at, enqueued_at, updated_at)
-            SELECT b, p_campaign_id, head - n + e.ord, e.value ->> 0, v_now, v_now, v_now
+                                                 next_attempt_at, enqueued_at, updated_at, slot)
+            SELECT b, p_campaign_id, head - n + e.ord, e.value ->> 0, v_now, v_now, v_now,
+                   outbox_queue_slot(v_now)
             FROM jsonb_array_elements(appended) WITH ORDINALITY AS e(value, ord);
         END IF;
     END IF;

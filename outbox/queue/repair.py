@@ -46,6 +46,8 @@ class RepairQueries(Queries):
     requeue_dead_holds: str
     insert_requeue_audit: str
     list_unqueued_events: str
+    lock_heads_exclusively: str
+    hold_campaigns: str
     insert_work_rows: str
     list_unqueued_campaigns: str
     list_audit: str
@@ -250,6 +252,9 @@ async def list_unqueued_campaigns(conn: Connection, campaign_id: str | None) -> 
 async def enqueue(conn: Connection, events: Sequence[tuple[str, int, str]]) -> None:
     """Work rows for `events` (an existing row wins), their campaigns made claimable."""
     for bucket, group in (await buckets.grouped(conn, events, itemgetter(0))).items():
+        campaigns = sorted({e[0] for e in group})
+        await conn.execute(Q.lock_heads_exclusively, campaigns, bucket)
+        await conn.execute(Q.hold_campaigns, campaigns, bucket)
         await conn.execute(
             Q.insert_work_rows,
             [e[0] for e in group],

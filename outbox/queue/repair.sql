@@ -92,13 +92,38 @@ WHERE ($1::text IS NULL OR j.campaign_id = $1::text)
 ORDER BY j.bucket, j.campaign_id, j.seq
 LIMIT $4::integer
 
+-- name: lock_heads_exclusively
+-- Hold the append heads of campaigns $1 (all in bucket $2) FOR NO KEY UPDATE before making
+-- their work rows: appends and refreshes wait, batches skip them (S26). Then hold_campaigns,
+-- in a statement of its own that sees a campaign row an append made meanwhile.
+SELECT count(*) FROM (
+    SELECT 1 FROM @extschema@.campaign_heads h
+    WHERE h.bucket = $2::integer AND h.campaign_id = ANY ($1::text[])
+    ORDER BY h.campaign_id
+    FOR NO KEY UPDATE
+) h
+
+-- name: hold_campaigns
+-- Hold the campaign rows of campaigns $1 (all in bucket $2), waiting for a batch that holds
+-- one: after their heads (lock_heads_exclusively), so no append waits for us while we wait
+-- for it. A work row is made only under both (S26).
+SELECT count(*) FROM (
+    SELECT 1 FROM @extschema@.projection_apply_campaigns c
+    WHERE c.bucket = $2::integer AND c.campaign_id = ANY ($1::text[])
+    ORDER BY c.campaign_id
+    FOR UPDATE
+) c
+
 -- name: insert_work_rows
--- Work rows for the given events, all in bucket $4 (an existing row wins: enqueueing twice is a
--- no-op).
+-- Work rows for the given events, all in bucket $4, under hold_campaigns: an
+-- existing row, in any slot, wins (enqueueing twice is a no-op).
 INSERT INTO @extschema@.projection_apply_outbox (bucket, campaign_id, seq, event_type)
 SELECT $4::integer, e.campaign_id, e.seq, e.event_type
 FROM unnest($1::text[], $2::bigint[], $3::text[]) AS e(campaign_id, seq, event_type)
-ON CONFLICT (bucket, campaign_id, seq) DO NOTHING
+WHERE NOT EXISTS (
+    SELECT 1 FROM @extschema@.projection_apply_outbox o
+    WHERE o.bucket = $4::integer AND o.campaign_id = e.campaign_id AND o.seq = e.seq
+)
 
 -- name: list_unqueued_campaigns
 -- Campaigns ($1, or all) with live work rows but no campaign row: rows written around the

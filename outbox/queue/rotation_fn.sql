@@ -1,33 +1,29 @@
--- The campaign queue's generations (`rotation.py`, S26): which slot a new campaign row goes
--- to, and the rotation that empties the oldest slot whole.
+-- The queue's generations (`rotation.py`, S26): the rotation that empties the oldest slot of
+-- the work rows and the campaign rows whole.
 --
--- Time is cut into periods of ten seconds; period n's campaign rows go to slot n mod 3. During
+-- Time is cut into periods of ten seconds; period n's new rows go to slot n mod 3
+-- (`outbox_queue_slot`, which migration 0008 defines: the tables' default calls it). During
 -- period n, slot n+1 mod 3 holds what was written two periods ago and nothing new (only a
 -- statement whose clock reading is older than ten seconds still writes there), so the
--- rotation empties it then: its live rows (campaigns still queued: a backlog, a backoff, a
--- blocked head) move to the current slot, and TRUNCATE gives its space back, dead versions
--- and index entries included, which no vacuum may remove while a snapshot older than them is
--- held. By period n+1, when slot n+1 mod 3 becomes current, it starts empty.
+-- rotation empties it then: its live rows (work still queued: a backlog, a backoff, a blocked
+-- head, a dead row, a lease) move to the current slot, and TRUNCATE gives its space back,
+-- dead versions and index entries included, which no vacuum may remove while a snapshot older
+-- than them is held. By period n+1, when slot n+1 mod 3 becomes current, it starts empty.
 
--- The slot of the period `p_at` falls in. Immutable (the epoch of an instant does not depend
--- on the time zone), so that a statement that writes a distributed table on Citus may call
--- it on a parameter.
-CREATE OR REPLACE FUNCTION outbox_queue_slot(p_at timestamptz) RETURNS smallint
-LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
-RETURN (((floor(extract(epoch FROM p_at) / 10)::bigint % 3) + 3) % 3)::smallint;
-
--- One rotation: empty the slot after the current one (the oldest), unless it is empty already
--- ('empty'), its lock is not had within `p_lock_timeout_ms` ('busy': a reader or a
--- batch holds it; nothing waits behind the rotation for longer than that), or more than
--- `p_limit` of its rows are live ('backlog': moving them would cost more than the dead
--- versions it frees; a later period tries again, and vacuum does its part meanwhile).
+-- One rotation: empty the slot after the current one (the oldest) of both tables, unless it
+-- is empty already ('empty'), its locks are not had within `p_lock_timeout_ms` ('busy': a
+-- reader or a batch holds them; nothing waits behind the rotation for longer than that), or
+-- more than `p_limit` of its rows are live ('backlog': moving them would cost more than the
+-- dead versions it frees; a later period tries again, and vacuum does its part meanwhile).
 -- Otherwise ('rotated') its rows move to the current slot and it is truncated, in the
--- caller's transaction, which holds the emptied slot's lock until it commits: the caller
--- commits at once. Statements that read the campaign rows lock every slot before they take
--- their snapshot, so none of them sees the slot emptied without seeing the rows it moved.
+-- caller's transaction, which holds the emptied slot's locks until it commits: the caller
+-- commits at once. Statements that read the queue lock every slot before they take their
+-- snapshot, so none of them sees a slot emptied without seeing the rows it moved. (A work
+-- row and its campaign's row may sit in different slots: nothing reads them by slot.)
 -- One rotation runs at a time per install (a transaction-level advisory lock; another finds
--- it 'busy'). `p_lock_timeout_ms`: the longest the rotation waits for the slot's lock, set for
--- the rest of the caller's transaction. `p_now`: tests move time with it; null is the clock.
+-- it 'busy'). `p_lock_timeout_ms` is set for the rest of the caller's transaction. `p_now`:
+-- tests move time with it; null is the clock.
+
 CREATE OR REPLACE FUNCTION outbox_rotate(
     p_limit integer,
     p_lock_timeout_ms integer,
@@ -42,11 +38,13 @@ DECLARE
     v_now timestamptz := coalesce(p_now, clock_timestamp());
     v_current smallint := outbox_queue_slot(v_now);
     v_old smallint := (outbox_queue_slot(v_now) + 1) % 3;
-    part text := format('%I.%I', current_schema(), 'projection_apply_campaigns_' || v_old);
+    campaigns text := format('%I.%I', current_schema(), 'projection_apply_campaigns_' || v_old);
+    rows text := format('%I.%I', current_schema(), 'projection_apply_outbox_' || v_old);
     live bigint;
     n bigint;
+    m bigint;
 BEGIN
-    IF pg_relation_size(part::regclass) = 0 THEN
+    IF pg_relation_size(campaigns::regclass) = 0 AND pg_relation_size(rows::regclass) = 0 THEN
         RETURN QUERY SELECT v_old, 'empty'::text, 0::bigint;
         RETURN;
     END IF;
@@ -56,12 +54,16 @@ BEGIN
     END IF;
     PERFORM set_config('lock_timeout', p_lock_timeout_ms || 'ms', true);
     BEGIN
-        EXECUTE format('LOCK TABLE ONLY %s IN ACCESS EXCLUSIVE MODE', part);
+        -- A wait on either lock is bounded by the timeout: no deadlock with a reader lasts.
+        EXECUTE format('LOCK TABLE ONLY %s, %s IN ACCESS EXCLUSIVE MODE', campaigns, rows);
     EXCEPTION WHEN lock_not_available THEN
         RETURN QUERY SELECT v_old, 'busy'::text, 0::bigint;
         RETURN;
     END;
-    EXECUTE format('SELECT count(*) FROM (SELECT 1 FROM ONLY %s LIMIT $1) x', part)
+    EXECUTE format(
+        'SELECT (SELECT count(*) FROM (SELECT 1 FROM ONLY %s LIMIT $1) x) '
+        '     + (SELECT count(*) FROM (SELECT 1 FROM ONLY %s LIMIT $1) y)',
+        campaigns, rows)
         INTO live USING p_limit + 1;
     IF live > p_limit THEN
         RETURN QUERY SELECT v_old, 'backlog'::text, live;
@@ -71,9 +73,19 @@ BEGIN
         'INSERT INTO projection_apply_campaigns (bucket, campaign_id, head_seq, due_at, '
         'blocked, updated_at, slot) '
         'SELECT bucket, campaign_id, head_seq, due_at, blocked, updated_at, $1 FROM ONLY %s',
-        part) USING v_current;
+        campaigns) USING v_current;
     GET DIAGNOSTICS n = ROW_COUNT;
-    EXECUTE format('TRUNCATE ONLY %s', part);
-    RETURN QUERY SELECT v_old, 'rotated'::text, n;
+    EXECUTE format(
+        'INSERT INTO projection_apply_outbox (bucket, campaign_id, seq, event_type, status, '
+        'attempt_count, next_attempt_at, last_error, enqueued_at, updated_at, seen_count, '
+        'first_seen_at, last_seen_at, lease_owner, claim_epoch, leased_at, lease_expires_at, '
+        'slot) '
+        'SELECT bucket, campaign_id, seq, event_type, status, attempt_count, next_attempt_at, '
+        'last_error, enqueued_at, updated_at, seen_count, first_seen_at, last_seen_at, '
+        'lease_owner, claim_epoch, leased_at, lease_expires_at, $1 FROM ONLY %s',
+        rows) USING v_current;
+    GET DIAGNOSTICS m = ROW_COUNT;
+    EXECUTE format('TRUNCATE ONLY %s, %s', campaigns, rows);
+    RETURN QUERY SELECT v_old, 'rotated'::text, n + m;
 END
 $$;

@@ -139,10 +139,17 @@ BEGIN
                 -- A failure on an event whose row went (the projector met it in the journal):
                 -- the row comes back, for its holder alone, so that readers and operators see
                 -- it like any other.
-                INSERT INTO projection_apply_outbox (bucket, campaign_id, seq, event_type,
-                                                     next_attempt_at, enqueued_at, updated_at)
-                VALUES (p_bucket, m.campaign_id, m.seq, m.event_type, m.next, v_now, v_now)
-                ON CONFLICT (bucket, campaign_id, seq) DO NOTHING;
+                -- The batch holds the campaign, so no one else makes its rows meanwhile (S26:
+                -- the look covers every slot).
+                PERFORM FROM projection_apply_outbox o
+                WHERE o.bucket = p_bucket AND o.campaign_id = m.campaign_id AND o.seq = m.seq;
+                IF NOT FOUND THEN
+                    INSERT INTO projection_apply_outbox (bucket, campaign_id, seq, event_type,
+                                                         next_attempt_at, enqueued_at,
+                                                         updated_at, slot)
+                    VALUES (p_bucket, m.campaign_id, m.seq, m.event_type, m.next, v_now, v_now,
+                            outbox_queue_slot(v_now));
+                END IF;
             END IF;
             INSERT INTO projection_holds AS h (bucket, campaign_id, projector, seq, status,
                                                attempt_count, next_attempt_at, last_error,
@@ -356,6 +363,9 @@ DECLARE
     lacking text[];
     missing text[];
     rounds integer := 0;
+    -- The statement's instant as a value: Citus refuses a function inside COALESCE in a
+    -- statement that writes a distributed table.
+    v_now timestamptz := statement_timestamp();
 BEGIN
     lacking := ARRAY(
         SELECT t.campaign_id FROM unnest(todo) AS t(campaign_id)
@@ -425,19 +435,17 @@ BEGIN
         ), kept AS (
             UPDATE projection_apply_campaigns c
             SET head_seq = coalesce(s.seq, 0),
-                due_at = coalesce(s.next_attempt_at, statement_timestamp()),
+                due_at = coalesce(s.next_attempt_at, v_now),
                 blocked = coalesce(s.blocked, false),
-                updated_at = statement_timestamp()
+                updated_at = v_now
             FROM keep s
             WHERE c.bucket = p_bucket AND c.campaign_id = s.campaign_id
             RETURNING c.campaign_id
         ), made AS (
             INSERT INTO projection_apply_campaigns (bucket, campaign_id, head_seq, due_at,
                                                     blocked, updated_at, slot)
-            SELECT p_bucket, s.campaign_id, coalesce(s.seq, 0),
-                   coalesce(s.next_attempt_at, statement_timestamp()),
-                   coalesce(s.blocked, false), statement_timestamp(),
-                   outbox_queue_slot(statement_timestamp())
+            SELECT p_bucket, s.campaign_id, coalesce(s.seq, 0), coalesce(s.next_attempt_at, v_now),
+                   coalesce(s.blocked, false), v_now, outbox_queue_slot(v_now)
             FROM keep s
             WHERE s.campaign_id = ANY (lacking)
               AND NOT EXISTS (

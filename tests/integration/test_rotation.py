@@ -1,6 +1,6 @@
-"""The campaign queue's generations (S26): new campaign rows go to the current period's slot,
-a rotation moves the oldest slot's live rows forward and truncates it, never waits past its
-lock timeout, leaves a backlog to vacuum, and a campaign never has two campaign rows."""
+"""The queue's generations (S26): new work rows and campaign rows go to the current period's
+slot, a rotation moves the oldest slot's live rows forward and truncates it, never waits past
+its lock timeout, leaves a backlog to vacuum, and a campaign never has two campaign rows."""
 
 from __future__ import annotations
 
@@ -32,10 +32,19 @@ async def slot_at(pool: db.Pool, at: datetime) -> int:
 
 
 async def slot_bytes(pool: db.Pool, slot: int) -> int:
+    """The slot's heap bytes, work rows and campaign rows."""
     size: int = await pool.fetchval(
-        "SELECT pg_relation_size(format('outbox.projection_apply_campaigns_%s', $1::int))", slot
+        "SELECT pg_relation_size(format('outbox.projection_apply_campaigns_%s', $1::int)) "
+        "+ pg_relation_size(format('outbox.projection_apply_outbox_%s', $1::int))",
+        slot,
     )
     return size
+
+
+WORK_ROWS = """
+SELECT campaign_id, seq, slot, status, attempt_count, next_attempt_at, last_error, enqueued_at
+FROM outbox.projection_apply_outbox ORDER BY campaign_id, seq
+"""
 
 
 async def database_now(pool: db.Pool) -> datetime:
@@ -62,6 +71,10 @@ async def test_a_rotation_moves_live_rows_forward_and_empties_the_oldest_slot(
     await append(pool, drained, [Event(c.DICE_ROLLED, {"value": 3})], settings=settings)
     before = {r["campaign_id"]: r for r in await pool.fetch(ROWS)}
     old = before[live]["slot"]
+    rows_before = await pool.fetch(WORK_ROWS)
+    assert [(r["campaign_id"], r["slot"]) for r in rows_before if r["campaign_id"] == live] == [
+        (live, old)
+    ]
     assert old in {
         await slot_at(pool, now),
         await slot_at(pool, now + timedelta(seconds=10)),
@@ -79,8 +92,13 @@ async def test_a_rotation_moves_live_rows_forward_and_empties_the_oldest_slot(
     while (await slot_at(pool, later) + 1) % 3 != old:
         later += timedelta(seconds=10)
     done = await rotate(pool, now=later)
-    assert (done.slot, done.outcome, done.moved) == (old, "rotated", 1)
+    assert (done.slot, done.outcome, done.moved) == (old, "rotated", 2)  # a campaign row, a row
     assert await slot_bytes(pool, old) == 0
+    # The live work row moved with every column it had but its slot.
+    [row] = await pool.fetch(WORK_ROWS)
+    [was] = [r for r in rows_before if r["campaign_id"] == live]
+    assert row["slot"] == await slot_at(pool, later)
+    assert dict(row) == {**dict(was), "slot": row["slot"]}
     after = await pool.fetch(ROWS)
     assert len(after) == 1
     moved = after[0]
@@ -121,7 +139,7 @@ async def test_a_busy_slot_is_left_for_the_next_call_without_waiting_past_the_ti
     finally:
         await reader.close()
     done = await rotate(pool, now=later)
-    assert (done.outcome, done.moved) == ("rotated", 1)
+    assert (done.outcome, done.moved) == ("rotated", 2)
 
 
 async def test_a_backlog_over_the_limit_is_left_to_vacuum(
@@ -136,8 +154,8 @@ async def test_a_backlog_over_the_limit_is_left_to_vacuum(
     while (await slot_at(pool, later) + 1) % 3 != old:
         later += timedelta(seconds=10)
     live = sum(1 for r in await pool.fetch(ROWS) if r["slot"] == old)
-    done = await rotate(pool, now=later, limit=live - 1)
-    assert (done.outcome, done.moved) == ("backlog", live)
+    done = await rotate(pool, now=later, limit=live - 1)  # a campaign row and a row each
+    assert (done.outcome, done.moved) == ("backlog", 2 * live)
     assert len(await pool.fetch(ROWS)) == 3
     assert await slot_bytes(pool, old) > 0
 

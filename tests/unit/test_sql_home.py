@@ -49,10 +49,16 @@ def test_the_released_migrations_are_as_released() -> None:
     assert {name: shipped.get(name) for name in RELEASED} == RELEASED
 
 
+# Functions a table needs before it can be created (a column default calls it), which only
+# the migration that creates the table can define: migration and function.
+NEEDED_BY_A_TABLE = {"0008_queue_generations.sql": ["outbox_queue_slot"]}
+
+
 def test_migrations_after_the_first_release_define_no_function() -> None:
     for migration in load_migrations():
         if migration.name >= "0004":
-            assert defined_functions(migration.sql) == [], migration.name
+            defined = [name for name, _ in defined_functions(migration.sql)]
+            assert defined == NEEDED_BY_A_TABLE.get(migration.name, []), migration.name
 
 
 def test_every_definitions_file_sits_beside_the_module_that_calls_it() -> None:
