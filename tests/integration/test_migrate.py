@@ -162,12 +162,15 @@ def test_file_names_and_versions_are_checked(tmp_path: Path) -> None:
 
 
 async def test_outbox_table_shape(pool: db.Pool) -> None:
-    options = await pool.fetchval(
-        "SELECT reloptions FROM pg_class WHERE oid = 'outbox.projection_apply_outbox'::regclass"
+    slots = await pool.fetch(  # each slot of the work rows carries them (S26)
+        "SELECT c.reloptions FROM pg_class c JOIN pg_inherits i ON i.inhrelid = c.oid "
+        "WHERE i.inhparent = 'outbox.projection_apply_outbox'::regclass"
     )
-    assert "autovacuum_vacuum_scale_factor=0.01" in options
-    assert "autovacuum_vacuum_threshold=1000" in options
-    assert "autovacuum_vacuum_cost_delay=0" in options
+    assert len(slots) == 3
+    for (options,) in slots:
+        assert "autovacuum_vacuum_scale_factor=0.01" in options
+        assert "autovacuum_vacuum_threshold=1000" in options
+        assert "autovacuum_vacuum_cost_delay=0" in options
     predicate = await pool.fetchval(
         "SELECT pg_get_expr(indpred, indrelid) FROM pg_index "
         "WHERE indexrelid = 'outbox.projection_apply_outbox_claim_idx'::regclass"
