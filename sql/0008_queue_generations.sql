@@ -48,24 +48,6 @@ CREATE INDEX projection_apply_campaigns_claim_idx
     ON projection_apply_campaigns (bucket, due_at)
     WHERE NOT blocked;
 
--- Each slot is written and emptied whole: autovacuum still tidies a slot between rotations
--- when no snapshot holds it back, and room is kept for HOT updates.
-CREATE TABLE projection_apply_campaigns_0 PARTITION OF projection_apply_campaigns
-    FOR VALUES IN (0)
-    WITH (fillfactor = 70, autovacuum_vacuum_scale_factor = 0.01,
-          autovacuum_vacuum_threshold = 1000, autovacuum_vacuum_cost_delay = 0,
-          autovacuum_analyze_scale_factor = 0.02, autovacuum_analyze_threshold = 1000);
-CREATE TABLE projection_apply_campaigns_1 PARTITION OF projection_apply_campaigns
-    FOR VALUES IN (1)
-    WITH (fillfactor = 70, autovacuum_vacuum_scale_factor = 0.01,
-          autovacuum_vacuum_threshold = 1000, autovacuum_vacuum_cost_delay = 0,
-          autovacuum_analyze_scale_factor = 0.02, autovacuum_analyze_threshold = 1000);
-CREATE TABLE projection_apply_campaigns_2 PARTITION OF projection_apply_campaigns
-    FOR VALUES IN (2)
-    WITH (fillfactor = 70, autovacuum_vacuum_scale_factor = 0.01,
-          autovacuum_vacuum_threshold = 1000, autovacuum_vacuum_cost_delay = 0,
-          autovacuum_analyze_scale_factor = 0.02, autovacuum_analyze_threshold = 1000);
-
 -- The work rows, the same way: their columns, checks, key (with the slot), the reference to
 -- the journal, the claim index (ordering `none`) and the attention index.
 ALTER TABLE projection_apply_outbox RENAME TO projection_apply_outbox_unpartitioned;
@@ -113,21 +95,24 @@ CREATE INDEX projection_apply_outbox_attention_idx
     ON projection_apply_outbox (bucket, campaign_id, seq) INCLUDE (status)
     WHERE status <> 'pending';
 
-CREATE TABLE projection_apply_outbox_0 PARTITION OF projection_apply_outbox
-    FOR VALUES IN (0)
-    WITH (fillfactor = 90, autovacuum_vacuum_scale_factor = 0.01,
-          autovacuum_vacuum_threshold = 1000, autovacuum_vacuum_cost_delay = 0,
-          autovacuum_analyze_scale_factor = 0.02, autovacuum_analyze_threshold = 1000);
-CREATE TABLE projection_apply_outbox_1 PARTITION OF projection_apply_outbox
-    FOR VALUES IN (1)
-    WITH (fillfactor = 90, autovacuum_vacuum_scale_factor = 0.01,
-          autovacuum_vacuum_threshold = 1000, autovacuum_vacuum_cost_delay = 0,
-          autovacuum_analyze_scale_factor = 0.02, autovacuum_analyze_threshold = 1000);
-CREATE TABLE projection_apply_outbox_2 PARTITION OF projection_apply_outbox
-    FOR VALUES IN (2)
-    WITH (fillfactor = 90, autovacuum_vacuum_scale_factor = 0.01,
-          autovacuum_vacuum_threshold = 1000, autovacuum_vacuum_cost_delay = 0,
-          autovacuum_analyze_scale_factor = 0.02, autovacuum_analyze_threshold = 1000);
+-- The slots. Each is written and emptied whole; autovacuum still tidies one between rotations
+-- when no snapshot holds it back, and room is kept for HOT updates.
+DO $$
+DECLARE
+    vacuum text := 'autovacuum_vacuum_scale_factor = 0.01, autovacuum_vacuum_threshold = 1000, '
+                   'autovacuum_vacuum_cost_delay = 0, autovacuum_analyze_scale_factor = 0.02, '
+                   'autovacuum_analyze_threshold = 1000';
+BEGIN
+    FOR s IN 0 .. 2 LOOP
+        EXECUTE format('CREATE TABLE %I PARTITION OF projection_apply_campaigns '
+                       'FOR VALUES IN (%s) WITH (fillfactor = 70, %s)',
+                       'projection_apply_campaigns_' || s, s, vacuum);
+        EXECUTE format('CREATE TABLE %I PARTITION OF projection_apply_outbox '
+                       'FOR VALUES IN (%s) WITH (fillfactor = 90, %s)',
+                       'projection_apply_outbox_' || s, s, vacuum);
+    END LOOP;
+END
+$$;
 
 -- An install already distributed on Citus keeps the tables distributed, co-located with the
 -- journal, before their rows come back (`maintenance distribute` does the same for a new one).
