@@ -48,8 +48,12 @@ CREATE INDEX projection_apply_campaigns_claim_idx
     ON projection_apply_campaigns (bucket, due_at)
     WHERE NOT blocked;
 
--- The work rows, the same way: their columns, checks, key (with the slot), the reference to
--- the journal, the claim index (ordering `none`) and the attention index.
+-- The work rows, the same way: their columns, checks, key (with the slot), the claim index
+-- (ordering `none`) and the attention index. Not their foreign key to the journal: a row
+-- whose event is gone (written around the append, a partial restore; S8 fails it with a clear
+-- error and keeps it for an operator) could not be moved to another slot under it, and would
+-- keep its slot from ever being emptied. The append writes the event before its work row, and
+-- nothing deletes journal rows.
 ALTER TABLE projection_apply_outbox RENAME TO projection_apply_outbox_unpartitioned;
 ALTER INDEX projection_apply_outbox_pkey RENAME TO projection_apply_outbox_unpartitioned_pkey;
 ALTER INDEX projection_apply_outbox_claim_idx RENAME TO projection_apply_outbox_unpartitioned_claim_idx;
@@ -83,9 +87,7 @@ CREATE TABLE projection_apply_outbox (
     CONSTRAINT projection_apply_outbox_lease_check CHECK (
         status <> 'processing'
         OR (lease_owner IS NOT NULL AND claim_epoch IS NOT NULL AND lease_expires_at IS NOT NULL)),
-    PRIMARY KEY (bucket, campaign_id, seq, slot),
-    CONSTRAINT projection_apply_outbox_event_fkey FOREIGN KEY (bucket, campaign_id, seq)
-        REFERENCES event_journal (bucket, campaign_id, seq)
+    PRIMARY KEY (bucket, campaign_id, seq, slot)
 ) PARTITION BY LIST (slot);
 
 CREATE INDEX projection_apply_outbox_claim_idx

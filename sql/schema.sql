@@ -1664,6 +1664,3 @@ ALTER INDEX outbox.projection_apply_outbox_attention_idx ATTACH PARTITION outbox
 ALTER INDEX outbox.projection_apply_outbox_claim_idx ATTACH PARTITION outbox.projection_apply_outbox_2_bucket_next_attempt_at_seq_idx;
 
 ALTER INDEX outbox.projection_apply_outbox_pkey ATTACH PARTITION outbox.projection_apply_outbox_2_pkey;
-
-ALTER TABLE outbox.projection_apply_outbox
-    ADD CONSTRAINT projection_apply_outbox_event_fkey FOREIGN KEY (bucket, campaign_id, seq) REFERENCES outbox.event_journal(bucket, campaign_id, seq);

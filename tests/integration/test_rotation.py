@@ -194,3 +194,22 @@ async def test_a_refresh_waits_for_an_append_holding_the_head_and_makes_no_secon
         await appender.close()
     rows = await pool.fetch(ROWS)
     assert [(r["campaign_id"], r["head_seq"]) for r in rows] == [("one-row", 1)]
+
+
+async def test_a_row_whose_event_is_gone_moves_like_any_other(pool: db.Pool) -> None:
+    """No foreign key ties a work row to the journal (S26): a row written around the append
+    for an event that is not there (S8 fails it when claimed) does not pin its slot."""
+    now = await database_now(pool)
+    await pool.execute(
+        "INSERT INTO outbox.projection_apply_outbox (bucket, campaign_id, seq, event_type) "
+        "VALUES (outbox.outbox_bucket('gone'), 'gone', 1, 'step')"
+    )
+    old = await pool.fetchval("SELECT slot FROM outbox.projection_apply_outbox")
+    later = now + timedelta(seconds=20)
+    while (await slot_at(pool, later) + 1) % 3 != old:
+        later += timedelta(seconds=10)
+    done = await rotate(pool, now=later)
+    assert (done.outcome, done.moved) == ("rotated", 1)
+    assert await slot_bytes(pool, old) == 0
+    moved = await pool.fetch("SELECT campaign_id, seq, slot FROM outbox.projection_apply_outbox")
+    assert [tuple(r) for r in moved] == [("gone", 1, await slot_at(pool, later))]
