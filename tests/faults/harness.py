@@ -287,11 +287,12 @@ def scaled(n: int) -> int:
 
 
 async def kill_at_random(
-    fleet: Fleet, names: Sequence[str], rng: random.Random, kills: int
+    fleet: Fleet, names: Sequence[str], rng: random.Random, kills: int, *, pace: float = 0.2
 ) -> None:
-    """`kills` SIGKILLs of workers `names` chosen at random, each restarted at once (2 loops)."""
+    """`kills` SIGKILLs of workers `names` chosen at random, each restarted at once (2 loops),
+    one every `pace` to three times `pace` seconds."""
     for _ in range(kills):
-        await anyio.sleep(0.2 + rng.random() * 0.4)  # fault pacing
+        await anyio.sleep(pace + rng.random() * 2 * pace)  # fault pacing
         worker = rng.choice(list(names))
         fleet.kill(worker)
         fleet.start(worker, "--concurrency", "2")

@@ -271,7 +271,9 @@ async def test_sigkill_soak_under_a_snapshot_held_elsewhere(
         await holder.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
         seen = await holder.fetchval("SELECT count(*) FROM outbox.event_journal")
         before = await pool.fetch(SLOT_FILES)
-        await _soak("sigkill_soak_held_snapshot", pool, dsn, fleet, kills=scaled(20))
+        # A kill every 1.5-4.5 s: the soak runs long enough for several rotations (a slot is
+        # emptied two ten-second periods after it was written).
+        await _soak("sigkill_soak_held_snapshot", pool, dsn, fleet, kills=scaled(20), pace=1.5)
         # Still the same snapshot: it saw none of the soak's events.
         assert await holder.fetchval("SELECT count(*) FROM outbox.event_journal") == seen
         assert await pool.fetchval("SELECT count(*) FROM outbox.event_journal") > seen
@@ -280,10 +282,12 @@ async def test_sigkill_soak_under_a_snapshot_held_elsewhere(
         await holder.close()
 
 
-# The campaign queue's slots and their files: TRUNCATE gives a slot a new one.
+# The queue's slots and their files: TRUNCATE gives a slot a new one.
 SLOT_FILES = """
 SELECT c.relname, c.relfilenode FROM pg_class c JOIN pg_inherits i ON i.inhrelid = c.oid
-WHERE i.inhparent = 'outbox.projection_apply_campaigns'::regclass ORDER BY 1
+WHERE i.inhparent IN ('outbox.projection_apply_campaigns'::regclass,
+                      'outbox.projection_apply_outbox'::regclass)
+ORDER BY 1
 """
 
 
@@ -305,7 +309,14 @@ async def _deliveries(pool: db.Pool, expected: dict[str, list[str]]) -> tuple[in
 
 
 async def _soak(
-    name: str, pool: db.Pool, dsn: str, fleet: Fleet, *, kills: int, deliveries: bool = False
+    name: str,
+    pool: db.Pool,
+    dsn: str,
+    fleet: Fleet,
+    *,
+    kills: int,
+    deliveries: bool = False,
+    pace: float = 0.2,
 ) -> None:
     settings = Settings(dsn=dsn)
     fleet.env |= FAST
@@ -315,7 +326,7 @@ async def _soak(
     generator = Generator(pool, settings, campaigns("soak", 12), pause=0.05)
     async with anyio.create_task_group() as tg:
         tg.start_soon(generator.run)
-        await kill_at_random(fleet, names, random.Random(11), kills)
+        await kill_at_random(fleet, names, random.Random(11), kills, pace=pace)
         generator.stop()
     if not deliveries:
         await finish(name, pool, fleet, generator, faults=kills)
