@@ -196,6 +196,14 @@ class Metrics:
             "Transactions since the oldest snapshot this database's vacuum must respect.",
             registry=r,
         )
+        self.rotations = Counter(
+            "outbox_queue_rotations",
+            "Rotations of the queue's oldest slot by this process, by outcome: rotated, empty, "
+            "busy (a lock or another rotation in the way), backlog (too many live rows), failed "
+            "(S26).",
+            ["outcome"],
+            registry=r,
+        )
         self.shadow_max_lag = Gauge(
             "outbox_shadow_max_lag_seconds",
             "Longest enqueue-to-first-sighting lag a shadow worker saw.",

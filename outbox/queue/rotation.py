@@ -1,13 +1,15 @@
-"""The campaign queue's generations kept short (S26): every worker rotates the queue.
+"""The queue's generations kept short (S26): every worker rotates the queue.
 
-Campaign rows live in three slots, one per ten-second period in turn (`rotation_fn.sql`).
-`rotate()` empties the oldest slot once its period is over: its live rows move to the current
-one and it is truncated, which gives back the space and index entries of every version a
-snapshot held elsewhere keeps alive (vacuum may not remove them). `keep_rotating()` is the
-worker's task: every `INTERVAL` seconds one call, which finds the slot empty on most calls
-(one statement). A rotation waits at most `LOCK_TIMEOUT` for the slot's lock: readers and
-batches are never queued behind it for longer, and a busy slot is tried again at the next
-call. Rotations of one install never overlap (an advisory lock).
+Work rows and campaign rows live in three slots each, one per ten-second period in turn
+(migration 0008; `rotation_fn.sql`). `rotate()` empties the oldest slot once its period is
+over: its live rows move to the current one and it is truncated, which gives back the space
+and index entries of every version a snapshot held elsewhere keeps alive (vacuum may not
+remove them). `keep_rotating()` is the worker's task: every `INTERVAL` seconds one call, which
+finds the slot empty on most calls (one statement); each outcome is counted
+(`outbox_queue_rotations_total{outcome}`): rotations that stay `busy` meet a session that holds
+the old slot's lock (a `pg_dump`). A rotation waits at most `LOCK_TIMEOUT` for the slot's
+locks, so readers and batches never queue behind it for longer, and a busy slot is tried again
+at the next call. Rotations of one install never overlap (an advisory lock).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from outbox.retry import describe_error
 
 if TYPE_CHECKING:
     from outbox.db import Executor
+    from outbox.obs.metrics import Metrics
 
 __all__ = ["INTERVAL", "LIVE_LIMIT", "LOCK_TIMEOUT", "Rotation", "keep_rotating", "rotate"]
 
@@ -70,17 +73,23 @@ async def rotate(
     return Rotation(row["slot"], row["outcome"], row["moved"])
 
 
-async def keep_rotating(executor: Executor, interval: float = INTERVAL) -> None:
-    """Rotate every `interval` seconds until cancelled. A rotation that moved rows or found a
-    backlog is logged; a failure is logged and tried again at the next call (it never stops
-    the worker)."""
+async def keep_rotating(
+    executor: Executor, metrics: Metrics | None = None, interval: float = INTERVAL
+) -> None:
+    """Rotate every `interval` seconds until cancelled, each outcome counted in `metrics`
+    (`outbox_queue_rotations_total`). A rotation that moved rows or found a backlog is logged;
+    a failure is logged and tried again at the next call (it never stops the worker)."""
     while True:
         await anyio.sleep(interval)
         try:
             done = await rotate(executor)
         except Exception as exc:  # upkeep never stops the work
             _logger.warning("rotation.failed", extra={"error": describe_error(exc)})
+            if metrics is not None:
+                metrics.rotations.labels("failed").inc()
             continue
+        if metrics is not None:
+            metrics.rotations.labels(done.outcome).inc()
         if done.outcome == "rotated":
             _logger.debug("rotation.rotated", extra={"slot": done.slot, "moved": done.moved})
         elif done.outcome == "backlog":

@@ -338,7 +338,7 @@ class Service:
                 if config.notifications:
                     service.start_soon(self.listen)
                 service.start_soon(self.heartbeat, registration)
-                service.start_soon(keep_rotating, self.worker.pool)
+                service.start_soon(keep_rotating, self.worker.pool, self.metrics)
                 if config.metrics_port is not None:
                     self.metrics_address = self.metrics.serve(
                         config.metrics_port, config.metrics_host

@@ -214,9 +214,10 @@ def test_the_alert_rules_parse_and_name_real_metrics() -> None:
         "outbox_listener_connected",
         "outbox_batches_total",
         "outbox_oldest_snapshot_seconds",
+        "outbox_queue_rotations_total",
     }
     exprs = [line.split("expr:", 1)[1] for line in text.splitlines() if "expr:" in line]
-    assert len(exprs) == 6
+    assert len(exprs) == 7
     for name in exported:
         assert any(name in e for e in exprs), name
     metrics = Metrics()
