@@ -556,21 +556,13 @@ BEGIN
         RETURN QUERY SELECT v_old, 'backlog'::text, live;
         RETURN;
     END IF;
-    EXECUTE format(
-        'INSERT INTO projection_apply_campaigns (bucket, campaign_id, head_seq, due_at, '
-        'blocked, updated_at, slot) '
-        'SELECT bucket, campaign_id, head_seq, due_at, blocked, updated_at, $1 FROM ONLY %s',
-        campaigns) USING v_current;
+    -- Row movement: an update of the slot moves each row to the current slot's partition,
+    -- every other column as it was (the slots as literals: planned on the old one alone).
+    EXECUTE format('UPDATE projection_apply_campaigns SET slot = %s WHERE slot = %s',
+                   v_current, v_old);
     GET DIAGNOSTICS n = ROW_COUNT;
-    EXECUTE format(
-        'INSERT INTO projection_apply_outbox (bucket, campaign_id, seq, event_type, status, '
-        'attempt_count, next_attempt_at, last_error, enqueued_at, updated_at, seen_count, '
-        'first_seen_at, last_seen_at, lease_owner, claim_epoch, leased_at, lease_expires_at, '
-        'slot) '
-        'SELECT bucket, campaign_id, seq, event_type, status, attempt_count, next_attempt_at, '
-        'last_error, enqueued_at, updated_at, seen_count, first_seen_at, last_seen_at, '
-        'lease_owner, claim_epoch, leased_at, lease_expires_at, $1 FROM ONLY %s',
-        rows) USING v_current;
+    EXECUTE format('UPDATE projection_apply_outbox SET slot = %s WHERE slot = %s',
+                   v_current, v_old);
     GET DIAGNOSTICS m = ROW_COUNT;
     EXECUTE format('TRUNCATE ONLY %s, %s', campaigns, rows);
     RETURN QUERY SELECT v_old, 'rotated'::text, n + m;
