@@ -90,7 +90,8 @@ GROUP BY 1
 # The outbox's campaign-keyed tables, emptied before each case with the bench's projection.
 OUTBOX_TABLES = (
     "outbox.event_journal, outbox.campaign_heads, outbox.projection_apply_outbox,"
-    " outbox.projection_apply_campaigns, outbox.projection_checkpoints,"
+    " outbox.projection_apply_campaigns, outbox.projection_checkpoint_keys,"
+    " outbox.projection_checkpoint_moves,"
     " outbox.processed_markers, outbox.append_idempotency_keys"
 )
 CLEAR = f"TRUNCATE {OUTBOX_TABLES}, bench_totals"

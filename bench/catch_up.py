@@ -61,7 +61,7 @@ WITH known AS (
         (projector, events, ordered, transactional, start, last_seen_by, swept_at)
     VALUES ('visible', ARRAY['bench.tick'], true, true, 'beginning', 'bench', clock_timestamp())
 )
-INSERT INTO outbox.projection_checkpoints (bucket, campaign_id, projector, applied_seq)
+INSERT INTO outbox.projection_checkpoint_keys (bucket, campaign_id, projector, applied_seq)
 SELECT bucket, campaign_id, 'visible', last_seq FROM outbox.campaign_heads
 """
 RAW_TABLES = """

@@ -39,7 +39,8 @@ from latency import WORKER, start, stop, wait_until
 TABLES = (
     "projection_apply_outbox",
     "projection_apply_campaigns",
-    "projection_checkpoints",
+    "projection_checkpoint_keys",
+    "projection_checkpoint_moves",
     "projection_holds",
     "processed_markers",
 )

@@ -142,6 +142,30 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION outbox.outbox_checkpoints_of(p_bucket integer, p_campaigns text[], p_projectors text[] DEFAULT NULL::text[]) RETURNS TABLE(campaign_id text, projector text, applied_seq bigint)
+    LANGUAGE plpgsql STABLE
+    SET search_path TO 'outbox', 'pg_temp'
+    SET enable_seqscan TO 'off'
+    AS $$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+    SELECT k.campaign_id, k.projector, coalesce(m.applied_seq, k.applied_seq)
+    FROM projection_checkpoint_keys k
+    LEFT JOIN LATERAL (
+        SELECT m.applied_seq
+        FROM projection_checkpoint_moves m
+        WHERE m.bucket = p_bucket AND m.campaign_id = k.campaign_id
+          AND m.projector = k.projector
+        ORDER BY m.n DESC
+        LIMIT 1
+    ) m ON true
+    WHERE k.bucket = p_bucket AND k.campaign_id = ANY (p_campaigns)
+      AND (p_projectors IS NULL OR k.projector = ANY (p_projectors))
+    ORDER BY k.campaign_id, k.projector;
+END
+$$;
+
 CREATE FUNCTION outbox.outbox_claim(p_bucket integer, p_campaigns integer, p_budget integer, p_projectors text[], p_now timestamp with time zone DEFAULT NULL::timestamp with time zone, p_take text DEFAULT 'all'::text) RETURNS TABLE(campaign_id text, due boolean, first_seq bigint, last_seq bigint, projectors text[], applied_seqs bigint[], holds text, seq bigint, status text, attempt_count integer, next_attempt_at timestamp with time zone, lease_owner text, claim_epoch bigint, event_type text, payload text, metadata text, recorded_at timestamp with time zone)
     LANGUAGE plpgsql
     SET search_path TO 'outbox', 'pg_temp'
@@ -152,6 +176,9 @@ CREATE FUNCTION outbox.outbox_claim(p_bucket integer, p_campaigns integer, p_bud
 DECLARE
     ids text[];
     heads bigint[];
+    cp_campaigns text[];
+    cp_projectors text[];
+    cp_seqs bigint[];
     v_now timestamptz := coalesce(p_now, statement_timestamp());
 BEGIN
     SELECT array_agg(c.campaign_id ORDER BY c.campaign_id),
@@ -169,19 +196,14 @@ BEGIN
     IF ids IS NULL THEN
         RETURN;
     END IF;
+    -- The checkpoints, locked by key and then read (a statement of their own, since the read
+    -- must follow the lock: `outbox_lock_checkpoints`).
+    IF cardinality(p_projectors) > 0 THEN
+        SELECT array_agg(k.campaign_id), array_agg(k.projector), array_agg(k.applied_seq)
+        INTO cp_campaigns, cp_projectors, cp_seqs
+        FROM outbox_lock_checkpoints(p_bucket, ids, p_projectors) k;
+    END IF;
     RETURN QUERY
-    WITH checkpoints AS (
-        SELECT t.campaign_id, k.projector, k.applied_seq
-        FROM unnest(ids) AS t(campaign_id)
-        CROSS JOIN LATERAL (
-            SELECT k.projector, k.applied_seq
-            FROM projection_checkpoints k
-            WHERE k.bucket = p_bucket AND k.campaign_id = t.campaign_id
-              AND k.projector = ANY (p_projectors)
-            ORDER BY k.projector
-            FOR UPDATE
-        ) k
-    )
     SELECT p.campaign_id,
            o.status IN ('pending', 'failed', 'processing') AND o.next_attempt_at <= v_now,
            b.first_seq, b.last_seq, k.projectors, k.applied_seqs, hd.holds,
@@ -195,7 +217,7 @@ BEGIN
     ) b
     CROSS JOIN LATERAL (
         SELECT array_agg(c.projector) AS projectors, array_agg(c.applied_seq) AS applied_seqs
-        FROM checkpoints c
+        FROM unnest(cp_campaigns, cp_projectors, cp_seqs) AS c(campaign_id, projector, applied_seq)
         WHERE c.campaign_id = p.campaign_id
     ) k
     CROSS JOIN LATERAL (
@@ -316,6 +338,32 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION outbox.outbox_lock_checkpoints(p_bucket integer, p_campaigns text[], p_projectors text[]) RETURNS TABLE(campaign_id text, projector text, applied_seq bigint)
+    LANGUAGE plpgsql
+    SET search_path TO 'outbox', 'pg_temp'
+    SET enable_seqscan TO 'off'
+    AS $$
+#variable_conflict use_column
+BEGIN
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        RAISE EXCEPTION 'outbox: checkpoints are locked in READ COMMITTED transactions only, '
+                        'not %', current_setting('transaction_isolation')
+            USING ERRCODE = 'feature_not_supported';
+    END IF;
+    PERFORM 1
+    FROM (SELECT DISTINCT u.c FROM unnest(p_campaigns) AS u(c) ORDER BY u.c) AS t(campaign_id)
+    CROSS JOIN LATERAL (
+        SELECT 1
+        FROM projection_checkpoint_keys k
+        WHERE k.bucket = p_bucket AND k.campaign_id = t.campaign_id
+          AND k.projector = ANY (p_projectors)
+        ORDER BY k.projector
+        FOR UPDATE
+    ) k;
+    RETURN QUERY SELECT * FROM outbox_checkpoints_of(p_bucket, p_campaigns, p_projectors);
+END
+$$;
+
 CREATE FUNCTION outbox.outbox_lock_heads(p_bucket integer, p_campaigns text[]) RETURNS TABLE(campaign_id text)
     LANGUAGE plpgsql
     SET search_path TO 'outbox', 'pg_temp'
@@ -340,6 +388,35 @@ BEGIN
           SELECT 1 FROM campaign_heads h
           WHERE h.bucket = p_bucket AND h.campaign_id = t.campaign_id
       );
+END
+$$;
+
+CREATE FUNCTION outbox.outbox_move_checkpoint(p_bucket integer, p_campaign_id text, p_projector text, p_applied_seq bigint, p_now timestamp with time zone) RETURNS void
+    LANGUAGE plpgsql
+    SET search_path TO 'outbox', 'pg_temp'
+    SET enable_seqscan TO 'off'
+    AS $$
+DECLARE
+    v_n bigint;
+BEGIN
+    SELECT m.n INTO v_n
+    FROM projection_checkpoint_moves m
+    WHERE m.bucket = p_bucket AND m.campaign_id = p_campaign_id AND m.projector = p_projector
+    ORDER BY m.n DESC
+    LIMIT 1;
+    IF v_n IS NULL THEN
+        INSERT INTO projection_checkpoint_keys AS k (bucket, campaign_id, projector, applied_seq,
+                                                     updated_at)
+        VALUES (p_bucket, p_campaign_id, p_projector, p_applied_seq, p_now)
+        ON CONFLICT (bucket, campaign_id, projector) DO NOTHING;
+        IF FOUND THEN
+            RETURN;
+        END IF;
+    END IF;
+    INSERT INTO projection_checkpoint_moves (bucket, campaign_id, projector, n, applied_seq,
+                                             moved_at, slot)
+    VALUES (p_bucket, p_campaign_id, p_projector, coalesce(v_n, 0) + 1, p_applied_seq, p_now,
+            outbox_queue_slot(p_now));
 END
 $$;
 
@@ -517,7 +594,7 @@ END
 $$;
 
 CREATE FUNCTION outbox.outbox_rotate(p_limit integer, p_lock_timeout_ms integer, p_now timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS TABLE(slot smallint, outcome text, moved bigint)
-    LANGUAGE plpgsql
+    LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'outbox', 'pg_temp'
     AS $_$
 #variable_conflict use_column
@@ -527,11 +604,46 @@ DECLARE
     v_old smallint := (outbox_queue_slot(v_now) + 1) % 3;
     campaigns text := format('%I.%I', current_schema(), 'projection_apply_campaigns_' || v_old);
     rows text := format('%I.%I', current_schema(), 'projection_apply_outbox_' || v_old);
+    moves text := format('%I.%I', current_schema(), 'projection_checkpoint_moves_' || v_old);
+    queue_empty boolean;
+    distributed boolean := false;
     live bigint;
     n bigint;
     m bigint;
+    c bigint;
+    carry text := format(
+        'INSERT INTO projection_checkpoint_moves '
+        '    (bucket, campaign_id, projector, n, applied_seq, moved_at, slot) '
+        'SELECT DISTINCT ON (bucket, campaign_id, projector) '
+        '       bucket, campaign_id, projector, n, applied_seq, moved_at, %s '
+        'FROM projection_checkpoint_moves WHERE slot = %s '
+        'ORDER BY bucket, campaign_id, projector, n DESC',
+        v_current, v_old);
 BEGIN
-    IF pg_relation_size(campaigns::regclass) = 0 AND pg_relation_size(rows::regclass) = 0 THEN
+    IF to_regclass('pg_catalog.pg_dist_partition') IS NOT NULL THEN
+        EXECUTE 'SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_dist_partition d '
+                'WHERE d.logicalrelid = $1::regclass)'
+            INTO distributed USING 'projection_checkpoint_moves';
+    END IF;
+    IF distributed THEN
+        -- On Citus the rows are in the shards: the coordinator's partitions are empty, and
+        -- neither this lock_timeout nor a LOCK reaches the shards, where a TRUNCATE would queue
+        -- behind any open batch. The work rows and campaign rows are left to vacuum there
+        -- (docs/scaling.md); the checkpoints' moves, which nothing else deletes, are carried
+        -- and then deleted: one transaction, so every snapshot sees each key's newest move.
+        IF NOT pg_try_advisory_xact_lock(hashtext(current_schema() || '.outbox_rotate')) THEN
+            RETURN QUERY SELECT v_old, 'busy'::text, 0::bigint;
+            RETURN;
+        END IF;
+        EXECUTE carry;
+        GET DIAGNOSTICS c = ROW_COUNT;
+        EXECUTE format('DELETE FROM projection_checkpoint_moves WHERE slot = %s', v_old);
+        RETURN QUERY SELECT v_old, CASE WHEN c = 0 THEN 'empty' ELSE 'rotated' END, c;
+        RETURN;
+    END IF;
+    queue_empty := pg_relation_size(campaigns::regclass) = 0
+                   AND pg_relation_size(rows::regclass) = 0;
+    IF queue_empty AND pg_relation_size(moves::regclass) = 0 THEN
         RETURN QUERY SELECT v_old, 'empty'::text, 0::bigint;
         RETURN;
     END IF;
@@ -541,18 +653,30 @@ BEGIN
     END IF;
     PERFORM set_config('lock_timeout', p_lock_timeout_ms || 'ms', true);
     BEGIN
-        -- A wait on either lock is bounded by the timeout: no deadlock with a reader lasts.
-        EXECUTE format('LOCK TABLE ONLY %s, %s IN ACCESS EXCLUSIVE MODE', campaigns, rows);
+        -- A wait on any lock is bounded by the timeout: no deadlock with a reader lasts.
+        EXECUTE format('LOCK TABLE ONLY %s, %s, %s IN ACCESS EXCLUSIVE MODE',
+                       campaigns, rows, moves);
     EXCEPTION WHEN lock_not_available THEN
         RETURN QUERY SELECT v_old, 'busy'::text, 0::bigint;
         RETURN;
     END;
+    -- The checkpoints first: each key's newest move of the slot is carried into the current
+    -- one (its number kept, so a newer move stays newest), however many; nothing else of the
+    -- slot is ever read again.
+    EXECUTE carry;
+    GET DIAGNOSTICS c = ROW_COUNT;
+    IF queue_empty THEN
+        EXECUTE format('TRUNCATE ONLY %s', moves);
+        RETURN QUERY SELECT v_old, 'rotated'::text, c;
+        RETURN;
+    END IF;
     EXECUTE format(
         'SELECT (SELECT count(*) FROM (SELECT 1 FROM ONLY %s LIMIT $1) x) '
         '     + (SELECT count(*) FROM (SELECT 1 FROM ONLY %s LIMIT $1) y)',
         campaigns, rows)
         INTO live USING p_limit + 1;
     IF live > p_limit THEN
+        EXECUTE format('TRUNCATE ONLY %s', moves);
         RETURN QUERY SELECT v_old, 'backlog'::text, live;
         RETURN;
     END IF;
@@ -564,8 +688,8 @@ BEGIN
     EXECUTE format('UPDATE projection_apply_outbox SET slot = %s WHERE slot = %s',
                    v_current, v_old);
     GET DIAGNOSTICS m = ROW_COUNT;
-    EXECUTE format('TRUNCATE ONLY %s, %s', campaigns, rows);
-    RETURN QUERY SELECT v_old, 'rotated'::text, n + m;
+    EXECUTE format('TRUNCATE ONLY %s, %s, %s', campaigns, rows, moves);
+    RETURN QUERY SELECT v_old, 'rotated'::text, n + m + c;
 END
 $_$;
 
@@ -691,27 +815,17 @@ BEGIN
                       AS t(campaign_id text, seq bigint)),
             v_now);
     END IF;
-    -- Checkpoints move one by one, each by its whole key (the claim found and locked the
-    -- ones there; the few not there yet, a campaign's first batch under an ordered projector,
-    -- are inserted: INSERT ... VALUES, which Citus routes to the shard, where INSERT ...
-    -- SELECT would go through its COPY path and commit by two-phase commit).
+    -- Checkpoints move one by one, each by its whole key, by a new move (S27: the claim
+    -- locked the keys there; a key not there yet, a campaign's first batch under an ordered
+    -- projector, is made).
     FOR m IN
         SELECT x.campaign_id, x.projector, x.applied_seq
         FROM jsonb_to_recordset(p_batch -> 'checkpoints')
             AS x(campaign_id text, projector text, applied_seq bigint)
         ORDER BY x.campaign_id, x.projector
     LOOP
-        UPDATE projection_checkpoints k
-        SET applied_seq = m.applied_seq, updated_at = v_now
-        WHERE k.bucket = p_bucket AND k.campaign_id = m.campaign_id
-          AND k.projector = m.projector;
-        IF NOT FOUND THEN
-            INSERT INTO projection_checkpoints AS k (bucket, campaign_id, projector, applied_seq,
-                                                     updated_at)
-            VALUES (p_bucket, m.campaign_id, m.projector, m.applied_seq, v_now)
-            ON CONFLICT (bucket, campaign_id, projector)
-            DO UPDATE SET applied_seq = excluded.applied_seq, updated_at = excluded.updated_at;
-        END IF;
+        PERFORM outbox_move_checkpoint(p_bucket, m.campaign_id, m.projector, m.applied_seq,
+                                       v_now);
     END LOOP;
     -- Then, campaign by campaign, one statement each, whose snapshot sees every append that
     -- committed before the heads were held: delete its completed rows; record its failures
@@ -1485,16 +1599,80 @@ CREATE TABLE outbox.projection_apply_outbox_2 (
 )
 WITH (fillfactor='90', autovacuum_vacuum_scale_factor='0.01', autovacuum_vacuum_threshold='1000', autovacuum_vacuum_cost_delay='0', autovacuum_analyze_scale_factor='0.02', autovacuum_analyze_threshold='1000');
 
-CREATE TABLE outbox.projection_checkpoints (
+CREATE TABLE outbox.projection_checkpoint_keys (
     campaign_id text NOT NULL,
     projector text NOT NULL,
     applied_seq bigint NOT NULL,
     updated_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
     bucket integer NOT NULL,
-    CONSTRAINT projection_checkpoints_applied_seq_check CHECK ((applied_seq >= 0)),
-    CONSTRAINT projection_checkpoints_bucket_check CHECK ((bucket = outbox.outbox_bucket(campaign_id)))
+    CONSTRAINT projection_checkpoint_keys_applied_seq_check CHECK ((applied_seq >= 0)),
+    CONSTRAINT projection_checkpoint_keys_bucket_check CHECK ((bucket = outbox.outbox_bucket(campaign_id)))
 )
-WITH (fillfactor='70', autovacuum_vacuum_scale_factor='0.02', autovacuum_vacuum_cost_delay='0');
+WITH (fillfactor='100');
+
+CREATE TABLE outbox.projection_checkpoint_moves (
+    bucket integer NOT NULL,
+    campaign_id text NOT NULL,
+    projector text NOT NULL,
+    n bigint NOT NULL,
+    applied_seq bigint NOT NULL,
+    moved_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    slot smallint DEFAULT outbox.outbox_queue_slot(clock_timestamp()) NOT NULL,
+    CONSTRAINT projection_checkpoint_moves_applied_seq_check CHECK ((applied_seq >= 0)),
+    CONSTRAINT projection_checkpoint_moves_n_check CHECK ((n >= 1))
+)
+PARTITION BY LIST (slot);
+
+CREATE TABLE outbox.projection_checkpoint_moves_0 (
+    bucket integer NOT NULL,
+    campaign_id text NOT NULL,
+    projector text NOT NULL,
+    n bigint NOT NULL,
+    applied_seq bigint NOT NULL,
+    moved_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    slot smallint DEFAULT outbox.outbox_queue_slot(clock_timestamp()) NOT NULL,
+    CONSTRAINT projection_checkpoint_moves_applied_seq_check CHECK ((applied_seq >= 0)),
+    CONSTRAINT projection_checkpoint_moves_n_check CHECK ((n >= 1))
+);
+
+CREATE TABLE outbox.projection_checkpoint_moves_1 (
+    bucket integer NOT NULL,
+    campaign_id text NOT NULL,
+    projector text NOT NULL,
+    n bigint NOT NULL,
+    applied_seq bigint NOT NULL,
+    moved_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    slot smallint DEFAULT outbox.outbox_queue_slot(clock_timestamp()) NOT NULL,
+    CONSTRAINT projection_checkpoint_moves_applied_seq_check CHECK ((applied_seq >= 0)),
+    CONSTRAINT projection_checkpoint_moves_n_check CHECK ((n >= 1))
+);
+
+CREATE TABLE outbox.projection_checkpoint_moves_2 (
+    bucket integer NOT NULL,
+    campaign_id text NOT NULL,
+    projector text NOT NULL,
+    n bigint NOT NULL,
+    applied_seq bigint NOT NULL,
+    moved_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    slot smallint DEFAULT outbox.outbox_queue_slot(clock_timestamp()) NOT NULL,
+    CONSTRAINT projection_checkpoint_moves_applied_seq_check CHECK ((applied_seq >= 0)),
+    CONSTRAINT projection_checkpoint_moves_n_check CHECK ((n >= 1))
+);
+
+CREATE VIEW outbox.projection_checkpoints AS
+ SELECT k.campaign_id,
+    k.projector,
+    COALESCE(m.applied_seq, k.applied_seq) AS applied_seq,
+    COALESCE(m.moved_at, k.updated_at) AS updated_at,
+    k.bucket
+   FROM (outbox.projection_checkpoint_keys k
+     LEFT JOIN ( SELECT DISTINCT ON (projection_checkpoint_moves.bucket, projection_checkpoint_moves.campaign_id, projection_checkpoint_moves.projector) projection_checkpoint_moves.bucket,
+            projection_checkpoint_moves.campaign_id,
+            projection_checkpoint_moves.projector,
+            projection_checkpoint_moves.applied_seq,
+            projection_checkpoint_moves.moved_at
+           FROM outbox.projection_checkpoint_moves
+          ORDER BY projection_checkpoint_moves.bucket, projection_checkpoint_moves.campaign_id, projection_checkpoint_moves.projector, projection_checkpoint_moves.n DESC) m ON (((m.bucket = k.bucket) AND (m.campaign_id = k.campaign_id) AND (m.projector = k.projector))));
 
 CREATE TABLE outbox.projection_holds (
     bucket integer NOT NULL,
@@ -1522,6 +1700,12 @@ ALTER TABLE ONLY outbox.projection_apply_outbox ATTACH PARTITION outbox.projecti
 ALTER TABLE ONLY outbox.projection_apply_outbox ATTACH PARTITION outbox.projection_apply_outbox_1 FOR VALUES IN ('1');
 
 ALTER TABLE ONLY outbox.projection_apply_outbox ATTACH PARTITION outbox.projection_apply_outbox_2 FOR VALUES IN ('2');
+
+ALTER TABLE ONLY outbox.projection_checkpoint_moves ATTACH PARTITION outbox.projection_checkpoint_moves_0 FOR VALUES IN ('0');
+
+ALTER TABLE ONLY outbox.projection_checkpoint_moves ATTACH PARTITION outbox.projection_checkpoint_moves_1 FOR VALUES IN ('1');
+
+ALTER TABLE ONLY outbox.projection_checkpoint_moves ATTACH PARTITION outbox.projection_checkpoint_moves_2 FOR VALUES IN ('2');
 
 ALTER TABLE ONLY outbox.append_idempotency_keys
     ADD CONSTRAINT append_idempotency_keys_pkey PRIMARY KEY (bucket, campaign_id, idem_key);
@@ -1583,8 +1767,20 @@ ALTER TABLE ONLY outbox.projection_apply_outbox_1
 ALTER TABLE ONLY outbox.projection_apply_outbox_2
     ADD CONSTRAINT projection_apply_outbox_2_pkey PRIMARY KEY (bucket, campaign_id, seq, slot);
 
-ALTER TABLE ONLY outbox.projection_checkpoints
-    ADD CONSTRAINT projection_checkpoints_pkey PRIMARY KEY (bucket, campaign_id, projector);
+ALTER TABLE ONLY outbox.projection_checkpoint_keys
+    ADD CONSTRAINT projection_checkpoint_keys_pkey PRIMARY KEY (bucket, campaign_id, projector);
+
+ALTER TABLE ONLY outbox.projection_checkpoint_moves
+    ADD CONSTRAINT projection_checkpoint_moves_pkey PRIMARY KEY (bucket, campaign_id, projector, n, slot);
+
+ALTER TABLE ONLY outbox.projection_checkpoint_moves_0
+    ADD CONSTRAINT projection_checkpoint_moves_0_pkey PRIMARY KEY (bucket, campaign_id, projector, n, slot);
+
+ALTER TABLE ONLY outbox.projection_checkpoint_moves_1
+    ADD CONSTRAINT projection_checkpoint_moves_1_pkey PRIMARY KEY (bucket, campaign_id, projector, n, slot);
+
+ALTER TABLE ONLY outbox.projection_checkpoint_moves_2
+    ADD CONSTRAINT projection_checkpoint_moves_2_pkey PRIMARY KEY (bucket, campaign_id, projector, n, slot);
 
 ALTER TABLE ONLY outbox.projection_holds
     ADD CONSTRAINT projection_holds_pkey PRIMARY KEY (bucket, campaign_id, projector, seq);
@@ -1623,7 +1819,7 @@ CREATE INDEX projection_apply_outbox_2_bucket_campaign_id_seq_status_idx ON outb
 
 CREATE INDEX projection_apply_outbox_2_bucket_next_attempt_at_seq_idx ON outbox.projection_apply_outbox_2 USING btree (bucket, next_attempt_at, seq) WHERE (status = ANY (ARRAY['pending'::text, 'failed'::text]));
 
-CREATE INDEX projection_checkpoints_projector_idx ON outbox.projection_checkpoints USING btree (projector);
+CREATE INDEX projection_checkpoint_keys_projector_idx ON outbox.projection_checkpoint_keys USING btree (projector);
 
 CREATE INDEX projection_holds_projector_idx ON outbox.projection_holds USING btree (projector, status);
 
@@ -1656,3 +1852,9 @@ ALTER INDEX outbox.projection_apply_outbox_attention_idx ATTACH PARTITION outbox
 ALTER INDEX outbox.projection_apply_outbox_claim_idx ATTACH PARTITION outbox.projection_apply_outbox_2_bucket_next_attempt_at_seq_idx;
 
 ALTER INDEX outbox.projection_apply_outbox_pkey ATTACH PARTITION outbox.projection_apply_outbox_2_pkey;
+
+ALTER INDEX outbox.projection_checkpoint_moves_pkey ATTACH PARTITION outbox.projection_checkpoint_moves_0_pkey;
+
+ALTER INDEX outbox.projection_checkpoint_moves_pkey ATTACH PARTITION outbox.projection_checkpoint_moves_1_pkey;
+
+ALTER INDEX outbox.projection_checkpoint_moves_pkey ATTACH PARTITION outbox.projection_checkpoint_moves_2_pkey;

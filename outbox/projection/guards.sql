@@ -1,32 +1,23 @@
 -- The exactly-once guards: checkpoints of ordered projectors, processed markers of idempotent
 -- ones, each read or written for a whole group of events in one statement. An ordered claim
 -- locks the checkpoints in its own call (`outbox_claim`), and every checkpoint move is
--- written by the batch's settle (`outbox_settle`), so a worker's batch pays no statement of
+-- written by the batch's settle (`outbox_settle`); the checkpoints' functions are in
+-- guards_fn.sql (S27), so a worker's batch pays no statement of
 -- its own for them. Every statement runs in one bucket (the campaigns it names are all there).
 
 -- name: lock_checkpoints
 -- The checkpoints of the ordered projectors ($2) in the campaigns ($1, bucket $3), locked in a fixed
--- order until the transaction ends; a missing row means 0. One statement per group: the
--- verdicts (apply / duplicate / gap) of every event follow from these values and the seqs.
--- A probe per campaign through the primary key, whatever the statistics say (an index on the
--- projector would read every campaign's checkpoint).
-SELECT t.campaign_id, k.projector, k.applied_seq
-FROM (SELECT DISTINCT u.c FROM unnest($1::text[]) AS u(c) ORDER BY u.c) AS t(campaign_id)
-CROSS JOIN LATERAL (
-    SELECT k.projector, k.applied_seq
-    FROM @extschema@.projection_checkpoints k
-    WHERE k.bucket = $3::integer AND k.campaign_id = t.campaign_id
-      AND k.projector = ANY ($2::text[])
-    ORDER BY k.projector
-    FOR UPDATE
-) k
+-- order until the transaction ends; a missing key means 0. One call per group: the verdicts
+-- (apply / duplicate / gap) of every event follow from these values and the seqs.
+SELECT campaign_id, projector, applied_seq
+FROM @extschema@.outbox_lock_checkpoints($3::integer, $1::text[], $2::text[])
 
 -- name: create_checkpoints
 -- Checkpoint rows at 0 for the pairs of campaigns ($1, bucket $3) and ordered projectors ($2) that have
 -- none, so a caller that does not hold the campaign has rows to lock: two concurrent first
 -- applications of one campaign then queue on the row instead of both reading "missing".
 -- Waits for a concurrent creator of the same row, then leaves its row as it is.
-INSERT INTO @extschema@.projection_checkpoints (bucket, campaign_id, projector, applied_seq)
+INSERT INTO @extschema@.projection_checkpoint_keys (bucket, campaign_id, projector, applied_seq)
 SELECT $3::integer, c, p, 0
 FROM unnest($1::text[]) AS c, unnest($2::text[]) AS p
 ORDER BY c, p
@@ -55,8 +46,8 @@ RETURNING campaign_id, seq, handler
 
 -- name: list_checkpoints
 -- Checkpoints of the given campaigns (all in bucket $2).
-SELECT campaign_id, projector, applied_seq FROM @extschema@.projection_checkpoints
-WHERE bucket = $2::integer AND campaign_id = ANY ($1::text[])
+SELECT campaign_id, projector, applied_seq
+FROM @extschema@.outbox_checkpoints_of($2::integer, $1::text[])
 
 -- name: list_markers
 -- Processed markers of the given events (all in bucket $3).

@@ -49,9 +49,12 @@ SELECT projector, events, ordered, transactional, start, first_seen_at, last_see
 FROM retired
 
 -- name: delete_checkpoints
--- Projector $1's checkpoints, every bucket's (a retirement that drops its guards; on Citus one
--- statement across the shards, like prune_markers).
-DELETE FROM @extschema@.projection_checkpoints WHERE projector = $1::text
+-- Projector $1's checkpoints, every bucket's, keys and moves (a retirement that drops its
+-- guards; on Citus one statement across the shards, like prune_markers).
+WITH moves AS (
+    DELETE FROM @extschema@.projection_checkpoint_moves WHERE projector = $1::text
+)
+DELETE FROM @extschema@.projection_checkpoint_keys WHERE projector = $1::text
 
 -- name: delete_markers
 -- Projector $1's processed markers (the same).

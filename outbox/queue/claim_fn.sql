@@ -1,5 +1,6 @@
 -- The claim's server functions (`claim.py`): the ordered claim in one call, and the append
 -- heads' lock that the claim's callers and the settle share.
+-- requires: projection/guards_fn.sql
 --
 -- Each function runs two statements where the protocol needs two snapshots: PostgreSQL gives
 -- every statement of a VOLATILE function its own snapshot (READ COMMITTED), so the statement
@@ -13,8 +14,8 @@
 -- on a small table a probe costs no more than the scan. And with jit off: a statement left
 -- with a sequential scan (a small table no index serves) costs 1e10 to the planner then, far
 -- past the JIT thresholds, and compiling it took 100 ms a call (the settle's check of the
--- recorded projectors did, in the first version of the holds). The checkpoint lock is a probe per
--- campaign (a LATERAL subquery on the primary key).
+-- recorded projectors did, in the first version of the holds). The checkpoints are locked and
+-- read by `outbox_lock_checkpoints` (projection/guards_fn.sql), a probe per key.
 
 -- The append heads of `p_campaigns` (all in bucket `p_bucket`) held (FOR SHARE) until the
 -- transaction ends, skipping any an append holds now. A campaign row may be deleted only
@@ -105,6 +106,9 @@ AS $$
 DECLARE
     ids text[];
     heads bigint[];
+    cp_campaigns text[];
+    cp_projectors text[];
+    cp_seqs bigint[];
     v_now timestamptz := coalesce(p_now, statement_timestamp());
 BEGIN
     SELECT array_agg(c.campaign_id ORDER BY c.campaign_id),
@@ -122,19 +126,14 @@ BEGIN
     IF ids IS NULL THEN
         RETURN;
     END IF;
+    -- The checkpoints, locked by key and then read (a statement of their own, since the read
+    -- must follow the lock: `outbox_lock_checkpoints`).
+    IF cardinality(p_projectors) > 0 THEN
+        SELECT array_agg(k.campaign_id), array_agg(k.projector), array_agg(k.applied_seq)
+        INTO cp_campaigns, cp_projectors, cp_seqs
+        FROM outbox_lock_checkpoints(p_bucket, ids, p_projectors) k;
+    END IF;
     RETURN QUERY
-    WITH checkpoints AS (
-        SELECT t.campaign_id, k.projector, k.applied_seq
-        FROM unnest(ids) AS t(campaign_id)
-        CROSS JOIN LATERAL (
-            SELECT k.projector, k.applied_seq
-            FROM projection_checkpoints k
-            WHERE k.bucket = p_bucket AND k.campaign_id = t.campaign_id
-              AND k.projector = ANY (p_projectors)
-            ORDER BY k.projector
-            FOR UPDATE
-        ) k
-    )
     SELECT p.campaign_id,
            o.status IN ('pending', 'failed', 'processing') AND o.next_attempt_at <= v_now,
            b.first_seq, b.last_seq, k.projectors, k.applied_seqs, hd.holds,
@@ -148,7 +147,7 @@ BEGIN
     ) b
     CROSS JOIN LATERAL (
         SELECT array_agg(c.projector) AS projectors, array_agg(c.applied_seq) AS applied_seqs
-        FROM checkpoints c
+        FROM unnest(cp_campaigns, cp_projectors, cp_seqs) AS c(campaign_id, projector, applied_seq)
         WHERE c.campaign_id = p.campaign_id
     ) k
     CROSS JOIN LATERAL (

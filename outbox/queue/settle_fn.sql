@@ -2,6 +2,7 @@
 -- statement clock that the queue's writes call.
 -- requires: queue/claim_fn.sql
 -- requires: queue/holds_fn.sql
+-- requires: projection/guards_fn.sql
 
 -- The statement clock for writes that take an optional instant: `outbox_now(p)` is `p`, or the
 -- statement's timestamp when `p` is null (the worker passes null; tests pass an instant). A
@@ -185,27 +186,17 @@ BEGIN
                       AS t(campaign_id text, seq bigint)),
             v_now);
     END IF;
-    -- Checkpoints move one by one, each by its whole key (the claim found and locked the
-    -- ones there; the few not there yet, a campaign's first batch under an ordered projector,
-    -- are inserted: INSERT ... VALUES, which Citus routes to the shard, where INSERT ...
-    -- SELECT would go through its COPY path and commit by two-phase commit).
+    -- Checkpoints move one by one, each by its whole key, by a new move (S27: the claim
+    -- locked the keys there; a key not there yet, a campaign's first batch under an ordered
+    -- projector, is made).
     FOR m IN
         SELECT x.campaign_id, x.projector, x.applied_seq
         FROM jsonb_to_recordset(p_batch -> 'checkpoints')
             AS x(campaign_id text, projector text, applied_seq bigint)
         ORDER BY x.campaign_id, x.projector
     LOOP
-        UPDATE projection_checkpoints k
-        SET applied_seq = m.applied_seq, updated_at = v_now
-        WHERE k.bucket = p_bucket AND k.campaign_id = m.campaign_id
-          AND k.projector = m.projector;
-        IF NOT FOUND THEN
-            INSERT INTO projection_checkpoints AS k (bucket, campaign_id, projector, applied_seq,
-                                                     updated_at)
-            VALUES (p_bucket, m.campaign_id, m.projector, m.applied_seq, v_now)
-            ON CONFLICT (bucket, campaign_id, projector)
-            DO UPDATE SET applied_seq = excluded.applied_seq, updated_at = excluded.updated_at;
-        END IF;
+        PERFORM outbox_move_checkpoint(p_bucket, m.campaign_id, m.projector, m.applied_seq,
+                                       v_now);
     END LOOP;
     -- Then, campaign by campaign, one statement each, whose snapshot sees every append that
     -- committed before the heads were held: delete its completed rows; record its failures

@@ -234,7 +234,7 @@ INSERT INTO outbox.event_journal (bucket, campaign_id, seq, event_type, payload)
 SELECT bucket, campaign_id, 1, 'tick', '{}' FROM outbox.campaign_heads;
 INSERT INTO outbox.projection_apply_outbox (bucket, campaign_id, seq, event_type)
 SELECT bucket, campaign_id, seq, event_type FROM outbox.event_journal;
-INSERT INTO outbox.projection_checkpoints (bucket, campaign_id, projector, applied_seq)
+INSERT INTO outbox.projection_checkpoint_keys (bucket, campaign_id, projector, applied_seq)
 SELECT bucket, campaign_id, 'p', 0 FROM outbox.campaign_heads;
 ANALYZE;
 """
@@ -250,7 +250,7 @@ INSERT INTO outbox.projection_apply_outbox (bucket, campaign_id, seq, event_type
                                      next_attempt_at)
 SELECT bucket, campaign_id, 1, 'tick', 'failed', clock_timestamp() + interval '1 day'
 FROM outbox.campaign_heads WHERE campaign_id LIKE 'old-%';
-INSERT INTO outbox.projection_checkpoints (bucket, campaign_id, projector, applied_seq)
+INSERT INTO outbox.projection_checkpoint_keys (bucket, campaign_id, projector, applied_seq)
 SELECT bucket, campaign_id, 'p', 0 FROM outbox.campaign_heads WHERE campaign_id LIKE 'old-%';
 """
 SETTLE = settle_queries.Q.settle_batch
@@ -264,7 +264,8 @@ NO_AUTOVACUUM = [
     "event_journal",
     "projection_apply_outbox",
     "projection_apply_campaigns",
-    "projection_checkpoints",
+    "projection_checkpoint_keys",
+    "projection_checkpoint_moves",
 ]
 
 

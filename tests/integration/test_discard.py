@@ -87,7 +87,10 @@ async def test_a_discard_is_refused_without_changing_anything(pool: db.Pool, dsn
     with pytest.raises(Conflict, match="'other' holds nothing"):
         await discard_one(pool, app.registry, "c", 2, reason="r", projector="other")
     # A checkpoint before the event's predecessor: the events before it are not applied.
-    await pool.execute("UPDATE outbox.projection_checkpoints SET applied_seq = 0")
+    await pool.execute(
+        "DELETE FROM outbox.projection_checkpoint_moves;"
+        " UPDATE outbox.projection_checkpoint_keys SET applied_seq = 0"
+    )
     with pytest.raises(Conflict, match="projector 'applied' is at seq 0"):
         await discard_one(pool, app.registry, "c", 2, reason="r")
     rows = await pool.fetch("SELECT campaign_id, seq, status FROM outbox.projection_apply_outbox")

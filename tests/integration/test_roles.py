@@ -82,6 +82,23 @@ async def test_each_role_does_its_job_and_no_more(
         )
     finally:
         await appender.close()
+    # The worker rotates the queue: with the clock put back 0, 10 and 20 s, each slot is the
+    # oldest once, so the one its rows are in is emptied into another.
+    worker = await asyncpg.connect(roles["outbox_worker"])
+    try:
+        outcomes = []
+        for back in (0, 10, 20):
+            async with worker.transaction():
+                outcomes.append(
+                    await worker.fetchval(
+                        "SELECT outcome FROM outbox.outbox_rotate(10000, 1000,"
+                        " clock_timestamp() - make_interval(secs => $1))",
+                        back,
+                    )
+                )
+    finally:
+        await worker.close()
+    assert "rotated" in outcomes, outcomes
     # The worker applies (and records the cursed failure).
     drained = run_cli(
         "outbox-worker",

@@ -54,7 +54,8 @@ OUTBOX_STATE = (
     "outbox.event_journal",
     "outbox.campaign_heads",
     "outbox.append_idempotency_keys",
-    "outbox.projection_checkpoints",
+    "outbox.projection_checkpoint_keys",
+    "outbox.projection_checkpoint_moves",
     "outbox.processed_markers",
     "outbox.consumer_claims",
 )

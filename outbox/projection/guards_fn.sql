@@ -1,0 +1,121 @@
+-- The checkpoints' server functions (`guards.py`; the claim and the settle call them too):
+-- an ordered projector's checkpoint is locked through its key and moved by inserting (S27).
+--
+-- A checkpoint is a key row (`projection_checkpoint_keys`: made once, never updated) and its
+-- moves (`projection_checkpoint_moves`, in the queue's slots: one row per move, numbered per
+-- key); its value is the newest move's, or the key's own when it has none. Whoever applies a
+-- campaign under an ordered projector locks the key first (a row lock writes no version, so a
+-- snapshot held elsewhere leaves nothing behind), then reads the value, then moves it, in one
+-- transaction: the moves of a key are made one transaction at a time, in the order of their
+-- numbers. A probe of a key reads its newest entry in each slot and nothing else: no version
+-- of a checkpoint is ever dead until its slot is truncated.
+
+-- The current checkpoints of `p_projectors` (null: every projector) in `p_campaigns` (all in
+-- bucket `p_bucket`), unlocked: a probe of each key's newest move. A missing key means 0.
+CREATE OR REPLACE FUNCTION outbox_checkpoints_of(
+    p_bucket integer,
+    p_campaigns text[],
+    p_projectors text[] DEFAULT NULL
+)
+RETURNS TABLE (campaign_id text, projector text, applied_seq bigint)
+LANGUAGE plpgsql STABLE
+SET search_path FROM CURRENT
+SET enable_seqscan = off
+AS $$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+    SELECT k.campaign_id, k.projector, coalesce(m.applied_seq, k.applied_seq)
+    FROM projection_checkpoint_keys k
+    LEFT JOIN LATERAL (
+        SELECT m.applied_seq
+        FROM projection_checkpoint_moves m
+        WHERE m.bucket = p_bucket AND m.campaign_id = k.campaign_id
+          AND m.projector = k.projector
+        ORDER BY m.n DESC
+        LIMIT 1
+    ) m ON true
+    WHERE k.bucket = p_bucket AND k.campaign_id = ANY (p_campaigns)
+      AND (p_projectors IS NULL OR k.projector = ANY (p_projectors))
+    ORDER BY k.campaign_id, k.projector;
+END
+$$;
+
+-- The same, locked FOR UPDATE in a fixed order (campaign, projector) until the transaction
+-- ends; a missing key is not locked and means 0 (its caller holds the campaign, or creates the
+-- keys first). Two statements: the read after the lock has a snapshot of its own (READ
+-- COMMITTED), which sees every move committed by a transaction the lock waited for. Under
+-- REPEATABLE READ a lock that waited would be followed by a read of the old snapshot, so the
+-- function refuses to run in one.
+CREATE OR REPLACE FUNCTION outbox_lock_checkpoints(
+    p_bucket integer,
+    p_campaigns text[],
+    p_projectors text[]
+)
+RETURNS TABLE (campaign_id text, projector text, applied_seq bigint)
+LANGUAGE plpgsql VOLATILE
+SET search_path FROM CURRENT
+SET enable_seqscan = off
+AS $$
+#variable_conflict use_column
+BEGIN
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        RAISE EXCEPTION 'outbox: checkpoints are locked in READ COMMITTED transactions only, '
+                        'not %', current_setting('transaction_isolation')
+            USING ERRCODE = 'feature_not_supported';
+    END IF;
+    PERFORM 1
+    FROM (SELECT DISTINCT u.c FROM unnest(p_campaigns) AS u(c) ORDER BY u.c) AS t(campaign_id)
+    CROSS JOIN LATERAL (
+        SELECT 1
+        FROM projection_checkpoint_keys k
+        WHERE k.bucket = p_bucket AND k.campaign_id = t.campaign_id
+          AND k.projector = ANY (p_projectors)
+        ORDER BY k.projector
+        FOR UPDATE
+    ) k;
+    RETURN QUERY SELECT * FROM outbox_checkpoints_of(p_bucket, p_campaigns, p_projectors);
+END
+$$;
+
+-- Move the checkpoint of (`p_campaign_id`, `p_projector`) in bucket `p_bucket` to
+-- `p_applied_seq`, by its caller, who locked its key (or makes it now: a campaign's first
+-- batch under the projector, whose claim found no key to lock). A new key takes the value
+-- itself; a key that exists gets a move numbered one past its newest, in the slot of
+-- `p_now`. Statements that name the whole key, and values rather than a SELECT, so that
+-- Citus routes each to its shard.
+CREATE OR REPLACE FUNCTION outbox_move_checkpoint(
+    p_bucket integer,
+    p_campaign_id text,
+    p_projector text,
+    p_applied_seq bigint,
+    p_now timestamptz
+)
+RETURNS void
+LANGUAGE plpgsql VOLATILE
+SET search_path FROM CURRENT
+SET enable_seqscan = off
+AS $$
+DECLARE
+    v_n bigint;
+BEGIN
+    SELECT m.n INTO v_n
+    FROM projection_checkpoint_moves m
+    WHERE m.bucket = p_bucket AND m.campaign_id = p_campaign_id AND m.projector = p_projector
+    ORDER BY m.n DESC
+    LIMIT 1;
+    IF v_n IS NULL THEN
+        INSERT INTO projection_checkpoint_keys AS k (bucket, campaign_id, projector, applied_seq,
+                                                     updated_at)
+        VALUES (p_bucket, p_campaign_id, p_projector, p_applied_seq, p_now)
+        ON CONFLICT (bucket, campaign_id, projector) DO NOTHING;
+        IF FOUND THEN
+            RETURN;
+        END IF;
+    END IF;
+    INSERT INTO projection_checkpoint_moves (bucket, campaign_id, projector, n, applied_seq,
+                                             moved_at, slot)
+    VALUES (p_bucket, p_campaign_id, p_projector, coalesce(v_n, 0) + 1, p_applied_seq, p_now,
+            outbox_queue_slot(p_now));
+END
+$$;
