@@ -405,12 +405,16 @@ BEGIN
     ORDER BY m.n DESC
     LIMIT 1;
     IF v_n IS NULL THEN
-        INSERT INTO projection_checkpoint_keys AS k (bucket, campaign_id, projector, applied_seq,
-                                                     updated_at)
-        VALUES (p_bucket, p_campaign_id, p_projector, p_applied_seq, p_now)
-        ON CONFLICT (bucket, campaign_id, projector) DO NOTHING;
-        IF FOUND THEN
-            RETURN;
+        PERFORM 1 FROM projection_checkpoint_keys k
+        WHERE k.bucket = p_bucket AND k.campaign_id = p_campaign_id AND k.projector = p_projector;
+        IF NOT FOUND THEN
+            INSERT INTO projection_checkpoint_keys AS k (bucket, campaign_id, projector,
+                                                         applied_seq, updated_at)
+            VALUES (p_bucket, p_campaign_id, p_projector, p_applied_seq, p_now)
+            ON CONFLICT (bucket, campaign_id, projector) DO NOTHING;
+            IF FOUND THEN
+                RETURN;
+            END IF;
         END IF;
     END IF;
     INSERT INTO projection_checkpoint_moves (bucket, campaign_id, projector, n, applied_seq,
