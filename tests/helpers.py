@@ -160,6 +160,20 @@ async def wait_for(
             await anyio.sleep(interval)
 
 
+async def wait_for_lock_wait(pool: db.Pool, statement: str) -> None:
+    """Until a session running a statement that names `statement` waits for a lock."""
+
+    async def waiting() -> bool:
+        n = await pool.fetchval(
+            "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid) "
+            "WHERE NOT l.granted AND a.query LIKE '%' || $1 || '%'",
+            statement,
+        )
+        return bool(n)
+
+    await wait_for(waiting)
+
+
 @asynccontextmanager
 async def frozen(pool: db.Pool) -> AsyncIterator[db.Connection]:
     """Hold the advisory lock the freezing projectors of `worker_apps` wait on."""

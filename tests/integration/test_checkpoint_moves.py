@@ -11,7 +11,7 @@ import anyio
 import asyncpg
 import pytest
 
-from helpers import wait_for
+from helpers import wait_for_lock_wait
 from outbox import db
 from outbox.projection.guards import checkpoints_of, lock_checkpoints
 from outbox.queue.rotation import rotate
@@ -68,16 +68,9 @@ async def test_a_lock_that_waited_reads_the_move_it_waited_for(pool: db.Pool, ds
             async with pool.acquire() as conn, conn.transaction():
                 seen.update(await lock_checkpoints(conn, ["w"], ["p"], held=True))
 
-        async def waiting() -> bool:
-            n = await pool.fetchval(
-                "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid) "
-                "WHERE NOT l.granted AND a.query LIKE '%outbox_lock_checkpoints%'"
-            )
-            return bool(n)
-
         async with anyio.create_task_group() as tg:
             tg.start_soon(second)
-            await wait_for(waiting)
+            await wait_for_lock_wait(pool, "outbox_lock_checkpoints")
             assert not seen
             await holder.execute("COMMIT")
     finally:

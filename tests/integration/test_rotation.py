@@ -11,7 +11,7 @@ import pytest
 from campaigns_demo import campaigns as c
 from campaigns_demo.app import build_app, install
 
-from helpers import campaigns_in_one_bucket, wait_for
+from helpers import campaigns_in_one_bucket, wait_for_lock_wait
 from outbox import Event, Settings, append, db
 from outbox.projection.app import Outbox
 from outbox.queue.rotation import rotate
@@ -178,16 +178,9 @@ async def test_a_refresh_waits_for_an_append_holding_the_head_and_makes_no_secon
                 await refresh_campaigns(conn, ["one-row"], park=True, removable=())
             done.set()
 
-        async def waiting() -> bool:
-            n = await pool.fetchval(
-                "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid) "
-                "WHERE NOT l.granted AND a.query LIKE '%outbox_refresh_campaigns%'"
-            )
-            return bool(n)
-
         async with anyio.create_task_group() as tg:
             tg.start_soon(refresh)
-            await wait_for(waiting)
+            await wait_for_lock_wait(pool, "outbox_refresh_campaigns")
             assert not done.is_set()
             await appender.execute("COMMIT")
     finally:
