@@ -11,11 +11,12 @@ import anyio
 import asyncpg
 import pytest
 
-from helpers import wait_for_lock_wait
+from helpers import wait_for
 from outbox import db
 from outbox.projection.guards import checkpoints_of, lock_checkpoints
 from outbox.queue.rotation import rotate
 from outbox.queue.settle import settle
+from outbox.testing.localcitus import CitusCluster
 
 pytestmark = pytest.mark.asyncio
 
@@ -55,27 +56,43 @@ async def test_moves_insert_and_the_key_row_is_never_updated(pool: db.Pool) -> N
     assert [tuple(r) for r in view] == [("c", "p", 0)]
 
 
-async def test_a_lock_that_waited_reads_the_move_it_waited_for(pool: db.Pool, dsn: str) -> None:
+async def test_a_lock_that_waited_reads_the_move_it_waited_for(
+    pool: db.Pool, dsn: str, citus: CitusCluster | None
+) -> None:
     await move(pool, "w", "p", 1)
+    # The lock wait happens where the key's row is: here, or (Citus) on a worker node.
+    waits = (
+        "SELECT cardinality(pg_blocking_pids($1)) > 0"
+        if citus is None
+        else "SELECT EXISTS (SELECT 1 FROM citus_lock_waits WHERE waiting_gpid = $1)"
+    )
     holder = await db.connect(dsn)
     try:
         await holder.execute("BEGIN")
         await lock_checkpoints(holder, ["w"], ["p"], held=True)
         await settle(holder, checkpoints=[("w", "p", 2)])
         seen: dict[tuple[str, str], int] = {}
+        async with pool.acquire() as second:
+            pid: int = await second.fetchval(
+                "SELECT pg_backend_pid()" if citus is None else "SELECT citus_backend_gpid()"
+            )
 
-        async def second() -> None:
-            async with pool.acquire() as conn, conn.transaction():
-                seen.update(await lock_checkpoints(conn, ["w"], ["p"], held=True))
+            async def lock_second() -> None:
+                async with second.transaction():
+                    seen.update(await lock_checkpoints(second, ["w"], ["p"], held=True))
 
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(second)
-            await wait_for_lock_wait(pool, "outbox_lock_checkpoints")
-            assert not seen
-            await holder.execute("COMMIT")
+            async def waiting() -> bool:
+                blocked: bool = await pool.fetchval(waits, pid)
+                return blocked
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(lock_second)
+                await wait_for(waiting)
+                assert not seen
+                await holder.execute("COMMIT")
     finally:
         await holder.close()
-    assert seen == {("w", "p"): 2}  # not 1, what the second's first snapshot held
+    assert seen == {("w", "p"): 2}  # not 1, what its first statement's snapshot held
 
 
 async def test_checkpoints_are_locked_in_read_committed_only(pool: db.Pool) -> None:
