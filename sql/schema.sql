@@ -609,7 +609,6 @@ DECLARE
     campaigns text := format('%I.%I', current_schema(), 'projection_apply_campaigns_' || v_old);
     rows text := format('%I.%I', current_schema(), 'projection_apply_outbox_' || v_old);
     moves text := format('%I.%I', current_schema(), 'projection_checkpoint_moves_' || v_old);
-    queue_empty boolean;
     distributed boolean := false;
     live bigint;
     n bigint;
@@ -629,30 +628,25 @@ BEGIN
                 'WHERE d.logicalrelid = $1::regclass)'
             INTO distributed USING 'projection_checkpoint_moves';
     END IF;
+    IF NOT distributed AND pg_relation_size(campaigns::regclass) = 0
+       AND pg_relation_size(rows::regclass) = 0 AND pg_relation_size(moves::regclass) = 0 THEN
+        RETURN QUERY SELECT v_old, 'empty'::text, 0::bigint;
+        RETURN;
+    END IF;
+    IF NOT pg_try_advisory_xact_lock(hashtext(current_schema() || '.outbox_rotate')) THEN
+        RETURN QUERY SELECT v_old, 'busy'::text, 0::bigint;
+        RETURN;
+    END IF;
     IF distributed THEN
         -- On Citus the rows are in the shards: the coordinator's partitions are empty, and
         -- neither this lock_timeout nor a LOCK reaches the shards, where a TRUNCATE would queue
         -- behind any open batch. The work rows and campaign rows are left to vacuum there
         -- (docs/scaling.md); the checkpoints' moves, which nothing else deletes, are carried
         -- and then deleted: one transaction, so every snapshot sees each key's newest move.
-        IF NOT pg_try_advisory_xact_lock(hashtext(current_schema() || '.outbox_rotate')) THEN
-            RETURN QUERY SELECT v_old, 'busy'::text, 0::bigint;
-            RETURN;
-        END IF;
         EXECUTE carry;
         GET DIAGNOSTICS c = ROW_COUNT;
         EXECUTE format('DELETE FROM projection_checkpoint_moves WHERE slot = %s', v_old);
         RETURN QUERY SELECT v_old, CASE WHEN c = 0 THEN 'empty' ELSE 'rotated' END, c;
-        RETURN;
-    END IF;
-    queue_empty := pg_relation_size(campaigns::regclass) = 0
-                   AND pg_relation_size(rows::regclass) = 0;
-    IF queue_empty AND pg_relation_size(moves::regclass) = 0 THEN
-        RETURN QUERY SELECT v_old, 'empty'::text, 0::bigint;
-        RETURN;
-    END IF;
-    IF NOT pg_try_advisory_xact_lock(hashtext(current_schema() || '.outbox_rotate')) THEN
-        RETURN QUERY SELECT v_old, 'busy'::text, 0::bigint;
         RETURN;
     END IF;
     PERFORM set_config('lock_timeout', p_lock_timeout_ms || 'ms', true);
@@ -664,13 +658,13 @@ BEGIN
         RETURN QUERY SELECT v_old, 'busy'::text, 0::bigint;
         RETURN;
     END;
-    -- The checkpoints first: each key's newest move of the slot is carried into the current
-    -- one (its number kept, so a newer move stays newest), however many; nothing else of the
-    -- slot is ever read again.
+    -- The checkpoints first, whatever the queue's backlog: each key's newest move of the slot
+    -- is carried into the current one (its number kept, so a newer move stays newest), and
+    -- nothing else of the slot is ever read again.
     EXECUTE carry;
     GET DIAGNOSTICS c = ROW_COUNT;
-    IF queue_empty THEN
-        EXECUTE format('TRUNCATE ONLY %s', moves);
+    EXECUTE format('TRUNCATE ONLY %s', moves);
+    IF pg_relation_size(campaigns::regclass) = 0 AND pg_relation_size(rows::regclass) = 0 THEN
         RETURN QUERY SELECT v_old, 'rotated'::text, c;
         RETURN;
     END IF;
@@ -680,7 +674,6 @@ BEGIN
         campaigns, rows)
         INTO live USING p_limit + 1;
     IF live > p_limit THEN
-        EXECUTE format('TRUNCATE ONLY %s', moves);
         RETURN QUERY SELECT v_old, 'backlog'::text, live;
         RETURN;
     END IF;
@@ -692,7 +685,7 @@ BEGIN
     EXECUTE format('UPDATE projection_apply_outbox SET slot = %s WHERE slot = %s',
                    v_current, v_old);
     GET DIAGNOSTICS m = ROW_COUNT;
-    EXECUTE format('TRUNCATE ONLY %s, %s, %s', campaigns, rows, moves);
+    EXECUTE format('TRUNCATE ONLY %s, %s', campaigns, rows);
     RETURN QUERY SELECT v_old, 'rotated'::text, n + m + c;
 END
 $_$;

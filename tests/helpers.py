@@ -160,18 +160,28 @@ async def wait_for(
             await anyio.sleep(interval)
 
 
-async def wait_for_lock_wait(pool: db.Pool, statement: str) -> None:
-    """Until a session running a statement that names `statement` waits for a lock."""
+async def session_id(conn: db.Connection, *, on_citus: bool) -> int:
+    """What names `conn`'s session in lock waits: its backend pid, or (Citus, where the wait
+    happens on the worker node that holds the row) its global pid."""
+    sql = "SELECT citus_backend_gpid()" if on_citus else "SELECT pg_backend_pid()"
+    session: int = await conn.fetchval(sql)
+    return session
 
-    async def waiting() -> bool:
-        n = await pool.fetchval(
-            "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid) "
-            "WHERE NOT l.granted AND a.query LIKE '%' || $1 || '%'",
-            statement,
-        )
-        return bool(n)
 
-    await wait_for(waiting)
+async def is_blocked(pool: db.Pool, session: int, *, on_citus: bool) -> bool:
+    """Whether the session (`session_id`) waits for a lock now."""
+    sql = (
+        "SELECT EXISTS (SELECT 1 FROM citus_lock_waits WHERE waiting_gpid = $1)"
+        if on_citus
+        else "SELECT cardinality(pg_blocking_pids($1)) > 0"
+    )
+    blocked: bool = await pool.fetchval(sql, session)
+    return blocked
+
+
+async def wait_until_blocked(pool: db.Pool, session: int, *, on_citus: bool) -> None:
+    """Until the session (`session_id`) waits for a lock."""
+    await wait_for(lambda: is_blocked(pool, session, on_citus=on_citus))
 
 
 @asynccontextmanager

@@ -1,9 +1,9 @@
 -- The exactly-once guards: checkpoints of ordered projectors, processed markers of idempotent
 -- ones, each read or written for a whole group of events in one statement. An ordered claim
 -- locks the checkpoints in its own call (`outbox_claim`), and every checkpoint move is
--- written by the batch's settle (`outbox_settle`); the checkpoints' functions are in
--- guards_fn.sql (S27), so a worker's batch pays no statement of
--- its own for them. Every statement runs in one bucket (the campaigns it names are all there).
+-- written by the batch's settle (`outbox_settle`), so a worker's batch pays no statement of
+-- its own for them; the checkpoints' functions, which both call, are in guards_fn.sql (S27).
+-- Every statement runs in one bucket (the campaigns it names are all there).
 
 -- name: lock_checkpoints
 -- The checkpoints of the ordered projectors ($2) in the campaigns ($1, bucket $3), locked in a fixed

@@ -11,7 +11,7 @@ import anyio
 import asyncpg
 import pytest
 
-from helpers import wait_for
+from helpers import session_id, wait_until_blocked
 from outbox import db
 from outbox.projection.guards import checkpoints_of, lock_checkpoints
 from outbox.queue.rotation import rotate
@@ -60,12 +60,6 @@ async def test_a_lock_that_waited_reads_the_move_it_waited_for(
     pool: db.Pool, dsn: str, citus: CitusCluster | None
 ) -> None:
     await move(pool, "w", "p", 1)
-    # The lock wait happens where the key's row is: here, or (Citus) on a worker node.
-    waits = (
-        "SELECT cardinality(pg_blocking_pids($1)) > 0"
-        if citus is None
-        else "SELECT EXISTS (SELECT 1 FROM citus_lock_waits WHERE waiting_gpid = $1)"
-    )
     holder = await db.connect(dsn)
     try:
         await holder.execute("BEGIN")
@@ -73,21 +67,15 @@ async def test_a_lock_that_waited_reads_the_move_it_waited_for(
         await settle(holder, checkpoints=[("w", "p", 2)])
         seen: dict[tuple[str, str], int] = {}
         async with pool.acquire() as second:
-            pid: int = await second.fetchval(
-                "SELECT pg_backend_pid()" if citus is None else "SELECT citus_backend_gpid()"
-            )
+            session = await session_id(second, on_citus=citus is not None)
 
             async def lock_second() -> None:
                 async with second.transaction():
                     seen.update(await lock_checkpoints(second, ["w"], ["p"], held=True))
 
-            async def waiting() -> bool:
-                blocked: bool = await pool.fetchval(waits, pid)
-                return blocked
-
             async with anyio.create_task_group() as tg:
                 tg.start_soon(lock_second)
-                await wait_for(waiting)
+                await wait_until_blocked(pool, session, on_citus=citus is not None)
                 assert not seen
                 await holder.execute("COMMIT")
     finally:

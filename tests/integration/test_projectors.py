@@ -8,7 +8,7 @@ from typing import Any
 import anyio
 import pytest
 
-from helpers import wait_for
+from helpers import is_blocked, session_id, wait_for
 from outbox import ConfigError, Settings, db
 from outbox.errors import CheckpointGap, UnknownEventType
 from outbox.model import StoredEvent
@@ -184,14 +184,7 @@ async def test_two_first_applications_of_a_campaign_apply_it_once(
         await tx.start()
         assert await apply_event(first, app.registry, event) is ApplyOutcome.APPLIED
         # The lock wait happens where the checkpoint's row is: here, or (Citus) on a worker node.
-        waits = (
-            "SELECT cardinality(pg_blocking_pids($1)) > 0"
-            if citus is None
-            else "SELECT EXISTS (SELECT 1 FROM citus_lock_waits WHERE waiting_gpid = $1)"
-        )
-        pid: int = await second.fetchval(
-            "SELECT pg_backend_pid()" if citus is None else "SELECT citus_backend_gpid()"
-        )
+        session = await session_id(second, on_citus=citus is not None)
         outcome: list[ApplyOutcome] = []
 
         async def apply_second() -> None:
@@ -204,7 +197,7 @@ async def test_two_first_applications_of_a_campaign_apply_it_once(
             # The second applier either waits for the first's checkpoint row, or (the bug) has
             # applied already; either way it is safe to commit the first now.
             async def waits_or_done() -> bool:
-                blocked: bool = await pool.fetchval(waits, pid)
+                blocked = await is_blocked(pool, session, on_citus=citus is not None)
                 return blocked or bool(outcome)
 
             await wait_for(waits_or_done)

@@ -11,7 +11,7 @@ import pytest
 from campaigns_demo import campaigns as c
 from campaigns_demo.app import build_app, install
 
-from helpers import campaigns_in_one_bucket, wait_for_lock_wait
+from helpers import campaigns_in_one_bucket, session_id, wait_until_blocked
 from outbox import Event, Settings, append, db
 from outbox.projection.app import Outbox
 from outbox.queue.rotation import rotate
@@ -172,17 +172,19 @@ async def test_a_refresh_waits_for_an_append_holding_the_head_and_makes_no_secon
         await appender.execute("BEGIN")
         await append(appender, "one-row", [Event("noted", {})], settings=settings)
         done = anyio.Event()
+        async with pool.acquire() as conn:
+            session = await session_id(conn, on_citus=False)
 
-        async def refresh() -> None:
-            async with pool.acquire() as conn, conn.transaction():
-                await refresh_campaigns(conn, ["one-row"], park=True, removable=())
-            done.set()
+            async def refresh() -> None:
+                async with conn.transaction():
+                    await refresh_campaigns(conn, ["one-row"], park=True, removable=())
+                done.set()
 
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(refresh)
-            await wait_for_lock_wait(pool, "outbox_refresh_campaigns")
-            assert not done.is_set()
-            await appender.execute("COMMIT")
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(refresh)
+                await wait_until_blocked(pool, session, on_citus=False)
+                assert not done.is_set()
+                await appender.execute("COMMIT")
     finally:
         await appender.close()
     rows = await pool.fetch(ROWS)
