@@ -58,7 +58,7 @@ EVENT_TYPE = "bench.tick"
 # the campaigns).
 LOAD_BACKLOG = """
 WITH heads AS (
-    INSERT INTO outbox.campaign_heads (bucket, campaign_id, last_seq)
+    INSERT INTO outbox.campaign_head_keys (bucket, campaign_id, last_seq)
     SELECT outbox.outbox_bucket($3::text || c), $3::text || c,
            ($2::integer - c - 1) / $1::integer + 1
     FROM generate_series(0, least($1::integer, $2::integer) - 1) c
@@ -89,7 +89,7 @@ GROUP BY 1
 """
 # The outbox's campaign-keyed tables, emptied before each case with the bench's projection.
 OUTBOX_TABLES = (
-    "outbox.event_journal, outbox.campaign_heads, outbox.projection_apply_outbox,"
+    "outbox.event_journal, outbox.campaign_head_keys, outbox.projection_apply_outbox,"
     " outbox.projection_apply_campaigns, outbox.projection_checkpoint_keys,"
     " outbox.projection_checkpoint_moves,"
     " outbox.processed_markers, outbox.append_idempotency_keys"

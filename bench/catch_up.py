@@ -45,7 +45,7 @@ from outbox.projection.sweep import catch_ups
 # no work rows (every campaign dormant).
 LOAD_HISTORY = """
 WITH heads AS (
-    INSERT INTO outbox.campaign_heads (bucket, campaign_id, last_seq)
+    INSERT INTO outbox.campaign_head_keys (bucket, campaign_id, last_seq)
     SELECT outbox.outbox_bucket('h-' || c), 'h-' || c, ($2::integer - c - 1) / $1::integer + 1
     FROM generate_series(0, least($1::integer, $2::integer) - 1) c
 )

@@ -50,7 +50,7 @@ MAINTENANCE = Path(sys.executable).parent / "maintenance"
 # $1 campaigns of $2 rows: the first tenth all dead (three error groups), the next tenth with a
 # failed head, the rest pending; nothing due for a day (an outage's backlog).
 STATE = """
-INSERT INTO outbox.campaign_heads (bucket, campaign_id, last_seq)
+INSERT INTO outbox.campaign_head_keys (bucket, campaign_id, last_seq)
 SELECT outbox.outbox_bucket('c-' || c), 'c-' || c, $2::integer FROM generate_series(0,
     $1::integer - 1) c;
 INSERT INTO outbox.event_journal (bucket, campaign_id, seq, event_type, payload)

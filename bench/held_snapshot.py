@@ -14,13 +14,14 @@ end; two follow the release (0 to `window` s after it, then `window` to 2 x `win
 window: commit -> applied p50/p99 of the events appended in it; the mean server time of a
 claim call and of a settle call in it (pg_stat_statements, reset at the window's start); the
 events applied per second against those appended; and at its end the work rows left (the
-backlog) and the size with indexes and the dead versions of the queue's tables (work rows,
-campaign rows, checkpoints, holds, markers). Every figure is also a ratio to the window before
-the hold; the issue's bars (p99 <= 2x, p50 <= 1.5x, claim and settle <= 1.5x, tables <= 2x,
-the appends kept up with; back to the before-window's figures a minute after the release) are
-printed beside them. Run it under another checkout's package (PYTHONPATH=/path/to/checkout)
-for the figure of the code before. `--profile`: pg_stat_statements tracks the statements inside
-the server functions too, and each window prints its ten costliest statements (what grows).
+backlog) and the size with indexes and the dead versions of the queue's tables (append heads,
+work rows, campaign rows, checkpoints, holds, markers). Every figure is also a ratio to the
+window before the hold; the issue's bars (p99 <= 2x, p50 <= 1.5x, claim and settle <= 1.5x,
+tables <= 2x, the appends kept up with; back to the before-window's figures a minute after
+the release) are printed beside them. Run it under another checkout's package
+(PYTHONPATH=/path/to/checkout) for the figure of the code before. `--profile`:
+pg_stat_statements tracks the statements inside the server functions too, and each window
+prints its ten costliest statements (what grows).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from _support import TABLE_SIZES, Producer, bench_database, print_json, window_l
 from latency import WORKER, start, stop, wait_until
 
 TABLES = (
+    "campaign_head_keys",
     "projection_apply_outbox",
     "projection_apply_campaigns",
     "projection_checkpoint_keys",

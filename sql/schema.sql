@@ -374,7 +374,7 @@ DECLARE
 BEGIN
     SELECT coalesce(array_agg(x.campaign_id), '{}') INTO held
     FROM (
-        SELECT h.campaign_id FROM campaign_heads h
+        SELECT h.campaign_id FROM campaign_head_keys h
         WHERE h.bucket = p_bucket AND h.campaign_id = ANY (p_campaigns)
         ORDER BY h.campaign_id
         FOR SHARE SKIP LOCKED
@@ -385,7 +385,7 @@ BEGIN
     SELECT t.campaign_id FROM unnest(p_campaigns) AS t(campaign_id)
     WHERE NOT t.campaign_id = ANY (held)
       AND NOT EXISTS (
-          SELECT 1 FROM campaign_heads h
+          SELECT 1 FROM campaign_head_keys h
           WHERE h.bucket = p_bucket AND h.campaign_id = t.campaign_id
       );
 END
@@ -503,7 +503,7 @@ BEGIN
     LOOP
         IF cardinality(lacking) > 0 THEN
             PERFORM FROM (
-                SELECT 1 FROM campaign_heads h
+                SELECT 1 FROM campaign_head_keys h
                 WHERE h.bucket = p_bucket AND h.campaign_id = ANY (lacking)
                 ORDER BY h.campaign_id
                 FOR NO KEY UPDATE
@@ -689,6 +689,17 @@ BEGIN
     RETURN QUERY SELECT v_old, 'rotated'::text, n + m + c;
 END
 $_$;
+
+CREATE FUNCTION outbox.outbox_seq_taken(p_campaign_id text, p_seq bigint) RETURNS void
+    LANGUAGE plpgsql
+    SET search_path TO 'outbox', 'pg_temp'
+    AS $$
+BEGIN
+    RAISE EXCEPTION USING ERRCODE = 'unique_violation', CONSTRAINT = 'event_journal_pkey',
+        MESSAGE = format('campaign %L: seq %s is in the journal already, written without the '
+                         'campaign head''s lock', p_campaign_id, p_seq);
+END
+$$;
 
 CREATE FUNCTION outbox.outbox_settle(p_bucket integer, p_batch jsonb, OUT due bigint, OUT ages double precision[]) RETURNS record
     LANGUAGE plpgsql
@@ -1029,7 +1040,7 @@ BEGIN
     -- locks rows only in a statement that names one.
     FOR lock_b IN SELECT DISTINCT x.b FROM unnest(bs) AS x(b) ORDER BY 1 LOOP
         lock_cs := ARRAY(
-            SELECT h.campaign_id FROM campaign_heads h
+            SELECT h.campaign_id FROM campaign_head_keys h
             WHERE h.bucket = lock_b AND h.campaign_id = ANY (cs)
               AND NOT h.campaign_id = ANY (skip)
             ORDER BY h.campaign_id
@@ -1080,6 +1091,8 @@ DECLARE
     known_last bigint;
     known_fp bytea;
     head bigint;
+    held boolean := false;
+    written bigint;
     earliest bigint;
     i integer;
 BEGIN
@@ -1182,19 +1195,37 @@ BEGIN
         END IF;
     END IF;
 
-    -- Seqs from the campaign head, which the append holds until commit (gap-free).
-    IF p_expected_seq > 0 THEN  -- the head must stand exactly there (re-checked after a wait)
-        UPDATE campaign_heads AS h
-        SET last_seq = h.last_seq + n, updated_at = v_now
-        WHERE h.bucket = b AND h.campaign_id = p_campaign_id AND h.last_seq = p_expected_seq
-        RETURNING h.last_seq INTO head;
-    ELSE  -- no expectation (create or advance), or expected_seq = 0 (the campaign must be new)
-        INSERT INTO campaign_heads AS h (bucket, campaign_id, last_seq, updated_at)
+    -- Seqs from the campaign head, which the append holds until commit (gap-free), by a row
+    -- lock alone (S28): a campaign's first append makes the head's key row, every later one
+    -- locks it, and neither writes a version a held snapshot would keep. The head itself is
+    -- the journal's last seq, read in a statement after the lock, whose snapshot sees the
+    -- append the lock waited for (READ COMMITTED). Under REPEATABLE READ or SERIALIZABLE the
+    -- read is the transaction's snapshot: an append committed since then makes this one's
+    -- journal insert a serialization failure (40001, ON CONFLICT below), as before.
+    LOOP
+        PERFORM FROM campaign_head_keys h
+        WHERE h.bucket = b AND h.campaign_id = p_campaign_id
+        FOR NO KEY UPDATE;
+        held := FOUND;
+        EXIT WHEN held OR p_expected_seq > 0;  -- no head and one expected: refused below
+        -- A new campaign. Of two first appends, the one that waited for the other's commit
+        -- inserts nothing, and goes round again to lock the key the other made.
+        INSERT INTO campaign_head_keys AS h (bucket, campaign_id, last_seq, updated_at)
         VALUES (b, p_campaign_id, n, v_now)
-        ON CONFLICT (bucket, campaign_id) DO UPDATE
-            SET last_seq = h.last_seq + excluded.last_seq, updated_at = v_now
-            WHERE p_expected_seq IS NULL
-        RETURNING h.last_seq INTO head;
+        ON CONFLICT (bucket, campaign_id) DO NOTHING;
+        IF FOUND THEN
+            head := n;
+            EXIT;
+        END IF;
+    END LOOP;
+    IF held AND p_expected_seq IS DISTINCT FROM 0 THEN
+        SELECT greatest(h.last_seq, (
+                   SELECT max(e.seq) FROM event_journal e
+                   WHERE e.bucket = b AND e.campaign_id = p_campaign_id))
+        INTO head
+        FROM campaign_head_keys h
+        WHERE h.bucket = b AND h.campaign_id = p_campaign_id;
+        head := CASE WHEN p_expected_seq IS NULL OR head = p_expected_seq THEN head + n END;
     END IF;
     IF head IS NULL THEN
         IF p_idempotency_key IS NOT NULL THEN  -- the refused append takes its key back
@@ -1215,7 +1246,12 @@ BEGIN
             INSERT INTO event_journal (bucket, campaign_id, seq, event_type, payload, metadata,
                                        recorded_at)
             VALUES (b, p_campaign_id, head - n + i, appended -> (i - 1) ->> 0,
-                    appended -> (i - 1) -> 1, appended -> (i - 1) -> 2, v_now);
+                    appended -> (i - 1) -> 1, appended -> (i - 1) -> 2, v_now)
+            ON CONFLICT DO NOTHING;
+            GET DIAGNOSTICS written = ROW_COUNT;
+            IF written < 1 THEN
+                PERFORM outbox_seq_taken(p_campaign_id, head - n + i);
+            END IF;
             IF enqueue THEN
                 INSERT INTO projection_apply_outbox (bucket, campaign_id, seq, event_type,
                                                      next_attempt_at, enqueued_at, updated_at,
@@ -1229,7 +1265,12 @@ BEGIN
                                    recorded_at)
         SELECT b, p_campaign_id, head - n + e.ord, e.value ->> 0, e.value -> 1, e.value -> 2,
                v_now
-        FROM jsonb_array_elements(appended) WITH ORDINALITY AS e(value, ord);
+        FROM jsonb_array_elements(appended) WITH ORDINALITY AS e(value, ord)
+        ON CONFLICT DO NOTHING;
+        GET DIAGNOSTICS written = ROW_COUNT;
+        IF written < n THEN
+            PERFORM outbox_seq_taken(p_campaign_id, head - n + 1);
+        END IF;
         IF enqueue THEN
             INSERT INTO projection_apply_outbox (bucket, campaign_id, seq, event_type,
                                                  next_attempt_at, enqueued_at, updated_at, slot)
@@ -1304,15 +1345,40 @@ CREATE TABLE outbox.append_idempotency_keys (
     CONSTRAINT append_idempotency_keys_bucket_check CHECK ((bucket = outbox.outbox_bucket(campaign_id)))
 );
 
-CREATE TABLE outbox.campaign_heads (
+CREATE TABLE outbox.campaign_head_keys (
     campaign_id text NOT NULL,
     last_seq bigint NOT NULL,
     updated_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
     bucket integer NOT NULL,
-    CONSTRAINT campaign_heads_bucket_check CHECK ((bucket = outbox.outbox_bucket(campaign_id))),
-    CONSTRAINT campaign_heads_last_seq_check CHECK ((last_seq >= 1))
+    CONSTRAINT campaign_head_keys_bucket_check CHECK ((bucket = outbox.outbox_bucket(campaign_id))),
+    CONSTRAINT campaign_head_keys_last_seq_check CHECK ((last_seq >= 1))
 )
-WITH (fillfactor='70');
+WITH (fillfactor='100');
+
+CREATE TABLE outbox.event_journal (
+    campaign_id text NOT NULL,
+    seq bigint NOT NULL,
+    event_type text NOT NULL,
+    payload jsonb NOT NULL,
+    metadata jsonb DEFAULT '{}'::jsonb NOT NULL,
+    recorded_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    bucket integer NOT NULL,
+    CONSTRAINT event_journal_bucket_check CHECK ((bucket = outbox.outbox_bucket(campaign_id))),
+    CONSTRAINT event_journal_seq_check CHECK ((seq >= 1))
+);
+
+CREATE VIEW outbox.campaign_heads AS
+ SELECT k.campaign_id,
+    GREATEST(k.last_seq, ( SELECT max(e.seq) AS max
+           FROM outbox.event_journal e
+          WHERE ((e.bucket = k.bucket) AND (e.campaign_id = k.campaign_id)))) AS last_seq,
+    COALESCE(( SELECT e.recorded_at
+           FROM outbox.event_journal e
+          WHERE ((e.bucket = k.bucket) AND (e.campaign_id = k.campaign_id))
+          ORDER BY e.seq DESC
+         LIMIT 1), k.updated_at) AS updated_at,
+    k.bucket
+   FROM outbox.campaign_head_keys k;
 
 CREATE TABLE outbox.consumer_claims (
     scope text NOT NULL,
@@ -1326,18 +1392,6 @@ CREATE TABLE outbox.consumer_claims (
 );
 
 COMMENT ON COLUMN outbox.consumer_claims.bucket IS 'Monday (UTC) of the week holding event_time; the claim covers that week';
-
-CREATE TABLE outbox.event_journal (
-    campaign_id text NOT NULL,
-    seq bigint NOT NULL,
-    event_type text NOT NULL,
-    payload jsonb NOT NULL,
-    metadata jsonb DEFAULT '{}'::jsonb NOT NULL,
-    recorded_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
-    bucket integer NOT NULL,
-    CONSTRAINT event_journal_bucket_check CHECK ((bucket = outbox.outbox_bucket(campaign_id))),
-    CONSTRAINT event_journal_seq_check CHECK ((seq >= 1))
-);
 
 CREATE TABLE outbox.outbox_projector_audit (
     audit_id bigint NOT NULL,
@@ -1707,8 +1761,8 @@ ALTER TABLE ONLY outbox.projection_checkpoint_moves ATTACH PARTITION outbox.proj
 ALTER TABLE ONLY outbox.append_idempotency_keys
     ADD CONSTRAINT append_idempotency_keys_pkey PRIMARY KEY (bucket, campaign_id, idem_key);
 
-ALTER TABLE ONLY outbox.campaign_heads
-    ADD CONSTRAINT campaign_heads_pkey PRIMARY KEY (bucket, campaign_id);
+ALTER TABLE ONLY outbox.campaign_head_keys
+    ADD CONSTRAINT campaign_head_keys_pkey PRIMARY KEY (bucket, campaign_id);
 
 ALTER TABLE ONLY outbox.consumer_claims
     ADD CONSTRAINT consumer_claims_pkey PRIMARY KEY (scope, event_id, bucket);

@@ -35,6 +35,21 @@ CREATE OR REPLACE FUNCTION outbox_fingerprint(events jsonb) RETURNS bytea
 LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
 RETURN sha256(convert_to(events::text, 'UTF8'));
 
+-- A journal insert that found its seq taken, under READ COMMITTED: a row written without the
+-- head's lock (by a tool, by hand). The journal keeps what it has and the append fails, as a
+-- plain insert's unique violation would. (Under REPEATABLE READ the insert's ON CONFLICT
+-- raises 40001 first: an append committed since the transaction's snapshot took the seq.)
+CREATE OR REPLACE FUNCTION outbox_seq_taken(p_campaign_id text, p_seq bigint) RETURNS void
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+BEGIN
+    RAISE EXCEPTION USING ERRCODE = 'unique_violation', CONSTRAINT = 'event_journal_pkey',
+        MESSAGE = format('campaign %L: seq %s is in the journal already, written without the '
+                         'campaign head''s lock', p_campaign_id, p_seq);
+END
+$$;
+
 CREATE OR REPLACE FUNCTION outbox_try_append(
     p_campaign_id text,
     p_events jsonb,
@@ -68,6 +83,8 @@ DECLARE
     known_last bigint;
     known_fp bytea;
     head bigint;
+    held boolean := false;
+    written bigint;
     earliest bigint;
     i integer;
 BEGIN
@@ -170,19 +187,37 @@ BEGIN
         END IF;
     END IF;
 
-    -- Seqs from the campaign head, which the append holds until commit (gap-free).
-    IF p_expected_seq > 0 THEN  -- the head must stand exactly there (re-checked after a wait)
-        UPDATE campaign_heads AS h
-        SET last_seq = h.last_seq + n, updated_at = v_now
-        WHERE h.bucket = b AND h.campaign_id = p_campaign_id AND h.last_seq = p_expected_seq
-        RETURNING h.last_seq INTO head;
-    ELSE  -- no expectation (create or advance), or expected_seq = 0 (the campaign must be new)
-        INSERT INTO campaign_heads AS h (bucket, campaign_id, last_seq, updated_at)
+    -- Seqs from the campaign head, which the append holds until commit (gap-free), by a row
+    -- lock alone (S28): a campaign's first append makes the head's key row, every later one
+    -- locks it, and neither writes a version a held snapshot would keep. The head itself is
+    -- the journal's last seq, read in a statement after the lock, whose snapshot sees the
+    -- append the lock waited for (READ COMMITTED). Under REPEATABLE READ or SERIALIZABLE the
+    -- read is the transaction's snapshot: an append committed since then makes this one's
+    -- journal insert a serialization failure (40001, ON CONFLICT below), as before.
+    LOOP
+        PERFORM FROM campaign_head_keys h
+        WHERE h.bucket = b AND h.campaign_id = p_campaign_id
+        FOR NO KEY UPDATE;
+        held := FOUND;
+        EXIT WHEN held OR p_expected_seq > 0;  -- no head and one expected: refused below
+        -- A new campaign. Of two first appends, the one that waited for the other's commit
+        -- inserts nothing, and goes round again to lock the key the other made.
+        INSERT INTO campaign_head_keys AS h (bucket, campaign_id, last_seq, updated_at)
         VALUES (b, p_campaign_id, n, v_now)
-        ON CONFLICT (bucket, campaign_id) DO UPDATE
-            SET last_seq = h.last_seq + excluded.last_seq, updated_at = v_now
-            WHERE p_expected_seq IS NULL
-        RETURNING h.last_seq INTO head;
+        ON CONFLICT (bucket, campaign_id) DO NOTHING;
+        IF FOUND THEN
+            head := n;
+            EXIT;
+        END IF;
+    END LOOP;
+    IF held AND p_expected_seq IS DISTINCT FROM 0 THEN
+        SELECT greatest(h.last_seq, (
+                   SELECT max(e.seq) FROM event_journal e
+                   WHERE e.bucket = b AND e.campaign_id = p_campaign_id))
+        INTO head
+        FROM campaign_head_keys h
+        WHERE h.bucket = b AND h.campaign_id = p_campaign_id;
+        head := CASE WHEN p_expected_seq IS NULL OR head = p_expected_seq THEN head + n END;
     END IF;
     IF head IS NULL THEN
         IF p_idempotency_key IS NOT NULL THEN  -- the refused append takes its key back
@@ -203,7 +238,12 @@ BEGIN
             INSERT INTO event_journal (bucket, campaign_id, seq, event_type, payload, metadata,
                                        recorded_at)
             VALUES (b, p_campaign_id, head - n + i, appended -> (i - 1) ->> 0,
-                    appended -> (i - 1) -> 1, appended -> (i - 1) -> 2, v_now);
+                    appended -> (i - 1) -> 1, appended -> (i - 1) -> 2, v_now)
+            ON CONFLICT DO NOTHING;
+            GET DIAGNOSTICS written = ROW_COUNT;
+            IF written < 1 THEN
+                PERFORM outbox_seq_taken(p_campaign_id, head - n + i);
+            END IF;
             IF enqueue THEN
                 INSERT INTO projection_apply_outbox (bucket, campaign_id, seq, event_type,
                                                      next_attempt_at, enqueued_at, updated_at,
@@ -217,7 +257,12 @@ BEGIN
                                    recorded_at)
         SELECT b, p_campaign_id, head - n + e.ord, e.value ->> 0, e.value -> 1, e.value -> 2,
                v_now
-        FROM jsonb_array_elements(appended) WITH ORDINALITY AS e(value, ord);
+        FROM jsonb_array_elements(appended) WITH ORDINALITY AS e(value, ord)
+        ON CONFLICT DO NOTHING;
+        GET DIAGNOSTICS written = ROW_COUNT;
+        IF written < n THEN
+            PERFORM outbox_seq_taken(p_campaign_id, head - n + 1);
+        END IF;
         IF enqueue THEN
             INSERT INTO projection_apply_outbox (bucket, campaign_id, seq, event_type,
                                                  next_attempt_at, enqueued_at, updated_at, slot)

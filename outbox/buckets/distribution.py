@@ -49,7 +49,7 @@ PLAN: tuple[Placement, ...] = (
     *(
         Placement(table, "bucket", ANCHOR)
         for table in (
-            "campaign_heads",
+            "campaign_head_keys",
             "projection_apply_outbox",
             "projection_apply_campaigns",
             "projection_checkpoint_keys",

@@ -101,7 +101,7 @@ BEGIN
     -- locks rows only in a statement that names one.
     FOR lock_b IN SELECT DISTINCT x.b FROM unnest(bs) AS x(b) ORDER BY 1 LOOP
         lock_cs := ARRAY(
-            SELECT h.campaign_id FROM campaign_heads h
+            SELECT h.campaign_id FROM campaign_head_keys h
             WHERE h.bucket = lock_b AND h.campaign_id = ANY (cs)
               AND NOT h.campaign_id = ANY (skip)
             ORDER BY h.campaign_id

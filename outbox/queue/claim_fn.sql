@@ -33,7 +33,7 @@ DECLARE
 BEGIN
     SELECT coalesce(array_agg(x.campaign_id), '{}') INTO held
     FROM (
-        SELECT h.campaign_id FROM campaign_heads h
+        SELECT h.campaign_id FROM campaign_head_keys h
         WHERE h.bucket = p_bucket AND h.campaign_id = ANY (p_campaigns)
         ORDER BY h.campaign_id
         FOR SHARE SKIP LOCKED
@@ -44,7 +44,7 @@ BEGIN
     SELECT t.campaign_id FROM unnest(p_campaigns) AS t(campaign_id)
     WHERE NOT t.campaign_id = ANY (held)
       AND NOT EXISTS (
-          SELECT 1 FROM campaign_heads h
+          SELECT 1 FROM campaign_head_keys h
           WHERE h.bucket = p_bucket AND h.campaign_id = t.campaign_id
       );
 END

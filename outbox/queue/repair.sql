@@ -97,7 +97,7 @@ LIMIT $4::integer
 -- their work rows: appends and refreshes wait, batches skip them (S26). Then hold_campaigns,
 -- in a statement of its own that sees a campaign row an append made meanwhile.
 SELECT count(*) FROM (
-    SELECT 1 FROM @extschema@.campaign_heads h
+    SELECT 1 FROM @extschema@.campaign_head_keys h
     WHERE h.bucket = $2::integer AND h.campaign_id = ANY ($1::text[])
     ORDER BY h.campaign_id
     FOR NO KEY UPDATE

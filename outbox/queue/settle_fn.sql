@@ -368,7 +368,7 @@ BEGIN
     LOOP
         IF cardinality(lacking) > 0 THEN
             PERFORM FROM (
-                SELECT 1 FROM campaign_heads h
+                SELECT 1 FROM campaign_head_keys h
                 WHERE h.bucket = p_bucket AND h.campaign_id = ANY (lacking)
                 ORDER BY h.campaign_id
                 FOR NO KEY UPDATE

@@ -205,7 +205,7 @@ async def test_an_incident_from_dead_rows_to_zero_in_the_browser(
 # dead (one error group per projector of three), the next 200 with a failed head, the rest
 # pending and not due; every row with its journal event. No worker is alive.
 OUTAGE = """
-INSERT INTO outbox.campaign_heads (bucket, campaign_id, last_seq)
+INSERT INTO outbox.campaign_head_keys (bucket, campaign_id, last_seq)
 SELECT outbox.outbox_bucket('c-' || c), 'c-' || c, 100 FROM generate_series(0, 1999) c;
 INSERT INTO outbox.event_journal (bucket, campaign_id, seq, event_type, payload)
 SELECT outbox.outbox_bucket('c-' || c), 'c-' || c, s, 'order.placed',

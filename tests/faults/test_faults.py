@@ -167,7 +167,7 @@ async def test_listen_connections_killed_again_and_again(
 # Written the way another client or a manual fix would: valid jsonb no float can hold, and a
 # work row whose journal row is gone (the foreign key has to be switched off for that).
 POISON = """
-INSERT INTO outbox.campaign_heads (bucket, campaign_id, last_seq)
+INSERT INTO outbox.campaign_head_keys (bucket, campaign_id, last_seq)
 VALUES (outbox.outbox_bucket('poison-json'), 'poison-json', 1),
        (outbox.outbox_bucket('poison-missing'), 'poison-missing', 1);
 INSERT INTO outbox.event_journal (bucket, campaign_id, seq, event_type, payload)

@@ -96,7 +96,7 @@ async def test_redelivered_events_are_skipped_set_wise(pool: db.Pool, dsn: str) 
     settings = Settings(dsn=dsn)
     for ordered, idempotent in [(True, False), (False, True)]:
         await pool.execute("TRUNCATE totals, calls, outbox.projection_apply_outbox")
-        await pool.execute("TRUNCATE outbox.event_journal, outbox.campaign_heads CASCADE")
+        await pool.execute("TRUNCATE outbox.event_journal, outbox.campaign_head_keys CASCADE")
         app = batch_app(settings, ordered=ordered, idempotent=idempotent)
         expected = await appended(pool, settings, campaigns=3, per=4)
         await Worker(app, pool).drain()

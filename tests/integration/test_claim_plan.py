@@ -228,7 +228,7 @@ def _assert_no_backlog_scan(
 
 # A queue as a fresh deployment has it when its workers start: 40 campaigns, analyzed.
 SMALL = """
-INSERT INTO outbox.campaign_heads (bucket, campaign_id, last_seq)
+INSERT INTO outbox.campaign_head_keys (bucket, campaign_id, last_seq)
 SELECT outbox.outbox_bucket('c-' || g), 'c-' || g, 1 FROM generate_series(1, 40) g;
 INSERT INTO outbox.event_journal (bucket, campaign_id, seq, event_type, payload)
 SELECT bucket, campaign_id, 1, 'tick', '{}' FROM outbox.campaign_heads;
@@ -241,7 +241,7 @@ ANALYZE;
 # Then an outage: 100k campaigns whose rows wait for a retry, not analyzed yet (autovacuum is
 # off on these tables for the test, so no statistics refresh re-plans the cached statements).
 GROWN = """
-INSERT INTO outbox.campaign_heads (bucket, campaign_id, last_seq)
+INSERT INTO outbox.campaign_head_keys (bucket, campaign_id, last_seq)
 SELECT outbox.outbox_bucket('old-' || g), 'old-' || g, 1 FROM generate_series(1, 100000) g;
 INSERT INTO outbox.event_journal (bucket, campaign_id, seq, event_type, payload)
 SELECT bucket, campaign_id, 1, 'tick', '{}' FROM outbox.campaign_heads WHERE campaign_id LIKE
@@ -260,7 +260,7 @@ SELECT coalesce(i.inhrelid, $1::regclass)::regclass::text
 FROM (SELECT $1::regclass AS t) x LEFT JOIN pg_inherits i ON i.inhparent = x.t
 """
 NO_AUTOVACUUM = [
-    "campaign_heads",
+    "campaign_head_keys",
     "event_journal",
     "projection_apply_outbox",
     "projection_apply_campaigns",

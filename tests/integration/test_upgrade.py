@@ -136,8 +136,12 @@ async def _rows(conn: db.Connection, schema: str) -> dict[str, list[tuple[Any, .
     for table in TABLES_0_1_0:
         # The campaign queue's due time and blocked flag are its bookkeeping: 0006 makes a
         # campaign that a projector's dead row blocked due for its other projectors (S24);
-        # its slot (0008) is where it is kept (S26).
-        queue = ["due_at", "blocked", "updated_at"] if table == "projection_apply_campaigns" else []
+        # its slot (0008) is where it is kept (S26). A head's `updated_at` is when its last
+        # event was recorded since 0010 (S28), not when the head row was last written.
+        queue = {
+            "projection_apply_campaigns": ["due_at", "blocked", "updated_at"],
+            "campaign_heads": ["updated_at"],
+        }.get(table, [])
         columns = await conn.fetchval(
             "SELECT string_agg(quote_ident(attname), ', ' ORDER BY attnum) FROM pg_attribute "
             "WHERE attrelid = $1::regclass AND attnum > 0 AND NOT attisdropped "

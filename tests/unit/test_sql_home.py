@@ -27,7 +27,7 @@ RELEASED = {
 DEFINITIONS = sorted((ROOT / "outbox").rglob("*_fn.sql"))
 # What the outbox's statements may name in its schema: its tables and its functions.
 OBJECTS = (
-    "event_journal|campaign_heads|projection_apply_outbox|projection_apply_campaigns|"
+    "event_journal|campaign_heads|campaign_head_keys|projection_apply_outbox|projection_apply_campaigns|"
     "projection_checkpoints|projection_checkpoint_keys|projection_checkpoint_moves|processed_markers|append_idempotency_keys|consumer_claims|"
     "outbox_workers|outbox_requeue_audit|outbox_projector_pauses|outbox_projector_audit|"
     "outbox_schema_migrations|outbox_schema_definitions|outbox_[a-z_]+(?=\\()"

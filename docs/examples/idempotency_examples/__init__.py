@@ -52,7 +52,7 @@ OUTBOX_STATE = (
     "outbox.projection_apply_campaigns",
     "outbox.projection_apply_outbox",
     "outbox.event_journal",
-    "outbox.campaign_heads",
+    "outbox.campaign_head_keys",
     "outbox.append_idempotency_keys",
     "outbox.projection_checkpoint_keys",
     "outbox.projection_checkpoint_moves",
