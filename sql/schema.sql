@@ -146,6 +146,7 @@ CREATE FUNCTION outbox.outbox_checkpoints_of(p_bucket integer, p_campaigns text[
     LANGUAGE plpgsql STABLE
     SET search_path TO 'outbox', 'pg_temp'
     SET enable_seqscan TO 'off'
+    SET plan_cache_mode TO 'force_generic_plan'
     AS $$
 #variable_conflict use_column
 BEGIN
@@ -170,6 +171,7 @@ CREATE FUNCTION outbox.outbox_claim(p_bucket integer, p_campaigns integer, p_bud
     LANGUAGE plpgsql
     SET search_path TO 'outbox', 'pg_temp'
     SET enable_seqscan TO 'off'
+    SET plan_cache_mode TO 'force_generic_plan'
     SET jit TO 'off'
     AS $$
 #variable_conflict use_column
@@ -311,6 +313,7 @@ CREATE FUNCTION outbox.outbox_hold_rows(p_bucket integer, p_campaigns text[], p_
     LANGUAGE plpgsql
     SET search_path TO 'outbox', 'pg_temp'
     SET enable_seqscan TO 'off'
+    SET plan_cache_mode TO 'force_generic_plan'
     SET jit TO 'off'
     AS $$
 BEGIN
@@ -342,6 +345,7 @@ CREATE FUNCTION outbox.outbox_lock_checkpoints(p_bucket integer, p_campaigns tex
     LANGUAGE plpgsql
     SET search_path TO 'outbox', 'pg_temp'
     SET enable_seqscan TO 'off'
+    SET plan_cache_mode TO 'force_generic_plan'
     AS $$
 #variable_conflict use_column
 BEGIN
@@ -395,6 +399,7 @@ CREATE FUNCTION outbox.outbox_move_checkpoint(p_bucket integer, p_campaign_id te
     LANGUAGE plpgsql
     SET search_path TO 'outbox', 'pg_temp'
     SET enable_seqscan TO 'off'
+    SET plan_cache_mode TO 'force_generic_plan'
     AS $$
 DECLARE
     v_n bigint;
@@ -481,6 +486,7 @@ CREATE FUNCTION outbox.outbox_refresh_campaigns(p_bucket integer, p_campaigns te
     LANGUAGE plpgsql
     SET search_path TO 'outbox', 'pg_temp'
     SET enable_seqscan TO 'off'
+    SET plan_cache_mode TO 'force_generic_plan'
     SET jit TO 'off'
     AS $$
 #variable_conflict use_column
@@ -705,6 +711,7 @@ CREATE FUNCTION outbox.outbox_settle(p_bucket integer, p_batch jsonb, OUT due bi
     LANGUAGE plpgsql
     SET search_path TO 'outbox', 'pg_temp'
     SET enable_seqscan TO 'off'
+    SET plan_cache_mode TO 'force_generic_plan'
     SET jit TO 'off'
     AS $$
 #variable_conflict use_column

@@ -21,6 +21,7 @@ RETURNS TABLE (campaign_id text, projector text, applied_seq bigint)
 LANGUAGE plpgsql STABLE
 SET search_path FROM CURRENT
 SET enable_seqscan = off
+SET plan_cache_mode = force_generic_plan
 AS $$
 #variable_conflict use_column
 BEGIN
@@ -56,6 +57,7 @@ RETURNS TABLE (campaign_id text, projector text, applied_seq bigint)
 LANGUAGE plpgsql VOLATILE
 SET search_path FROM CURRENT
 SET enable_seqscan = off
+SET plan_cache_mode = force_generic_plan
 AS $$
 #variable_conflict use_column
 BEGIN
@@ -95,6 +97,7 @@ RETURNS void
 LANGUAGE plpgsql VOLATILE
 SET search_path FROM CURRENT
 SET enable_seqscan = off
+SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
     v_n bigint;

@@ -16,6 +16,7 @@ CREATE OR REPLACE FUNCTION outbox_hold_rows(
 LANGUAGE plpgsql VOLATILE
 SET search_path FROM CURRENT
 SET enable_seqscan = off
+SET plan_cache_mode = force_generic_plan
 SET jit = off
 AS $$
 BEGIN

@@ -68,6 +68,7 @@ CREATE OR REPLACE FUNCTION outbox_settle(
 LANGUAGE plpgsql VOLATILE
 SET search_path FROM CURRENT
 SET enable_seqscan = off
+SET plan_cache_mode = force_generic_plan
 SET jit = off
 AS $$
 #variable_conflict use_column
@@ -346,6 +347,7 @@ CREATE OR REPLACE FUNCTION outbox_refresh_campaigns(
 LANGUAGE plpgsql VOLATILE
 SET search_path FROM CURRENT
 SET enable_seqscan = off
+SET plan_cache_mode = force_generic_plan
 SET jit = off
 AS $$
 #variable_conflict use_column
