@@ -478,6 +478,29 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION outbox.outbox_plans_for_citus() RETURNS integer
+    LANGUAGE plpgsql
+    SET search_path TO 'outbox', 'pg_temp'
+    AS $$
+DECLARE
+    f regprocedure;
+    n integer := 0;
+BEGIN
+    IF to_regclass('pg_catalog.pg_dist_partition') IS NULL THEN
+        RETURN 0;
+    END IF;
+    FOR f IN
+        SELECT p.oid::regprocedure FROM pg_catalog.pg_proc p
+        WHERE p.pronamespace = current_schema()::regnamespace
+          AND 'plan_cache_mode=force_generic_plan' = ANY (p.proconfig)
+    LOOP
+        EXECUTE format('ALTER FUNCTION %s RESET plan_cache_mode', f);
+        n := n + 1;
+    END LOOP;
+    RETURN n;
+END
+$$;
+
 CREATE FUNCTION outbox.outbox_queue_slot(p_at timestamp with time zone) RETURNS smallint
     LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
     RETURN (((((floor((EXTRACT(epoch FROM p_at) / (10)::numeric)))::bigint % (3)::bigint) + 3) % (3)::bigint))::smallint;

@@ -12,10 +12,11 @@ import os
 import subprocess
 import sys
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
 import anyio
@@ -182,6 +183,23 @@ async def is_blocked(pool: db.Pool, session: int, *, on_citus: bool) -> bool:
 async def wait_until_blocked(pool: db.Pool, session: int, *, on_citus: bool) -> None:
     """Until the session (`session_id`) waits for a lock."""
     await wait_for(lambda: is_blocked(pool, session, on_citus=on_citus))
+
+
+async def blocked_then_released(
+    pool: db.Pool,
+    work: Callable[[db.Connection], Coroutine[Any, Any, None]],
+    release: Callable[[], Awaitable[None]],
+    *,
+    on_citus: bool,
+) -> None:
+    """Run `work` on a connection of its own until it waits for a lock, then `release()` (what
+    ends the lock it waits for: a commit), and wait for `work` to finish."""
+    async with pool.acquire() as conn:
+        session = await session_id(conn, on_citus=on_citus)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(work, conn)
+            await wait_until_blocked(pool, session, on_citus=on_citus)
+            await release()
 
 
 @asynccontextmanager

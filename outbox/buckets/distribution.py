@@ -69,6 +69,7 @@ class DistributionQueries(Queries):
     list_citus_tables: str
     count_citus_nodes: str
     create_distributed_table: str
+    reset_plans: str
 
 
 Q = DistributionQueries
@@ -151,5 +152,6 @@ async def distribute(conn: Connection, *, shard_count: int | None = None) -> Dis
             )
         groups[plan.table] = group_id
         states.append(TableState(plan.table, plan.column, plan.colocate_with, table_shards, state))
+    await conn.fetchval(Q.reset_plans)
     nodes: int = await conn.fetchval(Q.count_citus_nodes)
     return Distributed(version, nodes, count, states[0].shards, states)

@@ -34,3 +34,8 @@ SELECT create_distributed_table(
     colocate_with => CASE WHEN $3::text = 'none' THEN 'none' ELSE '@extschema@.' || $3::text END,
     shard_count => $4::integer
 )
+
+-- name: reset_plans
+-- The hot functions back to the default plans, which Citus can distribute (distribution_fn.sql); the
+-- number of functions changed.
+SELECT @extschema@.outbox_plans_for_citus()

@@ -1,5 +1,6 @@
 -- The checkpoints' server functions (`guards.py`; the claim and the settle call them too):
 -- an ordered projector's checkpoint is locked through its key and moved by inserting (S27).
+-- requires: buckets/distribution_fn.sql
 --
 -- A checkpoint is a key row (`projection_checkpoint_keys`: made once, never updated) and its
 -- moves (`projection_checkpoint_moves`, in the queue's slots: one row per move, numbered per
@@ -126,3 +127,6 @@ BEGIN
             outbox_queue_slot(p_now));
 END
 $$;
+
+-- Back to the default plans on Citus (buckets/distribution_fn.sql).
+SELECT outbox_plans_for_citus();

@@ -1,5 +1,6 @@
 -- The claim's server functions (`claim.py`): the ordered claim in one call, and the append
 -- heads' lock that the claim's callers and the settle share.
+-- requires: buckets/distribution_fn.sql
 -- requires: projection/guards_fn.sql
 --
 -- Each function runs two statements where the protocol needs two snapshots: PostgreSQL gives
@@ -187,3 +188,6 @@ BEGIN
     ORDER BY p.campaign_id, o.seq;
 END
 $$;
+
+-- Back to the default plans on Citus (buckets/distribution_fn.sql).
+SELECT outbox_plans_for_citus();

@@ -1,5 +1,6 @@
 -- The holds' server function (`holds.py`): a work row's columns worked out from its holds
 -- (S24), for every path that changes holds (the settle, requeues, discards).
+-- requires: buckets/distribution_fn.sql
 
 -- The rows (p_campaigns[i], p_seqs[i]) of bucket `p_bucket` that have holds take their
 -- columns from them: `failed` while a holder will try again, `pending` while they only wait
@@ -43,3 +44,6 @@ BEGIN
       AND o.status <> 'processing';
 END
 $$;
+
+-- Back to the default plans on Citus (buckets/distribution_fn.sql).
+SELECT outbox_plans_for_citus();

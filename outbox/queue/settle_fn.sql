@@ -1,5 +1,6 @@
 -- The settle's server functions (`settle.py`): the end of a batch in one call, and the
 -- statement clock that the queue's writes call.
+-- requires: buckets/distribution_fn.sql
 -- requires: queue/claim_fn.sql
 -- requires: queue/holds_fn.sql
 -- requires: projection/guards_fn.sql
@@ -463,3 +464,6 @@ BEGIN
     END LOOP;
 END
 $$;
+
+-- Back to the default plans on Citus (buckets/distribution_fn.sql).
+SELECT outbox_plans_for_citus();

@@ -6,11 +6,10 @@ journal row written without the head's lock fails the append, and the journal ke
 
 from __future__ import annotations
 
-import anyio
 import asyncpg
 import pytest
 
-from helpers import journal_seqs, session_id, wait_until_blocked
+from helpers import blocked_then_released, journal_seqs
 from outbox import db
 from outbox.testing.localcitus import CitusCluster
 
@@ -67,17 +66,15 @@ async def test_an_append_that_waited_continues_after_the_one_it_waited_for(
         await holder.execute("BEGIN")
         assert await append(holder, "w", 3) == (2, 4)
         got: list[tuple[int, int]] = []
-        async with pool.acquire() as second:
-            session = await session_id(second, on_citus=citus is not None)
 
-            async def append_second() -> None:
-                got.append(await append(second, "w", 2))
+        async def append_second(second: db.Connection) -> None:
+            got.append(await append(second, "w", 2))
 
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(append_second)
-                await wait_until_blocked(pool, session, on_citus=citus is not None)
-                assert not got
-                await holder.execute("COMMIT")
+        async def commit() -> None:
+            assert not got
+            await holder.execute("COMMIT")
+
+        await blocked_then_released(pool, append_second, commit, on_citus=citus is not None)
     finally:
         await holder.close()
     assert got == [(5, 6)]
@@ -92,16 +89,14 @@ async def test_a_first_append_that_waited_for_another_first_one_goes_after_it(
         await holder.execute("BEGIN")
         assert await append(holder, "new", 2) == (1, 2)
         got: list[tuple[int, int]] = []
-        async with pool.acquire() as second:
-            session = await session_id(second, on_citus=citus is not None)
 
-            async def append_second() -> None:
-                got.append(await append(second, "new", 1))
+        async def append_second(second: db.Connection) -> None:
+            got.append(await append(second, "new", 1))
 
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(append_second)
-                await wait_until_blocked(pool, session, on_citus=citus is not None)
-                await holder.execute("COMMIT")
+        async def commit() -> None:
+            await holder.execute("COMMIT")
+
+        await blocked_then_released(pool, append_second, commit, on_citus=citus is not None)
     finally:
         await holder.close()
     assert got == [(3, 3)]
@@ -137,19 +132,17 @@ async def test_a_journal_row_written_without_the_heads_lock_fails_the_append(
             "VALUES (outbox.outbox_bucket('t'), 't', 2, 'by-hand', '1')"
         )
         failed: list[BaseException] = []
-        async with pool.acquire() as second:
-            session = await session_id(second, on_citus=citus is not None)
 
-            async def append_second() -> None:
-                try:
-                    await append(second, "t", 1)
-                except asyncpg.UniqueViolationError as e:
-                    failed.append(e)
+        async def append_second(second: db.Connection) -> None:
+            try:
+                await append(second, "t", 1)
+            except asyncpg.UniqueViolationError as e:
+                failed.append(e)
 
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(append_second)
-                await wait_until_blocked(pool, session, on_citus=citus is not None)
-                await tool.execute("COMMIT")
+        async def commit() -> None:
+            await tool.execute("COMMIT")
+
+        await blocked_then_released(pool, append_second, commit, on_citus=citus is not None)
     finally:
         await tool.close()
     assert len(failed) == 1

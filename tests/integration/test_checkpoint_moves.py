@@ -7,11 +7,10 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-import anyio
 import asyncpg
 import pytest
 
-from helpers import session_id, wait_until_blocked
+from helpers import blocked_then_released
 from outbox import db
 from outbox.projection.guards import checkpoints_of, lock_checkpoints
 from outbox.queue.rotation import rotate
@@ -66,18 +65,16 @@ async def test_a_lock_that_waited_reads_the_move_it_waited_for(
         await lock_checkpoints(holder, ["w"], ["p"], held=True)
         await settle(holder, checkpoints=[("w", "p", 2)])
         seen: dict[tuple[str, str], int] = {}
-        async with pool.acquire() as second:
-            session = await session_id(second, on_citus=citus is not None)
 
-            async def lock_second() -> None:
-                async with second.transaction():
-                    seen.update(await lock_checkpoints(second, ["w"], ["p"], held=True))
+        async def lock_second(second: db.Connection) -> None:
+            async with second.transaction():
+                seen.update(await lock_checkpoints(second, ["w"], ["p"], held=True))
 
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(lock_second)
-                await wait_until_blocked(pool, session, on_citus=citus is not None)
-                assert not seen
-                await holder.execute("COMMIT")
+        async def commit() -> None:
+            assert not seen
+            await holder.execute("COMMIT")
+
+        await blocked_then_released(pool, lock_second, commit, on_citus=citus is not None)
     finally:
         await holder.close()
     assert seen == {("w", "p"): 2}  # not 1, what its first statement's snapshot held
