@@ -1122,6 +1122,7 @@ DECLARE
     known_fp bytea;
     head bigint;
     held boolean := false;
+    head_floor bigint;
     written bigint;
     earliest bigint;
     i integer;
@@ -1233,7 +1234,7 @@ BEGIN
     -- read is the transaction's snapshot: an append committed since then makes this one's
     -- journal insert a serialization failure (40001, ON CONFLICT below), as before.
     LOOP
-        PERFORM FROM campaign_head_keys h
+        SELECT h.last_seq INTO head_floor FROM campaign_head_keys h
         WHERE h.bucket = b AND h.campaign_id = p_campaign_id
         FOR NO KEY UPDATE;
         held := FOUND;
@@ -1249,12 +1250,11 @@ BEGIN
         END IF;
     END LOOP;
     IF held AND p_expected_seq IS DISTINCT FROM 0 THEN
-        SELECT greatest(h.last_seq, (
-                   SELECT max(e.seq) FROM event_journal e
-                   WHERE e.bucket = b AND e.campaign_id = p_campaign_id))
-        INTO head
-        FROM campaign_head_keys h
-        WHERE h.bucket = b AND h.campaign_id = p_campaign_id;
+        -- The key's floor came with its lock (it never changes); the journal's end is read
+        -- in this statement of its own.
+        SELECT greatest(head_floor, max(e.seq)) INTO head
+        FROM event_journal e
+        WHERE e.bucket = b AND e.campaign_id = p_campaign_id;
         head := CASE WHEN p_expected_seq IS NULL OR head = p_expected_seq THEN head + n END;
     END IF;
     IF head IS NULL THEN
