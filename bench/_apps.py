@@ -11,7 +11,7 @@ import os
 
 from _support import EVENT_TYPE, UPSERT_MANY, UPSERT_ONE
 
-from outbox import EventBatch, Outbox, Settings, StoredEvent, db
+from outbox import EventBatch, Outbox, Settings, StoredEvent, db, running_projector
 
 # The ways a projector can keep the totals: one upsert per batch, one upsert per event
 # (awaited one by one), one upsert statement per event sent together (`app.statement`).
@@ -64,6 +64,10 @@ def __getattr__(name: str) -> Outbox:
         return isolated_app()
     if name == "catching_up":
         return catching_up_app()
+    if name == "versioned":
+        return versioned_app(versions=(1, 2))
+    if name == "versioned_v1":
+        return versioned_app(versions=(1,))
     raise AttributeError(name)
 
 
@@ -138,4 +142,20 @@ def catching_up_app(settings: Settings | None = None) -> Outbox:
     def totals_args(event: StoredEvent) -> tuple[str, int]:
         return (event.campaign_id, event.payload["amount"])
 
+    return app
+
+
+def versioned_app(settings: Settings | None = None, *, versions: tuple[int, ...]) -> Outbox:
+    """`visible`, and `totals` in `versions`: one batch function for every version, the
+    bench's set-wise upsert into the running version's table, `bench_totals_v<N>`
+    (bench/build.py)."""
+    app = visible_app(settings)
+    upserts = {v: UPSERT_MANY.replace("bench_totals", f"bench_totals_v{v}") for v in versions}
+
+    async def totals(tx: db.Connection, events: EventBatch) -> None:
+        upsert = upserts[running_projector().version]
+        await tx.execute(upsert, events.campaign_ids, [p["amount"] for p in events.payloads])
+
+    for version in versions:
+        app.projector("totals", events=[EVENT_TYPE], batch=True, version=version)(totals)
     return app

@@ -213,16 +213,23 @@ async def window_latency(conn: asyncpg.Connection, since: Any, until: Any) -> di
 
 class Producer:
     """One-event appends at `rate` per second, spread over `campaigns` campaigns named
-    `prefix` n, until `stopping` is set; `sent` once it has stopped."""
+    `prefix` n, until `stopping` is set; `sent` once it has stopped; each append's seconds with
+    when it started (`times`)."""
 
     def __init__(self, pool: asyncpg.Pool, rate: int, campaigns: int, prefix: str) -> None:
         self.pool, self.rate, self.campaigns, self.prefix = pool, rate, campaigns, prefix
         self.sent = 0
         self.stopping = asyncio.Event()
         self.settings = Settings()
+        self.times: list[tuple[float, float]] = []
+
+    async def one(self, campaign: str, event: Event) -> None:
+        at = time.perf_counter()
+        await append(self.pool, campaign, [event], settings=self.settings)
+        self.times.append((at, time.perf_counter() - at))
 
     async def run(self) -> None:
-        tasks: set[asyncio.Task[object]] = set()
+        tasks: set[asyncio.Task[None]] = set()
         started = time.perf_counter()
         i = 0
         while not self.stopping.is_set():
@@ -231,9 +238,14 @@ class Producer:
                 await asyncio.sleep(delay)
             event = Event(EVENT_TYPE, {"amount": i % 7})
             campaign = f"{self.prefix}{(i * 7919) % self.campaigns}"
-            task = asyncio.create_task(append(self.pool, campaign, [event], settings=self.settings))
+            task = asyncio.create_task(self.one(campaign, event))
             tasks.add(task)
             task.add_done_callback(tasks.discard)
             i += 1
         await asyncio.gather(*tasks)
         self.sent = i
+
+    def p95_ms(self, since: float, until: float) -> float:
+        """The p95 of the appends started in [since, until) (perf_counter), in ms."""
+        found = sorted(t for at, t in self.times if since <= at < until)
+        return 1e3 * found[int(0.95 * (len(found) - 1))] if found else float("nan")

@@ -36,6 +36,8 @@ from outbox.errors import (
 )
 from outbox.model import AppendResult, BatchCounts, Event, EventBatch, StoredEvent
 from outbox.projection.app import Outbox
+from outbox.projection.registry import running_projector
+from outbox.projection.versions import live_version
 from outbox.queries import using_schema
 from outbox.queue.applied import Applied, wait_applied
 from outbox.version import __version__ as __version__
@@ -78,6 +80,8 @@ __all__ = [
     "append",
     "create_pool",
     "drain_now",
+    "live_version",
+    "running_projector",
     "running_worker",
     "sync",
     "using_schema",

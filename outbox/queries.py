@@ -164,6 +164,7 @@ VERBS = frozenset(
         "pause",
         "resume",
         "retire",
+        "promote",
         "defer",
         "settle",
         "refresh",

@@ -142,6 +142,64 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION outbox.outbox_build_keys(p_projector text, p_bucket integer, p_after text, p_campaigns integer) RETURNS text[]
+    LANGUAGE plpgsql
+    SET search_path TO 'outbox', 'pg_temp'
+    SET enable_seqscan TO 'off'
+    SET jit TO 'off'
+    AS $$
+DECLARE
+    cs text[];
+BEGIN
+    cs := ARRAY(
+        SELECT h.campaign_id
+        FROM campaign_head_keys h
+        WHERE h.bucket = p_bucket AND (p_after IS NULL OR h.campaign_id > p_after)
+        ORDER BY h.campaign_id
+        LIMIT p_campaigns
+    );
+    INSERT INTO projection_checkpoint_keys (bucket, campaign_id, projector, applied_seq)
+    SELECT p_bucket, c, p_projector, 0
+    FROM unnest(cs) AS c
+    ORDER BY c
+    ON CONFLICT (bucket, campaign_id, projector) DO NOTHING;
+    RETURN cs;
+END
+$$;
+
+CREATE FUNCTION outbox.outbox_build_step(p_projector text, p_bucket integer, p_campaigns text[]) RETURNS TABLE(campaign_id text, locked boolean, applied_seq bigint, last_seq bigint)
+    LANGUAGE plpgsql
+    SET search_path TO 'outbox', 'pg_temp'
+    SET enable_seqscan TO 'off'
+    SET jit TO 'off'
+    AS $$
+#variable_conflict use_column
+DECLARE
+    held text[];
+BEGIN
+    PERFORM outbox_require_read_committed();
+    held := ARRAY(
+        SELECT k.campaign_id
+        FROM projection_checkpoint_keys k
+        WHERE k.bucket = p_bucket AND k.campaign_id = ANY (p_campaigns)
+          AND k.projector = p_projector
+          AND NOT EXISTS (
+              SELECT 1 FROM projection_apply_campaigns q
+              WHERE q.bucket = p_bucket AND q.campaign_id = k.campaign_id)
+        ORDER BY k.campaign_id
+        FOR UPDATE OF k SKIP LOCKED
+    );
+    RETURN QUERY
+    SELECT c.c, k.campaign_id IS NOT NULL, k.applied_seq, (
+               SELECT h.last_seq FROM campaign_heads h
+               WHERE h.bucket = p_bucket AND h.campaign_id = c.c)
+    FROM unnest(p_campaigns) AS c(c)
+    LEFT JOIN outbox_checkpoints_of(p_bucket, held, ARRAY[p_projector]) k
+        ON k.campaign_id = c.c
+    ORDER BY c.c;
+END
+$$;
+
 CREATE FUNCTION outbox.outbox_checkpoints_of(p_bucket integer, p_campaigns text[], p_projectors text[] DEFAULT NULL::text[]) RETURNS TABLE(campaign_id text, projector text, applied_seq bigint)
     LANGUAGE plpgsql STABLE
     SET search_path TO 'outbox', 'pg_temp'
@@ -341,6 +399,28 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION outbox.outbox_live_version(p_projector text) RETURNS integer
+    LANGUAGE sql STABLE
+    SET search_path TO 'outbox', 'pg_temp'
+    AS $$
+    SELECT coalesce(
+        (SELECT l.version FROM outbox_projector_live l WHERE l.projector = p_projector), 1)
+$$;
+
+CREATE FUNCTION outbox.outbox_lock_build_bucket(p_projector text, p_bucket integer, p_lock boolean) RETURNS boolean
+    LANGUAGE plpgsql
+    SET search_path TO 'outbox', 'pg_temp'
+    AS $$
+DECLARE
+    v_key integer := hashtext(current_schema() || '.outbox_build.' || p_projector);
+BEGIN
+    IF p_lock THEN
+        RETURN pg_try_advisory_lock(v_key, p_bucket);
+    END IF;
+    RETURN pg_advisory_unlock(v_key, p_bucket);
+END
+$$;
+
 CREATE FUNCTION outbox.outbox_lock_checkpoints(p_bucket integer, p_campaigns text[], p_projectors text[]) RETURNS TABLE(campaign_id text, projector text, applied_seq bigint)
     LANGUAGE plpgsql
     SET search_path TO 'outbox', 'pg_temp'
@@ -349,11 +429,7 @@ CREATE FUNCTION outbox.outbox_lock_checkpoints(p_bucket integer, p_campaigns tex
     AS $$
 #variable_conflict use_column
 BEGIN
-    IF current_setting('transaction_isolation') <> 'read committed' THEN
-        RAISE EXCEPTION 'outbox: checkpoints are locked in READ COMMITTED transactions only, '
-                        'not %', current_setting('transaction_isolation')
-            USING ERRCODE = 'feature_not_supported';
-    END IF;
+    PERFORM outbox_require_read_committed();
     PERFORM 1
     FROM (SELECT DISTINCT u.c FROM unnest(p_campaigns) AS u(c) ORDER BY u.c) AS t(campaign_id)
     CROSS JOIN LATERAL (
@@ -393,6 +469,22 @@ BEGIN
           WHERE h.bucket = p_bucket AND h.campaign_id = t.campaign_id
       );
 END
+$$;
+
+CREATE FUNCTION outbox.outbox_lock_versions(p_exclusive boolean, p_lock_timeout_ms integer DEFAULT NULL::integer) RETURNS void
+    LANGUAGE plpgsql
+    SET search_path TO 'outbox', 'pg_temp'
+    AS $$
+BEGIN
+    IF p_lock_timeout_ms IS NOT NULL THEN
+        PERFORM set_config('lock_timeout', p_lock_timeout_ms || 'ms', true);
+    END IF;
+    IF p_exclusive THEN
+        PERFORM pg_advisory_xact_lock(hashtext(current_schema() || '.outbox_versions'));
+    ELSE
+        PERFORM pg_advisory_xact_lock_shared(hashtext(current_schema() || '.outbox_versions'));
+    END IF;
+END;
 $$;
 
 CREATE FUNCTION outbox.outbox_move_checkpoint(p_bucket integer, p_campaign_id text, p_projector text, p_applied_seq bigint, p_now timestamp with time zone) RETURNS void
@@ -626,6 +718,19 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION outbox.outbox_require_read_committed() RETURNS void
+    LANGUAGE plpgsql STABLE
+    SET search_path TO 'outbox', 'pg_temp'
+    AS $$
+BEGIN
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        RAISE EXCEPTION 'outbox: checkpoints are locked in READ COMMITTED transactions only, '
+                        'not %', current_setting('transaction_isolation')
+            USING ERRCODE = 'feature_not_supported';
+    END IF;
+END
+$$;
+
 CREATE FUNCTION outbox.outbox_rotate(p_limit integer, p_lock_timeout_ms integer, p_now timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS TABLE(slot smallint, outcome text, moved bigint)
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'outbox', 'pg_temp'
@@ -743,20 +848,45 @@ DECLARE
     v_now timestamptz := coalesce((p_batch ->> 'now')::timestamptz, clock_timestamp());
     gone text[];
     unknown text;
+    stale text;
+    -- The batch ran projectors or holds work for some: it checks them under the versions' lock.
+    ran boolean := p_batch ? 'projectors'
+                   OR jsonb_array_length(coalesce(p_batch -> 'holds', '[]')) > 0;
     failed jsonb := '[]';
     campaigns jsonb := '[]';
     m record;
 BEGIN
+    IF ran THEN
+        PERFORM outbox_lock_versions(false);
+    END IF;
     IF p_batch ? 'projectors' THEN
         -- A projector recorded since this worker last read the record (a rolling deploy):
         -- its share of the batch was not left in holds, so nothing of the batch is kept.
+        -- A superseded version is owed nothing (S29), so it is no such projector.
         SELECT string_agg(k.projector, ', ' ORDER BY k.projector) INTO unknown
-        FROM outbox_projectors k
-        WHERE k.transactional AND NOT k.projector = ANY (
+        FROM outbox_projector_versions k
+        JOIN outbox_projectors p ON p.projector = k.projector
+        WHERE p.transactional AND k.state <> 'superseded' AND NOT k.projector = ANY (
             ARRAY(SELECT jsonb_array_elements_text(p_batch -> 'projectors')));
         IF unknown IS NOT NULL THEN
             RAISE EXCEPTION 'projector % is recorded and this batch did not know it: it runs '
                             'again', unknown
+                USING ERRCODE = 'OB024';
+        END IF;
+    END IF;
+    IF ran THEN
+        -- A version promoted past since this worker last read the versions: the batch ran it
+        -- or holds work for it, and it is owed nothing now; the batch runs again without it.
+        SELECT string_agg(k.projector, ', ' ORDER BY k.projector) INTO stale
+        FROM outbox_projector_versions k
+        WHERE k.state = 'superseded' AND k.projector = ANY (
+            ARRAY(SELECT jsonb_array_elements_text(p_batch -> 'projectors')
+                  UNION ALL
+                  SELECT x ->> 'projector'
+                  FROM jsonb_array_elements(coalesce(p_batch -> 'holds', '[]')) x));
+        IF stale IS NOT NULL THEN
+            RAISE EXCEPTION 'projector % is superseded by a promoted version and this batch '
+                            'ran it or held work for it: it runs again without it', stale
                 USING ERRCODE = 'OB024';
         END IF;
     END IF;
@@ -1010,11 +1140,16 @@ BEGIN
     INTO cursor_bucket, cursor_campaign, v_ordered
     FROM outbox_projectors p
     WHERE p.projector = p_projector AND p.swept_at IS NULL
-    FOR UPDATE SKIP LOCKED;
+      AND NOT EXISTS (  -- a superseded version is owed nothing (S29): its sweep is over
+          SELECT 1 FROM outbox_projector_live l
+          WHERE l.projector = p.base AND l.version > p.version)
+    FOR UPDATE OF p SKIP LOCKED;
     IF NOT FOUND THEN
         RETURN QUERY
         SELECT 0, 0, coalesce(
-            (SELECT p.swept_at IS NOT NULL FROM outbox_projectors p
+            (SELECT v.state = 'superseded' OR p.swept_at IS NOT NULL
+             FROM outbox_projectors p
+             JOIN outbox_projector_versions v ON v.projector = p.projector
              WHERE p.projector = p_projector),
             true);
         RETURN;
@@ -1430,7 +1565,7 @@ CREATE TABLE outbox.outbox_projector_audit (
     action text NOT NULL,
     actor text NOT NULL,
     reason text,
-    CONSTRAINT outbox_projector_audit_action_check CHECK ((action = ANY (ARRAY['pause'::text, 'resume'::text, 'retire'::text])))
+    CONSTRAINT outbox_projector_audit_action_check CHECK ((action = ANY (ARRAY['pause'::text, 'resume'::text, 'retire'::text, 'promote'::text])))
 );
 
 ALTER TABLE outbox.outbox_projector_audit ALTER COLUMN audit_id ADD GENERATED ALWAYS AS IDENTITY (
@@ -1440,6 +1575,14 @@ ALTER TABLE outbox.outbox_projector_audit ALTER COLUMN audit_id ADD GENERATED AL
     NO MINVALUE
     NO MAXVALUE
     CACHE 1
+);
+
+CREATE TABLE outbox.outbox_projector_live (
+    projector text NOT NULL,
+    version integer NOT NULL,
+    promoted_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    promoted_by text NOT NULL,
+    CONSTRAINT outbox_projector_live_version_check CHECK ((version >= 1))
 );
 
 CREATE TABLE outbox.outbox_projector_pauses (
@@ -1461,8 +1604,26 @@ CREATE TABLE outbox.outbox_projectors (
     sweep_bucket integer,
     sweep_campaign text,
     swept_at timestamp with time zone,
-    CONSTRAINT outbox_projectors_start_check CHECK ((start = ANY (ARRAY['beginning'::text, 'now'::text])))
+    base text NOT NULL,
+    version integer DEFAULT 1 NOT NULL,
+    CONSTRAINT outbox_projectors_start_check CHECK ((start = ANY (ARRAY['beginning'::text, 'now'::text]))),
+    CONSTRAINT outbox_projectors_version_check CHECK ((version >= 1))
 );
+
+CREATE VIEW outbox.outbox_projector_versions AS
+ SELECT p.projector,
+    p.base,
+    p.version,
+    COALESCE(l.version, 1) AS live_version,
+        CASE
+            WHEN (p.version = COALESCE(l.version, 1)) THEN 'live'::text
+            WHEN (p.version < COALESCE(l.version, 1)) THEN 'superseded'::text
+            ELSE 'building'::text
+        END AS state,
+    l.promoted_at,
+    l.promoted_by
+   FROM (outbox.outbox_projectors p
+     LEFT JOIN outbox.outbox_projector_live l ON ((l.projector = p.base)));
 
 CREATE TABLE outbox.outbox_requeue_audit (
     campaign_id text NOT NULL,
@@ -1803,8 +1964,14 @@ ALTER TABLE ONLY outbox.event_journal
 ALTER TABLE ONLY outbox.outbox_projector_audit
     ADD CONSTRAINT outbox_projector_audit_pkey PRIMARY KEY (audit_id);
 
+ALTER TABLE ONLY outbox.outbox_projector_live
+    ADD CONSTRAINT outbox_projector_live_pkey PRIMARY KEY (projector);
+
 ALTER TABLE ONLY outbox.outbox_projector_pauses
     ADD CONSTRAINT outbox_projector_pauses_pkey PRIMARY KEY (projector);
+
+ALTER TABLE ONLY outbox.outbox_projectors
+    ADD CONSTRAINT outbox_projectors_base_version_key UNIQUE (base, version);
 
 ALTER TABLE ONLY outbox.outbox_projectors
     ADD CONSTRAINT outbox_projectors_pkey PRIMARY KEY (projector);

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import logging
 
-from outbox import PermanentError, db
-from outbox.model import StoredEvent
+from helpers import ADD
+from outbox import PermanentError, db, running_projector
+from outbox.model import EventBatch, StoredEvent
 from outbox.projection.app import Outbox
 
 # The test holds this advisory lock to freeze a projector mid-batch.
@@ -96,3 +97,19 @@ async def shop_totals(tx: db.Connection, event: StoredEvent) -> None:
         event.campaign_id,
         abs(amount),
     )
+
+
+# Versions (S29, S30): `tally` in two versions, one batch function for both, each adding its
+# version times `n` under its own key into `sums` (tests/helpers.py SUMS).
+versioned = Outbox()
+
+
+async def tally(tx: db.Connection, events: EventBatch) -> None:
+    me = running_projector()
+    pairs = zip(events.campaign_ids, events.payloads, strict=True)
+    rows = [(me.name, c, p["n"] * me.version) for c, p in pairs]
+    await tx.executemany(ADD, rows)
+
+
+versioned.projector("tally", events=["add"], batch=True)(tally)
+versioned.projector("tally", events=["add"], batch=True, version=2)(tally)

@@ -14,7 +14,8 @@ import dataclasses
 import importlib
 import os
 import sys
-from collections.abc import Awaitable, Callable, Collection
+import time
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from typing import Annotated, Any, NoReturn, TypeVar
 
 import anyio
@@ -203,6 +204,19 @@ def require_dsn(settings: Settings) -> str:
 def run(fn: Callable[[], Awaitable[T]]) -> T:
     """Run an async command body on the asyncio backend."""
     return anyio.run(fn, backend="asyncio")
+
+
+class JsonTicker:
+    """Progress as JSON lines (`emit_json` under `mode`), at most one every `interval`
+    seconds: a long run's progress for a machine, beside the final line."""
+
+    def __init__(self, mode: str, interval: float = 1.0) -> None:
+        self.mode, self.interval, self._at = mode, interval, float("-inf")
+
+    def emit(self, fields: Mapping[str, Any]) -> None:
+        if time.monotonic() - self._at >= self.interval:
+            self._at = time.monotonic()
+            emit_json(self.mode, fields)
 
 
 def emit_json(mode: str, result: Any, *, omit: Collection[str] = ()) -> None:

@@ -2,7 +2,8 @@
 
 The app and its shared options live in `outbox.cli.operator`; the commands, by concern, in
 `schema` (migrate, schema), `report` (outbox-report, outbox-failures, health), `repair`
-(requeue, discard, replay, rebuild, reconcile, audit), `projectors` (pause, resume), `cleanup`
+(requeue, discard, replay, reconcile, audit), `rebuild` (projections-rebuild, in place or as
+a version), `projectors` (pause, resume, promote, retire), `cleanup`
 and `console` (the web console). Importing them
 registers their commands.
 """
@@ -19,6 +20,7 @@ from outbox.cli.operator import app
 from outbox.cli import schema
 from outbox.cli import report
 from outbox.cli import repair
+from outbox.cli import rebuild
 from outbox.cli import projectors
 from outbox.cli import cleanup
 from outbox.cli import console
@@ -27,7 +29,15 @@ from outbox.cli import console
 
 __all__ = ["app", "main"]
 
-COMMANDS = (schema, report, repair, projectors, cleanup, console)  # registered on `app` at import
+COMMANDS = (
+    schema,
+    report,
+    repair,
+    rebuild,
+    projectors,
+    cleanup,
+    console,
+)  # registered on `app` at import
 
 
 def main(argv: list[str] | None = None, prog: str = "maintenance") -> NoReturn:

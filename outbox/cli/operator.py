@@ -111,13 +111,18 @@ def when(value: datetime | None) -> str:
 
 
 def app_run(
-    app_path: str | None, dsn: str | None, body: Callable[[Outbox, db.Pool], Awaitable[T]]
+    app_path: str | None,
+    dsn: str | None,
+    body: Callable[[Outbox, db.Pool], Awaitable[T]],
+    *,
+    connections: int = 2,
 ) -> T:
-    """Load and validate the app (usage errors before any connection), then run `body`."""
+    """Load and validate the app (usage errors before any connection), then run `body` with a
+    pool of at most `connections`."""
     outbox_app = prepare_app(app_path, dsn=dsn)
 
     async def runner() -> T:
-        pool = await open_pool(outbox_app.settings, max_size=2)
+        pool = await open_pool(outbox_app.settings, max_size=connections)
         try:
             await check_current(pool)
             return await body(outbox_app, pool)

@@ -1,6 +1,7 @@
 """`maintenance projector-pause`, `projector-resume` and `projector-pauses`: an operator's hold
 on one projector while it (or what it writes to) is being fixed; `projectors`, the projectors
-the database knows, and `projector-retire`, taking one out of them."""
+the database knows and their versions' states; `projector-promote`, making a version live; and
+`projector-retire`, taking one out of them."""
 
 from __future__ import annotations
 
@@ -14,9 +15,34 @@ from outbox.cli.operator import ReasonOption, app, pool_run, when
 from outbox.errors import UsageError
 from outbox.ops.pause import list_paused, pause_projector, resume_projector
 from outbox.ops.retire import check_retirement, list_projectors, retire_projector
+from outbox.ops.versions import check_version, promote_version
 from outbox.projection.registry import Registry
 
 ProjectorOption = Annotated[str, typer.Option("--projector", help="The projector's name.")]
+# `projector-promote roster --version 2`, `projector-retire roster --version 1` (or --projector).
+NameArgument = Annotated[
+    str | None,
+    typer.Argument(help="The projector's name (or --projector).", show_default=False),
+]
+NamedOption = Annotated[
+    str | None,
+    typer.Option("--projector", help="The projector's name.", show_default=False),
+]
+VersionOption = Annotated[
+    int | None,
+    typer.Option(
+        "--version", min=1, help="Which version of it (S29; default: 1).", show_default=False
+    ),
+]
+
+
+def _name(argument: str | None, option: str | None) -> str:
+    """The projector named once, as the argument or as --projector."""
+    if (argument is None) == (option is None):
+        raise UsageError("name the projector once: as the argument or with --projector")
+    name = argument if argument is not None else option
+    assert name is not None
+    return name
 
 
 def _registry(app_path: str | None, dsn: str | None) -> Registry | None:
@@ -87,13 +113,16 @@ def projector_pauses_command(dsn: DsnOption = None, as_json: JsonOption = False)
 @app.command("projectors")
 def projectors_command(dsn: DsnOption = None, as_json: JsonOption = False) -> None:
     """The projectors the database knows: recorded by the workers that run them (their types,
-    ordered or not, when first and last seen, by which worker), until retired."""
+    ordered or not, when first and last seen, by which worker), until retired; each version
+    with its state (live, building, superseded)."""
     found = pool_run(dsn, list_projectors)
     if as_json:
         emit_json("projectors", {"projectors": found})
         return
     table = Table(
         "projector",
+        "version",
+        "state",
         "events",
         "ordered",
         "transactional",
@@ -106,7 +135,9 @@ def projectors_command(dsn: DsnOption = None, as_json: JsonOption = False) -> No
     )
     for p in found:
         table.add_row(
-            p.projector,
+            p.base,
+            str(p.version),
+            p.state,
             ", ".join(p.events),
             "yes" if p.ordered else "no",
             "yes" if p.transactional else "no (lease)",
@@ -119,10 +150,54 @@ def projectors_command(dsn: DsnOption = None, as_json: JsonOption = False) -> No
     stdout.print(table)
 
 
+@app.command("projector-promote")
+def projector_promote_command(
+    name: NameArgument = None,
+    version: Annotated[
+        int | None,
+        typer.Option("--version", min=1, help="The version to make live.", show_default=False),
+    ] = None,
+    projector: NamedOption = None,
+    force: Annotated[
+        bool,
+        typer.Option("--force", help="Promote it even though it is not caught up."),
+    ] = False,
+    dsn: DsnOption = None,
+    reason: ReasonOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Make a version of a projector the live one, in one step (S29): readers asking
+    `outbox_live_version` read it from the commit on, and the versions below it are owed no
+    more work. Refused while it is not caught up (the error says what it lacks), unless
+    --force."""
+    chosen = _name(name, projector)
+    if version is None:
+        raise UsageError("--version is required: the version to make live")
+    check_version(chosen, version)
+    result = pool_run(
+        dsn,
+        lambda pool: promote_version(pool, chosen, version, reason=reason, force=force),
+    )
+    if as_json:
+        emit_json("projector-promote", result)
+    elif not result.changed:
+        stdout.print(f"version {version} of {chosen} was live already")
+    else:
+        forced = f" (forced: {result.lag.describe()})" if result.forced else ""
+        stdout.print(f"version {version} of {chosen} is live{forced}")
+        if result.previous is not None:
+            stdout.print(
+                f"version {result.previous} is owed no more work "
+                f"({result.released} hold(s) of superseded versions released)"
+            )
+
+
 @app.command("projector-retire")
 def projector_retire_command(
-    projector: ProjectorOption,
     reason: Annotated[str, typer.Option("--reason", help="Why it is retired, for the audit.")],
+    name: NameArgument = None,
+    projector: NamedOption = None,
+    version: VersionOption = None,
     drop_guards: Annotated[
         bool,
         typer.Option(
@@ -137,23 +212,33 @@ def projector_retire_command(
 ) -> None:
     """Retire a projector gone from the code of every worker: the database stops counting it
     (audited, a pause of it lifted); with --drop-guards --yes its checkpoints and markers go
-    too. Its read model is yours to drop."""
+    too. Its read model is yours to drop. A superseded version (--version) is retired whenever
+    you like: its checkpoints and markers go, and with --app its drop hook drops its read
+    model."""
+    chosen = _name(name, projector)
     if drop_guards and not yes:
         raise UsageError(
-            f"--drop-guards deletes {projector!r}'s checkpoints and markers for good: "
+            f"--drop-guards deletes {chosen!r}'s checkpoints and markers for good: "
             "pass --yes to do it"
         )
+    check_retirement(chosen, reason, version)  # before any connection
     registry = _registry(app_path, dsn)
-    check_retirement(projector, reason, registry)  # before any connection
     result = pool_run(
         dsn,
         lambda pool: retire_projector(
-            pool, projector, reason=reason, drop_guards=drop_guards, registry=registry
+            pool,
+            chosen,
+            reason=reason,
+            drop_guards=drop_guards,
+            registry=registry,
+            version=version,
         ),
     )
     if as_json:
         emit_json("projector-retire", result)
         return
-    stdout.print(f"retired {projector}")
-    if drop_guards:
+    stdout.print(f"retired {result.record.projector}")
+    if result.checkpoints or result.markers or drop_guards:
         stdout.print(f"dropped {result.checkpoints} checkpoint(s) and {result.markers} marker(s)")
+    if result.dropped:
+        stdout.print("its drop hook dropped its read model")

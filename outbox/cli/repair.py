@@ -1,5 +1,5 @@
-"""Repairs: requeue or discard dead rows, replay one row, rebuild projections, reconcile the
-journal, and the audit of operators' actions."""
+"""Repairs: requeue or discard dead rows, replay one row, reconcile the journal, and the audit
+of operators' actions (rebuilds: `outbox.cli.rebuild`)."""
 
 from __future__ import annotations
 
@@ -35,8 +35,6 @@ from outbox.ops.reconcile import reconcile
 from outbox.ops.replay import replay
 from outbox.ops.report import MAX_LIMIT, audit
 from outbox.ops.requeue import RequeueResult, requeue_dead, requeue_one
-from outbox.projection.app import Outbox
-from outbox.projection.rebuild import RebuildResult, rebuild
 
 
 @app.command("outbox-requeue")
@@ -236,49 +234,6 @@ def outbox_replay_command(
         stdout.print(f"{campaign_id} seq {seq}: {result.outcome}")
     if result.outcome == "failed":
         raise OutboxError(f"replay failed ({result.status}): {result.error}")
-
-
-@app.command("projections-rebuild")
-def projections_rebuild_command(
-    app_path: AppOption = None,
-    dsn: DsnOption = None,
-    projector: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--projector", help="Rebuild this projector (repeatable; default: all with reset=)."
-        ),
-    ] = None,
-    campaign_id: CampaignOption = None,
-    yes: Annotated[
-        bool, typer.Option("--yes", help="Do it (without: say what would happen).")
-    ] = False,
-    as_json: JsonOption = False,
-) -> None:
-    """Reset projections and re-apply them from the journal in seq order (the final repair)."""
-
-    async def body(outbox_app: Outbox, pool: db.Pool) -> RebuildResult:
-        with Progress(console=stderr, transient=True, disable=not yes) as bar:
-            task = bar.add_task("rebuilding", total=None)
-            return await rebuild(
-                pool,
-                outbox_app.registry,
-                projectors=projector or (),
-                campaign_id=campaign_id,
-                apply=yes,
-                progress=lambda done, total: bar.update(task, completed=done, total=total),
-            )
-
-    result = app_run(app_path, dsn, body)
-    if as_json:
-        emit_json("projections-rebuild", result)
-    elif result.rebuilt:
-        for name, n in result.applied.items():
-            stdout.print(f"{name}: {n} event(s) re-applied over {result.campaigns} campaign(s)")
-    else:
-        stderr.print(
-            f"would rebuild {', '.join(result.projectors)} over {result.campaigns} "
-            "campaign(s); pass --yes to do it"
-        )
 
 
 @app.command("reconcile")

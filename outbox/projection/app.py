@@ -20,7 +20,16 @@ from outbox.model import AppendResult, Event, StoredEvent
 from outbox.projection.inline import append_inline
 from outbox.projection.known import AbsentProjectors
 from outbox.projection.pauses import PausedProjectors
-from outbox.projection.registry import Projector, Registry, ResetFn, Start
+from outbox.projection.registry import (
+    DropFn,
+    Projector,
+    Promotion,
+    Registry,
+    ResetFn,
+    Start,
+    track_name,
+)
+from outbox.projection.versions import SupersededVersions
 from outbox.queries import using_schema
 from outbox.retry import FailurePolicy
 
@@ -48,9 +57,11 @@ class Outbox:
         # The jitter's random source for this app's failures (None: a fresh generator).
         self.rand = rand
         # Paused projectors as this process's appliers see them (outbox.projection.pauses),
-        # and the projectors the database knows that this code lacks (outbox.projection.known).
+        # the projectors the database knows that this code lacks (outbox.projection.known), and
+        # the versions superseded by a promoted one (outbox.projection.versions).
         self.pauses = PausedProjectors(self.settings.poll_interval)
         self.absent = AbsentProjectors(self.settings.poll_interval)
+        self.superseded = SupersededVersions(self.settings.poll_interval)
 
     def projector(
         self,
@@ -63,6 +74,9 @@ class Outbox:
         batch: bool = False,
         transactional: bool = True,
         start: Start | None = None,
+        version: int = 1,
+        promote: Promotion = "manual",
+        drop: DropFn | None = None,
     ) -> Callable[[F], F]:
         """Register a projector of `events` (a list of types) under `name`.
 
@@ -90,16 +104,27 @@ class Outbox:
           projector's side effects are never replayed unasked, and an unordered one has no
           checkpoint to tell its history from an upgrade's) starts on each campaign at the
           first event the queue holds for it.
+        - `version` (default 1): a later version is a new track of the same projector (S29),
+          keyed `name@vN`, with checkpoints, markers, holds and pauses of its own; it catches
+          up from the journal beside the live version, which goes on serving readers until
+          the new one is promoted (`maintenance projector-promote`, or `promote="auto"`: the
+          workers promote it once it is caught up). `outbox.live_version(conn, name)` says
+          which version readers read; `outbox.running_projector()` tells a function
+          registered for several versions which one it runs as.
+        - `drop(tx)`: drops a version's read model when `maintenance projector-retire`
+          retires it.
         """
         if isinstance(events, str):
             raise ConfigError(f"projector {name!r}: events must be a list of types, not a string")
         guarded = transactional if ordered is None else ordered
         begins: Start = start or ("beginning" if guarded and transactional else "now")
 
+        key = track_name(name, version) if isinstance(version, int) else name
+
         def register(fn: F) -> F:
             self.registry.add(
                 Projector(
-                    name,
+                    key,
                     frozenset(events),
                     fn,
                     guarded,
@@ -108,6 +133,9 @@ class Outbox:
                     batch,
                     transactional,
                     begins,
+                    version,
+                    promote,
+                    drop,
                 )
             )
             return fn
@@ -124,6 +152,9 @@ class Outbox:
         idempotent: bool = False,
         reset: ResetFn | None = None,
         start: Start | None = None,
+        version: int = 1,
+        promote: Promotion = "manual",
+        drop: DropFn | None = None,
     ) -> Callable[[A], A]:
         """Register a per-event projector that is one SQL statement per event: `fn(event)`
         returns the statement's arguments for that event (None: nothing to write for it),
@@ -133,7 +164,8 @@ class Outbox:
         @app.statement("totals", events=["deposited"], sql=UPSERT)
         def totals(event): return (event.campaign_id, event.payload["amount"])
 
-        Guards and start as `projector` (`ordered`, `idempotent`, `reset`, `start`). A failing
+        Guards, start and versions as `projector` (`ordered`, `idempotent`, `reset`, `start`,
+        `version`, `promote`, `drop`). A failing
         statement fails the group without saying which event: the worker retries the halves
         until the event is alone (S6), as for a batch projector.
         """
@@ -147,6 +179,9 @@ class Outbox:
             reset=reset,
             batch=True,
             start=start,
+            version=version,
+            promote=promote,
+            drop=drop,
         )
 
         def register(fn: A) -> A:
@@ -217,6 +252,7 @@ class Outbox:
                 settings=self.settings,
                 policy=self.failure_policy(),
                 pauses=self.pauses,
+                superseded=self.superseded,
                 expected_seq=expected_seq,
                 idempotency_key=idempotency_key,
                 raise_on_duplicate=raise_on_duplicate,

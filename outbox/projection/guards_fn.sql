@@ -43,12 +43,29 @@ BEGIN
 END
 $$;
 
--- The same, locked FOR UPDATE in a fixed order (campaign, projector) until the transaction
--- ends; a missing key is not locked and means 0 (its caller holds the campaign, or creates the
--- keys first). Two statements: the read after the lock has a snapshot of its own (READ
--- COMMITTED), which sees every move committed by a transaction the lock waited for. Under
--- REPEATABLE READ a lock that waited would be followed by a read of the old snapshot, so the
--- function refuses to run in one.
+-- Refuse to lock checkpoints outside READ COMMITTED: a lock that waited is followed by a read
+-- of the value in a statement of its own, whose snapshot sees the move the lock waited for;
+-- under REPEATABLE READ that read would be stale (S27).
+CREATE OR REPLACE FUNCTION outbox_require_read_committed()
+RETURNS void
+LANGUAGE plpgsql STABLE
+SET search_path FROM CURRENT
+AS $$
+BEGIN
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        RAISE EXCEPTION 'outbox: checkpoints are locked in READ COMMITTED transactions only, '
+                        'not %', current_setting('transaction_isolation')
+            USING ERRCODE = 'feature_not_supported';
+    END IF;
+END
+$$;
+
+-- The checkpoints `outbox_checkpoints_of` reads, locked FOR UPDATE in a fixed order (campaign,
+-- projector) until the transaction ends; a missing key is not locked and means 0 (its caller
+-- holds the campaign, or creates the keys first). Two statements: the read after the lock has
+-- a snapshot of its own (READ COMMITTED), which sees every move committed by a transaction the
+-- lock waited for. Under REPEATABLE READ a lock that waited would be followed by a read of the
+-- old snapshot, so the function refuses to run in one.
 CREATE OR REPLACE FUNCTION outbox_lock_checkpoints(
     p_bucket integer,
     p_campaigns text[],
@@ -62,11 +79,7 @@ SET plan_cache_mode = force_generic_plan
 AS $$
 #variable_conflict use_column
 BEGIN
-    IF current_setting('transaction_isolation') <> 'read committed' THEN
-        RAISE EXCEPTION 'outbox: checkpoints are locked in READ COMMITTED transactions only, '
-                        'not %', current_setting('transaction_isolation')
-            USING ERRCODE = 'feature_not_supported';
-    END IF;
+    PERFORM outbox_require_read_committed();
     PERFORM 1
     FROM (SELECT DISTINCT u.c FROM unnest(p_campaigns) AS u(c) ORDER BY u.c) AS t(campaign_id)
     CROSS JOIN LATERAL (

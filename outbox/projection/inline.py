@@ -26,6 +26,7 @@ from outbox.projection.dispatch import ApplyOutcome, Dispatch, GroupFailed
 from outbox.projection.pauses import PausedProjectors
 from outbox.projection.plan import starting_now
 from outbox.projection.registry import Registry
+from outbox.projection.versions import SupersededVersions
 from outbox.queue.applied import outstanding_upto
 from outbox.queue.settle import CampaignWrite, refresh_campaigns, settle
 from outbox.retry import ErrorClass, FailurePolicy, classify, log_failure
@@ -56,6 +57,7 @@ async def append_inline(
     settings: Settings,
     policy: FailurePolicy,
     pauses: PausedProjectors | None = None,
+    superseded: SupersededVersions | None = None,
     expected_seq: int | None = None,
     idempotency_key: str | None = None,
     raise_on_duplicate: bool = False,
@@ -72,6 +74,8 @@ async def append_inline(
                 raise_on_duplicate=raise_on_duplicate,
                 settings=settings,
             )
+            if superseded is not None:  # the versions promoted past run no more (S29)
+                registry = await superseded.registry(conn, registry)
             paused = await pauses.types(conn, registry) if pauses else frozenset()
             if not result.duplicate and not paused & {e.type for e in events}:
                 await _apply(conn, result, registry, settings, policy)

@@ -27,7 +27,15 @@ if TYPE_CHECKING:
     from outbox.db import Connection, Executor
     from outbox.projection.registry import Registry
 
-__all__ = ["AbsentProjectors", "KnownProjector", "Retired", "list_known", "record", "retire"]
+__all__ = [
+    "AbsentProjectors",
+    "KnownProjector",
+    "Retired",
+    "list_known",
+    "owe_nothing",
+    "record",
+    "retire",
+]
 
 
 class KnownQueries(Queries):
@@ -55,16 +63,23 @@ class KnownProjector:
     last_seen_at: datetime
     last_seen_by: str
     paused: bool
+    # The declared name, this version of it, and the version's state (S29): live, superseded
+    # (owed no work) or building.
+    base: str
+    version: int
+    state: str
 
 
 @dataclass(frozen=True, slots=True)
 class Retired:
-    """`maintenance projector-retire`: the record as it was, and the guards dropped with it
-    (checkpoints, markers; 0 when they were kept)."""
+    """`maintenance projector-retire`: the record as it was, the guards dropped with it
+    (checkpoints, markers; 0 when they were kept), and whether its read model was dropped."""
 
     record: KnownProjector
     checkpoints: int
     markers: int
+    # Whether its `drop` hook dropped its read model (a superseded version, the app given).
+    dropped: bool = False
 
 
 def _known(r: db.Record) -> KnownProjector:
@@ -78,6 +93,9 @@ def _known(r: db.Record) -> KnownProjector:
         r["last_seen_at"],
         r["last_seen_by"],
         r["paused"],
+        r["base"],
+        r["version"],
+        r["state"],
     )
 
 
@@ -86,6 +104,8 @@ async def record(executor: Executor, registry: Registry, worker_id: str) -> list
     document = [
         {
             "projector": p.name,
+            "base": p.base,
+            "version": p.version,
             "events": sorted(p.events),
             "ordered": p.ordered,
             "transactional": p.transactional,
@@ -114,16 +134,23 @@ async def retire(
     row = await conn.fetchrow(Q.retire_projector, projector, actor, reason)
     if row is None:
         return None
-    # It owes nothing now (S24): its holds go, the rows that stood for them alone with them.
-    gone = await delete_projector_holds(conn, projector)
-    if gone:
-        await settle(conn, released=gone)
-        await refresh_campaigns(conn, sorted({cid for cid, _, _ in gone}), park=True)
+    await owe_nothing(conn, projector)
     checkpoints = markers = 0
     if drop_guards:
         checkpoints = db.affected(await conn.execute(Q.delete_checkpoints, projector))
         markers = db.affected(await conn.execute(Q.delete_markers, projector))
     return Retired(_known(row), checkpoints, markers)
+
+
+async def owe_nothing(conn: Connection, projector: str) -> int:
+    """`projector` owes nothing from now on (retired, or a superseded version): its holds go,
+    the rows that stood for them alone with them (S24), in the caller's transaction; the holds
+    gone."""
+    gone = await delete_projector_holds(conn, projector)
+    if gone:
+        await settle(conn, released=gone)
+        await refresh_campaigns(conn, sorted({cid for cid, _, _ in gone}), park=True)
+    return len(gone)
 
 
 @dataclass
@@ -143,10 +170,14 @@ class AbsentProjectors:
 
     async def of(self, conn: Connection, registry: Registry) -> tuple[KnownProjector, ...]:
         """The recorded transactional projectors `registry` lacks (lease-mode ones are
-        leased by the workers that run them)."""
+        leased by the workers that run them), superseded versions aside (owed nothing)."""
         if monotonic() - self._read_at >= self.interval:
             self.known = tuple(await list_known(conn))
             self._read_at = monotonic()
         return tuple(
-            k for k in self.known if k.transactional and k.projector not in registry.projectors
+            k
+            for k in self.known
+            if k.transactional
+            and k.state != "superseded"
+            and k.projector not in registry.projectors
         )

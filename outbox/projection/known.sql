@@ -2,30 +2,44 @@
 -- them, retired by an operator (audited in outbox_projector_audit).
 
 -- name: record_projectors
--- A worker's projectors as it runs them ($1: a JSON array of {projector, events, ordered,
--- transactional, start}; by worker $2): new ones first seen now, known ones refreshed. A new
--- one that starts at the beginning has its sweep under way (S25); where a projector starts
--- counts once, when it is first seen. Which were new comes back.
-INSERT INTO @extschema@.outbox_projectors AS p
-    (projector, events, ordered, transactional, start, first_seen_at, last_seen_at,
-     last_seen_by, swept_at)
-SELECT r.projector, r.events, r.ordered, r.transactional, r.start, c.at, c.at, $2::text,
-       CASE WHEN r.start = 'now' THEN c.at END
-FROM jsonb_to_recordset($1::text::jsonb)
-    AS r(projector text, events text[], ordered boolean, transactional boolean, start text),
-    (SELECT clock_timestamp() AS at) c
-ORDER BY r.projector
-ON CONFLICT (projector) DO UPDATE
-SET events = excluded.events, ordered = excluded.ordered,
-    transactional = excluded.transactional, last_seen_at = excluded.last_seen_at,
-    last_seen_by = excluded.last_seen_by
-RETURNING p.projector, p.first_seen_at = p.last_seen_at AS new
+-- A worker's projectors as it runs them ($1: a JSON array of {projector, base, version,
+-- events, ordered, transactional, start}; by worker $2): new ones first seen now, known ones
+-- refreshed. A new one that starts at the beginning has its sweep under way (S25); where a
+-- projector starts counts once, when it is first seen. A projector none of whose versions had
+-- a live one gets its lowest version here live (S29). Which were new comes back.
+WITH recorded AS (
+    INSERT INTO @extschema@.outbox_projectors AS p
+        (projector, base, version, events, ordered, transactional, start, first_seen_at,
+         last_seen_at, last_seen_by, swept_at)
+    SELECT r.projector, r.base, r.version, r.events, r.ordered, r.transactional, r.start, c.at,
+           c.at, $2::text, CASE WHEN r.start = 'now' THEN c.at END
+    FROM jsonb_to_recordset($1::text::jsonb)
+        AS r(projector text, base text, version integer, events text[], ordered boolean,
+             transactional boolean, start text),
+        (SELECT clock_timestamp() AS at) c
+    ORDER BY r.projector
+    ON CONFLICT (projector) DO UPDATE
+    SET events = excluded.events, ordered = excluded.ordered,
+        transactional = excluded.transactional, last_seen_at = excluded.last_seen_at,
+        last_seen_by = excluded.last_seen_by
+    RETURNING p.projector, p.base, p.version, p.first_seen_at = p.last_seen_at AS new
+), live AS (
+    INSERT INTO @extschema@.outbox_projector_live (projector, version, promoted_by)
+    SELECT r.base, min(r.version), 'first recorded by ' || $2::text
+    FROM recorded r
+    GROUP BY r.base
+    ORDER BY r.base
+    ON CONFLICT (projector) DO NOTHING
+)
+SELECT projector, new FROM recorded
 
 -- name: list_projectors
--- Every recorded projector, by name, with whether it is paused.
+-- Every recorded projector, by name, with whether it is paused and its version's state (S29).
 SELECT p.projector, p.events, p.ordered, p.transactional, p.start, p.first_seen_at,
-       p.last_seen_at, p.last_seen_by, s.projector IS NOT NULL AS paused
+       p.last_seen_at, p.last_seen_by, s.projector IS NOT NULL AS paused, p.base, p.version,
+       v.state
 FROM @extschema@.outbox_projectors p
+JOIN @extschema@.outbox_projector_versions v ON v.projector = p.projector
 LEFT JOIN @extschema@.outbox_projector_pauses s ON s.projector = p.projector
 ORDER BY p.projector
 
@@ -36,7 +50,7 @@ WITH retired AS (
     DELETE FROM @extschema@.outbox_projectors
     WHERE projector = $1::text
     RETURNING projector, events, ordered, transactional, start, first_seen_at, last_seen_at,
-              last_seen_by
+              last_seen_by, base, version
 ), unpaused AS (
     DELETE FROM @extschema@.outbox_projector_pauses
     WHERE projector IN (SELECT projector FROM retired)
@@ -44,9 +58,10 @@ WITH retired AS (
     INSERT INTO @extschema@.outbox_projector_audit (projector, action, actor, reason)
     SELECT r.projector, 'retire', $2::text, $3::text FROM retired r
 )
-SELECT projector, events, ordered, transactional, start, first_seen_at, last_seen_at,
-       last_seen_by, false AS paused
-FROM retired
+SELECT r.projector, r.events, r.ordered, r.transactional, r.start, r.first_seen_at,
+       r.last_seen_at, r.last_seen_by, false AS paused, r.base, r.version, v.state
+FROM retired r
+JOIN @extschema@.outbox_projector_versions v ON v.projector = r.projector  -- as it was
 
 -- name: delete_checkpoints
 -- Projector $1's checkpoints, every bucket's, keys and moves (a retirement that drops its

@@ -18,14 +18,14 @@ from outbox.append.journal import list_campaigns, rebuild_events
 from outbox.errors import ConfigError, UsageError
 from outbox.model import StoredEvent
 from outbox.projection.guards import delete_markers, reserve_markers
-from outbox.projection.registry import Projector, Registry
+from outbox.projection.registry import Projector, Registry, track_name
 from outbox.queue.claim import lock_campaign_rows
 from outbox.queue.settle import settle
 
 if TYPE_CHECKING:
     from outbox.db import Connection, Executor
 
-__all__ = ["RebuildResult", "rebuild", "rebuild_campaign", "rebuildable"]
+__all__ = ["RebuildResult", "rebuild", "rebuild_campaign", "rebuildable", "versioned"]
 
 CHUNK = 500
 
@@ -39,6 +39,19 @@ class RebuildResult:
     campaigns: int
     rebuilt: bool
     applied: dict[str, int]
+
+
+def versioned(registry: Registry, name: str, version: int) -> Projector:
+    """Version `version` of projector `name` as the app registers it (S29), or a ConfigError
+    naming the versions it has."""
+    found = registry.projectors.get(track_name(name, version))
+    if found is None:
+        has = ", ".join(str(p.version) for p in registry.versions(name)) or "none"
+        raise ConfigError(
+            f"the app registers no version {version} of projector {name!r} (versions: {has}): "
+            f"register it with @app.projector({name!r}, version={version}, ...) first"
+        )
+    return found
 
 
 def rebuildable(registry: Registry, name: str) -> Projector:

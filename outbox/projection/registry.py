@@ -7,7 +7,9 @@ subscribes to this type" from an index built once. No I/O happens here.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Awaitable, Callable, Iterable, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
@@ -19,13 +21,18 @@ if TYPE_CHECKING:
     from outbox.db import Connection
 
 __all__ = [
+    "PROMOTIONS",
     "STARTS",
     "BatchProjectorFn",
+    "DropFn",
     "Projector",
     "ProjectorFn",
+    "Promotion",
     "Registry",
     "ResetFn",
     "Start",
+    "running_projector",
+    "track_name",
 ]
 
 # A per-event projector: (transaction, event); a non-transactional one gets the worker's pool
@@ -39,10 +46,36 @@ Start = Literal["beginning", "now"]
 STARTS: tuple[Start, ...] = ("beginning", "now")
 # Clears one campaign's projection rows before a rebuild re-applies its journal.
 ResetFn = Callable[["Connection", str], Awaitable[None]]
+# Drops a retired version's read model (its tables), in the retirement's transaction.
+DropFn = Callable[["Connection"], Awaitable[None]]
+# Who makes a version live (S29): an operator (`projector-promote`), or the workers once it is
+# caught up.
+Promotion = Literal["manual", "auto"]
+PROMOTIONS: tuple[Promotion, ...] = ("manual", "auto")
+# A version's track is keyed `name@vN` (version 1 keeps the bare name, so projectors declared
+# before versions existed keep their checkpoints and markers); a declared name never ends so.
+_VERSIONED = re.compile(r"@v[0-9]+$")
+
+
+def track_name(name: str, version: int) -> str:
+    """The key of projector `name`'s `version`: its checkpoints, markers, holds and pauses
+    are kept under it (`roster`, `roster@v2`)."""
+    return name if version == 1 else f"{name}@v{version}"
+
+
+def running_projector() -> Projector:
+    """The projector whose function is running now (in that function's task): its `base`
+    name, its `version` and its track (`name`), so one function registered for several
+    versions knows which read model to write. A RuntimeError outside a projector's call."""
+    projector = _running.get()
+    if projector is None:
+        raise RuntimeError("running_projector() is called from inside a projector's function")
+    return projector
 
 
 @dataclass(frozen=True, slots=True)
 class Projector:
+    # The track's key: the declared name for version 1, `name@vN` for a later version.
     name: str
     events: frozenset[str]
     fn: ProjectorFn | BatchProjectorFn
@@ -55,6 +88,16 @@ class Projector:
     # Where it starts when first deployed (S25): "beginning" catches up from the journal, every
     # campaign of it; "now" starts at what the queue holds when a worker first meets a campaign.
     start: Start = "now"
+    # Which version of the declared name this is (S29), who promotes it, and what drops its
+    # read model when an operator retires it.
+    version: int = 1
+    promote: Promotion = "manual"
+    drop: DropFn | None = None
+
+    @property
+    def base(self) -> str:
+        """The declared name, every version's (`roster` for `roster@v2`)."""
+        return self.name if self.version == 1 else self.name.removesuffix(f"@v{self.version}")
 
     @property
     def sweeps(self) -> bool:
@@ -62,12 +105,21 @@ class Projector:
         return self.start == "beginning"
 
     async def run(self, conn: Connection, events: Sequence[StoredEvent]) -> None:
-        """Call the function: once with `events` as an EventBatch (batch), or once per event."""
-        if self.batch:
-            await self.fn(conn, EventBatch.of(events))  # type: ignore[arg-type]
-            return
-        for event in events:
-            await self.fn(conn, event)  # type: ignore[arg-type]
+        """Call the function: once with `events` as an EventBatch (batch), or once per event;
+        `running_projector()` is this projector meanwhile."""
+        token = _running.set(self)
+        try:
+            if self.batch:
+                await self.fn(conn, EventBatch.of(events))  # type: ignore[arg-type]
+                return
+            for event in events:
+                await self.fn(conn, event)  # type: ignore[arg-type]
+        finally:
+            _running.reset(token)
+
+
+# The projector whose function runs in this task now (`running_projector`).
+_running: ContextVar[Projector | None] = ContextVar("outbox_running_projector", default=None)
 
 
 @dataclass
@@ -82,8 +134,26 @@ class Registry:
     _leasing: frozenset[str] = frozenset()
 
     def add(self, projector: Projector) -> None:
-        if not projector.name.strip():
+        if not projector.base.strip():
             raise ConfigError("a projector needs a non-empty name")
+        version = projector.version
+        if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+            raise ConfigError(
+                f"projector {projector.base!r}: version must be a whole number from 1, "
+                f"not {version!r}"
+            )
+        if _VERSIONED.search(projector.base):
+            raise ConfigError(
+                f"projector {projector.base!r}: a name ending '@v<number>' is a version's key; "
+                "declare the name alone and pass version="
+            )
+        if projector.name != track_name(projector.base, version):
+            raise ConfigError(f"projector {projector.name!r}: its key must be its track_name")
+        if projector.promote not in PROMOTIONS:
+            raise ConfigError(
+                f"projector {projector.name!r}: promote must be 'manual' or 'auto', "
+                f"not {projector.promote!r}"
+            )
         if not projector.transactional and (
             projector.ordered or projector.idempotent or projector.batch
         ):
@@ -108,7 +178,8 @@ class Registry:
                 "start='now'"
             )
         if projector.name in self.projectors:
-            raise ConfigError(f"projector {projector.name!r} is registered twice")
+            twice = "registered twice" if version == 1 else f"version {version} registered twice"
+            raise ConfigError(f"projector {projector.base!r}: {twice}")
         if not projector.events:
             raise ConfigError(f"projector {projector.name!r} subscribes to no event type")
         if overlap := projector.events & self.ignored:
@@ -117,6 +188,21 @@ class Registry:
             )
         self.projectors[projector.name] = projector
         self._by_type.clear()  # the indexes are rebuilt on next use
+
+    def without(self, names: frozenset[str]) -> Registry:
+        """This registry less the projectors `names` (superseded versions, S29): a new one, its
+        indexes built afresh; this one when none of them is here."""
+        if not names & self.projectors.keys():
+            return self
+        kept = Registry(ignored=set(self.ignored))
+        kept.projectors = {n: p for n, p in self.projectors.items() if n not in names}
+        return kept
+
+    def versions(self, base: str) -> list[Projector]:
+        """The registered versions of declared name `base`, lowest first."""
+        return sorted(
+            (p for p in self.projectors.values() if p.base == base), key=lambda p: p.version
+        )
 
     def ignore(self, types: Iterable[str]) -> None:
         types = set(types)

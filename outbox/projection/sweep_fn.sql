@@ -41,11 +41,16 @@ BEGIN
     INTO cursor_bucket, cursor_campaign, v_ordered
     FROM outbox_projectors p
     WHERE p.projector = p_projector AND p.swept_at IS NULL
-    FOR UPDATE SKIP LOCKED;
+      AND NOT EXISTS (  -- a superseded version is owed nothing (S29): its sweep is over
+          SELECT 1 FROM outbox_projector_live l
+          WHERE l.projector = p.base AND l.version > p.version)
+    FOR UPDATE OF p SKIP LOCKED;
     IF NOT FOUND THEN
         RETURN QUERY
         SELECT 0, 0, coalesce(
-            (SELECT p.swept_at IS NOT NULL FROM outbox_projectors p
+            (SELECT v.state = 'superseded' OR p.swept_at IS NOT NULL
+             FROM outbox_projectors p
+             JOIN outbox_projector_versions v ON v.projector = p.projector
              WHERE p.projector = p_projector),
             true);
         RETURN;

@@ -4,6 +4,7 @@
 -- requires: queue/claim_fn.sql
 -- requires: queue/holds_fn.sql
 -- requires: projection/guards_fn.sql
+-- requires: projection/versions_fn.sql
 
 -- The statement clock for writes that take an optional instant: `outbox_now(p)` is `p`, or the
 -- statement's timestamp when `p` is null (the worker passes null; tests pass an instant). A
@@ -41,7 +42,9 @@ $$;
 --   checkpoints  [{campaign_id, projector, applied_seq}]            moves, sorted (lock order)
 --   projectors   the projectors the batch knew (it ran them, or left their share in holds):
 --                 one the database records and this list lacks fails the call (OB024, which
---                 a worker treats as transient: the batch runs again, knowing it)
+--                 a worker treats as transient: the batch runs again, knowing it), and so
+--                 does a superseded version in it (S29: it runs again without it), checked
+--                 under the versions' lock (shared; a promotion takes it exclusive)
 --   now          an instant (tests), or null: clock_timestamp(), read once before the writes
 --   notify       with rows deleted, one NOTIFY on `channel` (payload: the bucket)
 -- Citus routes the writes below to the batch's shard, reading their rows from the document
@@ -78,20 +81,45 @@ DECLARE
     v_now timestamptz := coalesce((p_batch ->> 'now')::timestamptz, clock_timestamp());
     gone text[];
     unknown text;
+    stale text;
+    -- The batch ran projectors or holds work for some: it checks them under the versions' lock.
+    ran boolean := p_batch ? 'projectors'
+                   OR jsonb_array_length(coalesce(p_batch -> 'holds', '[]')) > 0;
     failed jsonb := '[]';
     campaigns jsonb := '[]';
     m record;
 BEGIN
+    IF ran THEN
+        PERFORM outbox_lock_versions(false);
+    END IF;
     IF p_batch ? 'projectors' THEN
         -- A projector recorded since this worker last read the record (a rolling deploy):
         -- its share of the batch was not left in holds, so nothing of the batch is kept.
+        -- A superseded version is owed nothing (S29), so it is no such projector.
         SELECT string_agg(k.projector, ', ' ORDER BY k.projector) INTO unknown
-        FROM outbox_projectors k
-        WHERE k.transactional AND NOT k.projector = ANY (
+        FROM outbox_projector_versions k
+        JOIN outbox_projectors p ON p.projector = k.projector
+        WHERE p.transactional AND k.state <> 'superseded' AND NOT k.projector = ANY (
             ARRAY(SELECT jsonb_array_elements_text(p_batch -> 'projectors')));
         IF unknown IS NOT NULL THEN
             RAISE EXCEPTION 'projector % is recorded and this batch did not know it: it runs '
                             'again', unknown
+                USING ERRCODE = 'OB024';
+        END IF;
+    END IF;
+    IF ran THEN
+        -- A version promoted past since this worker last read the versions: the batch ran it
+        -- or holds work for it, and it is owed nothing now; the batch runs again without it.
+        SELECT string_agg(k.projector, ', ' ORDER BY k.projector) INTO stale
+        FROM outbox_projector_versions k
+        WHERE k.state = 'superseded' AND k.projector = ANY (
+            ARRAY(SELECT jsonb_array_elements_text(p_batch -> 'projectors')
+                  UNION ALL
+                  SELECT x ->> 'projector'
+                  FROM jsonb_array_elements(coalesce(p_batch -> 'holds', '[]')) x));
+        IF stale IS NOT NULL THEN
+            RAISE EXCEPTION 'projector % is superseded by a promoted version and this batch '
+                            'ran it or held work for it: it runs again without it', stale
                 USING ERRCODE = 'OB024';
         END IF;
     END IF;

@@ -47,51 +47,49 @@ class Apply:
         leased (`after.leases`, run after the commit). Then settle: delete successes, record
         failures and write the campaign rows, in one call."""
         app, conn, bucket, now, after = batch.app, batch.conn, batch.bucket, batch.now, batch.after
-        settings = app.settings
-        leased_types = app.registry.leased_types()
-        stopping = await app.pauses.projectors(conn, app.registry) if campaigns else frozenset()
+        settings, in_force = app.settings, batch.registry
+        leased_types = in_force.leased_types()
+        stopping = await app.pauses.projectors(conn, in_force) if campaigns else frozenset()
         # A paused projector holds only itself (S24), a lease-mode one too: its share of the
         # batch waits in holds, as does the share of a projector the database knows and this
         # worker's code lacks (a rolling deploy).
-        registry = app.registry.projectors
+        registry = in_force.projectors
         away = [Away(n, registry[n].events, registry[n].ordered) for n in sorted(stopping)]
         if campaigns:
             away += [
                 Away(k.projector, frozenset(k.events), k.ordered)
-                for k in await app.absent.of(conn, app.registry)
+                for k in await app.absent.of(conn, in_force)
             ]
-        tracks = Tracks(app.registry, settings.poll_interval)
+        tracks = Tracks(in_force, settings.poll_interval)
         tracks.read(campaigns, stopping, away, go_on=batch.background)
         work = walk(
             campaigns,
             limit=settings.batch_size,
             park=settings.park,
             ordered=settings.ordered,
-            stop_after=leasing_types(app.registry, stopping),
+            stop_after=leasing_types(in_force, stopping),
             attached=tracks.attached,
-            leasing=app.registry.leased_names(),
+            leasing=in_force.leased_names(),
         )
         if away:
             tracks.wait_for(work, away)
         counts = BatchCounts(claimed=len(work))
-        to_lease, holders = plan_leases(app.registry, work, leased_types, tracks)
+        to_lease, holders = plan_leases(in_force, work, leased_types, tracks)
         if to_lease:
             leasing = {r.key for r in to_lease}
             work = [r for r in work if r.key not in leasing]
         if not campaigns:
             return counts
-        dispatch = Dispatch(conn, app.registry, settings.unsubscribed, bucket)
+        dispatch = Dispatch(conn, in_force, settings.unsubscribed, bucket)
         done: list[Key] = []
         failures: list[Failure] = []
         if settings.ordered:  # the claim locked them
             dispatch.use(
                 {(c.campaign_id, p): v for c in campaigns for p, v in c.checkpoints.items()}
             )
-            if app.registry.starting_now():
+            if in_force.starting_now():
                 firsts = {c.campaign_id: c.first_seq for c in campaigns if c.first_seq}
-                starts = starting_now(
-                    app.registry, firsts, dispatch.checkpoints, tracks.first_holds()
-                )
+                starts = starting_now(in_force, firsts, dispatch.checkpoints, tracks.first_holds())
                 dispatch.use(starts, write=True)
             if not batch.background:  # appends first: a long catch-up waits for the background
                 tracks.defer_behind(campaigns, dispatch.checkpoints, LIVE_HEAL)

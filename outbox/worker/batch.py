@@ -29,6 +29,7 @@ from outbox.obs import log, tracing
 from outbox.obs.metrics import Metrics
 from outbox.projection.app import Outbox
 from outbox.projection.sweep import Sweeps
+from outbox.projection.versions import AutoPromotions
 from outbox.queue.claim import ClaimedCampaign, claim
 from outbox.retry import FailurePolicy
 from outbox.worker.apply import Apply
@@ -83,6 +84,8 @@ class Worker:
     ring: BucketRing = field(init=False, repr=False)
     # The catch-up sweeps of this worker's projectors that start at the beginning (S25).
     sweeps: Sweeps = field(init=False, repr=False)
+    # Its versions registered promote="auto" not yet live (S29).
+    promotions: AutoPromotions = field(init=False, repr=False)
     # Batches served in a row for buckets an append woke (see `run_once`).
     _woken_streak: int = field(default=0, init=False, repr=False)
     # Until when (monotonic) batches run careful from the first pass (`CAREFUL_AFTER_FAILURE`).
@@ -95,6 +98,7 @@ class Worker:
         self.ring = BucketRing(rows=not self._claim_ordered(), poll_interval=poll)
         applies = isinstance(self.strategy, Apply) and self.ordered
         self.sweeps = Sweeps.of(self.app.registry, min(poll, SWEEP_INTERVAL), applies=applies)
+        self.promotions = AutoPromotions.of(self.app.registry, applies=applies)
 
     @property
     def policy(self) -> FailurePolicy:
@@ -165,7 +169,9 @@ class Worker:
                 self.ring.drop(bucket)
             transient = transient_cause(exc)
             if transient is not None and transient.sqlstate == db.PROJECTORS_CHANGED:
-                self.app.absent.expire()  # a rolling deploy recorded one: read them again
+                # A rolling deploy recorded one, or a promotion superseded one: read again.
+                self.app.absent.expire()
+                self.app.superseded.expire()
             if transient is None:
                 raise
             raise transient from exc
@@ -178,7 +184,7 @@ class Worker:
         if after.leases:  # committed with the batch: run them outside any queue transaction
             runner = LeaseRunner(
                 self.pool,
-                self.app.registry,
+                after.registry or self.app.registry,
                 self.app.settings,
                 self.worker_id,
                 self.policy,
@@ -192,7 +198,20 @@ class Worker:
     async def _sweep(self, *, idle: bool) -> bool:
         """Step the catch-up sweeps still under way (S25): when nothing is due (`idle`), else
         at most once per interval; whether there is more to do now (it placed catch-up holds,
-        and the buckets are read again, or a sweep has further to go)."""
+        and the buckets are read again, or a sweep has further to go). A version of its own
+        registered promote="auto" is promoted here once caught up (at most every few seconds)."""
+        if self.promotions.pending:
+            for made in await self.promotions.step(self.pool, self.worker_id):
+                _logger.info(
+                    "version.promoted",
+                    extra={
+                        "projector": made.projector,
+                        "version": made.version,
+                        "previous": made.previous,
+                        "released": made.released,
+                    },
+                )
+                self.app.superseded.expire()
         if not self.sweeps.pending:
             return False
         seeded, moving = await self.sweeps.step(self.pool, idle=idle)
@@ -211,6 +230,8 @@ class Worker:
         session = self.app.settings.worker_session()
         with tracing.span("outbox.batch"):
             async with db.acquire(self.pool, session=session) as conn, conn.transaction():
+                registry = await self.app.superseded.registry(conn, self.app.registry)
+                after.registry = registry
                 wanted = self._campaigns_to_claim()
                 campaigns = await claim(
                     conn,
@@ -218,7 +239,7 @@ class Worker:
                     limit=self.app.settings.batch_size,
                     ordered=self._claim_ordered(),
                     campaigns=wanted,
-                    projectors=self.app.registry.checkpointed_names(),
+                    projectors=registry.checkpointed_names(),
                     now=now,
                     take=take,
                 )
@@ -226,6 +247,7 @@ class Worker:
                 self._observe(campaigns)
                 batch = Batch(
                     self.app,
+                    registry,
                     self.policy,
                     self.worker_id,
                     conn,

@@ -35,7 +35,7 @@ class Shadow:
         rows = [r for c in campaigns for r in c.rows]
         events = [(r.campaign_id, r.seq, r.event_type) for r in rows if r.event_type is not None]
         done = await applied_events(
-            conn, batch.app.registry, events, unsubscribed=settings.unsubscribed, bucket=bucket
+            conn, batch.registry, events, unsubscribed=settings.unsubscribed, bucket=bucket
         )
         seen = [r.key for r in rows if r.key not in done]
         await settle(conn, bucket=bucket, done=sorted(done))

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Protocol
 from outbox.config import Settings
 from outbox.model import BatchCounts
 from outbox.projection.app import Outbox
+from outbox.projection.registry import Registry
 from outbox.queue.claim import ClaimedCampaign
 from outbox.queue.lease import Lease
 from outbox.retry import FailurePolicy
@@ -38,6 +39,8 @@ class AfterCommit:
     durations: list[tuple[str, float]] = field(default_factory=list)
     ages: list[float] = field(default_factory=list)
     unsubscribed: Counter[str] = field(default_factory=Counter)  # completed unapplied, per type
+    # The projectors in force when the batch ran (S29): its leases end with them.
+    registry: Registry | None = None
 
 
 class Isolate(Exception):
@@ -51,9 +54,11 @@ class Batch:
     owner of its leases), the transaction's connection, the bucket it claimed in, the instant
     tests move (None: the database clock), what it hands on past the commit, whether each
     group runs in a savepoint of its own (`careful`, after a failure), and whether it takes
-    background work (`background`: campaigns that wait for holds alone, catch-ups; S25)."""
+    background work (`background`: campaigns that wait for holds alone, catch-ups; S25); the
+    projectors in force (`registry`: the app's, less the versions superseded, S29)."""
 
     app: Outbox
+    registry: Registry
     policy: FailurePolicy
     worker_id: str
     conn: Connection

@@ -136,6 +136,9 @@ def outputs(dsn: str) -> dict[str, Any]:
         "projector-resume", "--projector", "demo_roster", "--json", dsn=dsn
     )
     found["projectors"] = run_json("projectors", "--json", dsn=dsn)  # the drains recorded them
+    found["projector-promote"] = run_json(  # version 1, live already: nothing changes
+        "projector-promote", "roster", "--version", "1", "--json", dsn=dsn
+    )
     found["projector-retire"] = run_json(
         "projector-retire", "--projector", "roster", "--reason", "r", "--json", dsn=dsn
     )

@@ -1,0 +1,110 @@
+-- The catch-up engine's server functions (`build.py`, S30): the next campaigns of a bucket,
+-- their checkpoint keys made, then locked for a step; a bucket held by one build.
+-- requires: projection/guards_fn.sql
+
+-- The next `p_campaigns` campaigns of the journal in bucket `p_bucket` after `p_after` (null:
+-- from the first), in key order, each with ordered projector `p_projector`'s checkpoint key
+-- made at 0 when it had none (it starts at the beginning). Called in a transaction of its own,
+-- committed before the step that locks them (`outbox_build_step`): a batch that claims one of
+-- these campaigns from then on finds the key and waits for the step's lock, where a key made in
+-- the step itself would be invisible to it, and it would apply the campaign from 0 beside the
+-- build.
+CREATE OR REPLACE FUNCTION outbox_build_keys(
+    p_projector text,
+    p_bucket integer,
+    p_after text,
+    p_campaigns integer
+)
+RETURNS text[]
+LANGUAGE plpgsql VOLATILE
+SET search_path FROM CURRENT
+SET enable_seqscan = off
+SET jit = off
+AS $$
+DECLARE
+    cs text[];
+BEGIN
+    cs := ARRAY(
+        SELECT h.campaign_id
+        FROM campaign_head_keys h
+        WHERE h.bucket = p_bucket AND (p_after IS NULL OR h.campaign_id > p_after)
+        ORDER BY h.campaign_id
+        LIMIT p_campaigns
+    );
+    INSERT INTO projection_checkpoint_keys (bucket, campaign_id, projector, applied_seq)
+    SELECT p_bucket, c, p_projector, 0
+    FROM unnest(cs) AS c
+    ORDER BY c
+    ON CONFLICT (bucket, campaign_id, projector) DO NOTHING;
+    RETURN cs;
+END
+$$;
+
+-- One step of a build of ordered projector `p_projector` in bucket `p_bucket`, over campaigns
+-- `p_campaigns` (their keys made by `outbox_build_keys`): the keys of those with no campaign
+-- row are locked FOR UPDATE SKIP LOCKED. A campaign with a campaign row (live work, a catch-up
+-- hold) is the workers': the batch that claims it may have read the key as missing (0) before
+-- it was made, and heals the projector itself (S17, S25); a key held by a batch or another
+-- build is skipped, never waited for (`locked` false). Then, in a statement of its own (READ
+-- COMMITTED: it sees every move committed before the lock), each locked campaign's checkpoint
+-- and head. Every campaign comes back, in key order.
+CREATE OR REPLACE FUNCTION outbox_build_step(
+    p_projector text,
+    p_bucket integer,
+    p_campaigns text[]
+)
+RETURNS TABLE (campaign_id text, locked boolean, applied_seq bigint, last_seq bigint)
+LANGUAGE plpgsql VOLATILE
+SET search_path FROM CURRENT
+SET enable_seqscan = off
+SET jit = off
+AS $$
+#variable_conflict use_column
+DECLARE
+    held text[];
+BEGIN
+    PERFORM outbox_require_read_committed();
+    held := ARRAY(
+        SELECT k.campaign_id
+        FROM projection_checkpoint_keys k
+        WHERE k.bucket = p_bucket AND k.campaign_id = ANY (p_campaigns)
+          AND k.projector = p_projector
+          AND NOT EXISTS (
+              SELECT 1 FROM projection_apply_campaigns q
+              WHERE q.bucket = p_bucket AND q.campaign_id = k.campaign_id)
+        ORDER BY k.campaign_id
+        FOR UPDATE OF k SKIP LOCKED
+    );
+    RETURN QUERY
+    SELECT c.c, k.campaign_id IS NOT NULL, k.applied_seq, (
+               SELECT h.last_seq FROM campaign_heads h
+               WHERE h.bucket = p_bucket AND h.campaign_id = c.c)
+    FROM unnest(p_campaigns) AS c(c)
+    LEFT JOIN outbox_checkpoints_of(p_bucket, held, ARRAY[p_projector]) k
+        ON k.campaign_id = c.c
+    ORDER BY c.c;
+END
+$$;
+
+-- Hold (`p_lock`) or let go of bucket `p_bucket` of projector `p_projector`'s build, for this
+-- session: one build walks a bucket at a time, and another finds it held (false) and takes the
+-- next. A session lock, so that it outlives the build's steps (each a transaction); a lost
+-- connection lets go of it. One key per install (the schema), projector and bucket.
+CREATE OR REPLACE FUNCTION outbox_lock_build_bucket(
+    p_projector text,
+    p_bucket integer,
+    p_lock boolean
+)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    v_key integer := hashtext(current_schema() || '.outbox_build.' || p_projector);
+BEGIN
+    IF p_lock THEN
+        RETURN pg_try_advisory_lock(v_key, p_bucket);
+    END IF;
+    RETURN pg_advisory_unlock(v_key, p_bucket);
+END
+$$;

@@ -1,0 +1,239 @@
+"""The catch-up engine (S30): a version built from the journal bucket by bucket, resumable
+after a kill, beside live appends and workers, skipping what batches hold. Oracles: the sums
+each test's generator appended, per campaign and per event (`expected`, `prefix`), never what
+the engine saw."""
+
+from __future__ import annotations
+
+import os
+import random
+from collections import Counter
+
+import anyio
+import orjson
+import pytest
+from worker_apps import tally
+
+from helpers import EXAMPLES, SUMS, TESTS, run_cli, sums
+from outbox import Event, Settings, append, db
+from outbox.errors import ConfigError
+from outbox.ops.versions import promote_version
+from outbox.projection import build as engine
+from outbox.projection.app import Outbox
+from outbox.projection.build import Progress, build, planned
+from outbox.projection.rebuild import versioned
+from outbox.worker.runtime import drain_now
+
+Journal = dict[str, list[int]]  # campaign -> each event's n, in seq order
+
+
+def app_of(dsn: str, *, failing: str | None = None) -> Outbox:
+    """`tally` v1 and v2 (tests/worker_apps.py); v2 fails on campaign `failing`."""
+    app = Outbox(Settings(dsn=dsn, batch_size=10))
+
+    async def v2(tx: db.Connection, events: object) -> None:
+        if failing is not None and failing in events.campaign_ids:  # type: ignore[attr-defined]
+            raise RuntimeError("tally v2 cannot take this campaign")
+        await tally(tx, events)  # type: ignore[arg-type]
+
+    app.projector("tally", events=["add"], batch=True)(tally)
+    app.projector("tally", events=["add"], batch=True, version=2)(v2)
+    return app
+
+
+async def history(
+    pool: db.Pool, settings: Settings, campaigns: list[str], rng: random.Random, journal: Journal
+) -> None:
+    """1 to 12 events on each campaign, some of another type; each `add`'s n in `journal`."""
+    for cid in campaigns:
+        events = [
+            Event("add", {"n": rng.randint(1, 9)}) if rng.random() < 0.8 else Event("other", {})
+            for _ in range(rng.randint(1, 12))
+        ]
+        await append(pool, cid, events, settings=settings)
+        journal.setdefault(cid, []).extend(e.payload["n"] for e in events if e.type == "add")
+
+
+def totals(journal: Journal, factor: int) -> Counter[str]:
+    return Counter({c: sum(ns) * factor for c, ns in journal.items() if ns})
+
+
+@pytest.fixture
+async def table(pool: db.Pool) -> None:
+    await pool.execute(SUMS)
+
+
+@pytest.fixture
+def small_steps(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Steps of few campaigns and fewer events: campaigns cut across steps."""
+    monkeypatch.setattr(engine, "CAMPAIGNS", 4)
+    monkeypatch.setattr(engine, "EVENTS", 9)
+
+
+class Killed(Exception):
+    """The build's process dies here."""
+
+
+@pytest.mark.usefixtures("table", "small_steps")
+async def test_a_build_is_exact_and_goes_on_from_its_checkpoints_after_a_kill(
+    pool: db.Pool, dsn: str
+) -> None:
+    rng = random.Random(30)
+    journal: Journal = {}
+    old = Outbox(Settings(dsn=dsn))
+    old.projector("tally", events=["add"], batch=True)(tally)
+    await history(pool, old.settings, [f"c{i:02d}" for i in range(40)], rng, journal)
+    await drain_now(old, pool)
+    app = app_of(dsn)
+    v2 = versioned(app.registry, "tally", 2)
+    plan = await planned(pool, v2)
+    assert plan.events_total == sum(len(ns) for ns in journal.values())
+
+    steps = 0
+
+    def die_at_the_fifth_step(p: Progress) -> None:
+        nonlocal steps
+        steps += 1
+        if steps == 5:
+            raise Killed
+
+    with pytest.raises(Killed):
+        await build(pool, v2, connections=1, progress=die_at_the_fifth_step)
+    # Whatever committed is whole: each campaign's sum is its first events' up to its checkpoint.
+    at = {
+        r["campaign_id"]: r["applied_seq"]
+        for r in await pool.fetch(
+            "SELECT campaign_id, applied_seq FROM outbox.projection_checkpoints "
+            "WHERE projector = 'tally@v2'"
+        )
+    }
+    partial = await sums(pool, "tally@v2")
+    seen = await pool.fetch(
+        "SELECT campaign_id, seq, event_type, payload FROM outbox.event_journal ORDER BY 1, 2"
+    )
+    upto: Counter[str] = Counter()
+    for r in seen:
+        if r["event_type"] == "add" and r["seq"] <= at.get(r["campaign_id"], 0):
+            upto[r["campaign_id"]] += r["payload"]["n"] * 2
+    assert partial == upto
+    assert 0 < sum(partial.values()) < sum(totals(journal, 2).values())
+
+    states: list[Progress] = []
+    built = await build(pool, v2, connections=3, progress=states.append)
+    assert built.complete
+    assert await sums(pool, "tally@v2") == totals(journal, 2)
+    assert await sums(pool, "tally") == totals(journal, 1)
+    assert built.progress.events + sum(
+        1 for r in seen if r["event_type"] == "add" and r["seq"] <= at.get(r["campaign_id"], 0)
+    ) == sum(len(ns) for ns in journal.values())
+    assert [s.events for s in states] == sorted(s.events for s in states)
+    assert states[-1].done
+    assert states[-1].eta == 0.0
+    # Built and recorded by a worker, it is caught up: promoted at once.
+    await drain_now(app, pool)
+    assert (await promote_version(pool, "tally", 2)).lag.caught_up
+
+
+@pytest.mark.usefixtures("table", "small_steps")
+async def test_a_build_beside_live_appends_and_a_worker_applies_each_event_once(
+    pool: db.Pool, dsn: str
+) -> None:
+    rng = random.Random(31)
+    journal: Journal = {}
+    campaigns = [f"c{i:02d}" for i in range(30)]
+    app = app_of(dsn)
+    await history(pool, app.settings, campaigns, rng, journal)
+    await drain_now(app, pool)  # v1 and v2 both, v2 through the workers' catch-up
+    more = app_of(dsn)
+    await pool.execute("DELETE FROM sums WHERE projector = 'tally@v2'")
+    await pool.execute(
+        "DELETE FROM outbox.projection_checkpoint_moves WHERE projector = 'tally@v2'"
+    )
+    await pool.execute("DELETE FROM outbox.projection_checkpoint_keys WHERE projector = 'tally@v2'")
+    v2 = versioned(more.registry, "tally", 2)
+
+    async def appends() -> None:
+        for _ in range(3):
+            await history(pool, more.settings, rng.sample(campaigns, 10), rng, journal)
+            await drain_now(more, pool)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(appends)
+        await build(pool, v2, connections=2)
+    await build(pool, v2)  # what batches held during the first is the engine's or theirs
+    await drain_now(more, pool)
+    assert await sums(pool, "tally@v2") == totals(journal, 2)
+    assert await sums(pool, "tally") == totals(journal, 1)
+
+
+@pytest.mark.usefixtures("table")
+async def test_a_campaign_a_batch_holds_is_skipped_and_a_failing_one_left_to_the_workers(
+    pool: db.Pool, dsn: str
+) -> None:
+    rng = random.Random(32)
+    journal: Journal = {}
+    app = app_of(dsn, failing="bad")
+    v1 = Outbox(Settings(dsn=dsn))
+    v1.projector("tally", events=["add"], batch=True)(tally)
+    await history(pool, v1.settings, ["bad", "held", "ok1", "ok2"], rng, journal)
+    await drain_now(v1, pool)
+    v2 = versioned(app.registry, "tally", 2)
+    await pool.execute(
+        "INSERT INTO outbox.projection_checkpoint_keys (bucket, campaign_id, projector, "
+        "applied_seq) VALUES (outbox.outbox_bucket('held'), 'held', 'tally@v2', 0)"
+    )
+    async with pool.acquire() as holder, holder.transaction():
+        await holder.execute(  # as a batch holds the campaign's checkpoints
+            "SELECT FROM outbox.projection_checkpoint_keys WHERE campaign_id = 'held' FOR UPDATE"
+        )
+        built = await build(pool, v2)
+    assert (built.progress.skipped, built.progress.failed) == (1, 1)
+    done = await sums(pool, "tally@v2")
+    assert done == Counter({c: n for c, n in totals(journal, 2).items() if c in ("ok1", "ok2")})
+
+
+def test_the_engine_builds_ordered_projectors_only() -> None:
+    app = Outbox(Settings())
+
+    async def fn(tx: db.Connection, event: object) -> None: ...
+
+    app.projector("marks", events=["add"], ordered=False, idempotent=True, version=2)(fn)
+    with pytest.raises(ConfigError, match="builds ordered projectors"):
+        engine.buildable(versioned(app.registry, "marks", 2))
+    with pytest.raises(ConfigError, match="registers no version 3 of projector 'marks'"):
+        versioned(app.registry, "marks", 3)
+
+
+@pytest.mark.usefixtures("table")
+async def test_the_command_line_builds_a_version_with_progress_lines(
+    pool: db.Pool, dsn: str
+) -> None:
+    rng = random.Random(33)
+    journal: Journal = {}
+    v1 = Outbox(Settings(dsn=dsn))
+    v1.projector("tally", events=["add"], batch=True)(tally)
+    await history(pool, v1.settings, [f"c{i}" for i in range(12)], rng, journal)
+    await drain_now(v1, pool)
+    env = {"PYTHONPATH": os.pathsep.join([str(TESTS), str(EXAMPLES)])}
+    args = ["projections-rebuild", "--app", "worker_apps:versioned", "--projector", "tally"]
+    dry = run_cli("maintenance", *args, "--as-version", "2", dsn=dsn, env=env)
+    assert dry.returncode == 0, dry.stderr
+    assert "would build tally@v2" in dry.stderr
+    done = run_cli("maintenance", *args, "--as-version", "2", "--yes", "--json", dsn=dsn, env=env)
+    assert done.returncode == 0, done.stderr
+    lines = [orjson.loads(line) for line in done.stdout.splitlines()]
+    assert lines[-1]["mode"] == "projections-rebuild"
+    assert lines[-1]["done"] is True
+    assert lines[-1]["events"] == lines[-1]["events_total"] == sum(map(len, journal.values()))
+    assert all(line["mode"] == "projections-rebuild.progress" for line in lines[:-1])
+    assert await sums(pool, "tally@v2") == totals(journal, 2)
+    for bad, error in [
+        (["--as-version", "3", "--yes"], "registers no version 3 of projector 'tally'"),
+        (["--as-version", "1"], "--as-version"),
+        (["--as-version", "2", "--connections", "0"], "--connections"),
+        (["--as-version", "2", "--campaign-id", "c1"], "builds one --projector"),
+    ]:
+        refused = run_cli("maintenance", *args, *bad, dsn=dsn, env=env)
+        assert refused.returncode != 0
+        assert error in refused.stderr
+        assert "Traceback" not in refused.stderr
