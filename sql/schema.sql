@@ -176,6 +176,10 @@ CREATE FUNCTION outbox.outbox_build_step(p_projector text, p_bucket integer, p_c
 #variable_conflict use_column
 DECLARE
     held text[];
+    kc text[];
+    ks bigint[];
+    hc text[];
+    hs bigint[];
 BEGIN
     PERFORM outbox_require_read_committed();
     held := ARRAY(
@@ -189,13 +193,19 @@ BEGIN
         ORDER BY k.campaign_id
         FOR UPDATE OF k SKIP LOCKED
     );
+    -- Statements on arrays, not one join: Citus plans each of these alone.
+    SELECT coalesce(array_agg(k.campaign_id), '{}'), coalesce(array_agg(k.applied_seq), '{}')
+    INTO kc, ks
+    FROM outbox_checkpoints_of(p_bucket, held, ARRAY[p_projector]) k;
+    SELECT coalesce(array_agg(h.campaign_id), '{}'), coalesce(array_agg(h.last_seq), '{}')
+    INTO hc, hs
+    FROM campaign_heads h
+    WHERE h.bucket = p_bucket AND h.campaign_id = ANY (p_campaigns);
     RETURN QUERY
-    SELECT c.c, k.campaign_id IS NOT NULL, k.applied_seq, (
-               SELECT h.last_seq FROM campaign_heads h
-               WHERE h.bucket = p_bucket AND h.campaign_id = c.c)
+    SELECT c.c, k.c IS NOT NULL, k.s, h.s
     FROM unnest(p_campaigns) AS c(c)
-    LEFT JOIN outbox_checkpoints_of(p_bucket, held, ARRAY[p_projector]) k
-        ON k.campaign_id = c.c
+    LEFT JOIN unnest(kc, ks) AS k(c, s) ON k.c = c.c
+    LEFT JOIN unnest(hc, hs) AS h(c, s) ON h.c = c.c
     ORDER BY c.c;
 END
 $$;

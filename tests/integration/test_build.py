@@ -182,9 +182,12 @@ async def test_a_campaign_a_batch_holds_is_skipped_and_a_failing_one_left_to_the
         "INSERT INTO outbox.projection_checkpoint_keys (bucket, campaign_id, projector, "
         "applied_seq) VALUES (outbox.outbox_bucket('held'), 'held', 'tally@v2', 0)"
     )
+    bucket = await pool.fetchval("SELECT outbox.outbox_bucket('held')")
     async with pool.acquire() as holder, holder.transaction():
         await holder.execute(  # as a batch holds the campaign's checkpoints
-            "SELECT FROM outbox.projection_checkpoint_keys WHERE campaign_id = 'held' FOR UPDATE"
+            "SELECT FROM outbox.projection_checkpoint_keys "
+            "WHERE bucket = $1 AND campaign_id = 'held' FOR UPDATE",
+            bucket,
         )
         built = await build(pool, v2)
     assert (built.progress.skipped, built.progress.failed) == (1, 1)
