@@ -1,8 +1,8 @@
 """The console's controls: requeue one dead row, preview and requeue an error group, discard one
-dead row, pause and resume a projector. Each runs the same operation as its `maintenance`
-command (`outbox.ops`), audited with the authenticated actor, and states that command so a
-person can run it from a shell. No SQL and no HTML here: the operations are `outbox.ops`', the
-pages the templates'.
+dead row, pause and resume a projector, promote a version and retire a superseded one. Each
+runs the same operation as its `maintenance` command (`outbox.ops`), audited with the
+authenticated actor, and states that command so a person can run it from a shell. No SQL and
+no HTML here: the operations are `outbox.ops`', the pages the templates'.
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ from outbox.ops.discard import discard_one
 from outbox.ops.pause import pause_projector, resume_projector
 from outbox.ops.report import MAX_LIMIT
 from outbox.ops.requeue import RequeueResult, requeue_dead, requeue_one
+from outbox.ops.retire import retire_projector
+from outbox.ops.versions import promote_version
 from outbox.projection.app import Outbox
 from outbox.queue.repair import database_time
 from outbox.retry import describe_error
@@ -29,9 +31,11 @@ __all__ = [
     "discard",
     "pause",
     "preview_group",
+    "promote",
     "requeue_group",
     "requeue_row",
     "resume",
+    "retire",
     "row_commands",
 ]
 
@@ -228,4 +232,46 @@ async def resume(
     return Done(
         f"{projector}: {said}",
         command_line("projector-resume", "--projector", projector, "--reason", reason),
+    )
+
+
+async def promote(
+    pool: db.Pool,
+    projector: str,
+    version: int,
+    *,
+    actor: str,
+    reason: str | None,
+    force: bool,
+) -> Done:
+    result = await promote_version(
+        pool, projector, version, reason=reason, force=force, actor=actor
+    )
+    said = (
+        f"version {version} was live already"
+        if not result.changed
+        else f"version {version} is live"
+        + (f" (forced: {result.lag.describe()})" if result.forced else "")
+    )
+    return Done(
+        f"{projector}: {said}",
+        command_line(
+            "projector-promote", projector, "--version", version,
+            *(("--force",) if force else ()), "--reason", reason,
+        ),
+    )  # fmt: skip
+
+
+async def retire(
+    pool: db.Pool, app: Outbox | None, projector: str, version: int, *, actor: str, reason: str
+) -> Done:
+    registry = app.registry if app is not None else None
+    result = await retire_projector(
+        pool, projector, version=version, reason=reason, actor=actor, registry=registry
+    )
+    dropped = ", its read model dropped" if result.dropped else ""
+    return Done(
+        f"{result.record.projector}: retired, {result.checkpoints} checkpoint(s) and "
+        f"{result.markers} marker(s) forgotten{dropped}",
+        command_line("projector-retire", projector, "--version", version, "--reason", reason),
     )

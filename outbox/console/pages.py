@@ -296,6 +296,29 @@ async def resume(request: Request, form: dict[str, str], actor: str) -> controls
     )
 
 
+async def promote(request: Request, form: dict[str, str], actor: str) -> controls.Done:
+    return await controls.promote(
+        of(request).pool,
+        required(form, "projector"),
+        positive_int(form.get("version", ""), "version"),
+        actor=actor,
+        reason=text(form, "reason"),
+        force=form.get("force") == "on",
+    )
+
+
+async def retire(request: Request, form: dict[str, str], actor: str) -> controls.Done:
+    console = of(request)
+    return await controls.retire(
+        console.pool,
+        console.app,
+        required(form, "projector"),
+        positive_int(form.get("version", ""), "version"),
+        actor=actor,
+        reason=required(form, "reason"),
+    )
+
+
 # (path under /actions, route name, run): the controls, served only with actions.
 CONTROLS: tuple[tuple[str, str, Run], ...] = (
     ("requeue", "do_requeue", requeue_row),
@@ -303,4 +326,6 @@ CONTROLS: tuple[tuple[str, str, Run], ...] = (
     ("pause", "do_pause", pause),
     ("resume", "do_resume", resume),
     ("requeue-group", "do_requeue_group", requeue_group),
+    ("promote", "do_promote", promote),
+    ("retire", "do_retire", retire),
 )

@@ -25,6 +25,7 @@ from outbox.ops.report import Failures, failures
 from outbox.projection.app import Outbox
 from outbox.projection.guards import ProjectorLag, checkpoints_of, projector_lag
 from outbox.projection.pauses import Pause, PauseEntry, list_pause_audit, list_pauses
+from outbox.projection.versions import list_versions
 from outbox.queue import inspect
 from outbox.queue.attention import (
     AttentionPage,
@@ -308,6 +309,11 @@ class ProjectorRow:
     # Events applied, skipped and failed since the live workers started (their registry rows).
     outcomes: dict[str, int]
     holds: ProjectorHolds | None = None  # what holds it alone (S24): failed, dead, waiting
+    # Its declared name, version and the version's state (S29: live, building, superseded;
+    # None: not recorded yet).
+    base: str | None = None
+    version: int | None = None
+    state: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -327,6 +333,7 @@ async def read_projectors(executor: db.Executor, app: Outbox | None) -> Projecto
         held = {h.projector: h for h in await count_holds(conn)}
         workers = await live_workers(conn)
         history = await list_pause_audit(conn, limit=LIST_LIMIT)
+        versions = {v.projector: v for v in await list_versions(conn)}
     outcomes: dict[str, Counter[str]] = {}
     for w in workers:
         for tally in w.counters.get("projectors", []):
@@ -336,7 +343,8 @@ async def read_projectors(executor: db.Executor, app: Outbox | None) -> Projecto
         ProjectorRow(
             p.name, sorted(p.events), p.ordered, p.transactional,
             pauses.pop(p.name, None), lags.get(p.name), dict(outcomes.get(p.name, {})),
-            held.get(p.name),
+            held.get(p.name), p.base, p.version,
+            versions[p.name].state if p.name in versions else None,
         )
         for p in known
     ]  # fmt: skip

@@ -22,9 +22,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from worker_apps import tally
 
-from helpers import BIN, TESTS, WORKER, worker_env
-from outbox import Event, Settings, append, db
+from helpers import BIN, SUMS, TESTS, WORKER, sums, wait_for, worker_env
+from outbox import Event, Settings, append, db, drain_now, live_version
+from outbox.ops.pause import pause_projector
+from outbox.projection.app import Outbox
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 USER, PASSWORD = "ops", "incident-pw"
@@ -272,3 +275,127 @@ async def test_an_outage_at_200k_rows_in_the_browser(
         await expect(page.locator("h2", has_text="From a shell")).to_be_visible()
         assert refused == []
         await browser.close()
+
+
+@pytest.fixture
+def versioned_console(dsn: str) -> Iterator[str]:
+    """The console given `worker_apps:versioned` (tally in versions 1 and 2), with actions."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OUTBOX_")}
+    env.update(
+        OUTBOX_DSN=dsn,
+        OUTBOX_CONSOLE_USER=USER,
+        OUTBOX_CONSOLE_PASSWORD=PASSWORD,
+        PYTHONPATH=os.pathsep.join([str(TESTS), env.get("PYTHONPATH", "")]),
+    )
+    command = [str(BIN / "maintenance"), "console", "--port", "0", "--allow-actions"]
+    proc = subprocess.Popen(
+        [*command, "--app", "worker_apps:versioned"], env=env, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stderr is not None
+        line = proc.stderr.readline()
+        assert "actions enabled" in line, line
+        yield line.split()[1]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+# tally v2 at every campaign's head, its sweep done and no hold of it left.
+LEVEL_V2 = """
+SELECT (SELECT count(*) FROM outbox.projection_checkpoints k
+        JOIN outbox.campaign_heads h USING (bucket, campaign_id)
+        WHERE k.projector = 'tally@v2' AND k.applied_seq = h.last_seq) = 12
+   AND (SELECT swept_at IS NOT NULL FROM outbox.outbox_projectors WHERE projector = 'tally@v2')
+   AND NOT EXISTS (SELECT 1 FROM outbox.projection_holds WHERE projector = 'tally@v2')
+"""
+
+
+@pytest.fixture
+async def versioned_history(pool: db.Pool, dsn: str) -> dict[str, int]:
+    """Two events on each of 12 campaigns applied by tally v1 alone, and v2 paused before its
+    deploy: what each campaign's sum is (the generator's)."""
+    await pool.execute(SUMS)
+    v1 = Outbox(Settings(dsn=dsn))
+    v1.projector("tally", events=["add"], batch=True)(tally)
+    expected: dict[str, int] = {}
+    for i in range(12):
+        amounts = [i + 1, 2 * i + 1]
+        await append(pool, f"c{i}", [Event("add", {"n": n}) for n in amounts], settings=v1.settings)
+        expected[f"c{i}"] = sum(amounts)
+    await drain_now(v1, pool)
+    await pause_projector(pool, "tally@v2", reason="deployed paused", actor="test")
+    return expected
+
+
+@pytest.fixture
+def versioned_worker(dsn: str, versioned_history: dict[str, int]) -> Iterator[None]:
+    """A worker with tally v1 and v2 (the deploy), after the history."""
+    proc = subprocess.Popen(
+        [*WORKER, "--app", "worker_apps:versioned"],
+        cwd=TESTS,
+        env=worker_env(dsn, OUTBOX_POLL_INTERVAL="0.2"),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    yield
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 0  # no unplanned exit
+
+
+@pytest.mark.usefixtures("versioned_worker")
+async def test_a_version_caught_up_and_promoted_in_the_browser(
+    pool: db.Pool,
+    versioned_history: dict[str, int],
+    versioned_console: str,
+    screenshots: Path,
+) -> None:
+    """tally v2 deployed beside v1 while paused: its promotion is refused while it is behind;
+    resumed, it catches up; promoted from the page, it is live and v1 is superseded, then
+    retired with its guards."""
+    expect = playwright_api.expect
+    projectors = versioned_console.rstrip("/") + "/projectors"
+    recorded = "SELECT count(*) FROM outbox.outbox_projectors WHERE projector = 'tally@v2'"
+    await wait_for(lambda: _counts(pool, recorded), within=60)
+    async with playwright_api.async_playwright() as p:
+        browser, page, refused = await open_console(p)
+        await page.goto(projectors)
+        v2 = page.locator('tr[data-projector="tally@v2"]')
+        await expect(v2.locator(".version")).to_have_text("v2 · building")
+        await expect(v2.locator('[data-lag="events"]')).to_have_text("24")
+        await page.screenshot(path=str(screenshots / "version-building.png"), full_page=True)
+        # Behind: the promotion is refused, saying why, and nothing changes.
+        await v2.locator("form.promote button").click()
+        await expect(page.locator("main")).to_contain_text("is not caught up")
+        assert await live_version(pool, "tally") == 1
+        # Resumed from the page, it catches up from the journal.
+        await page.goto(projectors)
+        await v2.locator("form[action$='/resume'] button").click()
+        await wait_for(lambda: _counts(pool, LEVEL_V2), within=60)
+        await page.goto(projectors)
+        await expect(v2.locator('[data-lag="events"]')).to_have_text("0")
+        await v2.locator("form.promote input[name=reason]").fill("v2 counts double")
+        await v2.locator("form.promote button").click()
+        await expect(page.locator("main")).to_contain_text("tally: version 2 is live")
+        await expect(page.locator("code.cli")).to_contain_text(
+            "maintenance projector-promote tally --version 2"
+        )
+        assert await live_version(pool, "tally") == 2
+        await page.goto(projectors)
+        v1_row = page.locator('tr[data-projector="tally"]')
+        await expect(v1_row.locator(".version")).to_have_text("v1 · superseded")
+        await expect(v2.locator(".version")).to_have_text("v2 · live")
+        await page.screenshot(path=str(screenshots / "version-promoted.png"), full_page=True)
+        await v1_row.locator("form.retire input[name=reason]").fill("v2 is live")
+        await v1_row.locator("form.retire button").click()
+        await expect(page.locator("main")).to_contain_text("tally: retired, 12 checkpoint(s)")
+        assert refused == []
+        await browser.close()
+    assert await sums(pool, "tally@v2") == {c: 2 * n for c, n in versioned_history.items()}
+    assert not await _counts(
+        pool, "SELECT count(*) FROM outbox.projection_checkpoints WHERE projector = 'tally'"
+    )
+
+
+async def _counts(pool: db.Pool, sql: str) -> bool:
+    return bool(await pool.fetchval(sql))
