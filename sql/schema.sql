@@ -142,6 +142,13 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION outbox.outbox_build_key(p_projector text) RETURNS integer
+    LANGUAGE sql STABLE
+    SET search_path TO 'outbox', 'pg_temp'
+    AS $$
+    SELECT hashtext(current_schema() || '.outbox_build.' || p_projector)
+$$;
+
 CREATE FUNCTION outbox.outbox_build_keys(p_projector text, p_bucket integer, p_after text, p_campaigns integer) RETURNS text[]
     LANGUAGE plpgsql
     SET search_path TO 'outbox', 'pg_temp'
@@ -175,6 +182,8 @@ CREATE FUNCTION outbox.outbox_build_step(p_projector text, p_bucket integer, p_c
     AS $$
 #variable_conflict use_column
 DECLARE
+    queued text[];
+    taken text[];
     held text[];
     kc text[];
     ks bigint[];
@@ -182,16 +191,24 @@ DECLARE
     hs bigint[];
 BEGIN
     PERFORM outbox_require_read_committed();
+    queued := ARRAY(
+        SELECT q.campaign_id FROM projection_apply_campaigns q
+        WHERE q.bucket = p_bucket AND q.campaign_id = ANY (p_campaigns)
+    );
+    taken := ARRAY(
+        SELECT q.campaign_id FROM projection_apply_campaigns q
+        WHERE q.bucket = p_bucket AND q.campaign_id = ANY (queued)
+        ORDER BY q.campaign_id
+        FOR UPDATE SKIP LOCKED
+    );
     held := ARRAY(
         SELECT k.campaign_id
         FROM projection_checkpoint_keys k
         WHERE k.bucket = p_bucket AND k.campaign_id = ANY (p_campaigns)
           AND k.projector = p_projector
-          AND NOT EXISTS (
-              SELECT 1 FROM projection_apply_campaigns q
-              WHERE q.bucket = p_bucket AND q.campaign_id = k.campaign_id)
+          AND (NOT k.campaign_id = ANY (queued) OR k.campaign_id = ANY (taken))
         ORDER BY k.campaign_id
-        FOR UPDATE OF k SKIP LOCKED
+        FOR UPDATE SKIP LOCKED
     );
     -- Statements on arrays, not one join: Citus plans each of these alone.
     SELECT coalesce(array_agg(k.campaign_id), '{}'), coalesce(array_agg(k.applied_seq), '{}')
@@ -422,7 +439,7 @@ CREATE FUNCTION outbox.outbox_lock_build_bucket(p_projector text, p_bucket integ
     SET search_path TO 'outbox', 'pg_temp'
     AS $$
 DECLARE
-    v_key integer := hashtext(current_schema() || '.outbox_build.' || p_projector);
+    v_key integer := outbox_build_key(p_projector);
 BEGIN
     IF p_lock THEN
         RETURN pg_try_advisory_lock(v_key, p_bucket);
@@ -1162,6 +1179,11 @@ BEGIN
              JOIN outbox_projector_versions v ON v.projector = p.projector
              WHERE p.projector = p_projector),
             true);
+        RETURN;
+    END IF;
+    IF NOT pg_try_advisory_xact_lock_shared(outbox_build_key(p_projector), -1) THEN
+        -- A build of it runs (S30): it catches up the campaigns itself; nothing is seeded.
+        RETURN QUERY SELECT 0, 0, false;
         RETURN;
     END IF;
     SELECT count(*) INTO waiting

@@ -4,16 +4,18 @@ bucket, in parallel, throttled, resumable and cancellable, with its progress.
 `build()` walks every bucket's campaigns in key order, `CAMPAIGNS` at a time: the next
 campaigns' checkpoint keys are made first, committed alone (`outbox_build_keys`), so that a
 batch claiming one of them afterwards waits for the build's lock rather than read the key as
-missing; then each step locks the keys of those with no campaign row `FOR UPDATE SKIP LOCKED`
-(`outbox_build_step`: a campaign with live work, or a key a batch holds, is the workers' and is
-skipped, never waited for: the batch heals the projector itself, S17, or leaves it a catch-up
-hold, S25), reads the
+missing; then each step locks, `FOR UPDATE SKIP LOCKED` and in the claim's order, the campaign
+rows of those that have one, then the keys (`outbox_build_step`: a campaign whose row or key a
+batch holds is skipped, never waited for: the batch heals the projector itself, S17, or leaves
+it a catch-up hold, S25), reads the
 journal from each checkpoint to the campaign's head, at most `EVENTS` events a transaction,
 runs the projector on them (a batch projector in one call), and moves the checkpoints in the
 same transaction. The checkpoints are the only state: a build killed, cancelled or cut off by
 a server restart leaves every committed step in place, and the next build goes on from them.
 `connections` tasks take the buckets in turn, each bucket held by one build at a time (a
 session advisory lock per bucket), and `max_rate` caps the events applied per second over all.
+While a build runs (its lock on the whole), the workers' sweep of the projector seeds no
+catch-up hold: the build takes the campaigns on itself.
 
 A failing event fails its step; the step runs again campaign by campaign, and a campaign that
 fails alone is left where its checkpoint stands, for the workers, whose holds count its
@@ -34,7 +36,6 @@ from outbox.append.journal import decode_bulk, load_ranges
 from outbox.buckets import bucket_count
 from outbox.errors import ConfigError
 from outbox.model import EventBatch
-from outbox.projection.guards import projector_lag
 from outbox.projection.registry import Projector
 from outbox.queries import Queries
 from outbox.queue.settle import settle
@@ -57,9 +58,13 @@ EVENTS = 5000
 # A build's connections unless told: two, which on a small server leaves the live workers
 # their share of the cores (docs/performance.md measures it beside live appends).
 DEFAULT_CONNECTIONS = 2
+# The bucket number of the lock a build holds as a whole (outbox_lock_build_bucket).
+WHOLE = -1
 
 
 class BuildQueries(Queries):
+    count_build_work: str
+    set_build_count_unbounded: str
     create_build_keys: str
     lock_build_step: str
     lock_build_bucket: str
@@ -146,9 +151,11 @@ def buildable(projector: Projector) -> None:
 async def planned(executor: db.Executor, projector: Projector) -> Progress:
     """What a build of `projector` would apply now: its progress before the first step."""
     buildable(projector)
-    async with db.acquire(executor) as conn:
-        lag = await projector_lag(conn, projector.name, projector.events)
-    return Progress(projector.name, lag.events_behind, lag.campaigns_behind)
+    async with db.acquire(executor) as conn, conn.transaction():
+        await conn.execute(Q.set_build_count_unbounded)
+        row = await conn.fetchrow(Q.count_build_work, projector.name, sorted(projector.events))
+    assert row is not None  # an aggregate: one row
+    return Progress(projector.name, row["events"], row["campaigns"])
 
 
 async def build(
@@ -160,17 +167,35 @@ async def build(
     progress: Callable[[Progress], None] | None = None,
 ) -> Built:
     """Build `projector`'s track from the journal to every campaign's head (see the module
-    docstring): `connections` tasks, at most `max_rate` events per second; `progress` after
-    every step. Cancelling the caller's scope stops it between steps or rolls the one in
-    flight back."""
+    docstring): `connections` tasks (the pool needs one connection more, which holds the build
+    as a whole), at most `max_rate` events per second; `progress` after every step. Cancelling
+    the caller's scope stops it between steps or rolls the one in flight back."""
     buildable(projector)
     if connections < 1:
         raise ConfigError(f"connections must be at least 1, not {connections}")
     if max_rate is not None and max_rate <= 0:
         raise ConfigError(f"max_rate must be above 0, not {max_rate}")
     state = await planned(pool, projector)
-    async with db.acquire(pool) as conn:
-        buckets = list(range(await bucket_count(conn)))
+    async with db.acquire(pool) as whole:
+        # Held while it runs: the workers' sweep of it seeds no catch-up hold meanwhile.
+        await whole.fetchval(Q.lock_build_bucket, projector.name, WHOLE, True)
+        try:
+            return await _walk(pool, projector, state, connections, max_rate, progress, whole)
+        finally:
+            await whole.fetchval(Q.lock_build_bucket, projector.name, WHOLE, False)
+
+
+async def _walk(
+    pool: db.Pool,
+    projector: Projector,
+    state: Progress,
+    connections: int,
+    max_rate: float | None,
+    progress: Callable[[Progress], None] | None,
+    conn: db.Connection,
+) -> Built:
+    """Every bucket's campaigns, by `connections` tasks (see `build`)."""
+    buckets = list(range(await bucket_count(conn)))
     started = time.monotonic()
     throttle = Throttle(max_rate)
     queue: Iterator[int] = iter(buckets)
@@ -183,8 +208,8 @@ async def build(
 
     async def task() -> None:
         for bucket in queue:
-            async with db.acquire(pool) as conn:
-                if await _bucket(conn, projector, bucket, state, throttle, report):
+            async with db.acquire(pool) as walker:
+                if await _bucket(walker, projector, bucket, state, throttle, report):
                     walked.append(bucket)
 
     try:

@@ -15,3 +15,18 @@ FROM @extschema@.outbox_build_step($1::text, $2::integer, $3::text[])
 -- Hold ($3 true) or let go of bucket $2 of projector $1's build, for this session: whether it
 -- was had (outbox_lock_build_bucket).
 SELECT @extschema@.outbox_lock_build_bucket($1::text, $2::integer, $3::boolean)
+
+-- name: count_build_work
+-- What projector $1 (of the types $2) lacks when a build starts: the events of its types past
+-- its checkpoint in each campaign, and those campaigns. One pass over the journal (an estimate
+-- for the progress bar: appends go on meanwhile).
+SELECT count(*) AS events, count(DISTINCT e.campaign_id) AS campaigns
+FROM @extschema@.event_journal e
+LEFT JOIN @extschema@.projection_checkpoints k
+    ON k.bucket = e.bucket AND k.campaign_id = e.campaign_id AND k.projector = $1::text
+WHERE e.event_type = ANY ($2::text[]) AND e.seq > coalesce(k.applied_seq, 0)
+
+-- name: set_build_count_unbounded
+-- The count above is one pass over the journal, however long: no statement timeout for the
+-- rest of its transaction.
+SELECT set_config('statement_timeout', '0', true)

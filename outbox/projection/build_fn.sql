@@ -41,13 +41,16 @@ END
 $$;
 
 -- One step of a build of ordered projector `p_projector` in bucket `p_bucket`, over campaigns
--- `p_campaigns` (their keys made by `outbox_build_keys`): the keys of those with no campaign
--- row are locked FOR UPDATE SKIP LOCKED. A campaign with a campaign row (live work, a catch-up
--- hold) is the workers': the batch that claims it may have read the key as missing (0) before
--- it was made, and heals the projector itself (S17, S25); a key held by a batch or another
--- build is skipped, never waited for (`locked` false). Then, in a statement of its own (READ
--- COMMITTED: it sees every move committed before the lock), each locked campaign's checkpoint
--- and head. Every campaign comes back, in key order.
+-- `p_campaigns` (their keys made by `outbox_build_keys`). A campaign with a campaign row (live
+-- work, a catch-up hold) is taken only when the build locks that row (FOR UPDATE SKIP LOCKED,
+-- as a batch's claim does, and before the keys, in the claim's order): a batch that holds the
+-- row may have read the key as missing (0) before it was made, and heals the projector itself
+-- (S17, S25). Then the keys of the campaigns taken are locked FOR UPDATE SKIP LOCKED: one a
+-- batch or another build holds is skipped, never waited for (`locked` false). Then, in
+-- statements of their own (READ COMMITTED: they see every move committed before the locks),
+-- each locked campaign's checkpoint and head. A build that goes past a campaign's queued rows
+-- leaves them to its batches, where the projector skips them as duplicates. Every campaign
+-- comes back, in key order.
 CREATE OR REPLACE FUNCTION outbox_build_step(
     p_projector text,
     p_bucket integer,
@@ -61,6 +64,8 @@ SET jit = off
 AS $$
 #variable_conflict use_column
 DECLARE
+    queued text[];
+    taken text[];
     held text[];
     kc text[];
     ks bigint[];
@@ -68,16 +73,24 @@ DECLARE
     hs bigint[];
 BEGIN
     PERFORM outbox_require_read_committed();
+    queued := ARRAY(
+        SELECT q.campaign_id FROM projection_apply_campaigns q
+        WHERE q.bucket = p_bucket AND q.campaign_id = ANY (p_campaigns)
+    );
+    taken := ARRAY(
+        SELECT q.campaign_id FROM projection_apply_campaigns q
+        WHERE q.bucket = p_bucket AND q.campaign_id = ANY (queued)
+        ORDER BY q.campaign_id
+        FOR UPDATE SKIP LOCKED
+    );
     held := ARRAY(
         SELECT k.campaign_id
         FROM projection_checkpoint_keys k
         WHERE k.bucket = p_bucket AND k.campaign_id = ANY (p_campaigns)
           AND k.projector = p_projector
-          AND NOT EXISTS (
-              SELECT 1 FROM projection_apply_campaigns q
-              WHERE q.bucket = p_bucket AND q.campaign_id = k.campaign_id)
+          AND (NOT k.campaign_id = ANY (queued) OR k.campaign_id = ANY (taken))
         ORDER BY k.campaign_id
-        FOR UPDATE OF k SKIP LOCKED
+        FOR UPDATE SKIP LOCKED
     );
     -- Statements on arrays, not one join: Citus plans each of these alone.
     SELECT coalesce(array_agg(k.campaign_id), '{}'), coalesce(array_agg(k.applied_seq), '{}')
@@ -96,10 +109,22 @@ BEGIN
 END
 $$;
 
+-- The advisory lock key of projector `p_projector`'s build (with a bucket, or -1: the whole
+-- build, which the sweep asks about), one per install (the schema) and projector.
+CREATE OR REPLACE FUNCTION outbox_build_key(p_projector text)
+RETURNS integer
+LANGUAGE sql STABLE
+SET search_path FROM CURRENT
+AS $$
+    SELECT hashtext(current_schema() || '.outbox_build.' || p_projector)
+$$;
+
 -- Hold (`p_lock`) or let go of bucket `p_bucket` of projector `p_projector`'s build, for this
 -- session: one build walks a bucket at a time, and another finds it held (false) and takes the
--- next. A session lock, so that it outlives the build's steps (each a transaction); a lost
--- connection lets go of it. One key per install (the schema), projector and bucket.
+-- next. Bucket -1 is the build as a whole, held while it runs: the workers' sweep of the
+-- projector seeds no catch-up hold meanwhile (`outbox_sweep`), so that the workers do not
+-- catch up the campaigns the build is about to. A session lock, so that it outlives the build's
+-- steps (each a transaction); a lost connection lets go of it.
 CREATE OR REPLACE FUNCTION outbox_lock_build_bucket(
     p_projector text,
     p_bucket integer,
@@ -110,7 +135,7 @@ LANGUAGE plpgsql VOLATILE
 SET search_path FROM CURRENT
 AS $$
 DECLARE
-    v_key integer := hashtext(current_schema() || '.outbox_build.' || p_projector);
+    v_key integer := outbox_build_key(p_projector);
 BEGIN
     IF p_lock THEN
         RETURN pg_try_advisory_lock(v_key, p_bucket);

@@ -1,5 +1,6 @@
 -- The catch-up sweep's server function (`sweep.py`, S25): a projector that starts at the
 -- beginning reaches every campaign of the journal, dormant ones too.
+-- requires: projection/build_fn.sql
 
 -- One step of projector `p_projector`'s sweep: the next `p_campaigns` campaigns of
 -- `campaign_heads` after its cursor, in key order, each that it is behind on (its checkpoint
@@ -53,6 +54,11 @@ BEGIN
              JOIN outbox_projector_versions v ON v.projector = p.projector
              WHERE p.projector = p_projector),
             true);
+        RETURN;
+    END IF;
+    IF NOT pg_try_advisory_xact_lock_shared(outbox_build_key(p_projector), -1) THEN
+        -- A build of it runs (S30): it catches up the campaigns itself; nothing is seeded.
+        RETURN QUERY SELECT 0, 0, false;
         RETURN;
     END IF;
     SELECT count(*) INTO waiting
