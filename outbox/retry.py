@@ -41,6 +41,7 @@ __all__ = [
     "backoff_delay",
     "classify",
     "describe_error",
+    "leaves",
     "log_failure",
     "nominal_delay",
 ]
@@ -80,6 +81,13 @@ def backoff_delay(attempt: int, *, base: float, cap: float, rand: Callable[[], f
     """Seconds to wait after failed attempt `attempt`; `rand()` returns a float in [0, 1)."""
     nominal = nominal_delay(attempt, base=base, cap=cap)
     return nominal / 2 + rand() * nominal / 2
+
+
+def leaves(exc: BaseException) -> list[BaseException]:
+    """`exc`, or the exceptions inside it when it is a group (a task group's), depth first."""
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for inner in exc.exceptions for leaf in leaves(inner)]
+    return [exc]
 
 
 def describe_error(exc: BaseException, *, projector: str | None = None) -> str:

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from outbox import db
 from outbox.errors import Conflict, NotFound, ValidationError
 from outbox.ops.requeue import current_actor
+from outbox.ops.versions import check_version
 from outbox.projection import known
 from outbox.projection.known import KnownProjector, Retired
 from outbox.projection.registry import track_name
@@ -33,12 +34,9 @@ __all__ = ["check_retirement", "list_projectors", "retire_projector"]
 
 def check_retirement(projector: str, reason: str, version: int | None = None) -> None:
     """Refuse a blank name or reason and a version below 1, before any connection."""
-    if not projector.strip():
-        raise ValidationError("projector", "must not be empty")
+    check_version(projector, 1 if version is None else version)
     if not reason.strip():
         raise ValidationError("reason", "a retirement needs a reason, for the audit")
-    if version is not None and version < 1:
-        raise ValidationError("version", f"must be a whole number from 1, not {version}")
 
 
 def _refuse(

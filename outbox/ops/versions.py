@@ -9,26 +9,18 @@ never stalls the workers behind a batch stuck in a projector.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from outbox import db
 from outbox.errors import Conflict, ValidationError
 from outbox.ops.requeue import current_actor
 from outbox.projection import versions
-from outbox.projection.versions import Promoted, Version
+from outbox.projection.versions import Promoted
 
 if TYPE_CHECKING:
     from outbox.db import Executor
 
-__all__ = ["Versions", "check_version", "list_projector_versions", "promote_version"]
-
-
-@dataclass(frozen=True, slots=True)
-class Versions:
-    """`maintenance projector-versions`: every recorded version and its state."""
-
-    versions: list[Version]
+__all__ = ["check_version", "promote_version"]
 
 
 def check_version(projector: str, version: int) -> None:
@@ -67,7 +59,3 @@ async def promote_version(
                 "nothing changed; try the promotion again"
             ) from None
         raise
-
-
-async def list_projector_versions(executor: Executor, projector: str | None = None) -> Versions:
-    return Versions(await versions.list_versions(executor, projector))

@@ -39,6 +39,7 @@ from outbox.model import EventBatch
 from outbox.projection.registry import Projector
 from outbox.queries import Queries
 from outbox.queue.settle import settle
+from outbox.retry import leaves
 
 __all__ = [
     "CAMPAIGNS",
@@ -112,11 +113,14 @@ class Progress:
 
 @dataclass(frozen=True, slots=True)
 class Built:
-    """A build's end: its progress as it stood, and whether every bucket was walked (False:
-    cancelled)."""
+    """A build's end: its progress as it stood."""
 
     progress: Progress
-    complete: bool
+
+    @property
+    def complete(self) -> bool:
+        """Whether every bucket was walked (False: cancelled)."""
+        return self.progress.done
 
 
 @dataclass
@@ -170,7 +174,6 @@ async def build(
     docstring): `connections` tasks (the pool needs one connection more, which holds the build
     as a whole), at most `max_rate` events per second; `progress` after every step. Cancelling
     the caller's scope stops it between steps or rolls the one in flight back."""
-    buildable(projector)
     if connections < 1:
         raise ConfigError(f"connections must be at least 1, not {connections}")
     if max_rate is not None and max_rate <= 0:
@@ -217,13 +220,10 @@ async def _walk(
             for _ in range(min(connections, len(buckets))):
                 tg.start_soon(task)
     except BaseExceptionGroup as group:  # one task's failure: the build's, as it was raised
-        first: BaseException = group
-        while isinstance(first, BaseExceptionGroup):
-            first = first.exceptions[0]
-        raise first from None
+        raise leaves(group)[0] from None
     state.done = len(walked) == len(buckets)
     report()
-    return Built(state, state.done)
+    return Built(state)
 
 
 # A journal range a step applies: (campaign, first seq, last seq, whether that is the head).

@@ -41,10 +41,9 @@ BEGIN
     SELECT p.sweep_bucket, p.sweep_campaign, p.ordered
     INTO cursor_bucket, cursor_campaign, v_ordered
     FROM outbox_projectors p
+    JOIN outbox_projector_versions v ON v.projector = p.projector
     WHERE p.projector = p_projector AND p.swept_at IS NULL
-      AND NOT EXISTS (  -- a superseded version is owed nothing (S29): its sweep is over
-          SELECT 1 FROM outbox_projector_live l
-          WHERE l.projector = p.base AND l.version > p.version)
+      AND v.state <> 'superseded'  -- a superseded version is owed nothing (S29): no sweep
     FOR UPDATE OF p SKIP LOCKED;
     IF NOT FOUND THEN
         RETURN QUERY

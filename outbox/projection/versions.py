@@ -22,7 +22,7 @@ from time import monotonic
 from typing import TYPE_CHECKING
 
 from outbox import db
-from outbox.errors import Conflict, NotFound, ValidationError
+from outbox.errors import Conflict, NotFound
 from outbox.projection.known import owe_nothing
 from outbox.projection.registry import track_name
 from outbox.queries import Queries
@@ -153,9 +153,8 @@ async def promote(
     """Make `version` of `projector` live, in the caller's transaction (audited): refused
     while it is not caught up (a Conflict saying what it lacks) unless `force`. The versions
     below it are owed nothing from the commit on: their holds go now, and the workers' batches
-    that ran them are refused from here (S29). Promoting the live version changes nothing."""
-    if isinstance(version, bool) or version < 1:
-        raise ValidationError("version", f"must be a whole number from 1, not {version!r}")
+    that ran them are refused from here (S29). Promoting the live version changes nothing.
+    `version` is a registered one or an operator's, checked (`ops.versions.check_version`)."""
     key = track_name(projector, version)
     await conn.execute(Q.lock_versions, PROMOTE_LOCK_TIMEOUT_MS)
     lag = await version_lag(conn, key)

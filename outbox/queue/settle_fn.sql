@@ -91,32 +91,30 @@ DECLARE
 BEGIN
     IF ran THEN
         PERFORM outbox_lock_versions(false);
-    END IF;
-    IF p_batch ? 'projectors' THEN
-        -- A projector recorded since this worker last read the record (a rolling deploy):
-        -- its share of the batch was not left in holds, so nothing of the batch is kept.
-        -- A superseded version is owed nothing (S29), so it is no such projector.
-        SELECT string_agg(k.projector, ', ' ORDER BY k.projector) INTO unknown
+        -- One read of the record, under the versions' lock, for two refusals (OB024, transient:
+        -- the batch runs again). `unknown`: a projector recorded since this worker last read
+        -- the record (a rolling deploy), whose share of the batch was not left in holds; a
+        -- superseded version is owed nothing (S29), so it is no such projector. `stale`: a
+        -- version promoted past since this worker last read the versions, which the batch ran
+        -- or held work for; the batch runs again without it.
+        SELECT string_agg(k.projector, ', ' ORDER BY k.projector) FILTER (
+                   WHERE p_batch ? 'projectors' AND p.transactional AND k.state <> 'superseded'
+                     AND NOT k.projector = ANY (
+                         ARRAY(SELECT jsonb_array_elements_text(p_batch -> 'projectors')))),
+               string_agg(k.projector, ', ' ORDER BY k.projector) FILTER (
+                   WHERE k.state = 'superseded' AND k.projector = ANY (
+                       ARRAY(SELECT jsonb_array_elements_text(p_batch -> 'projectors')
+                             UNION ALL
+                             SELECT x ->> 'projector'
+                             FROM jsonb_array_elements(coalesce(p_batch -> 'holds', '[]')) x)))
+        INTO unknown, stale
         FROM outbox_projector_versions k
-        JOIN outbox_projectors p ON p.projector = k.projector
-        WHERE p.transactional AND k.state <> 'superseded' AND NOT k.projector = ANY (
-            ARRAY(SELECT jsonb_array_elements_text(p_batch -> 'projectors')));
+        JOIN outbox_projectors p ON p.projector = k.projector;
         IF unknown IS NOT NULL THEN
             RAISE EXCEPTION 'projector % is recorded and this batch did not know it: it runs '
                             'again', unknown
                 USING ERRCODE = 'OB024';
         END IF;
-    END IF;
-    IF ran THEN
-        -- A version promoted past since this worker last read the versions: the batch ran it
-        -- or holds work for it, and it is owed nothing now; the batch runs again without it.
-        SELECT string_agg(k.projector, ', ' ORDER BY k.projector) INTO stale
-        FROM outbox_projector_versions k
-        WHERE k.state = 'superseded' AND k.projector = ANY (
-            ARRAY(SELECT jsonb_array_elements_text(p_batch -> 'projectors')
-                  UNION ALL
-                  SELECT x ->> 'projector'
-                  FROM jsonb_array_elements(coalesce(p_batch -> 'holds', '[]')) x));
         IF stale IS NOT NULL THEN
             RAISE EXCEPTION 'projector % is superseded by a promoted version and this batch '
                             'ran it or held work for it: it runs again without it', stale

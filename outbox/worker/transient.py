@@ -8,9 +8,9 @@ from __future__ import annotations
 from outbox import db
 from outbox.errors import TransientBatchError
 from outbox.projection.dispatch import GroupFailed
-from outbox.retry import ErrorClass, classify, describe_error
+from outbox.retry import ErrorClass, classify, describe_error, leaves
 
-__all__ = ["leaves", "raise_transient", "transient_cause"]
+__all__ = ["raise_transient", "transient_cause"]
 
 
 def transient_cause(exc: BaseException) -> TransientBatchError | None:
@@ -42,10 +42,3 @@ def raise_transient(failed: GroupFailed, *, closed: bool) -> None:
         raise TransientBatchError(
             describe_error(failed.cause), connection_lost=lost
         ) from failed.cause
-
-
-def leaves(exc: BaseException) -> list[BaseException]:
-    """`exc`, or the exceptions inside it when it is a group (a projector's task group)."""
-    if isinstance(exc, BaseExceptionGroup):
-        return [leaf for inner in exc.exceptions for leaf in leaves(inner)]
-    return [exc]
