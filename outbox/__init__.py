@@ -36,7 +36,7 @@ from outbox.errors import (
 )
 from outbox.model import AppendResult, BatchCounts, Event, EventBatch, StoredEvent
 from outbox.projection.app import Outbox
-from outbox.projection.registry import running_projector
+from outbox.projection.registry import replaying, running_projector
 from outbox.projection.versions import live_version
 from outbox.queries import using_schema
 from outbox.queue.applied import Applied, wait_applied
@@ -81,6 +81,7 @@ __all__ = [
     "create_pool",
     "drain_now",
     "live_version",
+    "replaying",
     "running_projector",
     "running_worker",
     "sync",

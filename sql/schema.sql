@@ -1587,6 +1587,29 @@ CREATE TABLE outbox.consumer_claims (
 
 COMMENT ON COLUMN outbox.consumer_claims.bucket IS 'Monday (UTC) of the week holding event_time; the claim covers that week';
 
+CREATE TABLE outbox.outbox_build_buckets (
+    projector text NOT NULL,
+    bucket integer NOT NULL,
+    after_campaign text,
+    events bigint DEFAULT 0 NOT NULL,
+    campaigns bigint DEFAULT 0 NOT NULL,
+    skipped bigint DEFAULT 0 NOT NULL,
+    failed bigint DEFAULT 0 NOT NULL
+);
+
+CREATE TABLE outbox.outbox_builds (
+    projector text NOT NULL,
+    kind text NOT NULL,
+    state text NOT NULL,
+    started_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    updated_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    events_total bigint DEFAULT 0 NOT NULL,
+    campaigns_total bigint DEFAULT 0 NOT NULL,
+    seconds double precision DEFAULT 0 NOT NULL,
+    CONSTRAINT outbox_builds_kind_check CHECK ((kind = ANY (ARRAY['catch-up'::text, 'in-place'::text]))),
+    CONSTRAINT outbox_builds_state_check CHECK ((state = ANY (ARRAY['running'::text, 'stopped'::text, 'complete'::text])))
+);
+
 CREATE TABLE outbox.outbox_projector_audit (
     audit_id bigint NOT NULL,
     at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
@@ -1989,6 +2012,12 @@ ALTER TABLE ONLY outbox.consumer_claims
 
 ALTER TABLE ONLY outbox.event_journal
     ADD CONSTRAINT event_journal_pkey PRIMARY KEY (bucket, campaign_id, seq);
+
+ALTER TABLE ONLY outbox.outbox_build_buckets
+    ADD CONSTRAINT outbox_build_buckets_pkey PRIMARY KEY (projector, bucket);
+
+ALTER TABLE ONLY outbox.outbox_builds
+    ADD CONSTRAINT outbox_builds_pkey PRIMARY KEY (projector);
 
 ALTER TABLE ONLY outbox.outbox_projector_audit
     ADD CONSTRAINT outbox_projector_audit_pkey PRIMARY KEY (audit_id);

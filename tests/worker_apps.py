@@ -113,3 +113,16 @@ async def tally(tx: db.Connection, events: EventBatch) -> None:
 
 versioned.projector("tally", events=["add"], batch=True)(tally)
 versioned.projector("tally", events=["add"], batch=True, version=2)(tally)
+
+
+async def untally(tx: db.Connection, campaign_id: str) -> None:
+    """`tally`'s reset hook: the campaign's sum under the running version's key, gone."""
+    me = running_projector()
+    await tx.execute(
+        "DELETE FROM sums WHERE projector = $1 AND campaign_id = $2", me.name, campaign_id
+    )
+
+
+# A rebuild in place (S19 on the engine, S30): `tally` with its reset hook.
+rebuilt = Outbox()
+rebuilt.projector("tally", events=["add"], batch=True, reset=untally)(tally)

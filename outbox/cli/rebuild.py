@@ -1,13 +1,17 @@
 """`maintenance projections-rebuild`: a projection reset and re-applied in place (the final
-repair, S19), or, with `--as-version N`, a projector's version built beside the live one by the
-catch-up engine (S30), with a progress bar or JSON progress lines."""
+repair, S19), or, with `--as-version N`, a projector's version built beside the live one, both
+by the catch-up engine (S30), with a progress bar or JSON progress lines. A rebuild of one
+campaign, or of an unordered projector (markers, no checkpoint to resume from), runs campaign
+by campaign (`projection.rebuild`)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Annotated
 
 import typer
-from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeRemainingColumn
 
 from outbox import db
 from outbox.cli.common import (
@@ -23,7 +27,7 @@ from outbox.cli.operator import CampaignOption, app, app_run
 from outbox.errors import UsageError
 from outbox.projection.app import Outbox
 from outbox.projection.build import DEFAULT_CONNECTIONS, build, planned
-from outbox.projection.build import Progress as BuildProgress
+from outbox.projection.builds import Progress as BuildProgress
 from outbox.projection.rebuild import RebuildResult, rebuild, versioned
 
 
@@ -50,16 +54,14 @@ def projections_rebuild_command(
     ] = None,
     connections: Annotated[
         int,
-        typer.Option(
-            "--connections", min=1, max=64, help="With --as-version: parallel connections."
-        ),
+        typer.Option("--connections", min=1, max=64, help="Parallel connections of the engine."),
     ] = DEFAULT_CONNECTIONS,
     max_rate: Annotated[
         float | None,
         typer.Option(
             "--max-rate",
             min=1.0,
-            help="With --as-version: at most this many events/s.",
+            help="At most this many events/s (the engine).",
             show_default=False,
         ),
     ] = None,
@@ -68,10 +70,10 @@ def projections_rebuild_command(
     ] = False,
     as_json: JsonOption = False,
 ) -> None:
-    """Reset projections and re-apply them from the journal in seq order (the final repair);
-    with --as-version N, build version N of one projector beside the live one instead, with
-    progress, resumable (run it again after a kill), then promote it
-    (maintenance projector-promote)."""
+    """Reset projections and re-apply them from the journal in seq order (the final repair),
+    on the catch-up engine: parallel, throttled, with progress, and resumed where it stopped
+    when run again after a kill. With --as-version N, build version N of one projector beside
+    the live one instead, then promote it (maintenance projector-promote)."""
     if as_version is not None:
         if len(projector or ()) != 1 or campaign_id is not None:
             raise UsageError(
@@ -83,18 +85,30 @@ def projections_rebuild_command(
         return
 
     async def body(outbox_app: Outbox, pool: db.Pool) -> RebuildResult:
-        with Progress(console=stderr, transient=True, disable=not yes) as bar:
-            task = bar.add_task("rebuilding", total=None)
-            return await rebuild(
-                pool,
-                outbox_app.registry,
-                projectors=projector or (),
-                campaign_id=campaign_id,
-                apply=yes,
-                progress=lambda done, total: bar.update(task, completed=done, total=total),
-            )
+        registry = outbox_app.registry
+        names = list(projector or ())
+        plan = await rebuild(pool, registry, projectors=names, campaign_id=campaign_id)
+        chosen = [registry.projectors[n] for n in plan.projectors]
+        engine = [p for p in chosen if campaign_id is None and p.ordered and p.transactional]
+        if not yes:
+            return plan
+        applied = dict.fromkeys(plan.projectors, 0)
+        with _progress(as_json) as show:
+            for p in engine:  # the catch-up engine, in place
+                built = await build(
+                    pool, p, connections=connections, max_rate=max_rate, progress=show,
+                    in_place=True,
+                )  # fmt: skip
+                applied[p.name] = built.progress.events
+            rest = [p.name for p in chosen if p not in engine]  # one campaign, or markers
+            if rest:
+                done = await rebuild(
+                    pool, registry, projectors=rest, campaign_id=campaign_id, apply=True
+                )
+                applied.update(done.applied)
+        return RebuildResult(plan.projectors, plan.campaigns, True, applied)
 
-    result = app_run(app_path, dsn, body)
+    result = app_run(app_path, dsn, body, connections=connections + 1)
     if as_json:
         emit_json("projections-rebuild", result)
     elif result.rebuilt:
@@ -105,6 +119,33 @@ def projections_rebuild_command(
             f"would rebuild {', '.join(result.projectors)} over {result.campaigns} "
             "campaign(s); pass --yes to do it"
         )
+
+
+@contextmanager
+def _progress(as_json: bool) -> Iterator[Callable[[BuildProgress], None]]:
+    """The engine's progress as a rich bar on stderr (events done of total, rate, ETA), or,
+    with --json, a JSON line at most once a second: what `build` calls after each step."""
+    with Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed:,.0f}/{task.total:,.0f} events"),
+        TextColumn("{task.fields[rate]:,.0f} ev/s"),
+        TimeRemainingColumn(),
+        console=stderr,
+        transient=True,
+        disable=as_json,
+    ) as bar:
+        tasks: dict[str, TaskID] = {}
+        ticker = JsonTicker("projections-rebuild.progress") if as_json else None
+
+        def show(p: BuildProgress) -> None:
+            if p.projector not in tasks:
+                tasks[p.projector] = bar.add_task(p.projector, total=None, rate=0.0)
+            bar.update(tasks[p.projector], completed=p.events, total=p.events_total, rate=p.rate)
+            if ticker is not None:
+                ticker.emit(p.summary())
+
+        yield show
 
 
 def _build(
@@ -124,24 +165,7 @@ def _build(
         chosen = versioned(outbox_app.registry, name, version)
         if not yes:
             return await planned(pool, chosen)
-        with Progress(
-            TextColumn("[bold]{task.description}"),
-            BarColumn(),
-            TextColumn("{task.completed:,.0f}/{task.total:,.0f} events"),
-            TextColumn("{task.fields[rate]:,.0f} ev/s"),
-            TimeRemainingColumn(),
-            console=stderr,
-            transient=True,
-            disable=as_json,
-        ) as bar:
-            task = bar.add_task(chosen.name, total=None, rate=0.0)
-            ticker = JsonTicker("projections-rebuild.progress") if as_json else None
-
-            def show(p: BuildProgress) -> None:
-                bar.update(task, completed=p.events, total=p.events_total, rate=p.rate)
-                if ticker is not None:
-                    ticker.emit(p.summary())
-
+        with _progress(as_json) as show:
             built = await build(
                 pool, chosen, connections=connections, max_rate=max_rate, progress=show
             )
@@ -157,9 +181,10 @@ def _build(
         )
     else:
         state = "built" if result.done else "stopped"
+        resumed = " (resumed)" if result.resumed else ""
         stdout.print(
-            f"{result.projector}: {state}, {result.events} event(s) over {result.campaigns} "
-            f"campaign(s) in {result.seconds:.1f} s ({result.rate:,.0f} ev/s); "
-            f"{result.skipped} campaign(s) held by batches and {result.failed} failing left "
-            "to the workers"
+            f"{result.projector}: {state}{resumed}, {result.events} event(s) over "
+            f"{result.campaigns} campaign(s) in {result.seconds:.1f} s ({result.rate:,.0f} "
+            f"ev/s); {result.skipped} campaign(s) held by batches and {result.failed} failing "
+            "left to the workers"
         )

@@ -114,6 +114,32 @@ def render_report(report: Report, *, payload: bool = False) -> None:
                 when(c.first_seen_at),
             )
         stdout.print(caught)
+    if summary.builds:
+        built = _table(
+            "projector",
+            "kind",
+            "state",
+            "events",
+            "campaigns",
+            "rate",
+            "eta",
+            "failed",
+            "updated",
+            title="builds by the catch-up engine (projections-rebuild)",
+        )
+        for one in summary.builds:
+            built.add_row(
+                one.projector,
+                one.kind,
+                one.state,
+                f"{one.events:,} of {one.events_total:,}",
+                f"{one.campaigns:,} of {one.campaigns_total:,}",
+                f"{one.rate:,.0f}/s",
+                age(one.eta),
+                str(one.failed),
+                when(one.updated_at),
+            )
+        stdout.print(built)
     if summary.blocked_campaigns:
         blocked = _table(
             "campaign", "blocking seq", "status", "waiting", "age", title="blocked campaigns"

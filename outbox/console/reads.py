@@ -23,6 +23,7 @@ from outbox.config import Session
 from outbox.errors import NotFound, ValidationError
 from outbox.ops.report import Failures, failures
 from outbox.projection.app import Outbox
+from outbox.projection.builds import Build, list_builds
 from outbox.projection.guards import ProjectorLag, checkpoints_of, projector_lag
 from outbox.projection.pauses import Pause, PauseEntry, list_pause_audit, list_pauses
 from outbox.projection.versions import list_versions
@@ -314,6 +315,7 @@ class ProjectorRow:
     base: str | None = None
     version: int | None = None
     state: str | None = None
+    build: Build | None = None  # its latest build by the catch-up engine (S30)
 
 
 @dataclass(frozen=True, slots=True)
@@ -334,6 +336,7 @@ async def read_projectors(executor: db.Executor, app: Outbox | None) -> Projecto
         workers = await live_workers(conn)
         history = await list_pause_audit(conn, limit=LIST_LIMIT)
         versions = {v.projector: v for v in await list_versions(conn)}
+        builds = {b.projector: b for b in await list_builds(conn)}
     outcomes: dict[str, Counter[str]] = {}
     for w in workers:
         for tally in w.counters.get("projectors", []):
@@ -344,7 +347,7 @@ async def read_projectors(executor: db.Executor, app: Outbox | None) -> Projecto
             p.name, sorted(p.events), p.ordered, p.transactional,
             pauses.pop(p.name, None), lags.get(p.name), dict(outcomes.get(p.name, {})),
             held.get(p.name), p.base, p.version,
-            versions[p.name].state if p.name in versions else None,
+            versions[p.name].state if p.name in versions else None, builds.get(p.name),
         )
         for p in known
     ]  # fmt: skip

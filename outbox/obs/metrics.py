@@ -1,9 +1,8 @@
 """Prometheus metrics of a worker process, on their own registry.
 
 The service counts what its batches did and what its shadow passes saw, marks the LISTEN
-connection, and sets the queue gauges from figures it reads now and then (`set_queue`;
-the reads live with the queue, `outbox.queue.inspect`). `serve()` exposes them over HTTP on
-`--metrics-port` until `stop()`. Nothing here holds SQL or touches the queue.
+connection, and sets the gauges from figures it reads now and then (`worker.gauges`).
+`serve()` exposes them over HTTP on `--metrics-port` until `stop()`. No SQL here.
 """
 
 from __future__ import annotations
@@ -251,6 +250,19 @@ class Metrics:
             ["projector"],
             registry=r,
         )
+        # Each projector's latest build (S30), as recorded; its rate is rate() of its done.
+        self.build_events = Gauge(
+            "outbox_build_events",
+            "Events a projector's latest build applied (done) of those it set out to (total).",
+            ["projector", "of"],
+            registry=r,
+        )
+        self.build_running = Gauge(
+            "outbox_build_running",
+            "Whether a build of the projector runs now (1), or its latest one ended (0).",
+            ["projector"],
+            registry=r,
+        )
 
     def register_projectors(self, names: Iterable[str]) -> None:
         """Create every projector's labelled series at 0, so `rate()` and absence alerts work
@@ -322,6 +334,14 @@ class Metrics:
         for name in sorted(self._held_projectors | set(catching_up)):
             self.projector_catching_up.labels(name).set(catching_up.get(name, 0))
         self._held_projectors |= set(catching_up)
+
+    def set_builds(self, builds: Mapping[str, tuple[int, int, bool]]) -> None:
+        """Each projector's latest build: events done, of total, whether it runs (a killed
+        one does not)."""
+        for name, (done, total, running) in builds.items():
+            self.build_events.labels(name, "done").set(done)
+            self.build_events.labels(name, "total").set(total)
+            self.build_running.labels(name).set(running)
 
     def set_queue(
         self,

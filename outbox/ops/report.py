@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from outbox import db
 from outbox.errors import NotFound, SchemaNotReady, ValidationError
+from outbox.projection.builds import Build, list_builds
 from outbox.projection.known import list_known
 from outbox.projection.sweep import CatchUp, catch_ups
 from outbox.queue import inspect
@@ -79,6 +80,7 @@ class Summary:
     resolved_mode: str | None
     holds: list[ProjectorHolds]  # per projector: what holds it alone (S24)
     catch_ups: list[CatchUp]  # projectors that start at the beginning, their progress (S25)
+    builds: list[Build]  # each projector's latest build by the catch-up engine (S30)
     # The oldest snapshot the server holds for this database (what keeps dead versions alive).
     snapshot: HorizonHolder | None
 
@@ -195,6 +197,7 @@ async def outbox_report(
         shadow = await inspect.shadow_observations(conn, campaign_id)
         held = await count_holds(conn, campaign_id)
         caught = await catch_ups(conn) if campaign_id is None else []
+        builds = await list_builds(conn) if campaign_id is None else []
         snapshot = await horizon_holder(conn)
     summary = Summary(
         campaign_id,
@@ -210,6 +213,7 @@ async def outbox_report(
         resolved_mode,
         held,
         caught,
+        builds,
         snapshot,
     )
     return Report(status, limit, summary, rows)

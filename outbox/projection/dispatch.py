@@ -252,7 +252,7 @@ class Dispatch:
         )
         await self._reserve_markers(batch, plan)
         try:
-            await self._run(batch, plan)
+            await self._run(batch, plan, journal)
         except GroupFailed as failed:
             if failed.projector is not None:
                 self.tally[(failed.projector, "failed")] += 1
@@ -341,27 +341,29 @@ class Dispatch:
             name = run.projector.name
             run.indexes = [i for i in run.indexes if (cids[i], seqs[i], name) in reserved]
 
-    async def _run(self, batch: EventBatch, plan: list[Run]) -> None:
+    async def _run(self, batch: EventBatch, plan: list[Run], journal: frozenset[int]) -> None:
         """Per-event projectors event by event (by name within an event), then each batch
         projector once, in the order of its first event."""
         per_event = [run for run in plan if not run.projector.batch and run.indexes]
         steps = sorted((i, k) for k, run in enumerate(per_event) for i in run.indexes)
         for index, k in steps:
-            await self._call(per_event[k].projector, [batch[index]], index)
+            await self._call(per_event[k].projector, batch, [index], journal)
         batches = [run for run in plan if run.projector.batch and run.indexes]
         for run in sorted(batches, key=lambda run: run.indexes[0]):
-            # Which event failed is known only when the projector had just one.
-            at = run.indexes[0] if len(run.indexes) == 1 else None
-            await self._call(run.projector, batch.take(run.indexes), at)
+            await self._call(run.projector, batch, run.indexes, journal)
 
     async def _call(
-        self, projector: Projector, events: Sequence[StoredEvent], index: int | None
+        self, projector: Projector, batch: EventBatch, at: Sequence[int], old: frozenset[int]
     ) -> None:
+        """Run `projector` on the events at indexes `at` (which one failed is known only when
+        it had one); when all came from the journal (`old`: a catch-up, a heal), it replays."""
+        events = batch.take(at) if projector.batch else [batch[i] for i in at]
+        index, replaying = (at[0] if len(at) == 1 else None), old.issuperset(at)
         started = perf_counter()
         attributes = {"outbox.projector": projector.name, "outbox.events": len(events)}
         try:
             with tracing.span("outbox.project", attributes=attributes, events=events):
-                await projector.run(self.conn, events)
+                await projector.run(self.conn, events, replaying=replaying)
         except Exception as exc:
             one = events[0] if len(events) == 1 else None
             event = None if one is None else (one.campaign_id, one.seq)

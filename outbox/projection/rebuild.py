@@ -104,16 +104,13 @@ async def rebuild(
 async def _replay(conn: Connection, projector: Projector, events: list[StoredEvent]) -> None:
     if projector.idempotent and not projector.ordered:
         await reserve_markers(conn, [(e.campaign_id, e.seq, projector.name) for e in events])
-    await projector.run(conn, events)
+    await projector.run(conn, events, replaying=True)
 
 
 async def rebuild_campaign(executor: Executor, projector: Projector, campaign_id: str) -> int:
     """Reset one campaign's projection and re-apply its journal in seq order, in one
     transaction that holds the campaign's queued rows and the projector's checkpoint, so a
     running worker neither interleaves nor applies twice. Returns events applied."""
-    reset = projector.reset
-    if reset is None:
-        raise ConfigError(f"projector {projector.name!r} has no reset hook")
     applied = 0
     async with db.acquire(executor) as conn, conn.transaction():
         await lock_campaign_rows(conn, campaign_id)
@@ -121,7 +118,7 @@ async def rebuild_campaign(executor: Executor, projector: Projector, campaign_id
             await settle(conn, checkpoints=[(campaign_id, projector.name, 0)])
         if projector.idempotent and not projector.ordered:
             await delete_markers(conn, campaign_id, projector.name)
-        await reset(conn, campaign_id)
+        await projector.reset_campaign(conn, campaign_id)
         head = 0
         chunk: list[StoredEvent] = []
         types = sorted(projector.events)

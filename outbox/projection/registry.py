@@ -73,6 +73,15 @@ def running_projector() -> Projector:
     return projector
 
 
+def replaying() -> bool:
+    """Whether the projector's function running now is given history again rather than live
+    events (S31): a build or rebuild by the catch-up engine, a per-campaign rebuild, or a
+    worker's catch-up from the journal (a call whose events all came from the journal, not
+    from their work rows). A projector with side effects (mail, webhooks) skips them when it
+    is. False outside a projector's call."""
+    return _replaying.get()
+
+
 @dataclass(frozen=True, slots=True)
 class Projector:
     # The track's key: the declared name for version 1, `name@vN` for a later version.
@@ -104,10 +113,14 @@ class Projector:
         """Whether it catches up from the journal when first recorded (S25)."""
         return self.start == "beginning"
 
-    async def run(self, conn: Connection, events: Sequence[StoredEvent]) -> None:
+    async def run(
+        self, conn: Connection, events: Sequence[StoredEvent], *, replaying: bool = False
+    ) -> None:
         """Call the function: once with `events` as an EventBatch (batch), or once per event;
-        `running_projector()` is this projector meanwhile."""
+        `running_projector()` is this projector meanwhile, and `replaying()` says whether the
+        events are history given again (a build, a rebuild, a catch-up from the journal)."""
         token = _running.set(self)
+        replay = _replaying.set(replaying)
         try:
             if self.batch:
                 await self.fn(conn, EventBatch.of(events))  # type: ignore[arg-type]
@@ -115,11 +128,27 @@ class Projector:
             for event in events:
                 await self.fn(conn, event)  # type: ignore[arg-type]
         finally:
+            _replaying.reset(replay)
+            _running.reset(token)
+
+    async def reset_campaign(self, conn: Connection, campaign_id: str) -> None:
+        """Call its reset hook on one campaign (a rebuild's first step there), as its
+        function runs: `running_projector()` is this projector, `replaying()` true."""
+        if self.reset is None:
+            raise ConfigError(f"projector {self.name!r} has no reset hook")
+        token = _running.set(self)
+        replay = _replaying.set(True)
+        try:
+            await self.reset(conn, campaign_id)
+        finally:
+            _replaying.reset(replay)
             _running.reset(token)
 
 
 # The projector whose function runs in this task now (`running_projector`).
 _running: ContextVar[Projector | None] = ContextVar("outbox_running_projector", default=None)
+# Whether the events it runs on now are history given again (`replaying`).
+_replaying: ContextVar[bool] = ContextVar("outbox_replaying", default=False)
 
 
 @dataclass

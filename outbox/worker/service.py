@@ -17,30 +17,24 @@ from settings is `runtime`'s job.
 
 from __future__ import annotations
 
-import dataclasses
 import signal
-from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 
 import anyio
 from anyio.abc import TaskStatus
 
-from outbox import db
 from outbox.errors import TransientBatchError
 from outbox.model import BatchCounts, WorkerMode
 from outbox.obs import log
 from outbox.obs.metrics import REFRESH_INTERVAL, Metrics
 from outbox.projection import known
-from outbox.projection.guards import projector_lag
-from outbox.projection.sweep import catch_up_holds
 from outbox.queue import inspect
-from outbox.queue.holds import count_holds
-from outbox.queue.horizon import horizon_holder
 from outbox.queue.rotation import keep_rotating
 from outbox.queue.settle import unblock_campaigns
 from outbox.retry import backoff_delay, describe_error
 from outbox.worker.batch import Worker
+from outbox.worker.gauges import refresh_gauges
 from outbox.worker.listener import Listener, listen
 from outbox.worker.registration import (
     HEARTBEAT_INTERVAL,
@@ -51,7 +45,7 @@ from outbox.worker.registration import (
 from outbox.worker.signals import Doorbell, Signals
 from outbox.worker.steps import Step, next_step
 
-__all__ = ["Link", "Service", "ServiceConfig", "refresh_gauges", "serve"]
+__all__ = ["Link", "Service", "ServiceConfig", "serve"]
 
 _logger = log.get_logger("outbox.worker")
 
@@ -60,41 +54,6 @@ _logger = log.get_logger("outbox.worker")
 RECONNECT_BASE = 0.5
 RECONNECT_CAP = 30.0
 RECHECK_DELAY = 0.01  # a claim that found a campaign due but nothing in it looks again
-
-
-async def refresh_gauges(
-    metrics: Metrics,
-    executor: db.Executor,
-    *,
-    park: bool,
-    ordered: Mapping[str, Iterable[str]] | None = None,
-) -> None:
-    """Set the queue gauges from the report's reads (rows by status, oldest head, blocked, each
-    projector's holds and catch-up campaigns, the oldest snapshot held), and how far each
-    projector in `ordered` (name -> its types) stands behind the journal."""
-    async with db.acquire(executor) as conn:
-        counts = await inspect.count_rows(conn)
-        oldest = await inspect.oldest_claimable(conn, park=park)
-        _, blocked = await inspect.blocked_campaigns(conn, park=park, limit=1)
-        shadow = await inspect.shadow_observations(conn)
-        holds = await count_holds(conn)
-        catching_up = await catch_up_holds(conn)
-        holder = await horizon_holder(conn)
-        behind = {}
-        for name, events in sorted((ordered or {}).items()):
-            lag = await projector_lag(conn, name, events)
-            behind[name] = (lag.events_behind, lag.oldest_unapplied_seconds)
-    metrics.set_holds(holds)
-    metrics.set_snapshot(
-        holder.held_seconds if holder else None, holder.xmin_age if holder else None
-    )
-    metrics.set_progress(behind, catching_up)
-    metrics.set_queue(
-        dataclasses.asdict(counts),
-        oldest_age=oldest.age_seconds if oldest else None,
-        blocked=blocked,
-        shadow_max_lag=shadow.max_lag_seconds,
-    )
 
 
 @dataclass

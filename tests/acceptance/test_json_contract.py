@@ -67,7 +67,7 @@ def run_json(*args: str, dsn: str, prog: str = "maintenance", ok: bool = True) -
     )
     if ok:
         assert proc.returncode == 0, proc.stderr
-    return orjson.loads(proc.stdout)
+    return orjson.loads(proc.stdout.splitlines()[-1])  # a long run's progress lines before it
 
 
 def outputs(dsn: str) -> dict[str, Any]:

@@ -26,8 +26,8 @@ from outbox.projection.pauses import pause
 from outbox.projection.registry import Start
 from outbox.worker.apply import LIVE_HEAL
 from outbox.worker.batch import Worker
+from outbox.worker.gauges import refresh_gauges
 from outbox.worker.runtime import drain_now
-from outbox.worker.service import refresh_gauges
 
 
 def app_of(

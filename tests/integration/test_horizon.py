@@ -14,7 +14,7 @@ from outbox.console.overview import read_overview
 from outbox.obs.metrics import Metrics
 from outbox.ops.report import outbox_report
 from outbox.queue.horizon import horizon_holder
-from outbox.worker.service import refresh_gauges
+from outbox.worker.gauges import refresh_gauges
 
 pytestmark = pytest.mark.asyncio
 

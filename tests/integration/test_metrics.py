@@ -13,7 +13,8 @@ from outbox import Event, Outbox, Settings, append, db
 from outbox.model import BatchCounts
 from outbox.obs.metrics import Metrics
 from outbox.worker.batch import Worker
-from outbox.worker.service import Service, ServiceConfig, refresh_gauges
+from outbox.worker.gauges import refresh_gauges
+from outbox.worker.service import Service, ServiceConfig
 from outbox.worker.shadow import Shadow
 
 

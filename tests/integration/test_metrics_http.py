@@ -21,7 +21,8 @@ from outbox.model import StoredEvent
 from outbox.obs.metrics import Metrics
 from outbox.projection.app import Outbox
 from outbox.worker.batch import Worker
-from outbox.worker.service import Service, ServiceConfig, refresh_gauges
+from outbox.worker.gauges import refresh_gauges
+from outbox.worker.service import Service, ServiceConfig
 
 PROMTOOL = shutil.which("promtool")
 needs_promtool = pytest.mark.skipif(

@@ -119,8 +119,10 @@ async def test_rebuild_equals_a_fresh_apply_of_the_journal(
     assert await snapshot(pool) != fresh
     proc = cli("projections-rebuild", "--app", APP, "--yes", "--json", dsn=dsn)
     assert proc.returncode == 0, proc.stderr
-    body = orjson.loads(proc.stdout)
+    *ticks, body = map(orjson.loads, proc.stdout.splitlines())
     assert (body["mode"], body["campaigns"], body["rebuilt"]) == ("projections-rebuild", 4, True)
+    # On the engine: a progress line for each ordered projector's rebuild, at least.
+    assert {t["mode"] for t in ticks} == {"projections-rebuild.progress"}
     assert await snapshot(pool) == fresh
     # One projector, one campaign.
     await pool.execute("UPDATE demo_dice_totals SET total = 0 WHERE campaign_id = 'camp-2'")

@@ -1,0 +1,262 @@
+"""A build's progress, its pace (`Throttle`) and its record (S30): what the catch-up engine
+(`build.py`) has done of what it set out to, kept for the report, the console and the
+metrics. `outbox_builds` holds a build's kind, state, totals and seconds (recorded once a
+second); `outbox_build_buckets` its part in each bucket, moved in each step's transaction:
+its counters, and an in-place rebuild's resume point (the last campaign it reset there).
+
+A build that did not complete (cancelled, killed, cut off by a server restart) is resumed by
+the next build of the same projector of the same kind: its counters go on from where its
+committed steps left them, and its totals become what it did plus what it lacks now. The
+record never decides what is applied: the checkpoints do, and the resume points say which
+campaigns an in-place rebuild has reset already.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Literal
+
+import anyio
+
+from outbox import db
+from outbox.errors import Conflict
+from outbox.queries import Queries
+
+__all__ = [
+    "Build",
+    "Built",
+    "Kind",
+    "Part",
+    "Progress",
+    "Throttle",
+    "list_builds",
+    "open_build",
+    "read_parts",
+    "record_part",
+    "record_progress",
+]
+
+Kind = Literal["catch-up", "in-place"]
+
+
+class BuildsQueries(Queries):
+    get_build: str
+    create_build: str
+    resume_build: str
+    record_build_progress: str
+    list_builds: str
+    list_build_buckets: str
+    record_build_bucket: str
+    delete_build_buckets: str
+
+
+Q = BuildsQueries
+
+
+@dataclass
+class Progress:
+    """Where a build stands: events of the projector's types applied of those it lacked (from
+    its first start, across resumes), campaigns brought to their head, those skipped because a
+    batch held them (the workers take them on), those that failed (left to the workers), and
+    its seconds of running. `rate` and `eta` follow."""
+
+    projector: str
+    events_total: int
+    campaigns_total: int
+    events: int = 0
+    campaigns: int = 0
+    skipped: int = 0
+    failed: int = 0
+    seconds: float = 0.0
+    done: bool = False
+    kind: Kind = "catch-up"
+    resumed: bool = False
+
+    @property
+    def rate(self) -> float:
+        """Events applied per second so far."""
+        return self.events / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def eta(self) -> float | None:
+        """Seconds left at the rate so far (None until it has one)."""
+        if self.done:
+            return 0.0
+        if not self.rate:
+            return None
+        return max(self.events_total - self.events, 0) / self.rate
+
+    def summary(self) -> dict[str, object]:
+        """Its fields, with the rate and the ETA, for a JSON line."""
+        fields = {f: getattr(self, f) for f in self.__dataclass_fields__}
+        return {**fields, "rate": round(self.rate, 1), "eta": self.eta}
+
+
+@dataclass
+class Throttle:
+    """At most `rate` events per second over every task of a build (None: no limit): a task
+    waits before a step until the events applied so far fit the rate."""
+
+    rate: float | None
+    _started: float = field(default_factory=time.monotonic)
+    _taken: int = 0
+
+    async def take(self, events: int) -> None:
+        if self.rate is None or events <= 0:
+            return
+        self._taken += events
+        ahead = self._taken / self.rate - (time.monotonic() - self._started)
+        if ahead > 0:
+            await anyio.sleep(ahead)
+
+
+@dataclass(frozen=True, slots=True)
+class Built:
+    """A build's end: its progress as it stood."""
+
+    progress: Progress
+
+    @property
+    def complete(self) -> bool:
+        """Whether every bucket was walked (False: cancelled)."""
+        return self.progress.done
+
+
+@dataclass
+class Part:
+    """A build's part in one bucket: its counters there and, in place, the last campaign it
+    reset there (None: none yet)."""
+
+    after: str | None = None
+    events: int = 0
+    campaigns: int = 0
+    skipped: int = 0
+    failed: int = 0
+
+    def add(self, step: Part) -> None:
+        """Count a step's events, campaigns, skips and failures in."""
+        self.events += step.events
+        self.campaigns += step.campaigns
+        self.skipped += step.skipped
+        self.failed += step.failed
+
+
+@dataclass(frozen=True, slots=True)
+class Build:
+    """A projector's latest build as recorded: its kind (catch-up or in-place), `running`,
+    `stopped` (ended early, or recorded running by a process that is gone: no session holds
+    the build's lock) or `complete`; its counters and totals, its seconds of running, its rate
+    and, while it runs, its ETA in seconds; when it started and last recorded progress."""
+
+    projector: str
+    kind: str
+    state: str
+    started_at: datetime
+    updated_at: datetime
+    events_total: int
+    campaigns_total: int
+    events: int
+    campaigns: int
+    skipped: int
+    failed: int
+    seconds: float
+    rate: float
+    eta: float | None
+
+
+async def open_build(conn: db.Connection, lacking: Progress, kind: Kind) -> Progress:
+    """Record a build of `lacking.projector` starting: the one recorded, when it did not
+    complete and was of `kind`, resumed (its counters carried, `resumed` set); else a new one,
+    its buckets' parts gone. An in-place rebuild that stopped half way is finished before
+    anything else builds the projector (Conflict)."""
+    name = lacking.projector
+    row = await conn.fetchrow(Q.get_build, name)
+    if row is not None and row["state"] != "complete":
+        done = Part(None, *(row[k] or 0 for k in ("events", "campaigns", "skipped", "failed")))
+        if row["kind"] != kind and row["kind"] == "in-place":
+            raise Conflict(
+                f"an in-place rebuild of {name!r} stopped half way ({done.events:,} events "
+                "re-applied): finish it first (run maintenance projections-rebuild again)"
+            )
+        if row["kind"] == kind:
+            await conn.execute(
+                Q.resume_build, name, done.events, done.campaigns, lacking.events_total,
+                lacking.campaigns_total,
+            )  # fmt: skip
+            return Progress(
+                name,
+                done.events + lacking.events_total,
+                done.campaigns + lacking.campaigns_total,
+                done.events,
+                done.campaigns,
+                done.skipped,
+                done.failed,
+                seconds=row["seconds"],
+                kind=kind,
+                resumed=True,
+            )
+    async with conn.transaction():
+        await conn.execute(Q.delete_build_buckets, name)
+        await conn.execute(
+            Q.create_build, name, kind, lacking.events_total, lacking.campaigns_total
+        )
+    lacking.kind = kind
+    return lacking
+
+
+async def record_progress(conn: db.Connection, progress: Progress, state: str) -> None:
+    """Record `progress`'s state (running, stopped or complete) and seconds of running."""
+    await conn.execute(Q.record_build_progress, progress.projector, state, progress.seconds)
+
+
+async def read_parts(conn: db.Connection, projector: str) -> dict[int, Part]:
+    """A build's parts, by bucket (for its resume)."""
+    return {
+        r["bucket"]: Part(
+            r["after_campaign"], r["events"], r["campaigns"], r["skipped"], r["failed"]
+        )
+        for r in await conn.fetch(Q.list_build_buckets, projector)
+    }
+
+
+async def record_part(conn: db.Connection, projector: str, bucket: int, part: Part) -> None:
+    """Record a build's part in `bucket` as it stands (in the step's transaction)."""
+    await conn.execute(
+        Q.record_build_bucket, projector, bucket, part.after, part.events, part.campaigns,
+        part.skipped, part.failed,
+    )  # fmt: skip
+
+
+async def list_builds(executor: db.Executor) -> list[Build]:
+    """Every projector's latest build; one recorded running whose lock no session holds reads
+    as stopped (its process was killed)."""
+    async with db.acquire(executor) as conn:
+        rows = await conn.fetch(Q.list_builds)
+    found = []
+    for r in rows:
+        state = "stopped" if r["state"] == "running" and not r["held"] else r["state"]
+        events = r["events"] or 0
+        rate = events / r["seconds"] if r["seconds"] > 0 else 0.0
+        left = max(r["events_total"] - events, 0)
+        eta = left / rate if state == "running" and rate else None
+        found.append(
+            Build(
+                r["projector"],
+                r["kind"],
+                state,
+                r["started_at"],
+                r["updated_at"],
+                r["events_total"],
+                r["campaigns_total"],
+                events,
+                r["campaigns"] or 0,
+                r["skipped"] or 0,
+                r["failed"] or 0,
+                r["seconds"],
+                round(rate, 1),
+                None if eta is None else round(eta, 1),
+            )
+        )
+    return found

@@ -1,0 +1,81 @@
+-- The catch-up engine's record of its builds (`builds.py`, S30): progress and resume points.
+
+-- fragment: builds_counted
+-- Each projector's latest build with its counters: the sums of its buckets' parts (null
+-- before its first step).
+FROM @extschema@.outbox_builds b
+LEFT JOIN (
+    SELECT p.projector, sum(p.events)::bigint AS events, sum(p.campaigns)::bigint AS campaigns,
+           sum(p.skipped)::bigint AS skipped, sum(p.failed)::bigint AS failed
+    FROM @extschema@.outbox_build_buckets p
+    GROUP BY p.projector
+) c ON c.projector = b.projector
+
+-- name: get_build
+-- Projector $1's latest build, as recorded, with its counters.
+SELECT b.projector, b.kind, b.state, b.seconds, c.events, c.campaigns, c.skipped, c.failed
+-- include: builds_counted
+WHERE b.projector = $1::text
+
+-- name: create_build
+-- Projector $1's build started afresh as kind $2, lacking $3 events over $4 campaigns (a
+-- build recorded before is replaced; its buckets' parts go with delete_build_buckets).
+INSERT INTO @extschema@.outbox_builds AS b
+    (projector, kind, state, events_total, campaigns_total)
+VALUES ($1::text, $2::text, 'running', $3::bigint, $4::bigint)
+ON CONFLICT (projector) DO UPDATE
+SET kind = excluded.kind, state = 'running', started_at = clock_timestamp(),
+    updated_at = clock_timestamp(), events_total = excluded.events_total,
+    campaigns_total = excluded.campaigns_total, seconds = 0
+
+-- name: resume_build
+-- Projector $1's build that did not complete, running again: its totals are what it did ($2
+-- events, $3 campaigns) and what it lacks now ($4, $5).
+UPDATE @extschema@.outbox_builds b
+SET state = 'running', updated_at = clock_timestamp(),
+    events_total = $2::bigint + $4::bigint, campaigns_total = $3::bigint + $5::bigint
+WHERE b.projector = $1::text
+
+-- name: record_build_progress
+-- Projector $1's build as it stands: state $2, $3 seconds of running (from its first start).
+UPDATE @extschema@.outbox_builds b
+SET state = $2::text, updated_at = clock_timestamp(), seconds = $3::float8
+WHERE b.projector = $1::text
+
+-- name: list_builds
+-- Every projector's latest build with its counters, and whether a build of it holds its lock
+-- now (a `running` one that does not was killed): the advisory lock of
+-- `outbox_lock_build_bucket`, bucket -1, as pg_locks shows a two-key lock (the keys as
+-- unsigned oids, objsubid 2).
+SELECT b.projector, b.kind, b.state, b.started_at, b.updated_at, b.events_total,
+       b.campaigns_total, c.events, c.campaigns, c.skipped, c.failed, b.seconds,
+       EXISTS (
+           SELECT 1 FROM pg_catalog.pg_locks l
+           WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
+             AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d
+                               WHERE d.datname = current_database())
+             AND l.classid = (@extschema@.outbox_build_key(b.projector)::bigint & 4294967295)::oid
+             AND l.objid = 4294967295::bigint::oid
+       ) AS held
+-- include: builds_counted
+ORDER BY b.projector
+
+-- name: list_build_buckets
+-- Projector $1's build's part in each bucket: its counters and resume point.
+SELECT p.bucket, p.after_campaign, p.events, p.campaigns, p.skipped, p.failed
+FROM @extschema@.outbox_build_buckets p
+WHERE p.projector = $1::text
+
+-- name: record_build_bucket
+-- Projector $1's build's part in bucket $2 as it stands after a step, in the step's
+-- transaction: resume point $3, counters $4..$7.
+INSERT INTO @extschema@.outbox_build_buckets AS p
+    (projector, bucket, after_campaign, events, campaigns, skipped, failed)
+VALUES ($1::text, $2::integer, $3::text, $4::bigint, $5::bigint, $6::bigint, $7::bigint)
+ON CONFLICT (projector, bucket) DO UPDATE
+SET after_campaign = excluded.after_campaign, events = excluded.events,
+    campaigns = excluded.campaigns, skipped = excluded.skipped, failed = excluded.failed
+
+-- name: delete_build_buckets
+-- Projector $1's buckets' parts, when a new build of it starts.
+DELETE FROM @extschema@.outbox_build_buckets p WHERE p.projector = $1::text
