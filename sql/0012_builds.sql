@@ -7,7 +7,7 @@
 CREATE TABLE outbox_builds (
     projector       text        PRIMARY KEY,
     kind            text        NOT NULL CONSTRAINT outbox_builds_kind_check
-                                    CHECK (kind IN ('catch-up', 'in-place')),
+                                    CHECK (kind IN ('catch-up', 'in-place', 'replay')),
     state           text        NOT NULL CONSTRAINT outbox_builds_state_check
                                     CHECK (state IN ('running', 'stopped', 'complete')),
     started_at      timestamptz NOT NULL DEFAULT clock_timestamp(),

@@ -1606,7 +1606,7 @@ CREATE TABLE outbox.outbox_builds (
     events_total bigint DEFAULT 0 NOT NULL,
     campaigns_total bigint DEFAULT 0 NOT NULL,
     seconds double precision DEFAULT 0 NOT NULL,
-    CONSTRAINT outbox_builds_kind_check CHECK ((kind = ANY (ARRAY['catch-up'::text, 'in-place'::text]))),
+    CONSTRAINT outbox_builds_kind_check CHECK ((kind = ANY (ARRAY['catch-up'::text, 'in-place'::text, 'replay'::text]))),
     CONSTRAINT outbox_builds_state_check CHECK ((state = ANY (ARRAY['running'::text, 'stopped'::text, 'complete'::text])))
 );
 

@@ -89,12 +89,16 @@ def projections_rebuild_command(
         names = list(projector or ())
         plan = await rebuild(pool, registry, projectors=names, campaign_id=campaign_id)
         chosen = [registry.projectors[n] for n in plan.projectors]
-        engine = [p for p in chosen if campaign_id is None and p.ordered and p.transactional]
+        engine = [p for p in chosen if campaign_id is None and (p.ordered or not p.transactional)]
+        if campaign_id is not None and any(not p.transactional for p in chosen):
+            raise UsageError(
+                "a lease-mode projector's replay covers every campaign: no --campaign-id"
+            )
         if not yes:
             return plan
         applied = dict.fromkeys(plan.projectors, 0)
         with _progress(as_json) as show:
-            for p in engine:  # the catch-up engine, in place
+            for p in engine:  # the catch-up engine, in place (a lease-mode one: replayed)
                 built = await build(
                     pool, p, connections=connections, max_rate=max_rate, progress=show,
                     in_place=True,
@@ -108,7 +112,8 @@ def projections_rebuild_command(
                 applied.update(done.applied)
         return RebuildResult(plan.projectors, plan.campaigns, True, applied)
 
-    result = app_run(app_path, dsn, body, connections=connections + 1)
+    # The walkers' connections, the build's own, and as many for a lease-mode projector's calls.
+    result = app_run(app_path, dsn, body, connections=2 * connections + 1)
     if as_json:
         emit_json("projections-rebuild", result)
     elif result.rebuilt:
@@ -140,7 +145,7 @@ def _progress(as_json: bool) -> Iterator[Callable[[BuildProgress], None]]:
 
         def show(p: BuildProgress) -> None:
             if p.projector not in tasks:
-                tasks[p.projector] = bar.add_task(p.projector, total=None, rate=0.0)
+                tasks[p.projector] = bar.add_task(p.projector, total=p.events_total, rate=0.0)
             bar.update(tasks[p.projector], completed=p.events, total=p.events_total, rate=p.rate)
             if ticker is not None:
                 ticker.emit(p.summary())

@@ -77,6 +77,7 @@ class Outbox:
         version: int = 1,
         promote: Promotion = "manual",
         drop: DropFn | None = None,
+        replay: bool = False,
     ) -> Callable[[F], F]:
         """Register a projector of `events` (a list of types) under `name`.
 
@@ -113,6 +114,9 @@ class Outbox:
           registered for several versions which one it runs as.
         - `drop(tx)`: drops a version's read model when `maintenance projector-retire`
           retires it.
+        - `replay=True` (lease mode only): `maintenance projections-rebuild` may give it its
+          history again (S31), at least once, outside any transaction; without it, a lease
+          projector's side effects are never replayed. `outbox.replaying()` is true meanwhile.
         """
         if isinstance(events, str):
             raise ConfigError(f"projector {name!r}: events must be a list of types, not a string")
@@ -136,6 +140,7 @@ class Outbox:
                     version,
                     promote,
                     drop,
+                    replay,
                 )
             )
             return fn

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import anyio
@@ -43,13 +43,16 @@ from outbox import db
 from outbox.append.journal import decode_bulk, load_ranges
 from outbox.buckets import bucket_count
 from outbox.errors import ConfigError, Conflict
-from outbox.model import EventBatch
+from outbox.model import EventBatch, StoredEvent
 from outbox.projection.builds import (
     Built,
+    Kind,
     Part,
     Progress,
     Throttle,
+    buildable,
     open_build,
+    planned,
     read_parts,
     record_part,
     record_progress,
@@ -88,54 +91,13 @@ WAIT_FOR_BATCH = 0.02
 
 
 class BuildQueries(Queries):
-    count_build_work: str
-    set_build_count_unbounded: str
     create_build_keys: str
     lock_build_step: str
     lock_build_bucket: str
+    list_build_campaigns: str
 
 
 Q = BuildQueries
-
-
-def buildable(projector: Projector, *, in_place: bool = False) -> None:
-    """Refuse a projector the engine cannot build: one with no checkpoint (the engine's resume
-    point and its guard against applying twice), one outside the queue's transaction, and, in
-    place, one with no reset hook."""
-    if not projector.ordered or not projector.transactional:
-        raise ConfigError(
-            f"projector {projector.name!r}: the catch-up engine builds ordered projectors (a "
-            "checkpoint per campaign is its resume point); an unordered one with markers catches "
-            "up through the workers' sweep (S25)"
-        )
-    if in_place and projector.reset is None:
-        raise ConfigError(
-            f"projector {projector.name!r} has no reset hook: register it with reset= to "
-            "rebuild it in place"
-        )
-
-
-async def planned(
-    executor: db.Executor,
-    projector: Projector,
-    *,
-    in_place: bool = False,
-    cursors: Mapping[int, str] | None = None,
-) -> Progress:
-    """What a build of `projector` would apply now: its progress before the first step. In
-    place: every event of its types in the campaigns not reset yet (after `cursors`)."""
-    buildable(projector, in_place=in_place)
-    cursors = cursors or {}
-    after: list[str | None] = [None] * (max(cursors, default=-1) + 1)
-    for bucket, campaign in cursors.items():
-        after[bucket] = campaign
-    async with db.acquire(executor) as conn, conn.transaction():
-        await conn.execute(Q.set_build_count_unbounded)
-        row = await conn.fetchrow(
-            Q.count_build_work, projector.name, sorted(projector.events), in_place, after
-        )
-    assert row is not None  # an aggregate: one row
-    return Progress(projector.name, row["events"], row["campaigns"])
 
 
 async def build(
@@ -158,17 +120,17 @@ async def build(
         raise ConfigError(f"connections must be at least 1, not {connections}")
     if max_rate is not None and max_rate <= 0:
         raise ConfigError(f"max_rate must be above 0, not {max_rate}")
-    buildable(projector, in_place=in_place)
+    kind = buildable(projector, in_place=in_place)
     async with db.acquire(pool) as whole:
         await _hold_whole(whole, projector.name)
         try:
             parts = await read_parts(whole, projector.name)
-            cursors = {b: p.after for b, p in parts.items() if in_place and p.after}
+            cursors = {b: p.after for b, p in parts.items() if kind != "catch-up" and p.after}
             lacking = await planned(whole, projector, in_place=in_place, cursors=cursors)
-            state = await open_build(whole, lacking, "in-place" if in_place else "catch-up")
+            state = await open_build(whole, lacking, kind)
             if not state.resumed:
                 parts = {}
-            walk = _Walk(pool, projector, state, Throttle(max_rate), progress, parts, in_place)
+            walk = _Walk(pool, projector, state, Throttle(max_rate), progress, parts, kind)
             return await walk.run(whole, connections)
         finally:
             with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
@@ -195,7 +157,7 @@ class _Walk:
     throttle: Throttle
     progress: Callable[[Progress], None] | None
     parts: dict[int, Part]  # by bucket: its counters and, in place, the last campaign reset
-    in_place: bool
+    kind: Kind
     _started: float = field(default_factory=time.monotonic)
 
     def report(self) -> None:
@@ -266,6 +228,8 @@ class _Walk:
         """One step of `step`'s bucket after its cursor: whether the bucket has more. What it
         did is recorded in its transaction (the bucket's part), then counted in the progress."""
         name, bucket, part = self.projector.name, step.bucket, step.part
+        if self.kind == "replay":
+            return await self.redeliver(conn, step)
         campaigns = await conn.fetchval(Q.create_build_keys, name, bucket, step.after, CAMPAIGNS)
         if not campaigns:
             return False
@@ -276,7 +240,7 @@ class _Walk:
             cursor, budget = rows[-1]["campaign_id"], EVENTS
             for i, r in enumerate(rows):
                 campaign = r["campaign_id"]
-                fresh = self.in_place and (part.after is None or campaign > part.after)
+                fresh = self.kind == "in-place" and (part.after is None or campaign > part.after)
                 before = rows[i - 1]["campaign_id"] if i else step.after
                 if not r["locked"]:
                     if fresh:  # reset every campaign: wait for the batch that holds this one
@@ -301,11 +265,62 @@ class _Walk:
                 part.add(got)
                 part.after = max([c for c, *_, fresh in ranges if fresh], default=part.after)
                 await record_part(conn, name, bucket, part)
+        self.count(got)
+        step.after = cursor
+        return True
+
+    def count(self, got: Part) -> None:
+        """A committed step's part, counted in the progress."""
         self.state.events += got.events
         self.state.campaigns += got.campaigns
         self.state.skipped += got.skipped
         self.state.failed += got.failed
-        step.after = cursor
+
+    async def redeliver(self, conn: db.Connection, step: _Step) -> bool:
+        """One step of a lease-mode projector's replay (S31): the next campaigns' journals,
+        whole, at least `EVENTS` events, given to it event by event outside any transaction
+        (`fn(pool, event)`, `replaying()` true); a campaign whose call fails is left there
+        (counted). Its part is recorded after: a kill between gives those campaigns again (at
+        least once, the lease's contract)."""
+        part, projector = step.part, self.projector
+        heads = await conn.fetch(Q.list_build_campaigns, step.bucket, part.after, CAMPAIGNS)
+        ranges, budget = [], EVENTS
+        for r in heads:
+            ranges.append((r["campaign_id"], 1, r["last_seq"] or 0))
+            budget -= r["last_seq"] or 0
+            if budget <= 0:
+                break
+        if not ranges:
+            return False
+        await self.throttle.take(sum(hi for _, _, hi in ranges))
+        rows = await load_ranges(conn, ranges, bucket=step.bucket)
+        rows = [r for r in rows if r["event_type"] in projector.events]
+        decoded, cut, got = decode_bulk(rows), set[str](), Part()
+        given: dict[str, list[StoredEvent]] = {c: [] for c, _, _ in ranges}
+        for i, r in enumerate(rows):  # up to an event that cannot be decoded (S8)
+            cid = r["campaign_id"]
+            if i in decoded.unavailable or cid in cut:
+                cut.add(cid)
+                continue
+            given[cid].append(
+                StoredEvent(
+                    cid, r["seq"], r["event_type"], decoded.payloads[i],
+                    decoded.metadata[i] or {}, r["recorded_at"],
+                )
+            )  # fmt: skip
+        for campaign, events in given.items():
+            try:
+                await projector.run(self.pool, events, replaying=True)  # type: ignore[arg-type]
+            except Exception:
+                got.failed += 1
+                continue
+            got.events += len(events)
+            got.campaigns += campaign not in cut
+            got.failed += campaign in cut
+        part.add(got)
+        part.after = ranges[-1][0]
+        await record_part(conn, projector.name, step.bucket, part)
+        self.count(got)
         return True
 
     async def isolated(

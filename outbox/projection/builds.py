@@ -1,19 +1,22 @@
-"""A build's progress, its pace (`Throttle`) and its record (S30): what the catch-up engine
-(`build.py`) has done of what it set out to, kept for the report, the console and the
-metrics. `outbox_builds` holds a build's kind, state, totals and seconds (recorded once a
-second); `outbox_build_buckets` its part in each bucket, moved in each step's transaction:
-its counters, and an in-place rebuild's resume point (the last campaign it reset there).
+"""A build of the catch-up engine (`build.py`, S30) as a plan and a record: its kind
+(`buildable`: a catch-up, an in-place rebuild, or a lease-mode projector's replay), what it
+lacks when it starts (`planned`), its progress and pace (`Throttle`), and what it has done,
+kept for the report, the console and the metrics. `outbox_builds` holds a build's kind,
+state, totals and seconds (recorded once a second); `outbox_build_buckets` its part in each
+bucket, moved in each step's transaction: its counters, and an in-place rebuild's or a
+replay's resume point (the last campaign it reset or gave again there).
 
 A build that did not complete (cancelled, killed, cut off by a server restart) is resumed by
 the next build of the same projector of the same kind: its counters go on from where its
 committed steps left them, and its totals become what it did plus what it lacks now. The
 record never decides what is applied: the checkpoints do, and the resume points say which
-campaigns an in-place rebuild has reset already.
+campaigns an in-place rebuild has reset already (a replay's, which it has given again).
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Literal
@@ -21,7 +24,8 @@ from typing import Literal
 import anyio
 
 from outbox import db
-from outbox.errors import Conflict
+from outbox.errors import ConfigError, Conflict
+from outbox.projection.registry import Projector
 from outbox.queries import Queries
 
 __all__ = [
@@ -31,17 +35,21 @@ __all__ = [
     "Part",
     "Progress",
     "Throttle",
+    "buildable",
     "list_builds",
     "open_build",
+    "planned",
     "read_parts",
     "record_part",
     "record_progress",
 ]
 
-Kind = Literal["catch-up", "in-place"]
+Kind = Literal["catch-up", "in-place", "replay"]
 
 
 class BuildsQueries(Queries):
+    count_build_work: str
+    set_build_count_unbounded: str
     get_build: str
     create_build: str
     resume_build: str
@@ -164,6 +172,57 @@ class Build:
     seconds: float
     rate: float
     eta: float | None
+
+
+def buildable(projector: Projector, *, in_place: bool = False) -> Kind:
+    """The kind of build `projector` takes (`in_place`: a rebuild), or a ConfigError: the
+    engine builds ordered projectors (a checkpoint per campaign is its resume point and its
+    guard against applying twice), in place only with a reset hook, and gives a lease-mode
+    projector its history again only when it asks (`replay=True`, S31)."""
+    if not projector.transactional:
+        if not projector.replay:
+            raise ConfigError(
+                f"projector {projector.name!r} runs in lease mode, with side effects outside "
+                "the database: its history is never given again unless it is registered with "
+                "replay=True"
+            )
+        return "replay"
+    if not projector.ordered:
+        raise ConfigError(
+            f"projector {projector.name!r}: the catch-up engine builds ordered projectors (a "
+            "checkpoint per campaign is its resume point); an unordered one with markers catches "
+            "up through the workers' sweep (S25)"
+        )
+    if in_place and projector.reset is None:
+        raise ConfigError(
+            f"projector {projector.name!r} has no reset hook: register it with reset= to "
+            "rebuild it in place"
+        )
+    return "in-place" if in_place else "catch-up"
+
+
+async def planned(
+    executor: db.Executor,
+    projector: Projector,
+    *,
+    in_place: bool = False,
+    cursors: Mapping[int, str] | None = None,
+) -> Progress:
+    """What a build of `projector` would apply now: its progress before the first step. In
+    place: every event of its types in the campaigns not reset yet (after `cursors`); a
+    replay: every event of its types after `cursors`."""
+    kind = buildable(projector, in_place=in_place)
+    cursors = cursors or {}
+    after: list[str | None] = [None] * (max(cursors, default=-1) + 1)
+    for bucket, campaign in cursors.items():
+        after[bucket] = campaign
+    async with db.acquire(executor) as conn, conn.transaction():
+        await conn.execute(Q.set_build_count_unbounded)
+        row = await conn.fetchrow(
+            Q.count_build_work, projector.name, sorted(projector.events), kind, after
+        )
+    assert row is not None  # an aggregate: one row
+    return Progress(projector.name, row["events"], row["campaigns"])
 
 
 async def open_build(conn: db.Connection, lacking: Progress, kind: Kind) -> Progress:

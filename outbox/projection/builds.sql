@@ -79,3 +79,27 @@ SET after_campaign = excluded.after_campaign, events = excluded.events,
 -- name: delete_build_buckets
 -- Projector $1's buckets' parts, when a new build of it starts.
 DELETE FROM @extschema@.outbox_build_buckets p WHERE p.projector = $1::text
+
+-- name: count_build_work
+-- What projector $1 (of the types $2) lacks when a build of kind $3 starts, and over how many
+-- campaigns: a catch-up, the events of its types past its checkpoint in each campaign; an
+-- in-place rebuild, those and every event of its types in a campaign it has not reset yet
+-- (after its bucket's resume point: $4, indexed by bucket + 1, null for none); a replay, every
+-- event of its types after the resume points. One pass over the journal (an estimate for the
+-- progress bar: appends go on meanwhile).
+SELECT count(*) AS events, count(DISTINCT e.campaign_id) AS campaigns
+FROM @extschema@.event_journal e
+LEFT JOIN @extschema@.projection_checkpoints k
+    ON k.bucket = e.bucket AND k.campaign_id = e.campaign_id AND k.projector = $1::text
+WHERE e.event_type = ANY ($2::text[])
+  AND CASE WHEN $3::text = 'replay'
+           THEN e.campaign_id > coalesce(($4::text[])[e.bucket + 1], '')
+           ELSE e.seq > coalesce(k.applied_seq, 0)
+                OR ($3::text = 'in-place'
+                    AND e.campaign_id > coalesce(($4::text[])[e.bucket + 1], ''))
+      END
+
+-- name: set_build_count_unbounded
+-- The count above is one pass over the journal, however long: no statement timeout for the
+-- rest of its transaction.
+SELECT set_config('statement_timeout', '0', true)

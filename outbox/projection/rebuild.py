@@ -17,6 +17,7 @@ from outbox import db
 from outbox.append.journal import list_campaigns, rebuild_events
 from outbox.errors import ConfigError, UsageError
 from outbox.model import StoredEvent
+from outbox.projection.builds import buildable
 from outbox.projection.guards import delete_markers, reserve_markers
 from outbox.projection.registry import Projector, Registry, track_name
 from outbox.queue.claim import lock_campaign_rows
@@ -60,6 +61,9 @@ def rebuildable(registry: Registry, name: str) -> Projector:
     if projector is None:
         known = ", ".join(sorted(registry.projectors)) or "none"
         raise ConfigError(f"no projector named {name!r} (registered: {known})")
+    if not projector.transactional:  # lease mode: its history given again, if it asks
+        buildable(projector)
+        return projector
     if projector.reset is None:
         raise ConfigError(
             f"projector {name!r} has no reset hook: register it with reset= to rebuild it"
@@ -85,6 +89,7 @@ async def rebuild(
     with `apply` False nothing changes. `progress(done, total)` after each (projector,
     campaign). A projector that cannot be rebuilt is a ConfigError saying why."""
     names = list(projectors) or sorted(n for n, p in registry.projectors.items() if p.reset)
+    # (a lease-mode projector with replay=True is replayed only when named)
     if not names:
         raise UsageError("no projector has a reset hook: nothing can be rebuilt")
     chosen = [rebuildable(registry, n) for n in names]

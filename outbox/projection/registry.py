@@ -102,6 +102,8 @@ class Projector:
     version: int = 1
     promote: Promotion = "manual"
     drop: DropFn | None = None
+    # A lease-mode projector whose history a rebuild may give again (S31).
+    replay: bool = False
 
     @property
     def base(self) -> str:
@@ -190,6 +192,12 @@ class Registry:
                 f"projector {projector.name!r}: transactional=False runs outside the queue's "
                 "transaction, where no checkpoint, marker or batch can guard it; drop "
                 "ordered/idempotent/batch (the queue keeps per-campaign order)"
+            )
+        if projector.replay and projector.transactional:
+            raise ConfigError(
+                f"projector {projector.name!r}: replay=True is for lease-mode projectors "
+                "(transactional=False), whose side effects are never replayed unasked; a "
+                "transactional projector is rebuilt under its guard (reset=)"
             )
         if projector.start not in STARTS:
             raise ConfigError(

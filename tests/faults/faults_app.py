@@ -13,7 +13,9 @@ two ordered projectors, `ledger` and `flaky`, each recording its applications un
 (`fault_tracked`); `flaky` raises on every event of a campaign listed in `fault_sick` for as
 long as it is listed. `catch_up_app` (S25) adds `late`, ordered and starting at the beginning,
 deployed onto a journal with history (a millisecond per event, so a catch-up lasts long
-enough for kills to land in it).
+enough for kills to land in it). `versions_app` (S29, S30) has `ledger` in two versions, each
+recording under its track's key (`ledger`, `ledger@v2`): version 2 is built by the catch-up
+engine beside version 1 and promoted; `ledger_app` is version 1 alone, the app before it.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
-from outbox import db
+from outbox import db, running_projector
 from outbox.model import StoredEvent
 from outbox.projection.app import Outbox
 
@@ -125,3 +127,16 @@ catch_up_app.registry.add(app.registry.projectors["witness"])
 async def late(tx: db.Connection, event: StoredEvent) -> None:
     await asyncio.sleep(0.001)
     await _track(tx, "late", event)
+
+
+ledger_app = Outbox()
+ledger_app.registry.add(app.registry.projectors["witness"])
+ledger_app.registry.add(tracks_app.registry.projectors["ledger"])
+versions_app = Outbox()
+versions_app.registry.add(app.registry.projectors["witness"])
+versions_app.registry.add(tracks_app.registry.projectors["ledger"])
+
+
+@versions_app.projector("ledger", events=["step"], version=2)
+async def ledger_v2(tx: db.Connection, event: StoredEvent) -> None:
+    await _track(tx, running_projector().name, event)

@@ -9,6 +9,7 @@ import os
 import random
 import signal
 import subprocess
+from collections import Counter
 
 import anyio
 import orjson
@@ -18,8 +19,8 @@ from worker_apps import tally, untally
 
 from helpers import BIN, EXAMPLES, SUMS, TESTS, run_cli, sums, wait_for
 from outbox import Settings, db, replaying
-from outbox.errors import Conflict
-from outbox.model import EventBatch
+from outbox.errors import ConfigError, Conflict
+from outbox.model import EventBatch, StoredEvent
 from outbox.ops.report import outbox_report
 from outbox.projection import build as engine
 from outbox.projection.app import Outbox
@@ -213,3 +214,37 @@ async def test_the_command_line_rebuild_shows_progress_and_resumes_after_sigkill
     table = run_cli("maintenance", "outbox-report", dsn=dsn)
     assert "builds by the catch-up engine" in table.stdout
     assert "complete" in table.stdout
+
+
+async def test_a_lease_projector_is_given_its_history_only_when_it_asks(
+    pool: db.Pool, dsn: str
+) -> None:
+    delivered: list[tuple[str, int, bool]] = []
+
+    async def courier(_: db.Pool, event: StoredEvent) -> None:
+        delivered.append((event.campaign_id, event.seq, replaying()))
+
+    unasked = Outbox(Settings(dsn=dsn))
+    unasked.projector("courier", events=["add"], transactional=False)(courier)
+    with pytest.raises(ConfigError, match="never given again unless it is registered with"):
+        engine.buildable(unasked.registry.projectors["courier"])
+    with pytest.raises(ConfigError, match="replay=True is for lease-mode projectors"):
+        unasked.projector("roster", events=["add"], replay=True)(tally)
+    app = Outbox(Settings(dsn=dsn))
+    app.projector("courier", events=["add"], transactional=False, replay=True)(courier)
+    journal: Journal = {}
+    await history(pool, app.settings, [f"c{i}" for i in range(9)], random.Random(44), journal)
+    built = await build(pool, app.registry.projectors["courier"], connections=2)
+    assert built.complete
+    assert (built.progress.kind, built.progress.events) == (
+        "replay",
+        sum(map(len, journal.values())),
+    )
+    # Each campaign's events of its types, once each, in seq order, all as history.
+    assert Counter(c for c, _, _ in delivered) == Counter(
+        {c: len(ns) for c, ns in journal.items() if ns}
+    )
+    for campaign in journal:
+        seqs = [s for c, s, _ in delivered if c == campaign]
+        assert seqs == sorted(set(seqs))
+    assert all(replay for _, _, replay in delivered)

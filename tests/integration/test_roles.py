@@ -109,6 +109,16 @@ async def test_each_role_does_its_job_and_no_more(
     )
     assert drained.returncode == 0, drained.stderr
     assert "applied=1" in drained.stdout
+    # The worker's role rebuilds in place on the catch-up engine (its record included).
+    rebuilt = run_cli(
+        "maintenance",
+        "projections-rebuild",
+        "--app",
+        "campaigns_demo.app:app",
+        "--yes",
+        dsn=roles["outbox_worker"],
+    )
+    assert rebuilt.returncode == 0, rebuilt.stderr
     await make_dead(pool, "c", 2)
     # The report role reads but cannot requeue.
     report = run_cli("maintenance", "outbox-report", "--json", dsn=roles["outbox_report"])
