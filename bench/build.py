@@ -2,21 +2,27 @@
 """A projector's new version built beside the live one from years of history (issue 39).
 
 Usage: python bench/build.py [--events 1000000] [--campaigns 10000] [--rate 200]
-                             [--seconds 20] [--connections N]
+                             [--seconds 20] [--connections N] [--max-rate R]
 One durable server, one run. The journal holds `events` events over `campaigns` campaigns, all
 dormant, and the live projectors are level with it, as on a live store: `visible` (one row per
 event, whose commit says when it became visible) and `totals` version 1 (a batch projector: the
 bench's set-wise upsert into `bench_totals_v1`). Then:
 
 1. **The bar**: a raw client loop over the same journal in key order, 5,000 events a
-   transaction (the engine's step), each chunk decoded and sent as the same set-wise upsert.
+   transaction (the engine's step), each chunk decoded and sent as the same set-wise upsert,
+   alone on the server.
 2. **Before**: a worker (2 loops) runs `visible` and `totals` v1 under `rate` one-event appends
    per second, for `seconds`: each append's time (its p95), and `visible`'s commit -> visible.
-3. **Build**: a worker with `totals` version 2 registered replaces it (a rolling deploy), and
-   `maintenance projections-rebuild --projector totals --as-version 2` builds v2 with the
-   engine (its default connections, or `--connections`), live appends still flowing: its
-   events per second over the build, the append p95 and `visible`'s p99 meanwhile.
-4. **Promotion**: once v2 is caught up (the worker's sweep done, no hold), the promotion's time.
+3. **The bar under the live load**: the same raw loop again, the appends and the worker going
+   on (the baseline in the same conditions as the build), with the live figures meanwhile.
+4. **Build**: `maintenance projections-rebuild --projector totals --as-version 2` builds v2
+   with the engine (its default connections, or `--connections`; `--max-rate` caps it) while
+   the v1 worker and the appends go on, as docs/projections.md has an operator do it (build
+   first, then roll the workers onto the app with v2): its events per second, the append p95
+   and `visible`'s p99 meanwhile.
+5. **Roll and promote**: a worker with v2 replaces the v1 one (it catches v2 up on what was
+   appended during the build); once v2 is caught up (its sweep done, no hold), the
+   promotion's time.
 
 Oracle: `bench_totals_v2` against the journal's own counts per campaign (not what a worker
 saw); no hold failed, no row dead.
@@ -113,20 +119,44 @@ async def raw_pass(conn: asyncpg.Connection) -> float:
     return done / (time.perf_counter() - started)
 
 
+async def raw_process(dsn: str) -> float:
+    """`raw_pass` in a process of its own (`--raw DSN`): its events per second."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, __file__, "--raw", dsn, cwd=HERE, stdout=subprocess.PIPE
+    )
+    out, _ = await proc.communicate()
+    if proc.returncode != 0:
+        raise SystemExit(f"bench: the raw pass exited {proc.returncode}")
+    return float(out)
+
+
+async def raw_only(dsn: str) -> None:
+    conn = await asyncpg.connect(dsn)
+    try:
+        print(await raw_pass(conn))
+    finally:
+        await conn.close()
+
+
 async def main(
-    events: int, campaigns: int, rate: int, seconds: float, connections: int | None
+    events: int,
+    campaigns: int,
+    rate: int,
+    seconds: float,
+    connections: int | None,
+    max_rate: float | None,
 ) -> None:
     async with bench_database(commit_timestamps=True) as dsn:
         conn = await asyncpg.connect(dsn)
         pool = await asyncpg.create_pool(dsn, min_size=4, max_size=16)
         try:
-            await run(conn, pool, dsn, events, campaigns, rate, seconds, connections)
+            await run(conn, pool, dsn, events, campaigns, rate, seconds, connections, max_rate)
         finally:
             await pool.close()
             await conn.close()
 
 
-async def run_build(dsn: str, connections: int | None) -> dict[str, float]:
+async def run_build(dsn: str, connections: int | None, max_rate: float | None) -> dict[str, float]:
     """`projections-rebuild --as-version 2` as an operator runs it: its last JSON line."""
     command = [
         str(MAINTENANCE),
@@ -135,6 +165,8 @@ async def run_build(dsn: str, connections: int | None) -> dict[str, float]:
     ]
     if connections is not None:
         command += ["--connections", str(connections)]
+    if max_rate is not None:
+        command += ["--max-rate", str(max_rate)]
     path = os.pathsep.join(p for p in (str(HERE), os.environ.get("PYTHONPATH", "")) if p)
     proc = await asyncio.create_subprocess_exec(
         *command,
@@ -158,6 +190,7 @@ async def run(
     rate: int,
     seconds: float,
     connections: int | None,
+    max_rate: float | None,
 ) -> None:
     await conn.execute(TABLES)
     loaded = time.perf_counter()
@@ -183,15 +216,23 @@ async def run(
     before = await window_latency(conn, since, until)
     before_append = appends.p95_ms(t0, t1)
 
-    # The rolling deploy: a worker with v2 beside the old one, which stops once v2 is recorded.
-    new = start([str(WORKER), "--app", "_apps:versioned", "--concurrency", "2"], dsn)
-    await wait_until(conn, RECORDED, 1, 60)
-    stop(old)
+    # The bar again, beside the live load (in a process of its own, as the build is).
+    await conn.execute("TRUNCATE raw_totals")
     since, t0 = await conn.fetchval("SELECT clock_timestamp()"), time.perf_counter()
-    built = await run_build(dsn, connections)
+    raw_live = await raw_process(dsn)
+    until, t1 = await conn.fetchval("SELECT clock_timestamp()"), time.perf_counter()
+    raw_window = await window_latency(conn, since, until)
+    raw_append = appends.p95_ms(t0, t1)
+
+    # The build, beside the v1 worker and the appends; then the roll onto v2.
+    since, t0 = await conn.fetchval("SELECT clock_timestamp()"), time.perf_counter()
+    built = await run_build(dsn, connections, max_rate)
     until, t1 = await conn.fetchval("SELECT clock_timestamp()"), time.perf_counter()
     during = await window_latency(conn, since, until)
     during_append = appends.p95_ms(t0, t1)
+    new = start([str(WORKER), "--app", "_apps:versioned", "--concurrency", "2"], dsn)
+    await wait_until(conn, RECORDED, 1, 60)
+    stop(old)
 
     # Caught up once the worker's sweep passed every campaign level and no hold stands.
     await wait_until(conn, CAUGHT_UP, 1, 300)
@@ -217,9 +258,14 @@ async def run(
     )
     print(f"  raw client loop (same set-wise upsert, 5,000 a transaction): {raw_rate:9.0f} ev/s")
     print(
+        f"  the same beside the live load: {raw_live:9.0f} ev/s (append p95 {raw_append:.2f} ms, "
+        f"visible p99 {raw_window['p99_ms']:.2f} ms meanwhile)"
+    )
+    print(
         f"  engine ({built['events']:.0f} events in {built['seconds']:.1f} s, "
         f"{built['skipped']:.0f} campaigns left to the workers): {engine_rate:9.0f} ev/s = "
-        f"{engine_rate / raw_rate:.2f}x the raw loop (target >= 0.7x)"
+        f"{engine_rate / raw_rate:.2f}x the raw loop alone, {engine_rate / raw_live:.2f}x beside "
+        "the live load (target >= 0.7x)"
     )
     print(
         f"  append p95: before {before_append:.2f} ms, during {during_append:.2f} ms = "
@@ -241,8 +287,11 @@ async def run(
             "campaigns": campaigns,
             "rate": rate,
             "raw_loop_events_per_s": raw_rate,
+            "raw_loop_live_events_per_s": raw_live,
+            "raw_loop_live": {"append_p95_ms": raw_append, "visible": raw_window},
             "engine_events_per_s": engine_rate,
             "ratio_raw_loop": engine_rate / raw_rate,
+            "ratio_raw_loop_live": engine_rate / raw_live,
             "engine": built,
             "append_p95_ms": {"before": before_append, "during": during_append},
             "visible": {"before": before, "during": during},
@@ -258,5 +307,15 @@ if __name__ == "__main__":
     parser.add_argument("--rate", type=int, default=200)
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--connections", type=int, default=None)
+    parser.add_argument("--max-rate", type=float, default=None)
+    parser.add_argument("--raw", metavar="DSN", help=argparse.SUPPRESS)  # raw_process's child
     args = parser.parse_args()
-    asyncio.run(main(args.events, args.campaigns, args.rate, args.seconds, args.connections))
+    if args.raw:
+        asyncio.run(raw_only(args.raw))
+    else:
+        asyncio.run(
+            main(
+                args.events, args.campaigns, args.rate, args.seconds, args.connections,
+                args.max_rate,
+            )
+        )  # fmt: skip

@@ -195,12 +195,22 @@ BEGIN
         SELECT q.campaign_id FROM projection_apply_campaigns q
         WHERE q.bucket = p_bucket AND q.campaign_id = ANY (p_campaigns)
     );
-    taken := ARRAY(
-        SELECT q.campaign_id FROM projection_apply_campaigns q
-        WHERE q.bucket = p_bucket AND q.campaign_id = ANY (queued)
-        ORDER BY q.campaign_id
-        FOR UPDATE SKIP LOCKED
-    );
+    -- A probe, not a hold: the rows are locked in a subtransaction rolled back at once, which
+    -- lets go of them (the variable keeps what it found). A batch that held one from before
+    -- its key was made is skipped; one that claims a campaign from now on finds the key and
+    -- waits for the step's lock of it, so the step holds nothing a batch that does not run
+    -- this projector needs.
+    BEGIN
+        taken := ARRAY(
+            SELECT q.campaign_id FROM projection_apply_campaigns q
+            WHERE q.bucket = p_bucket AND q.campaign_id = ANY (queued)
+            ORDER BY q.campaign_id
+            FOR UPDATE SKIP LOCKED
+        );
+        RAISE EXCEPTION USING ERRCODE = 'OB900';  -- never escapes: the probe's end
+    EXCEPTION WHEN SQLSTATE 'OB900' THEN
+        NULL;
+    END;
     held := ARRAY(
         SELECT k.campaign_id
         FROM projection_checkpoint_keys k

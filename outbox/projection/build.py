@@ -43,7 +43,7 @@ from outbox import db
 from outbox.append.journal import decode_bulk, load_ranges
 from outbox.buckets import bucket_count
 from outbox.errors import ConfigError, Conflict
-from outbox.model import EventBatch, StoredEvent
+from outbox.model import EventBatch
 from outbox.projection.builds import (
     Built,
     Kind,
@@ -51,12 +51,15 @@ from outbox.projection.builds import (
     Progress,
     Throttle,
     buildable,
+    count_totals,
     open_build,
     planned,
     read_parts,
     record_part,
     record_progress,
 )
+from outbox.projection.builds import Q as BuildsQ
+from outbox.projection.redeliver import redeliver
 from outbox.projection.registry import Projector
 from outbox.queries import Queries
 from outbox.queue.settle import settle
@@ -94,7 +97,6 @@ class BuildQueries(Queries):
     create_build_keys: str
     lock_build_step: str
     lock_build_bucket: str
-    list_build_campaigns: str
 
 
 Q = BuildQueries
@@ -125,9 +127,7 @@ async def build(
         await _hold_whole(whole, projector.name)
         try:
             parts = await read_parts(whole, projector.name)
-            cursors = {b: p.after for b, p in parts.items() if kind != "catch-up" and p.after}
-            lacking = await planned(whole, projector, in_place=in_place, cursors=cursors)
-            state = await open_build(whole, lacking, kind)
+            state = await open_build(whole, projector.name, kind)
             if not state.resumed:
                 parts = {}
             walk = _Walk(pool, projector, state, Throttle(max_rate), progress, parts, kind)
@@ -180,10 +180,24 @@ class _Walk:
                         walked.append(bucket)
 
         async def record() -> None:
+            # What it lacks is counted beside the first steps, in a snapshot taken before them
+            # (none counted both done and lacking), ended once counted.
+            async with (
+                db.acquire(self.pool) as counter,
+                counter.transaction(isolation="repeatable_read", readonly=True),
+            ):
+                await counter.execute(BuildsQ.set_build_count_unbounded)
+                taken.set()
+                kind = self.kind == "in-place"
+                lacking = await planned(counter, self.projector, in_place=kind, cursors=cursors)
+            await count_totals(whole, self.state, lacking)
+            counted.set()
             while True:
                 await anyio.sleep(RECORD_EVERY)
                 await record_progress(whole, self.state, "running")
 
+        cursors = {b: p.after for b, p in self.parts.items() if self.kind != "catch-up" and p.after}
+        taken, counted = anyio.Event(), anyio.Event()
         try:
             async with anyio.create_task_group() as tg:
                 recorder = anyio.CancelScope()
@@ -193,9 +207,11 @@ class _Walk:
                         await record()
 
                 tg.start_soon(recording)
+                await taken.wait()
                 async with anyio.create_task_group() as walkers:
                     for _ in range(min(connections, len(buckets))):
                         walkers.start_soon(task)
+                await counted.wait()
                 recorder.cancel()
         except BaseExceptionGroup as group:  # one task's failure: the build's, as it was raised
             raise leaves(group)[0] from None
@@ -277,49 +293,17 @@ class _Walk:
         self.state.failed += got.failed
 
     async def redeliver(self, conn: db.Connection, step: _Step) -> bool:
-        """One step of a lease-mode projector's replay (S31): the next campaigns' journals,
-        whole, at least `EVENTS` events, given to it event by event outside any transaction
-        (`fn(pool, event)`, `replaying()` true); a campaign whose call fails is left there
-        (counted). Its part is recorded after: a kill between gives those campaigns again (at
-        least once, the lease's contract)."""
-        part, projector = step.part, self.projector
-        heads = await conn.fetch(Q.list_build_campaigns, step.bucket, part.after, CAMPAIGNS)
-        ranges, budget = [], EVENTS
-        for r in heads:
-            ranges.append((r["campaign_id"], 1, r["last_seq"] or 0))
-            budget -= r["last_seq"] or 0
-            if budget <= 0:
-                break
-        if not ranges:
+        """One step of a lease-mode projector's replay (`redeliver`): whether the bucket has
+        more; its part recorded after the calls (a kill between gives them again)."""
+        part = step.part
+        given = await redeliver(
+            conn, self.pool, self.projector, step.bucket, part.after, self.throttle
+        )
+        if given is None:
             return False
-        await self.throttle.take(sum(hi for _, _, hi in ranges))
-        rows = await load_ranges(conn, ranges, bucket=step.bucket)
-        rows = [r for r in rows if r["event_type"] in projector.events]
-        decoded, cut, got = decode_bulk(rows), set[str](), Part()
-        given: dict[str, list[StoredEvent]] = {c: [] for c, _, _ in ranges}
-        for i, r in enumerate(rows):  # up to an event that cannot be decoded (S8)
-            cid = r["campaign_id"]
-            if i in decoded.unavailable or cid in cut:
-                cut.add(cid)
-                continue
-            given[cid].append(
-                StoredEvent(
-                    cid, r["seq"], r["event_type"], decoded.payloads[i],
-                    decoded.metadata[i] or {}, r["recorded_at"],
-                )
-            )  # fmt: skip
-        for campaign, events in given.items():
-            try:
-                await projector.run(self.pool, events, replaying=True)  # type: ignore[arg-type]
-            except Exception:
-                got.failed += 1
-                continue
-            got.events += len(events)
-            got.campaigns += campaign not in cut
-            got.failed += campaign in cut
+        got, part.after = given
         part.add(got)
-        part.after = ranges[-1][0]
-        await record_part(conn, projector.name, step.bucket, part)
+        await record_part(conn, self.projector.name, step.bucket, part)
         self.count(got)
         return True
 
@@ -356,30 +340,27 @@ class _Walk:
         )
         rows = [r for r in journal if r["event_type"] in projector.events]
         decoded = decode_bulk(rows)
+        payloads, metadata = decoded.payloads, decoded.metadata
         ends = {c: (lo, hi, whole) for c, lo, hi, whole, _ in ranges}
-        for i in sorted(decoded.unavailable):
-            cid, seq = rows[i]["campaign_id"], rows[i]["seq"]
-            lo, hi, _ = ends[cid]
-            if hi >= seq:
-                ends[cid] = (lo, seq - 1, False)
-                got.failed += 1
-        keep = [i for i, r in enumerate(rows) if r["seq"] <= ends[r["campaign_id"]][1]]
-        if keep:
-            await projector.run(
-                conn,
-                EventBatch(
-                    [rows[i]["campaign_id"] for i in keep],
-                    [rows[i]["seq"] for i in keep],
-                    [rows[i]["event_type"] for i in keep],
-                    [decoded.payloads[i] for i in keep],
-                    [decoded.metadata[i] or {} for i in keep],
-                    [rows[i]["recorded_at"] for i in keep],
-                ),
-                replaying=True,
-            )
+        if decoded.unavailable:
+            for i in sorted(decoded.unavailable):
+                cid, seq = rows[i]["campaign_id"], rows[i]["seq"]
+                lo, hi, _ = ends[cid]
+                if hi >= seq:
+                    ends[cid] = (lo, seq - 1, False)
+                    got.failed += 1
+            keep = [i for i, r in enumerate(rows) if r["seq"] <= ends[r["campaign_id"]][1]]
+            rows = [rows[i] for i in keep]
+            payloads, metadata = [payloads[i] for i in keep], [metadata[i] for i in keep]
+        if rows:
+            # The columns at once (load_ranges' order: campaign, seq, type, payload, metadata,
+            # recorded_at), not a lookup by name per event.
+            cids, seqs, types, _, _, recorded = (list(c) for c in zip(*rows, strict=True))
+            batch = EventBatch(cids, seqs, types, payloads, [m or {} for m in metadata], recorded)
+            await projector.run(conn, batch, replaying=True)
         moves = sorted((c, projector.name, hi) for c, (lo, hi, _) in ends.items() if hi >= lo)
         await settle(conn, bucket=bucket, checkpoints=moves, notify_applied=False)
-        got.events += len(keep)
+        got.events += len(rows)
         got.campaigns += sum(whole for _, _, whole in ends.values())
 
 

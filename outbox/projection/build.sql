@@ -15,12 +15,3 @@ FROM @extschema@.outbox_build_step($1::text, $2::integer, $3::text[])
 -- Hold ($3 true) or let go of bucket $2 of projector $1's build, for this session: whether it
 -- was had (outbox_lock_build_bucket).
 SELECT @extschema@.outbox_lock_build_bucket($1::text, $2::integer, $3::boolean)
-
--- name: list_build_campaigns
--- The next $3 campaigns of bucket $1 after $2 (null: from the first), in key order, with
--- their heads: a replay's step (no checkpoint, no lock: it delivers outside any transaction).
-SELECT h.campaign_id, h.last_seq
-FROM @extschema@.campaign_heads h
-WHERE h.bucket = $1::integer AND ($2::text IS NULL OR h.campaign_id > $2::text)
-ORDER BY h.campaign_id
-LIMIT $3::integer

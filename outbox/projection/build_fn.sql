@@ -42,11 +42,11 @@ $$;
 
 -- One step of a build of ordered projector `p_projector` in bucket `p_bucket`, over campaigns
 -- `p_campaigns` (their keys made by `outbox_build_keys`). A campaign with a campaign row (live
--- work, a catch-up hold) is taken only when the build locks that row (FOR UPDATE SKIP LOCKED,
--- as a batch's claim does, and before the keys, in the claim's order): a batch that holds the
--- row may have read the key as missing (0) before it was made, and heals the projector itself
--- (S17, S25). Then the keys of the campaigns taken are locked FOR UPDATE SKIP LOCKED: one a
--- batch or another build holds is skipped, never waited for (`locked` false). Then, in
+-- work, a catch-up hold) is taken only when no batch holds that row (probed FOR UPDATE SKIP
+-- LOCKED, as a batch's claim locks it, before the keys, and let go of at once): a batch that
+-- holds the row may have read the key as missing (0) before it was made, and heals the
+-- projector itself (S17, S25). Then the keys of the campaigns taken are locked FOR UPDATE SKIP
+-- LOCKED: one a batch or another build holds is skipped, never waited for (`locked` false). Then, in
 -- statements of their own (READ COMMITTED: they see every move committed before the locks),
 -- each locked campaign's checkpoint and head. A build that goes past a campaign's queued rows
 -- leaves them to its batches, where the projector skips them as duplicates. Every campaign
@@ -77,12 +77,22 @@ BEGIN
         SELECT q.campaign_id FROM projection_apply_campaigns q
         WHERE q.bucket = p_bucket AND q.campaign_id = ANY (p_campaigns)
     );
-    taken := ARRAY(
-        SELECT q.campaign_id FROM projection_apply_campaigns q
-        WHERE q.bucket = p_bucket AND q.campaign_id = ANY (queued)
-        ORDER BY q.campaign_id
-        FOR UPDATE SKIP LOCKED
-    );
+    -- A probe, not a hold: the rows are locked in a subtransaction rolled back at once, which
+    -- lets go of them (the variable keeps what it found). A batch that held one from before
+    -- its key was made is skipped; one that claims a campaign from now on finds the key and
+    -- waits for the step's lock of it, so the step holds nothing a batch that does not run
+    -- this projector needs.
+    BEGIN
+        taken := ARRAY(
+            SELECT q.campaign_id FROM projection_apply_campaigns q
+            WHERE q.bucket = p_bucket AND q.campaign_id = ANY (queued)
+            ORDER BY q.campaign_id
+            FOR UPDATE SKIP LOCKED
+        );
+        RAISE EXCEPTION USING ERRCODE = 'OB900';  -- never escapes: the probe's end
+    EXCEPTION WHEN SQLSTATE 'OB900' THEN
+        NULL;
+    END;
     held := ARRAY(
         SELECT k.campaign_id
         FROM projection_checkpoint_keys k

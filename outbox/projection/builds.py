@@ -36,6 +36,7 @@ __all__ = [
     "Progress",
     "Throttle",
     "buildable",
+    "count_totals",
     "list_builds",
     "open_build",
     "planned",
@@ -53,6 +54,7 @@ class BuildsQueries(Queries):
     get_build: str
     create_build: str
     resume_build: str
+    record_build_totals: str
     record_build_progress: str
     list_builds: str
     list_build_buckets: str
@@ -81,6 +83,7 @@ class Progress:
     done: bool = False
     kind: Kind = "catch-up"
     resumed: bool = False
+    counted: bool = False  # whether the totals are known (counted beside the first steps)
 
     @property
     def rate(self) -> float:
@@ -92,7 +95,7 @@ class Progress:
         """Seconds left at the rate so far (None until it has one)."""
         if self.done:
             return 0.0
-        if not self.rate:
+        if not self.rate or not self.counted:
             return None
         return max(self.events_total - self.events, 0) / self.rate
 
@@ -225,12 +228,11 @@ async def planned(
     return Progress(projector.name, row["events"], row["campaigns"])
 
 
-async def open_build(conn: db.Connection, lacking: Progress, kind: Kind) -> Progress:
-    """Record a build of `lacking.projector` starting: the one recorded, when it did not
-    complete and was of `kind`, resumed (its counters carried, `resumed` set); else a new one,
-    its buckets' parts gone. An in-place rebuild that stopped half way is finished before
-    anything else builds the projector (Conflict)."""
-    name = lacking.projector
+async def open_build(conn: db.Connection, name: str, kind: Kind) -> Progress:
+    """Record a build of projector `name` starting, its totals not counted yet (`counted`):
+    the one recorded, when it did not complete and was of `kind`, resumed (its counters
+    carried, `resumed` set); else a new one, its buckets' parts gone. An in-place rebuild that
+    stopped half way is finished before anything else builds the projector (Conflict)."""
     row = await conn.fetchrow(Q.get_build, name)
     if row is not None and row["state"] != "complete":
         done = Part(None, *(row[k] or 0 for k in ("events", "campaigns", "skipped", "failed")))
@@ -240,29 +242,26 @@ async def open_build(conn: db.Connection, lacking: Progress, kind: Kind) -> Prog
                 "re-applied): finish it first (run maintenance projections-rebuild again)"
             )
         if row["kind"] == kind:
-            await conn.execute(
-                Q.resume_build, name, done.events, done.campaigns, lacking.events_total,
-                lacking.campaigns_total,
-            )  # fmt: skip
+            await conn.execute(Q.resume_build, name)
             return Progress(
-                name,
-                done.events + lacking.events_total,
-                done.campaigns + lacking.campaigns_total,
-                done.events,
-                done.campaigns,
-                done.skipped,
-                done.failed,
-                seconds=row["seconds"],
-                kind=kind,
-                resumed=True,
-            )
+                name, done.events, done.campaigns, done.events, done.campaigns, done.skipped,
+                done.failed, seconds=row["seconds"], kind=kind, resumed=True,
+            )  # fmt: skip
     async with conn.transaction():
         await conn.execute(Q.delete_build_buckets, name)
-        await conn.execute(
-            Q.create_build, name, kind, lacking.events_total, lacking.campaigns_total
-        )
-    lacking.kind = kind
-    return lacking
+        await conn.execute(Q.create_build, name, kind)
+    return Progress(name, 0, 0, kind=kind)
+
+
+async def count_totals(conn: db.Connection, progress: Progress, lacking: Progress) -> None:
+    """Set `progress`'s totals, and the record's: what it had done when it started (carried
+    from a resume) and what it `lacking` then (`planned`, counted as it began)."""
+    progress.events_total += lacking.events_total
+    progress.campaigns_total += lacking.campaigns_total
+    progress.counted = True
+    await conn.execute(
+        Q.record_build_totals, progress.projector, progress.events_total, progress.campaigns_total
+    )
 
 
 async def record_progress(conn: db.Connection, progress: Progress, state: str) -> None:

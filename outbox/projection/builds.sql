@@ -18,22 +18,25 @@ SELECT b.projector, b.kind, b.state, b.seconds, c.events, c.campaigns, c.skipped
 WHERE b.projector = $1::text
 
 -- name: create_build
--- Projector $1's build started afresh as kind $2, lacking $3 events over $4 campaigns (a
--- build recorded before is replaced; its buckets' parts go with delete_build_buckets).
-INSERT INTO @extschema@.outbox_builds AS b
-    (projector, kind, state, events_total, campaigns_total)
-VALUES ($1::text, $2::text, 'running', $3::bigint, $4::bigint)
+-- Projector $1's build started afresh as kind $2, its totals not counted yet (a build
+-- recorded before is replaced; its buckets' parts go with delete_build_buckets).
+INSERT INTO @extschema@.outbox_builds AS b (projector, kind, state)
+VALUES ($1::text, $2::text, 'running')
 ON CONFLICT (projector) DO UPDATE
 SET kind = excluded.kind, state = 'running', started_at = clock_timestamp(),
-    updated_at = clock_timestamp(), events_total = excluded.events_total,
-    campaigns_total = excluded.campaigns_total, seconds = 0
+    updated_at = clock_timestamp(), events_total = 0, campaigns_total = 0, seconds = 0
 
 -- name: resume_build
--- Projector $1's build that did not complete, running again: its totals are what it did ($2
--- events, $3 campaigns) and what it lacks now ($4, $5).
+-- Projector $1's build that did not complete, running again.
 UPDATE @extschema@.outbox_builds b
-SET state = 'running', updated_at = clock_timestamp(),
-    events_total = $2::bigint + $4::bigint, campaigns_total = $3::bigint + $5::bigint
+SET state = 'running', updated_at = clock_timestamp()
+WHERE b.projector = $1::text
+
+-- name: record_build_totals
+-- Projector $1's build's totals, once counted: what it had done when it started and what it
+-- lacked then ($2 events, $3 campaigns).
+UPDATE @extschema@.outbox_builds b
+SET events_total = $2::bigint, campaigns_total = $3::bigint
 WHERE b.projector = $1::text
 
 -- name: record_build_progress

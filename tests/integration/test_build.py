@@ -244,3 +244,50 @@ async def test_the_command_line_builds_a_version_with_progress_lines(
         assert refused.returncode != 0
         assert error in refused.stderr
         assert "Traceback" not in refused.stderr
+
+
+@pytest.mark.usefixtures("table")
+async def test_a_step_probes_the_campaign_rows_and_holds_only_the_keys(
+    pool: db.Pool, dsn: str
+) -> None:
+    """A batch holding a campaign's row has the step skip it; the step itself lets go of the
+    rows it probed (a batch that does not run the version never waits for it)."""
+    app = Outbox(Settings(dsn=dsn))
+    app.projector("tally", events=["add"], batch=True)(tally)
+    await history(pool, app.settings, ["busy", "free"], random.Random(34), {})  # queued rows
+    bucket = await pool.fetchval("SELECT outbox.outbox_bucket('busy')")
+    free_bucket = await pool.fetchval("SELECT outbox.outbox_bucket('free')")
+    async with pool.acquire() as batch, pool.acquire() as builder:
+        async with batch.transaction():  # as a batch's claim holds the campaign's row
+            await batch.execute(
+                "SELECT FROM outbox.projection_apply_campaigns "
+                "WHERE bucket = $1 AND campaign_id = 'busy' FOR UPDATE",
+                bucket,
+            )
+            await builder.fetchval(
+                "SELECT outbox.outbox_build_keys('tally@v2', $1, NULL, 10)", bucket
+            )
+            async with builder.transaction():
+                rows = await builder.fetch(
+                    "SELECT campaign_id, locked FROM outbox.outbox_build_step('tally@v2', $1, "
+                    "ARRAY['busy'])",
+                    bucket,
+                )
+                assert [tuple(r) for r in rows] == [("busy", False)]
+        await builder.fetchval(
+            "SELECT outbox.outbox_build_keys('tally@v2', $1, NULL, 10)", free_bucket
+        )
+        async with builder.transaction():
+            rows = await builder.fetch(
+                "SELECT campaign_id, locked FROM outbox.outbox_build_step('tally@v2', $1, "
+                "ARRAY['free'])",
+                free_bucket,
+            )
+            assert [tuple(r) for r in rows] == [("free", True)]
+            # The step is open and holds the key, not the campaign's row.
+            async with batch.transaction():
+                assert await batch.fetchval(
+                    "SELECT count(*) FROM (SELECT FROM outbox.projection_apply_campaigns "
+                    "WHERE bucket = $1 AND campaign_id = 'free' FOR UPDATE NOWAIT) r",
+                    free_bucket,
+                )

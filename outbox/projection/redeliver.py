@@ -1,0 +1,82 @@
+"""A lease-mode projector's history given again (S31): one step of its replay by the catch-up
+engine (`build.py`, kind `replay`), for a projector registered with `replay=True`.
+
+A step takes the next campaigns of a bucket after the replay's resume point, whole, until
+they hold `EVENTS` events or more, reads their journals and gives the projector each
+campaign's events of its types in seq order, event by event, outside any transaction
+(`fn(pool, event)`, `replaying()` true). No checkpoint guards it: a campaign given again after
+a kill is given again whole (at least once, the lease's contract). A campaign whose call fails,
+or whose journal holds an event that cannot be decoded (up to it), is counted failed.
+"""
+
+from __future__ import annotations
+
+from outbox import db
+from outbox.append.journal import decode_bulk, load_ranges
+from outbox.model import StoredEvent
+from outbox.projection.builds import Part, Throttle
+from outbox.projection.registry import Projector
+from outbox.queries import Queries
+
+__all__ = ["CAMPAIGNS", "EVENTS", "redeliver"]
+
+# Campaigns a step looks at at most, and the events past which it takes no more.
+CAMPAIGNS = 500
+EVENTS = 5000
+
+
+class RedeliverQueries(Queries):
+    list_replay_campaigns: str
+
+
+Q = RedeliverQueries
+
+
+async def redeliver(
+    conn: db.Connection,
+    pool: db.Pool,
+    projector: Projector,
+    bucket: int,
+    after: str | None,
+    throttle: Throttle,
+) -> tuple[Part, str] | None:
+    """Give `projector` the journals of the next campaigns of `bucket` after `after` (see
+    the module docstring): what it gave, and the last campaign taken (None: none left)."""
+    heads = await conn.fetch(Q.list_replay_campaigns, bucket, after, CAMPAIGNS)
+    ranges, budget = [], EVENTS
+    for r in heads:
+        ranges.append((r["campaign_id"], 1, r["last_seq"] or 0))
+        budget -= r["last_seq"] or 0
+        if budget <= 0:
+            break
+    if not ranges:
+        return None
+    await throttle.take(sum(hi for _, _, hi in ranges))
+    rows = [
+        r
+        for r in await load_ranges(conn, ranges, bucket=bucket)
+        if r["event_type"] in projector.events
+    ]
+    decoded, cut, got = decode_bulk(rows), set[str](), Part()
+    given: dict[str, list[StoredEvent]] = {c: [] for c, _, _ in ranges}
+    for i, r in enumerate(rows):  # up to an event that cannot be decoded (S8)
+        cid = r["campaign_id"]
+        if i in decoded.unavailable or cid in cut:
+            cut.add(cid)
+            continue
+        given[cid].append(
+            StoredEvent(
+                cid, r["seq"], r["event_type"], decoded.payloads[i],
+                decoded.metadata[i] or {}, r["recorded_at"],
+            )
+        )  # fmt: skip
+    for campaign, events in given.items():
+        try:
+            await projector.run(pool, events, replaying=True)  # type: ignore[arg-type]
+        except Exception:
+            got.failed += 1
+            continue
+        got.events += len(events)
+        got.campaigns += campaign not in cut
+        got.failed += campaign in cut
+    return got, ranges[-1][0]
