@@ -151,3 +151,21 @@ async def pool(dsn: str) -> AsyncIterator[db.Pool]:
 @pytest.fixture
 def settings(dsn: str) -> Settings:
     return Settings(dsn=dsn)
+
+
+# The catch-up engine's tests (test_build, test_rebuild_engine).
+@pytest.fixture
+async def table(pool: db.Pool) -> None:
+    """The `sums` table the `tally` projector adds into (helpers.SUMS)."""
+    from helpers import SUMS
+
+    await pool.execute(SUMS)
+
+
+@pytest.fixture
+def small_steps(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Engine steps of few campaigns and fewer events: campaigns cut across steps."""
+    from outbox.projection import build as engine
+
+    monkeypatch.setattr(engine, "CAMPAIGNS", 4)
+    monkeypatch.setattr(engine, "EVENTS", 9)

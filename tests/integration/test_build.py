@@ -14,7 +14,7 @@ import orjson
 import pytest
 from worker_apps import tally
 
-from helpers import EXAMPLES, SUMS, TESTS, run_cli, sums
+from helpers import EXAMPLES, TESTS, run_cli, sums
 from outbox import Event, Settings, append, db
 from outbox.errors import ConfigError
 from outbox.ops.versions import promote_version
@@ -57,18 +57,6 @@ async def history(
 
 def totals(journal: Journal, factor: int) -> Counter[str]:
     return Counter({c: sum(ns) * factor for c, ns in journal.items() if ns})
-
-
-@pytest.fixture
-async def table(pool: db.Pool) -> None:
-    await pool.execute(SUMS)
-
-
-@pytest.fixture
-def small_steps(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Steps of few campaigns and fewer events: campaigns cut across steps."""
-    monkeypatch.setattr(engine, "CAMPAIGNS", 4)
-    monkeypatch.setattr(engine, "EVENTS", 9)
 
 
 class Killed(Exception):
@@ -257,6 +245,17 @@ async def test_a_step_probes_the_campaign_rows_and_holds_only_the_keys(
     await history(pool, app.settings, ["busy", "free"], random.Random(34), {})  # queued rows
     bucket = await pool.fetchval("SELECT outbox.outbox_bucket('busy')")
     free_bucket = await pool.fetchval("SELECT outbox.outbox_bucket('free')")
+
+    async def step(builder: db.Connection, bucket: int, campaign: str) -> list[tuple[str, bool]]:
+        """A step over one campaign, its key made first (in the caller's transaction)."""
+        await builder.fetchval("SELECT outbox.outbox_build_keys('tally@v2', $1, NULL, 10)", bucket)
+        rows = await builder.fetch(
+            "SELECT campaign_id, locked FROM outbox.outbox_build_step('tally@v2', $1, ARRAY[$2])",
+            bucket,
+            campaign,
+        )
+        return [(r["campaign_id"], r["locked"]) for r in rows]
+
     async with pool.acquire() as batch, pool.acquire() as builder:
         async with batch.transaction():  # as a batch's claim holds the campaign's row
             await batch.execute(
@@ -264,26 +263,10 @@ async def test_a_step_probes_the_campaign_rows_and_holds_only_the_keys(
                 "WHERE bucket = $1 AND campaign_id = 'busy' FOR UPDATE",
                 bucket,
             )
-            await builder.fetchval(
-                "SELECT outbox.outbox_build_keys('tally@v2', $1, NULL, 10)", bucket
-            )
             async with builder.transaction():
-                rows = await builder.fetch(
-                    "SELECT campaign_id, locked FROM outbox.outbox_build_step('tally@v2', $1, "
-                    "ARRAY['busy'])",
-                    bucket,
-                )
-                assert [tuple(r) for r in rows] == [("busy", False)]
-        await builder.fetchval(
-            "SELECT outbox.outbox_build_keys('tally@v2', $1, NULL, 10)", free_bucket
-        )
+                assert await step(builder, bucket, "busy") == [("busy", False)]
         async with builder.transaction():
-            rows = await builder.fetch(
-                "SELECT campaign_id, locked FROM outbox.outbox_build_step('tally@v2', $1, "
-                "ARRAY['free'])",
-                free_bucket,
-            )
-            assert [tuple(r) for r in rows] == [("free", True)]
+            assert await step(builder, free_bucket, "free") == [("free", True)]
             # The step is open and holds the key, not the campaign's row.
             async with batch.transaction():
                 assert await batch.fetchval(

@@ -14,10 +14,10 @@ from collections import Counter
 import anyio
 import orjson
 import pytest
-from test_build import Journal, history, totals
+from test_build import Journal, Killed, history, totals
 from worker_apps import tally, untally
 
-from helpers import BIN, EXAMPLES, SUMS, TESTS, run_cli, sums, wait_for
+from helpers import BIN, EXAMPLES, TESTS, run_cli, sums, wait_for
 from outbox import Settings, db, replaying
 from outbox.errors import ConfigError, Conflict
 from outbox.model import EventBatch, StoredEvent
@@ -29,39 +29,31 @@ from outbox.projection.builds import Progress, list_builds
 from outbox.worker.runtime import drain_now
 
 
-class Killed(Exception):
-    """The rebuild's process dies here."""
-
-
 def rebuilt_app(dsn: str) -> Outbox:
     app = Outbox(Settings(dsn=dsn, batch_size=10))
     app.projector("tally", events=["add"], batch=True, reset=untally)(tally)
     return app
 
 
-@pytest.fixture
-async def table(pool: db.Pool) -> None:
-    await pool.execute(SUMS)
-
-
-@pytest.fixture
-def small_steps(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(engine, "CAMPAIGNS", 4)
-    monkeypatch.setattr(engine, "EVENTS", 9)
+async def damaged(pool: db.Pool, dsn: str, campaigns: int, seed: int, damage: str) -> Journal:
+    """`rebuilt_app`'s tally applied over a history of `campaigns`, then damaged (`damage`):
+    the generator's record of each `add`."""
+    journal: Journal = {}
+    app = rebuilt_app(dsn)
+    names = [f"c{i:03d}" for i in range(campaigns)]
+    await history(pool, app.settings, names, random.Random(seed), journal)
+    await drain_now(app, pool)
+    assert await sums(pool, "tally") == totals(journal, 1)
+    await pool.execute(damage)
+    return journal
 
 
 @pytest.mark.usefixtures("table", "small_steps")
 async def test_an_in_place_rebuild_repairs_resumes_after_a_kill_and_is_recorded(
     pool: db.Pool, dsn: str
 ) -> None:
-    rng = random.Random(40)
-    journal: Journal = {}
-    app = rebuilt_app(dsn)
-    await history(pool, app.settings, [f"c{i:02d}" for i in range(40)], rng, journal)
-    await drain_now(app, pool)
-    assert await sums(pool, "tally") == totals(journal, 1)
-    await pool.execute("UPDATE sums SET n = n * 7")  # the projection damaged, all of it
-    projector = app.registry.projectors["tally"]
+    journal = await damaged(pool, dsn, 40, 40, "UPDATE sums SET n = n * 7")  # all of it
+    projector = rebuilt_app(dsn).registry.projectors["tally"]
 
     steps = 0
 
@@ -167,12 +159,7 @@ async def test_one_build_of_a_projector_at_a_time(
 async def test_the_command_line_rebuild_shows_progress_and_resumes_after_sigkill(
     pool: db.Pool, dsn: str
 ) -> None:
-    rng = random.Random(43)
-    journal: Journal = {}
-    app = rebuilt_app(dsn)
-    await history(pool, app.settings, [f"c{i:03d}" for i in range(60)], rng, journal)
-    await drain_now(app, pool)
-    await pool.execute("UPDATE sums SET n = 0")
+    journal = await damaged(pool, dsn, 60, 43, "UPDATE sums SET n = 0")
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith("OUTBOX_")},
         "OUTBOX_DSN": dsn,
