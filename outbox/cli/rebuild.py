@@ -28,7 +28,7 @@ from outbox.errors import UsageError
 from outbox.projection.app import Outbox
 from outbox.projection.build import DEFAULT_CONNECTIONS, build, planned
 from outbox.projection.builds import Progress as BuildProgress
-from outbox.projection.rebuild import RebuildResult, rebuild, versioned
+from outbox.projection.rebuild import RebuildResult, rebuild, registered, versioned
 
 
 @app.command("projections-rebuild")
@@ -52,6 +52,14 @@ def projections_rebuild_command(
             show_default=False,
         ),
     ] = None,
+    catch_up: Annotated[
+        bool,
+        typer.Option(
+            "--catch-up",
+            help="Bring the one --projector (a new one, or a version) from its checkpoints to "
+            "the journal's head with the catch-up engine, resetting nothing.",
+        ),
+    ] = False,
     connections: Annotated[
         int,
         typer.Option("--connections", min=1, max=64, help="Parallel connections of the engine."),
@@ -73,11 +81,13 @@ def projections_rebuild_command(
     """Reset projections and re-apply them from the journal in seq order (the final repair),
     on the catch-up engine: parallel, throttled, with progress, and resumed where it stopped
     when run again after a kill. With --as-version N, build version N of one projector beside
-    the live one instead, then promote it (maintenance projector-promote)."""
-    if as_version is not None:
-        if len(projector or ()) != 1 or campaign_id is not None:
+    the live one instead, then promote it (maintenance projector-promote); with --catch-up,
+    bring one projector (a new one) from its checkpoints to the journal's head."""
+    if as_version is not None or catch_up:
+        if len(projector or ()) != 1 or campaign_id is not None or (as_version and catch_up):
             raise UsageError(
-                "--as-version builds one --projector, every campaign (no --campaign-id)"
+                "--as-version or --catch-up builds one --projector, every campaign (no "
+                "--campaign-id)"
             )
         _build(
             app_path, dsn, (projector or [""])[0], as_version, connections, max_rate, yes, as_json
@@ -112,8 +122,9 @@ def projections_rebuild_command(
                 applied.update(done.applied)
         return RebuildResult(plan.projectors, plan.campaigns, True, applied)
 
-    # The walkers' connections, the build's own, and as many for a lease-mode projector's calls.
-    result = app_run(app_path, dsn, body, connections=2 * connections + 1)
+    # The walkers' connections, the build's own, its count's, and as many as the walkers for a
+    # lease-mode projector's calls.
+    result = app_run(app_path, dsn, body, connections=2 * connections + 2)
     if as_json:
         emit_json("projections-rebuild", result)
     elif result.rebuilt:
@@ -157,17 +168,21 @@ def _build(
     app_path: str | None,
     dsn: str | None,
     name: str,
-    version: int,
+    version: int | None,
     connections: int,
     max_rate: float | None,
     yes: bool,
     as_json: bool,
 ) -> None:
-    """`projections-rebuild --as-version`: the catch-up engine in the foreground, its progress
-    as a bar (or, with --json, a line a second), its end as one line."""
+    """`projections-rebuild --as-version` (or `--catch-up`: `version` None, the projector as
+    named): the catch-up engine in the foreground, its progress as a bar (or, with --json, a
+    line a second), its end as one line."""
 
     async def body(outbox_app: Outbox, pool: db.Pool) -> BuildProgress:
-        chosen = versioned(outbox_app.registry, name, version)
+        registry = outbox_app.registry
+        chosen = (
+            registered(registry, name) if version is None else versioned(registry, name, version)
+        )
         if not yes:
             return await planned(pool, chosen)
         with _progress(as_json) as show:
@@ -176,7 +191,8 @@ def _build(
             )
         return built.progress
 
-    result = app_run(app_path, dsn, body, connections=connections + 1)
+    # The walkers' connections, the build's own and its count's.
+    result = app_run(app_path, dsn, body, connections=connections + 2)
     if as_json:
         emit_json("projections-rebuild", result.summary())
     elif not yes:

@@ -113,9 +113,10 @@ async def build(
 ) -> Built:
     """Build `projector`'s track from the journal to every campaign's head (see the module
     docstring), or, `in_place`, rebuild it: each campaign reset and re-applied from its first
-    event. `connections` tasks (the pool needs one connection more, which holds the build as a
-    whole and records its progress), at most `max_rate` events per second; `progress` after
-    every step. A build of the projector that did not complete is resumed. Cancelling the
+    event. `connections` tasks (the pool needs two connections more: one holds the build as a
+    whole and records its progress, one counts what it lacks at first; a lease-mode
+    projector's replay calls it with the pool too), at most `max_rate` events per second;
+    `progress` after every step. A build of the projector that did not complete is resumed. Cancelling the
     caller's scope stops it between steps or rolls the one in flight back. Another build of
     the projector running is a Conflict."""
     if connections < 1:

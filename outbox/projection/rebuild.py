@@ -26,7 +26,14 @@ from outbox.queue.settle import settle
 if TYPE_CHECKING:
     from outbox.db import Connection, Executor
 
-__all__ = ["RebuildResult", "rebuild", "rebuild_campaign", "rebuildable", "versioned"]
+__all__ = [
+    "RebuildResult",
+    "rebuild",
+    "rebuild_campaign",
+    "rebuildable",
+    "registered",
+    "versioned",
+]
 
 CHUNK = 500
 
@@ -55,12 +62,18 @@ def versioned(registry: Registry, name: str, version: int) -> Projector:
     return found
 
 
-def rebuildable(registry: Registry, name: str) -> Projector:
-    """The projector to rebuild, or a ConfigError saying why it cannot be."""
+def registered(registry: Registry, name: str) -> Projector:
+    """The app's projector `name` (a track's key), or a ConfigError naming those it has."""
     projector = registry.projectors.get(name)
     if projector is None:
         known = ", ".join(sorted(registry.projectors)) or "none"
         raise ConfigError(f"no projector named {name!r} (registered: {known})")
+    return projector
+
+
+def rebuildable(registry: Registry, name: str) -> Projector:
+    """The projector to rebuild, or a ConfigError saying why it cannot be."""
+    projector = registry.projectors.get(name) or registered(registry, name)
     if not projector.transactional:  # lease mode: its history given again, if it asks
         buildable(projector)
         return projector

@@ -274,3 +274,26 @@ async def test_a_step_probes_the_campaign_rows_and_holds_only_the_keys(
                     "WHERE bucket = $1 AND campaign_id = 'free' FOR UPDATE NOWAIT) r",
                     free_bucket,
                 )
+
+
+@pytest.mark.usefixtures("table")
+async def test_the_command_line_catches_a_new_projector_up(pool: db.Pool, dsn: str) -> None:
+    """`--catch-up`: a projector deployed onto history (here never run) built from the journal
+    by the engine, resetting nothing."""
+    rng = random.Random(35)
+    journal: Journal = {}
+    await history(pool, Settings(dsn=dsn), [f"c{i}" for i in range(9)], rng, journal)
+    env = {"PYTHONPATH": os.pathsep.join([str(TESTS), str(EXAMPLES)])}
+    args = ["projections-rebuild", "--app", "worker_apps:versioned", "--projector", "tally"]
+    done = run_cli("maintenance", *args, "--catch-up", "--yes", "--json", dsn=dsn, env=env)
+    assert done.returncode == 0, done.stderr
+    end = orjson.loads(done.stdout.splitlines()[-1])
+    assert (end["kind"], end["done"], end["events"]) == (
+        "catch-up",
+        True,
+        sum(map(len, journal.values())),
+    )
+    assert await sums(pool, "tally") == totals(journal, 1)
+    refused = run_cli("maintenance", *args, "--catch-up", "--as-version", "2", dsn=dsn, env=env)
+    assert refused.returncode == 2
+    assert "--as-version or --catch-up builds one --projector" in refused.stderr
