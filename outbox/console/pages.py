@@ -69,9 +69,10 @@ async def overview_json(request: Request) -> Response:
     overview = await poller.get()
     history = list(poller.trend.samples)
     outage = _outage({"overview": overview, "error": poller.error})
-    return json_response(
-        "overview", status=outage, error=poller.error, overview=overview, history=history
-    )
+    # Like every twin, its figures under `data`; `error` says why the last read failed (the
+    # figures then the last ones read, or none: 503).
+    data = {"overview": overview, "history": history}
+    return json_response("overview", status=outage, data=data, error=poller.error)
 
 
 async def read_failures(request: Request) -> Any:

@@ -47,7 +47,8 @@ async def test_the_overview_and_its_json_twin_show_the_queue(
     await seed(pool, settings)
     body = (await console.get("/api/overview")).json()
     assert (body["schema_version"], body["mode"], body["error"]) == (1, "console-overview", None)
-    overview = body["overview"]
+    assert list(body) == ["schema_version", "mode", "data", "error"]  # the twins' envelope
+    overview = body["data"]["overview"]
     assert overview["counts"] == {"pending": 4, "processing": 0, "failed": 0, "dead": 1}
     assert overview["bound"] == 10_000
     assert overview["blocked_campaigns"] == 1
@@ -83,13 +84,15 @@ async def test_one_read_serves_every_page_until_the_figures_are_due(
     poller = console._transport.app.state.poller  # type: ignore[attr-defined]
     assert poller.reads == 1
     await append(pool, "c2", [Event("t", {})], settings=settings)
-    assert (await console.get("/api/overview")).json()["overview"]["counts"]["pending"] == 1
+    assert (await console.get("/api/overview")).json()["data"]["overview"]["counts"]["pending"] == 1
     poller.interval = 0  # due now
     body = (await console.get("/api/overview")).json()
-    assert body["overview"]["counts"]["pending"] == 2
+    assert body["data"]["overview"]["counts"]["pending"] == 2
     assert poller.reads == 2
     # Each read is a sample of the last hour; the overview draws them.
-    assert [s["oldest_claimable_age_seconds"] is not None for s in body["history"]] == [True] * 2
+    assert [s["oldest_claimable_age_seconds"] is not None for s in body["data"]["history"]] == [
+        True
+    ] * 2
     assert 'data-chart="lag"' in (await console.get("/")).text
 
 
@@ -97,7 +100,7 @@ async def test_counts_stop_at_their_bound(pool: db.Pool, settings: Settings) -> 
     await append(pool, "c1", [Event("t", {})] * 5, settings=settings)
     async with await client_for(pool, count_bound=3) as console:
         body = (await console.get("/api/overview")).json()
-        assert body["overview"]["counts"]["pending"] == 3
+        assert body["data"]["overview"]["counts"]["pending"] == 3
         assert 'data-status="pending">3+<' in (await console.get("/")).text
 
 
@@ -118,7 +121,7 @@ async def test_a_failed_read_keeps_the_last_figures_and_says_why(
         poller.interval = 0
         body = (await console.get("/api/overview")).json()
         assert "outbox_workers" in body["error"]
-        assert body["overview"]["counts"]["pending"] == 1  # the last figures
+        assert body["data"]["overview"]["counts"]["pending"] == 1  # the last figures
         assert "The last read failed" in (await console.get("/")).text
     finally:
         await pool.execute("ALTER TABLE outbox.outbox_workers_away RENAME TO outbox_workers")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 
 import pytest
+from factories import make_dead
 
 from outbox import Event, Settings, db
 from outbox.model import StoredEvent
@@ -87,6 +88,27 @@ async def test_the_report_lists_failures_first(pool: db.Pool, dsn: str) -> None:
     assert (report.rows[0].last_error or "").startswith("projector 'alerts'")
     filtered = await outbox_report(pool, status="pending", limit=3)
     assert [r.status for r in filtered.rows] == ["pending"] * 3
+
+
+async def test_nothing_is_claimable_while_a_campaigns_rows_wait_behind_its_dead_head(
+    pool: db.Pool, dsn: str
+) -> None:
+    """docs/cli.md: `oldest_claimable` is null when no row can be claimed now, though rows
+    are pending: they wait behind a dead head, and `blocked_campaigns` says so."""
+    app = bank(dsn)
+    await app.append(pool, "c", [Event("deposited", {})] * 2)
+    await make_dead(pool, "c", 1)
+    report = await outbox_report(pool)
+    assert (report.summary.counts.pending, report.summary.counts.dead) == (1, 1)
+    assert report.summary.oldest_claimable is None
+    assert [b.campaign_id for b in report.summary.blocked_campaigns] == ["c"]
+    # Under park, a dead row blocks nothing: the row behind it is claimable.
+    parked = await outbox_report(pool, park=True)
+    assert parked.summary.oldest_claimable is not None
+    assert (parked.summary.oldest_claimable.campaign_id, parked.summary.oldest_claimable.seq) == (
+        "c",
+        2,
+    )
 
 
 # --- error groups (maintenance outbox-failures, outbox-requeue-dead --error) ----------------

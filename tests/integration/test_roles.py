@@ -207,7 +207,7 @@ async def test_the_console_reads_as_the_report_role(
     finally:
         await report.close()
     assert body["error"] is None
-    assert body["overview"]["counts"]["pending"] == 2
+    assert body["data"]["overview"]["counts"]["pending"] == 2
     for path, response in pages.items():
         assert response.status_code == 200, (path, response.text)
     assert len(pages["/api/campaign?id=c"].json()["data"]["rows"]) == 2
