@@ -218,6 +218,19 @@ def is_executor(x: object) -> TypeGuard[Executor]:
     return isinstance(x, asyncpg.Pool | asyncpg.Connection | PoolConnectionProxy)
 
 
+def require_asyncpg(executor: object, what: str) -> None:
+    """Refuse, as a one-line TypeError naming what to pass, an object that is not an asyncpg
+    pool or connection (an SQLAlchemy engine or session, a psycopg pool): `what` needs
+    asyncpg's LISTEN, which those do not expose in a form the outbox can use."""
+    if is_executor(executor):
+        return
+    kind = f"{type(executor).__module__}.{type(executor).__qualname__}"
+    raise TypeError(
+        f"{what} takes an asyncpg Pool or Connection, not {kind}: open a small pool of its own "
+        "beside your engine with outbox.create_pool(dsn) (docs/worker.md, pool sizing)"
+    )
+
+
 def in_transaction(executor: Executor) -> bool:
     """Whether `executor` is a connection inside an open transaction (a pool never is)."""
     return not isinstance(executor, asyncpg.Pool) and executor.is_in_transaction()

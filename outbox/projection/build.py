@@ -116,9 +116,9 @@ async def build(
     event. `connections` tasks (the pool needs two connections more: one holds the build as a
     whole and records its progress, one counts what it lacks at first; a lease-mode
     projector's replay calls it with the pool too), at most `max_rate` events per second;
-    `progress` after every step. A build of the projector that did not complete is resumed. Cancelling the
-    caller's scope stops it between steps or rolls the one in flight back. Another build of
-    the projector running is a Conflict."""
+    `progress` after every step. A build of the projector that did not complete is resumed.
+    Cancelling the caller's scope stops it between steps or rolls the one in flight back.
+    Another build of the projector running is a Conflict."""
     if connections < 1:
         raise ConfigError(f"connections must be at least 1, not {connections}")
     if max_rate is not None and max_rate <= 0:

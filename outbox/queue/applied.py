@@ -94,7 +94,9 @@ async def wait_applied(
 
     It LISTENs for the workers' applied notification (sent when a batch deletes rows) and looks
     again on each, so it returns within a round trip of the projection's commit. On a connection
-    inside a transaction (where notifications wait for the transaction's end) it polls."""
+    inside a transaction (where notifications wait for the transaction's end) it polls. It needs
+    asyncpg's (a TypeError says what to pass otherwise)."""
+    db.require_asyncpg(executor, "wait_applied")
     channel = applied_channel()
     async with db.acquire(executor) as conn:
         listening = not db.in_transaction(conn)

@@ -169,7 +169,9 @@ async def running_worker(
     SchemaNotReady). `concurrency`, `mode` and `shutdown_timeout` override the app's settings
     (OUTBOX_CONCURRENCY, OUTBOX_MODE, OUTBOX_SHUTDOWN_TIMEOUT). It LISTENs on a connection
     of `pool` (or of `app.settings.dsn` when set), so wake-ups need no environment variable.
+    `pool` is an asyncpg pool (a TypeError says what to pass otherwise).
     """
+    db.require_asyncpg(pool, "running_worker")
     app.validate()
     settings = app.settings.replace(concurrency=concurrency, shutdown_timeout=shutdown_timeout)
     resolved = resolve_worker_mode(settings, mode).mode
@@ -189,6 +191,7 @@ async def running_worker(
 async def drain_now(app: Outbox, pool: Pool, *, concurrency: int | None = None) -> BatchCounts:
     """Apply everything due now with `app`'s projectors, then return the counts: the helper
     for tests that append and then assert on read models (and for scripts)."""
+    db.require_asyncpg(pool, "drain_now")
     settings = app.settings.replace(concurrency=concurrency)
     service = build_service(app, pool, settings=settings, mode="apply", until_idle=True)
     with using_schema(settings.schema):

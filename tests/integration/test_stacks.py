@@ -263,6 +263,26 @@ async def test_anything_else_is_a_type_error_naming_what_is_accepted(
     assert set((await counts(pool)).values()) == {0}
 
 
+async def test_the_waits_and_the_worker_refuse_an_sqlalchemy_object_saying_what_to_pass(
+    dsn: str,
+) -> None:
+    """`wait_applied`, `running_worker` and `drain_now` need asyncpg's LISTEN: given the
+    application's SQLAlchemy session or engine, one line says to open a pool of their own."""
+    app = outbox.Outbox(outbox.Settings(dsn=dsn))
+    engine = create_async_engine(url(dsn, "asyncpg"))
+    try:
+        async with AsyncSession(engine) as session:
+            with pytest.raises(TypeError, match=r"wait_applied takes an asyncpg Pool or Conn"):
+                await outbox.wait_applied(session, "c", 1, timeout=1)  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match=r"outbox\.create_pool\(dsn\)"):
+            async with outbox.running_worker(app, engine):  # type: ignore[arg-type]
+                pass
+        with pytest.raises(TypeError, match=r"drain_now takes .*AsyncEngine"):
+            await outbox.drain_now(app, engine)  # type: ignore[arg-type]
+    finally:
+        await engine.dispose()
+
+
 @pytest.mark.parametrize("stack", STACKS, ids=[s.name for s in STACKS])
 async def test_an_unmigrated_database_is_one_line_on_every_stack(
     fresh_db: str, stack: Stack
