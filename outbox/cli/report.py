@@ -183,9 +183,14 @@ def render_report(report: Report, *, payload: bool = False) -> None:
                 age(expires) if expires is None or expires >= 0 else "expired",
             )
         stdout.print(leases)
-    workers = _table("worker", "mode", "loops", "heartbeat age", title="live workers")
+    workers = _table(
+        "worker", "mode", "loops", "heartbeat age", "state",
+        title="workers (stale: silent for three heartbeats)",
+    )  # fmt: skip
     for w in summary.workers:
-        workers.add_row(w.worker_id, w.mode, str(w.concurrency), age(w.heartbeat_age_seconds))
+        workers.add_row(
+            w.worker_id, w.mode, str(w.concurrency), age(w.heartbeat_age_seconds), w.state
+        )
     stdout.print(workers)
     wide = stdout.width >= _WIDE
     rows = _table(

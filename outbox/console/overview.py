@@ -25,7 +25,7 @@ from outbox.queue import inspect
 from outbox.queue.horizon import HorizonHolder, horizon_holder
 from outbox.queue.inspect import OldestClaimable, StatusCounts
 from outbox.retry import describe_error
-from outbox.worker.registration import LiveWorker, live_workers
+from outbox.worker.registration import ListedWorker, listed_workers
 
 __all__ = ["Overview", "Poller", "read_overview"]
 
@@ -49,7 +49,7 @@ class Overview:
     bound: int
     oldest_claimable: OldestClaimable | None
     blocked_campaigns: int
-    workers: list[LiveWorker]
+    workers: list[ListedWorker]
     snapshot: HorizonHolder | None  # the oldest snapshot the server holds for this database
 
 
@@ -89,7 +89,7 @@ async def read_overview(executor: db.Executor, *, park: bool, bound: int) -> Ove
         counts = await inspect.count_rows_bounded(conn, bound)
         oldest = await inspect.oldest_claimable(conn, park=park)
         _, blocked = await inspect.blocked_campaigns(conn, park=park, limit=1, waiting_bound=1)
-        workers = await live_workers(conn)
+        workers = await listed_workers(conn)
         snapshot = await horizon_holder(conn)
     return Overview(datetime.now(UTC), counts, bound, oldest, blocked, workers, snapshot)
 

@@ -39,7 +39,7 @@ from outbox.queue.holds import ProjectorHolds, RowHold, count_holds, row_holds
 from outbox.queue.inspect import BlockedCampaign, LeaseRow, QueueRow, ShadowObservations
 from outbox.queue.repair import AuditEntry, Cursor, list_audit
 from outbox.schema import MigrationState
-from outbox.worker.registration import LiveWorker, live_workers
+from outbox.worker.registration import ListedWorker, listed_workers
 
 __all__ = [
     "CONSOLE_SESSION",
@@ -273,14 +273,14 @@ def redacted_row(view: RowView, redact: Callable[[Any], Any]) -> RowView:
 class Fleet:
     """The workers that heartbeated lately, and the rows they hold in lease mode."""
 
-    workers: list[LiveWorker]
+    workers: list[ListedWorker]
     leases: list[LeaseRow]
 
 
 async def read_fleet(executor: db.Executor) -> Fleet:
     async with reading(executor) as conn:
         return Fleet(
-            await live_workers(conn), await inspect.list_leases(conn, None, limit=LIST_LIMIT)
+            await listed_workers(conn), await inspect.list_leases(conn, None, limit=LIST_LIMIT)
         )
 
 
@@ -333,12 +333,12 @@ async def read_projectors(executor: db.Executor, app: Outbox | None) -> Projecto
         pauses = {p.projector: p for p in await list_pauses(conn)}
         lags = {p.name: await projector_lag(conn, p.name, p.events) for p in known if p.ordered}
         held = {h.projector: h for h in await count_holds(conn)}
-        workers = await live_workers(conn)
+        workers = await listed_workers(conn)
         history = await list_pause_audit(conn, limit=LIST_LIMIT)
         versions = {v.projector: v for v in await list_versions(conn)}
         builds = {b.projector: b for b in await list_builds(conn)}
     outcomes: dict[str, Counter[str]] = {}
-    for w in workers:
+    for w in (w for w in workers if w.live):  # since the live ones started
         for tally in w.counters.get("projectors", []):
             found = outcomes.setdefault(tally["projector"], Counter())
             found.update({k: int(tally.get(k, 0)) for k in ("applied", "skipped", "failed")})

@@ -33,7 +33,7 @@ from outbox.queue.inspect import (
 )
 from outbox.queue.repair import AuditEntry, list_audit
 from outbox.schema import check_current
-from outbox.worker.registration import LiveWorker, live_workers
+from outbox.worker.registration import ListedWorker, listed_workers
 
 if TYPE_CHECKING:
     from outbox.db import Executor
@@ -76,7 +76,7 @@ class Summary:
     shadow: ShadowObservations
     parked_rows: list[ParkedRow]
     leases: list[LeaseRow]
-    workers: list[LiveWorker]
+    workers: list[ListedWorker]
     resolved_mode: str | None
     holds: list[ProjectorHolds]  # per projector: what holds it alone (S24)
     catch_ups: list[CatchUp]  # projectors that start at the beginning, their progress (S25)
@@ -174,7 +174,7 @@ async def outbox_report(
     payload: bool = False,
 ) -> Report:
     """Counts, the oldest claimable row, blocked campaigns, parked rows (under `park`), leases,
-    live workers, then rows (`payload`: with their events' payloads). `resolved_mode` is what a
+    the workers (live or stale), then rows (`payload`: with their events' payloads). `resolved_mode` is what a
     worker with the caller's settings runs."""
     if status is not None and status not in STATUSES:
         raise ValidationError("status", f"expected one of {'/'.join(STATUSES)}, got {status!r}")
@@ -193,7 +193,7 @@ async def outbox_report(
             conn, status=status, campaign_id=campaign_id, limit=limit, payload=payload
         )
         leases = await inspect.list_leases(conn, campaign_id, limit=SUMMARY_LIST_LIMIT)
-        workers = await live_workers(conn)
+        workers = await listed_workers(conn)
         shadow = await inspect.shadow_observations(conn, campaign_id)
         held = await count_holds(conn, campaign_id)
         caught = await catch_ups(conn) if campaign_id is None else []

@@ -1,8 +1,9 @@
 """The worker registry: each worker process registers, heartbeats and signs off.
 
-It owns every statement on `outbox_workers` and nothing else; the report reads live workers
-through `live_workers()`, cleanup prunes stale rows with `prune_workers()`. Losing a heartbeat
-never affects correctness, only what the report shows.
+It owns every statement on `outbox_workers` and nothing else; the report reads the workers
+through `listed_workers()` (live, or stale when silent for three heartbeats), cleanup prunes
+old rows with `prune_workers()`. Losing a heartbeat never affects correctness, only what the
+report shows.
 """
 
 from __future__ import annotations
@@ -29,11 +30,12 @@ if TYPE_CHECKING:
 
 __all__ = [
     "HEARTBEAT_INTERVAL",
+    "LISTED_FOR",
     "LIVE_WITHIN",
-    "LiveWorker",
+    "ListedWorker",
     "Registration",
     "at_start",
-    "live_workers",
+    "listed_workers",
     "new_worker_id",
     "prune_workers",
     "registry_counters",
@@ -42,15 +44,17 @@ __all__ = [
 T = TypeVar("T")
 
 HEARTBEAT_INTERVAL = 5.0
-# A worker that has not heartbeated for this long is not listed as live.
-LIVE_WITHIN = 30.0
+# A worker silent for three heartbeats is stale (killed, frozen, cut off), no longer live; one
+# silent for an hour is no longer listed.
+LIVE_WITHIN = 3 * HEARTBEAT_INTERVAL
+LISTED_FOR = 3600.0
 
 
 class RegistrationQueries(Queries):
     register_worker: str
     heartbeat_worker: str
     stop_worker: str
-    list_live_workers: str
+    list_workers: str
     prune_workers: str
 
 
@@ -58,8 +62,10 @@ Q = RegistrationQueries
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class LiveWorker:
-    """A worker that heartbeated lately: where it runs, how, and its counters so far."""
+class ListedWorker:
+    """A worker that heartbeated within the last hour and has not stopped: where it runs,
+    how, its heartbeat's age, whether it is `live` or `stale` (silent for three heartbeats:
+    killed, frozen or cut off), and its counters so far."""
 
     worker_id: str
     host: str
@@ -67,7 +73,12 @@ class LiveWorker:
     mode: str
     concurrency: int
     heartbeat_age_seconds: float
+    state: str
     counters: dict[str, Any]
+
+    @property
+    def live(self) -> bool:
+        return self.state == "live"
 
 
 async def at_start(write: Callable[[], Awaitable[T]], stopping: anyio.Event | None = None) -> T:
@@ -120,18 +131,20 @@ class Registration:
             await conn.execute(Q.stop_worker, self.worker_id, counters)
 
 
-async def live_workers(executor: Executor, within: float = LIVE_WITHIN) -> list[LiveWorker]:
-    """Workers that heartbeated within `within` seconds and have not stopped, oldest first."""
+async def listed_workers(executor: Executor, within: float = LISTED_FOR) -> list[ListedWorker]:
+    """Workers that heartbeated within `within` seconds and have not stopped, oldest first,
+    each live or stale (`LIVE_WITHIN`)."""
     async with db.acquire(executor) as conn:
-        rows = await conn.fetch(Q.list_live_workers, within)
+        rows = await conn.fetch(Q.list_workers, within)
     return [
-        LiveWorker(
+        ListedWorker(
             r["worker_id"],
             r["host"],
             r["pid"],
             r["mode"],
             r["concurrency"],
             r["heartbeat_age"],
+            "live" if r["heartbeat_age"] <= LIVE_WITHIN else "stale",
             r["counters"],
         )
         for r in rows

@@ -18,8 +18,9 @@ UPDATE @extschema@.outbox_workers
 SET stopped_at = clock_timestamp(), heartbeat_at = clock_timestamp(), counters = $2::jsonb
 WHERE worker_id = $1::text
 
--- name: list_live_workers
--- Workers that heartbeated within $1 seconds and have not stopped, oldest first.
+-- name: list_workers
+-- Workers that heartbeated within $1 seconds and have not stopped (live or stale), oldest
+-- first.
 SELECT worker_id, host, pid, mode, concurrency, started_at, counters,
        extract(epoch FROM clock_timestamp() - heartbeat_at)::double precision AS heartbeat_age
 FROM @extschema@.outbox_workers

@@ -20,7 +20,7 @@ from outbox.config import resolve_worker_mode
 from outbox.model import StoredEvent
 from outbox.projection.dispatch import apply_event
 from outbox.worker.batch import Worker
-from outbox.worker.registration import live_workers
+from outbox.worker.registration import listed_workers
 from outbox.worker.service import Service, ServiceConfig
 from outbox.worker.shadow import Shadow
 
@@ -160,5 +160,5 @@ async def test_a_shadow_worker_registers_its_mode(pool: db.Pool, dsn: str) -> No
     )
     async with anyio.create_task_group() as tg:
         await tg.start(partial(service.run, shutdown_timeout=5))
-        assert [w.mode for w in await live_workers(pool)] == ["shadow"]
+        assert [w.mode for w in await listed_workers(pool)] == ["shadow"]
         service.stop()

@@ -25,7 +25,7 @@ from outbox.obs.metrics import Metrics
 from outbox.projection.app import Outbox
 from outbox.projection.dispatch import apply_event
 from outbox.worker.batch import Worker
-from outbox.worker.registration import live_workers
+from outbox.worker.registration import HEARTBEAT_INTERVAL, Registration, listed_workers
 from outbox.worker.service import Service, ServiceConfig
 
 
@@ -423,17 +423,40 @@ async def test_a_running_worker_is_registered_and_signs_off(pool: db.Pool, dsn: 
     service = Service(Worker(app, pool), ServiceConfig(dsn=dsn, concurrency=3))
     async with anyio.create_task_group() as tg:
         await tg.start(partial(service.run, shutdown_timeout=5))
-        (live,) = await live_workers(pool)
+        (live,) = await listed_workers(pool)
         assert (live.worker_id, live.mode, live.concurrency) == (
             service.worker_id,
             "apply",
             3,
         )
         assert live.pid == os.getpid()
+        assert live.state == "live"
         service.stop()
-    assert await live_workers(pool) == []
+    assert await listed_workers(pool) == []
     stopped = await pool.fetchval(
         "SELECT stopped_at IS NOT NULL FROM outbox.outbox_workers WHERE worker_id = $1",
         service.worker_id,
     )
     assert stopped
+
+
+async def test_a_worker_silent_for_three_heartbeats_is_listed_stale_then_not_at_all(
+    pool: db.Pool,
+) -> None:
+    """A worker killed (no sign-off) is listed `stale` once silent for three heartbeats, then
+    goes from the list after an hour; the console's overview counts only the live ones."""
+    registration = Registration(pool, "w-killed", "apply", 2)
+    await registration.register()
+    [fresh] = await listed_workers(pool)
+    assert fresh.state == "live"
+    await pool.execute(
+        "UPDATE outbox.outbox_workers SET heartbeat_at = clock_timestamp() - "
+        "make_interval(secs => $1)",
+        3 * HEARTBEAT_INTERVAL + 1,
+    )
+    [killed] = await listed_workers(pool)
+    assert (killed.worker_id, killed.state) == ("w-killed", "stale")
+    await pool.execute(
+        "UPDATE outbox.outbox_workers SET heartbeat_at = clock_timestamp() - interval '2 hours'"
+    )
+    assert await listed_workers(pool) == []
