@@ -174,8 +174,8 @@ async def outbox_report(
     payload: bool = False,
 ) -> Report:
     """Counts, the oldest claimable row, blocked campaigns, parked rows (under `park`), leases,
-    the workers (live or stale), then rows (`payload`: with their events' payloads). `resolved_mode` is what a
-    worker with the caller's settings runs."""
+    the workers (live or stale), then rows (`payload`: with their events' payloads).
+    `resolved_mode` is what a worker with the caller's settings runs."""
     if status is not None and status not in STATUSES:
         raise ValidationError("status", f"expected one of {'/'.join(STATUSES)}, got {status!r}")
     check_limit(limit)
