@@ -117,7 +117,7 @@ def prepare(
         expected = expected_seq
     key = None if idempotency_key is None else _text("idempotency_key", idempotency_key)
     encoded: list[str] = []
-    traced = tracing.carrier()  # the caller's span, recorded in each event (outbox[tracing])
+    traced = tracing.carrier()  # the caller's span, recorded in each event (pg-outbox[tracing])
     for i, event in enumerate(events):
         if not isinstance(event, Event):
             raise ValidationError(

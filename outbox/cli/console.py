@@ -76,7 +76,7 @@ def console_command(
     except ImportError as exc:
         raise UsageError(
             f"the console needs the console extra ({exc.name} is missing): "
-            "pip install 'outbox[console]'"
+            "pip install 'pg-outbox[console]'"
         ) from None
 
     auth = basic_auth_from_env() if allow_actions else configured_auth()  # refused early

@@ -6,7 +6,7 @@ it on an address of its own (what `maintenance console` runs). It is read-only u
 with actions. Every page has a JSON twin under `/api/`. Figures come from
 one shared poller (`overview.Poller`): at most one read per refresh interval however many pages
 are open, each count bounded, every read in a read-only transaction under a statement timeout.
-Needs the `console` extra: `pip install 'outbox[console]'`.
+Needs the `console` extra: `pip install 'pg-outbox[console]'`.
 """
 
 from __future__ import annotations

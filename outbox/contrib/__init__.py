@@ -1,1 +1,1 @@
-"""Helpers for frameworks (optional extras): `django` (`pip install outbox[django]`)."""
+"""Helpers for frameworks (optional extras): `django` (`pip install pg-outbox[django]`)."""

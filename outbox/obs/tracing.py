@@ -1,5 +1,5 @@
 """Tracing from an append to its apply, with OpenTelemetry when its API is installed
-(`pip install 'outbox[tracing]'`; the application configures the SDK and an exporter). Without
+(`pip install 'pg-outbox[tracing]'`; the application configures the SDK and an exporter). Without
 the API, or without a span in progress, nothing happens and nothing is written.
 
 - **Append.** An append made inside a span records that span's context in each event's

@@ -1,4 +1,6 @@
-"""A non-editable install ships the migrations: build the wheel, install it fresh, migrate."""
+"""The wheel works alone: built, installed into a clean virtualenv outside the checkout (with
+the console extra), it migrates, appends, drains with the worker and serves the console from an
+empty directory."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import zipfile
 from pathlib import Path
 
 import asyncpg
+import httpx
 import pytest
 
 from helpers import ROOT
@@ -27,7 +30,7 @@ async def test_wheel_installs_and_migrates_from_outside_the_source_tree(
 ) -> None:
     dist = tmp_path / "dist"
     sh(sys.executable, "-m", "build", "--wheel", "--outdir", dist, ROOT, cwd=tmp_path)
-    (wheel,) = dist.glob("outbox-*.whl")
+    (wheel,) = dist.glob("pg_outbox-*.whl")  # the distribution's name; the import name outbox
     names = set(zipfile.ZipFile(wheel).namelist())
     assert "outbox/migrations/0001_schema.sql" in names
     # Every module's named SQL ships beside it.
@@ -44,7 +47,7 @@ async def test_wheel_installs_and_migrates_from_outside_the_source_tree(
         "install",
         "--quiet",
         "--disable-pip-version-check",
-        wheel,
+        f"{wheel}[console]",
         cwd=tmp_path,
     )
     # Run from an empty directory so nothing can be read from the checkout.
@@ -56,8 +59,8 @@ async def test_wheel_installs_and_migrates_from_outside_the_source_tree(
     assert str(ROOT) not in where.stdout
     proc = sh(venv / "bin" / "maintenance", "migrate", "--dsn", fresh_db, cwd=elsewhere)
     assert "applied 0001_schema.sql" in proc.stdout
-    sh(venv / "bin" / "outbox-worker", "--help", cwd=elsewhere)
     _user_code_type_checks_against_the_wheel(venv, elsewhere)
+    _appends_drains_and_serves_from_the_wheel(venv, elsewhere, fresh_db)
 
     conn = await asyncpg.connect(fresh_db)
     try:
@@ -66,6 +69,70 @@ async def test_wheel_installs_and_migrates_from_outside_the_source_tree(
         )
     finally:
         await conn.close()
+
+
+WHEEL_APP = """
+import asyncio
+import sys
+
+import outbox
+
+app = outbox.Outbox()
+
+
+@app.projector("counted", events=["deposited"])
+async def counted(tx, event):
+    await tx.execute(
+        "INSERT INTO wheel_counts VALUES ($1, $2, $3)",
+        event.campaign_id, event.seq, event.payload["amount"],
+    )
+
+
+async def main(command, dsn):
+    pool = await outbox.create_pool(dsn)
+    try:
+        if command == "append":
+            await pool.execute("CREATE TABLE wheel_counts (campaign_id text, seq int, amount int)")
+            events = [outbox.Event("deposited", {"amount": n}) for n in (5, 7)]
+            await app.append(pool, "acct", events, idempotency_key="first")
+        else:
+            rows = await pool.fetch("SELECT seq, amount FROM wheel_counts ORDER BY seq")
+            print([tuple(r) for r in rows])
+    finally:
+        await pool.close()
+
+
+if __name__ == "__main__":
+    asyncio.run(main(*sys.argv[1:]))
+"""
+
+
+def _appends_drains_and_serves_from_the_wheel(venv: Path, where: Path, dsn: str) -> None:
+    """From the installed wheel alone: an append, a worker's drain onto a read model, and
+    `maintenance console` answering."""
+    (where / "wheel_app.py").write_text(WHEEL_APP)
+    python = venv / "bin" / "python"
+    sh(python, "wheel_app.py", "append", dsn, cwd=where)
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(where)}
+    drained = subprocess.run(
+        [venv / "bin" / "outbox-worker", "--app", "wheel_app:app", "--dsn", dsn, "--drain"],
+        cwd=where, env=env, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert drained.returncode == 0, drained.stderr[-2000:]
+    assert sh(python, "wheel_app.py", "read", dsn, cwd=where).stdout.strip() == "[(1, 5), (2, 7)]"
+    console = subprocess.Popen(
+        [venv / "bin" / "maintenance", "console", "--dsn", dsn, "--port", "0"],
+        cwd=where, env=env, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert console.stderr is not None
+        line = console.stderr.readline()  # printed once it listens
+        assert line.startswith("console: http://127.0.0.1:"), line
+        body = httpx.get(line.split()[1] + "api/overview", timeout=30).json()
+        assert body["data"]["overview"]["counts"]["pending"] == 0
+    finally:
+        console.terminate()
+        console.wait(timeout=30)
 
 
 USER_MODULE = """

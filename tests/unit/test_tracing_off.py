@@ -1,4 +1,4 @@
-"""Without OpenTelemetry's API (`outbox[tracing]` not installed) tracing does nothing."""
+"""Without OpenTelemetry's API (`pg-outbox[tracing]` not installed) tracing does nothing."""
 
 from __future__ import annotations
 
