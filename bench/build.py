@@ -138,19 +138,12 @@ async def raw_only(dsn: str) -> None:
         await conn.close()
 
 
-async def main(
-    events: int,
-    campaigns: int,
-    rate: int,
-    seconds: float,
-    connections: int | None,
-    max_rate: float | None,
-) -> None:
+async def main(args: argparse.Namespace) -> None:
     async with bench_database(commit_timestamps=True) as dsn:
         conn = await asyncpg.connect(dsn)
         pool = await asyncpg.create_pool(dsn, min_size=4, max_size=16)
         try:
-            await run(conn, pool, dsn, events, campaigns, rate, seconds, connections, max_rate)
+            await run(conn, pool, dsn, args)
         finally:
             await pool.close()
             await conn.close()
@@ -182,16 +175,10 @@ async def run_build(dsn: str, connections: int | None, max_rate: float | None) -
 
 
 async def run(
-    conn: asyncpg.Connection,
-    pool: asyncpg.Pool,
-    dsn: str,
-    events: int,
-    campaigns: int,
-    rate: int,
-    seconds: float,
-    connections: int | None,
-    max_rate: float | None,
+    conn: asyncpg.Connection, pool: asyncpg.Pool, dsn: str, args: argparse.Namespace
 ) -> None:
+    events, campaigns, rate, seconds = args.events, args.campaigns, args.rate, args.seconds
+    connections, max_rate = args.connections, args.max_rate
     await conn.execute(TABLES)
     loaded = time.perf_counter()
     await conn.execute(LOAD_HISTORY, campaigns, events)
@@ -313,9 +300,4 @@ if __name__ == "__main__":
     if args.raw:
         asyncio.run(raw_only(args.raw))
     else:
-        asyncio.run(
-            main(
-                args.events, args.campaigns, args.rate, args.seconds, args.connections,
-                args.max_rate,
-            )
-        )  # fmt: skip
+        asyncio.run(main(args))

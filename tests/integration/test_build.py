@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import random
 from collections import Counter
+from collections.abc import Callable
 
 import anyio
 import orjson
@@ -63,6 +64,19 @@ class Killed(Exception):
     """The build's process dies here."""
 
 
+def dies_at_step(n: int) -> Callable[[Progress], None]:
+    """A progress callback that kills the build (raises Killed) after its `n`th step."""
+    steps = 0
+
+    def progress(_: Progress) -> None:
+        nonlocal steps
+        steps += 1
+        if steps == n:
+            raise Killed
+
+    return progress
+
+
 @pytest.mark.usefixtures("table", "small_steps")
 async def test_a_build_is_exact_and_goes_on_from_its_checkpoints_after_a_kill(
     pool: db.Pool, dsn: str
@@ -78,16 +92,8 @@ async def test_a_build_is_exact_and_goes_on_from_its_checkpoints_after_a_kill(
     plan = await planned(pool, v2)
     assert plan.events_total == sum(len(ns) for ns in journal.values())
 
-    steps = 0
-
-    def die_at_the_fifth_step(p: Progress) -> None:
-        nonlocal steps
-        steps += 1
-        if steps == 5:
-            raise Killed
-
     with pytest.raises(Killed):
-        await build(pool, v2, connections=1, progress=die_at_the_fifth_step)
+        await build(pool, v2, connections=1, progress=dies_at_step(5))
     # Whatever committed is whole: each campaign's sum is its first events' up to its checkpoint.
     at = {
         r["campaign_id"]: r["applied_seq"]

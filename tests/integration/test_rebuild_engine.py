@@ -14,7 +14,7 @@ from collections import Counter
 import anyio
 import orjson
 import pytest
-from test_build import Journal, Killed, history, totals
+from test_build import Journal, Killed, dies_at_step, history, totals
 from worker_apps import tally, untally
 
 from helpers import BIN, EXAMPLES, TESTS, run_cli, sums, wait_for
@@ -55,16 +55,8 @@ async def test_an_in_place_rebuild_repairs_resumes_after_a_kill_and_is_recorded(
     journal = await damaged(pool, dsn, 40, 40, "UPDATE sums SET n = n * 7")  # all of it
     projector = rebuilt_app(dsn).registry.projectors["tally"]
 
-    steps = 0
-
-    def die_at_the_sixth_step(p: Progress) -> None:
-        nonlocal steps
-        steps += 1
-        if steps == 6:
-            raise Killed
-
     with pytest.raises(Killed):
-        await build(pool, projector, in_place=True, progress=die_at_the_sixth_step)
+        await build(pool, projector, in_place=True, progress=dies_at_step(6))
     [stopped] = await list_builds(pool)
     assert (stopped.projector, stopped.kind, stopped.state) == ("tally", "in-place", "stopped")
     assert 0 < stopped.events < stopped.events_total
