@@ -47,10 +47,16 @@ api = FastAPI(lifespan=lifespan)
 async def place_order(customer: str, order_id: str) -> dict[str, object]:
     pool = api.state.pool
     async with pool.acquire() as conn, conn.transaction():
-        await conn.execute("INSERT INTO orders (id, customer) VALUES ($1, $2)", order_id, customer)
-        placed = await outbox.append(
-            conn, f"order-{order_id}", [outbox.Event("order.placed", {"customer": customer})]
+        placed = await outbox.append(  # first, keyed: a client's retry answers duplicate
+            conn,
+            f"order-{order_id}",
+            [outbox.Event("order.placed", {"customer": customer})],
+            idempotency_key=f"place-{order_id}",
         )
+        if not placed.duplicate:
+            await conn.execute(
+                "INSERT INTO orders (id, customer) VALUES ($1, $2)", order_id, customer
+            )
     applied = await outbox.wait_applied(pool, placed.campaign_id, placed.last_seq, timeout=5)
     if not applied:  # says why: still pending, or blocked by a failed or dead row
         return {"order": order_id, "applied": False, "state": applied.state}

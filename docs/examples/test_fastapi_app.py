@@ -30,7 +30,9 @@ async def test_a_placed_order_is_counted_before_the_answer(
         transport = httpx.ASGITransport(app=api)
         async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
             answer = (await client.post("/customers/ada/orders/o-1")).json()
+            retried = (await client.post("/customers/ada/orders/o-1")).json()  # the same request
     assert answer == {"order": "o-1", "applied": True, "customer_orders": 1}
+    assert retried == answer  # a duplicate: nothing written twice, nothing counted twice
     await assert_queue_empty(outbox_pool)
 
 

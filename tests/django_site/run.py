@@ -41,6 +41,7 @@ def main() -> None:
     place_order = namespace["place_order"]
     assert callable(place_order)
     answers["docs"] = place_order("o-docs").last_seq
+    answers["docs_retried"] = place_order("o-docs").duplicate  # the same request again
     sys.stdout.write(orjson.dumps(answers).decode() + "\n")
 
 

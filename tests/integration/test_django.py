@@ -31,6 +31,7 @@ async def test_a_django_view_appends_in_its_atomic_block(pool: db.Pool, dsn: str
     assert answers["keyed"] == {"first_seq": 1, "last_seq": 1, "duplicate": False}
     assert answers["retried"] == {"first_seq": 1, "last_seq": 1, "duplicate": True}
     assert answers["docs"] == 1  # docs/append.md's Django example, as written
+    assert answers["docs_retried"] is True  # its retry: a duplicate, nothing written again
     assert await pool.fetchval("SELECT count(*) FROM orders WHERE id = 'o-docs'") == 1
     # What committed: two orders and their events; nothing of the two refused requests.
     rows = [r["id"] for r in await pool.fetch("SELECT id FROM domain_rows ORDER BY id")]
