@@ -18,7 +18,7 @@ import orjson
 
 from outbox import buckets, db
 from outbox.errors import EventUnavailable
-from outbox.model import StoredEvent
+from outbox.model import EventBatch, StoredEvent
 from outbox.queries import Queries
 
 if TYPE_CHECKING:
@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Decoded",
     "JournalEntry",
+    "batch_of",
     "decode_bulk",
     "decode_event",
     "decode_record",
@@ -114,6 +115,18 @@ def decode_bulk(rows: Sequence[db.Record]) -> Decoded:
         else:
             decoded.payloads[index], decoded.metadata[index] = event.payload, event.metadata
     return decoded
+
+
+def batch_of(
+    rows: Sequence[db.Record], payloads: list[Any], metadata: Sequence[dict[str, Any] | None]
+) -> EventBatch:
+    """Journal rows (`load_ranges`' columns, in its order: campaign, seq, type, payload,
+    metadata, recorded_at) with their decoded payloads and metadata as one batch: the columns
+    taken at once, not looked up by name per event."""
+    if not rows:
+        return EventBatch([], [], [], [], [], [])
+    cids, seqs, types, _, _, recorded = (list(c) for c in zip(*rows, strict=True))
+    return EventBatch(cids, seqs, types, payloads, [m or {} for m in metadata], recorded)
 
 
 def decode_record(r: db.Record, campaign_id: str | None = None) -> StoredEvent:

@@ -40,16 +40,16 @@ from dataclasses import dataclass, field
 import anyio
 
 from outbox import db
-from outbox.append.journal import decode_bulk, load_ranges
+from outbox.append.journal import batch_of, decode_bulk, load_ranges
 from outbox.buckets import bucket_count
 from outbox.errors import ConfigError, Conflict
-from outbox.model import EventBatch
 from outbox.projection.builds import (
     Built,
     Kind,
     Part,
     Progress,
     Throttle,
+    add_counts,
     buildable,
     count_totals,
     open_build,
@@ -128,7 +128,7 @@ async def build(
         await _hold_whole(whole, projector.name)
         try:
             parts = await read_parts(whole, projector.name)
-            state = await open_build(whole, projector.name, kind)
+            state = await open_build(whole, projector.name, kind, parts)
             if not state.resumed:
                 parts = {}
             walk = _Walk(pool, projector, state, Throttle(max_rate), progress, parts, kind)
@@ -282,16 +282,9 @@ class _Walk:
                 part.add(got)
                 part.after = max([c for c, *_, fresh in ranges if fresh], default=part.after)
                 await record_part(conn, name, bucket, part)
-        self.count(got)
+        add_counts(self.state, got)  # committed: counted in the progress
         step.after = cursor
         return True
-
-    def count(self, got: Part) -> None:
-        """A committed step's part, counted in the progress."""
-        self.state.events += got.events
-        self.state.campaigns += got.campaigns
-        self.state.skipped += got.skipped
-        self.state.failed += got.failed
 
     async def redeliver(self, conn: db.Connection, step: _Step) -> bool:
         """One step of a lease-mode projector's replay (`redeliver`): whether the bucket has
@@ -305,7 +298,7 @@ class _Walk:
         got, part.after = given
         part.add(got)
         await record_part(conn, self.projector.name, step.bucket, part)
-        self.count(got)
+        add_counts(self.state, got)
         return True
 
     async def isolated(
@@ -354,11 +347,7 @@ class _Walk:
             rows = [rows[i] for i in keep]
             payloads, metadata = [payloads[i] for i in keep], [metadata[i] for i in keep]
         if rows:
-            # The columns at once (load_ranges' order: campaign, seq, type, payload, metadata,
-            # recorded_at), not a lookup by name per event.
-            cids, seqs, types, _, _, recorded = (list(c) for c in zip(*rows, strict=True))
-            batch = EventBatch(cids, seqs, types, payloads, [m or {} for m in metadata], recorded)
-            await projector.run(conn, batch, replaying=True)
+            await projector.run(conn, batch_of(rows, payloads, metadata), replaying=True)
         moves = sorted((c, projector.name, hi) for c, (lo, hi, _) in ends.items() if hi >= lo)
         await settle(conn, bucket=bucket, checkpoints=moves, notify_applied=False)
         got.events += len(rows)

@@ -29,12 +29,14 @@ from outbox.projection.registry import Projector
 from outbox.queries import Queries
 
 __all__ = [
+    "COUNTS",
     "Build",
     "Built",
     "Kind",
     "Part",
     "Progress",
     "Throttle",
+    "add_counts",
     "buildable",
     "count_totals",
     "list_builds",
@@ -148,10 +150,17 @@ class Part:
 
     def add(self, step: Part) -> None:
         """Count a step's events, campaigns, skips and failures in."""
-        self.events += step.events
-        self.campaigns += step.campaigns
-        self.skipped += step.skipped
-        self.failed += step.failed
+        add_counts(self, step)
+
+
+# What a build counts, in a bucket's part and in its progress alike.
+COUNTS = ("events", "campaigns", "skipped", "failed")
+
+
+def add_counts(into: Part | Progress, got: Part) -> None:
+    """Add what `got` counted (`COUNTS`) into a part or a progress."""
+    for name in COUNTS:
+        setattr(into, name, getattr(into, name) + getattr(got, name))
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,14 +237,19 @@ async def planned(
     return Progress(projector.name, row["events"], row["campaigns"])
 
 
-async def open_build(conn: db.Connection, name: str, kind: Kind) -> Progress:
+async def open_build(
+    conn: db.Connection, name: str, kind: Kind, parts: Mapping[int, Part]
+) -> Progress:
     """Record a build of projector `name` starting, its totals not counted yet (`counted`):
-    the one recorded, when it did not complete and was of `kind`, resumed (its counters
-    carried, `resumed` set); else a new one, its buckets' parts gone. An in-place rebuild that
-    stopped half way is finished before anything else builds the projector (Conflict)."""
+    the one recorded, when it did not complete and was of `kind`, resumed (its counters the
+    sums of its `parts`, `resumed` set); else a new one, its buckets' parts gone. An in-place
+    rebuild that stopped half way is finished before anything else builds the projector
+    (Conflict)."""
     row = await conn.fetchrow(Q.get_build, name)
     if row is not None and row["state"] != "complete":
-        done = Part(None, *(row[k] or 0 for k in ("events", "campaigns", "skipped", "failed")))
+        done = Part()
+        for part in parts.values():
+            done.add(part)
         if row["kind"] != kind and row["kind"] == "in-place":
             raise Conflict(
                 f"an in-place rebuild of {name!r} stopped half way ({done.events:,} events "
@@ -243,10 +257,12 @@ async def open_build(conn: db.Connection, name: str, kind: Kind) -> Progress:
             )
         if row["kind"] == kind:
             await conn.execute(Q.resume_build, name)
-            return Progress(
-                name, done.events, done.campaigns, done.events, done.campaigns, done.skipped,
-                done.failed, seconds=row["seconds"], kind=kind, resumed=True,
+            resumed = Progress(
+                name, done.events, done.campaigns, seconds=row["seconds"], kind=kind,
+                resumed=True,
             )  # fmt: skip
+            add_counts(resumed, done)
+            return resumed
     async with conn.transaction():
         await conn.execute(Q.delete_build_buckets, name)
         await conn.execute(Q.create_build, name, kind)
@@ -295,10 +311,13 @@ async def list_builds(executor: db.Executor) -> list[Build]:
     found = []
     for r in rows:
         state = "stopped" if r["state"] == "running" and not r["held"] else r["state"]
-        events = r["events"] or 0
-        rate = events / r["seconds"] if r["seconds"] > 0 else 0.0
-        left = max(r["events_total"] - events, 0)
-        eta = left / rate if state == "running" and rate else None
+        events, campaigns, skipped, failed = (r[k] or 0 for k in COUNTS)
+        # Its rate, and its ETA while it runs, as its progress has them.
+        progress = Progress(
+            r["projector"], r["events_total"], r["campaigns_total"], events, campaigns,
+            skipped, failed, r["seconds"], counted=True,
+        )  # fmt: skip
+        eta = progress.eta if state == "running" else None
         found.append(
             Build(
                 r["projector"],
@@ -309,11 +328,11 @@ async def list_builds(executor: db.Executor) -> list[Build]:
                 r["events_total"],
                 r["campaigns_total"],
                 events,
-                r["campaigns"] or 0,
-                r["skipped"] or 0,
-                r["failed"] or 0,
+                campaigns,
+                skipped,
+                failed,
                 r["seconds"],
-                round(rate, 1),
+                round(progress.rate, 1),
                 None if eta is None else round(eta, 1),
             )
         )

@@ -1,20 +1,9 @@
 -- The catch-up engine's record of its builds (`builds.py`, S30): progress and resume points.
 
--- fragment: builds_counted
--- Each projector's latest build with its counters: the sums of its buckets' parts (null
--- before its first step).
-FROM @extschema@.outbox_builds b
-LEFT JOIN (
-    SELECT p.projector, sum(p.events)::bigint AS events, sum(p.campaigns)::bigint AS campaigns,
-           sum(p.skipped)::bigint AS skipped, sum(p.failed)::bigint AS failed
-    FROM @extschema@.outbox_build_buckets p
-    GROUP BY p.projector
-) c ON c.projector = b.projector
-
 -- name: get_build
--- Projector $1's latest build, as recorded, with its counters.
-SELECT b.projector, b.kind, b.state, b.seconds, c.events, c.campaigns, c.skipped, c.failed
--- include: builds_counted
+-- Projector $1's latest build, as recorded (its counters are its buckets' parts).
+SELECT b.kind, b.state, b.seconds
+FROM @extschema@.outbox_builds b
 WHERE b.projector = $1::text
 
 -- name: create_build
@@ -60,7 +49,13 @@ SELECT b.projector, b.kind, b.state, b.started_at, b.updated_at, b.events_total,
              AND l.classid = (@extschema@.outbox_build_key(b.projector)::bigint & 4294967295)::oid
              AND l.objid = 4294967295::bigint::oid
        ) AS held
--- include: builds_counted
+FROM @extschema@.outbox_builds b
+LEFT JOIN (
+    SELECT p.projector, sum(p.events)::bigint AS events, sum(p.campaigns)::bigint AS campaigns,
+           sum(p.skipped)::bigint AS skipped, sum(p.failed)::bigint AS failed
+    FROM @extschema@.outbox_build_buckets p
+    GROUP BY p.projector
+) c ON c.projector = b.projector
 ORDER BY b.projector
 
 -- name: list_build_buckets

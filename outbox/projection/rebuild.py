@@ -73,7 +73,7 @@ def registered(registry: Registry, name: str) -> Projector:
 
 def rebuildable(registry: Registry, name: str) -> Projector:
     """The projector to rebuild, or a ConfigError saying why it cannot be."""
-    projector = registry.projectors.get(name) or registered(registry, name)
+    projector = registered(registry, name)
     if not projector.transactional:  # lease mode: its history given again, if it asks
         buildable(projector)
         return projector

@@ -12,8 +12,7 @@ or whose journal holds an event that cannot be decoded (up to it), is counted fa
 from __future__ import annotations
 
 from outbox import db
-from outbox.append.journal import decode_bulk, load_ranges
-from outbox.model import StoredEvent
+from outbox.append.journal import batch_of, decode_bulk, load_ranges
 from outbox.projection.builds import Part, Throttle
 from outbox.projection.registry import Projector
 from outbox.queries import Queries
@@ -45,8 +44,9 @@ async def redeliver(
     heads = await conn.fetch(Q.list_replay_campaigns, bucket, after, CAMPAIGNS)
     ranges, budget = [], EVENTS
     for r in heads:
-        ranges.append((r["campaign_id"], 1, r["last_seq"] or 0))
-        budget -= r["last_seq"] or 0
+        head = r["last_seq"] or 0
+        ranges.append((r["campaign_id"], 1, head))
+        budget -= head
         if budget <= 0:
             break
     if not ranges:
@@ -57,26 +57,28 @@ async def redeliver(
         for r in await load_ranges(conn, ranges, bucket=bucket)
         if r["event_type"] in projector.events
     ]
-    decoded, cut, got = decode_bulk(rows), set[str](), Part()
-    given: dict[str, list[StoredEvent]] = {c: [] for c, _, _ in ranges}
+    decoded, cut, keep = decode_bulk(rows), set[str](), list[int]()
     for i, r in enumerate(rows):  # up to an event that cannot be decoded (S8)
-        cid = r["campaign_id"]
-        if i in decoded.unavailable or cid in cut:
-            cut.add(cid)
-            continue
-        given[cid].append(
-            StoredEvent(
-                cid, r["seq"], r["event_type"], decoded.payloads[i],
-                decoded.metadata[i] or {}, r["recorded_at"],
-            )
-        )  # fmt: skip
-    for campaign, events in given.items():
+        if i in decoded.unavailable or r["campaign_id"] in cut:
+            cut.add(r["campaign_id"])
+        else:
+            keep.append(i)
+    batch = batch_of(
+        [rows[i] for i in keep],
+        [decoded.payloads[i] for i in keep],
+        [decoded.metadata[i] for i in keep],
+    )
+    given: dict[str, list[int]] = {c: [] for c, _, _ in ranges}
+    for j, cid in enumerate(batch.campaign_ids):
+        given[cid].append(j)
+    got = Part()
+    for campaign, indexes in given.items():
         try:
-            await projector.run(pool, events, replaying=True)  # type: ignore[arg-type]
+            await projector.run(pool, batch.take(indexes), replaying=True)  # type: ignore[arg-type]
         except Exception:
             got.failed += 1
             continue
-        got.events += len(events)
+        got.events += len(indexes)
         got.campaigns += campaign not in cut
         got.failed += campaign in cut
     return got, ranges[-1][0]

@@ -8,7 +8,8 @@ subscribes to this type" from an index built once. No I/O happens here.
 from __future__ import annotations
 
 import re
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
@@ -121,27 +122,27 @@ class Projector:
         """Call the function: once with `events` as an EventBatch (batch), or once per event;
         `running_projector()` is this projector meanwhile, and `replaying()` says whether the
         events are history given again (a build, a rebuild, a catch-up from the journal)."""
-        token = _running.set(self)
-        replay = _replaying.set(replaying)
-        try:
+        with self._as_running(replaying):
             if self.batch:
                 await self.fn(conn, EventBatch.of(events))  # type: ignore[arg-type]
                 return
             for event in events:
                 await self.fn(conn, event)  # type: ignore[arg-type]
-        finally:
-            _replaying.reset(replay)
-            _running.reset(token)
 
     async def reset_campaign(self, conn: Connection, campaign_id: str) -> None:
         """Call its reset hook on one campaign (a rebuild's first step there), as its
         function runs: `running_projector()` is this projector, `replaying()` true."""
         if self.reset is None:
             raise ConfigError(f"projector {self.name!r} has no reset hook")
-        token = _running.set(self)
-        replay = _replaying.set(True)
-        try:
+        with self._as_running(True):
             await self.reset(conn, campaign_id)
+
+    @contextmanager
+    def _as_running(self, replaying: bool) -> Iterator[None]:
+        """`running_projector()` this projector and `replaying()` `replaying` in the block."""
+        token, replay = _running.set(self), _replaying.set(replaying)
+        try:
+            yield
         finally:
             _replaying.reset(replay)
             _running.reset(token)
