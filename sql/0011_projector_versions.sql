@@ -5,13 +5,15 @@
 -- live in one step (`maintenance projector-promote`); readers ask which version is live
 -- (`outbox_live_version`). A version below the live one is superseded: owed no work.
 
+-- The declared name and the version are read off the key (a declared name never ends in
+-- `@vN`), never written: a worker of the release before versions, still running during a
+-- rolling upgrade, records its projectors without them, and they are its version 1.
 ALTER TABLE outbox_projectors
-    ADD COLUMN base text,
-    ADD COLUMN version integer NOT NULL DEFAULT 1
-        CONSTRAINT outbox_projectors_version_check CHECK (version >= 1);
-UPDATE outbox_projectors SET base = projector;
-ALTER TABLE outbox_projectors
-    ALTER COLUMN base SET NOT NULL,
+    ADD COLUMN base text NOT NULL
+        GENERATED ALWAYS AS (regexp_replace(projector, '@v[0-9]+$', '')) STORED,
+    ADD COLUMN version integer NOT NULL
+        GENERATED ALWAYS AS (coalesce(substring(projector FROM '@v([0-9]+)$')::integer, 1)) STORED
+        CONSTRAINT outbox_projectors_version_check CHECK (version >= 1),
     ADD CONSTRAINT outbox_projectors_base_version_key UNIQUE (base, version);
 
 -- The live version of each projector (by its declared name): made by the first record of any

@@ -1666,8 +1666,8 @@ CREATE TABLE outbox.outbox_projectors (
     sweep_bucket integer,
     sweep_campaign text,
     swept_at timestamp with time zone,
-    base text NOT NULL,
-    version integer DEFAULT 1 NOT NULL,
+    base text GENERATED ALWAYS AS (regexp_replace(projector, '@v[0-9]+$'::text, ''::text)) STORED NOT NULL,
+    version integer GENERATED ALWAYS AS (COALESCE(("substring"(projector, '@v([0-9]+)$'::text))::integer, 1)) STORED NOT NULL,
     CONSTRAINT outbox_projectors_start_check CHECK ((start = ANY (ARRAY['beginning'::text, 'now'::text]))),
     CONSTRAINT outbox_projectors_version_check CHECK ((version >= 1))
 );

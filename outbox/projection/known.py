@@ -104,8 +104,6 @@ async def record(executor: Executor, registry: Registry, worker_id: str) -> list
     document = [
         {
             "projector": p.name,
-            "base": p.base,
-            "version": p.version,
             "events": sorted(p.events),
             "ordered": p.ordered,
             "transactional": p.transactional,

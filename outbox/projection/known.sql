@@ -2,20 +2,20 @@
 -- them, retired by an operator (audited in outbox_projector_audit).
 
 -- name: record_projectors
--- A worker's projectors as it runs them ($1: a JSON array of {projector, base, version,
--- events, ordered, transactional, start}; by worker $2): new ones first seen now, known ones
+-- A worker's projectors as it runs them ($1: a JSON array of {projector, events, ordered,
+-- transactional, start}; by worker $2; the declared name and version are read off the
+-- projector's key by the table): new ones first seen now, known ones
 -- refreshed. A new one that starts at the beginning has its sweep under way (S25); where a
 -- projector starts counts once, when it is first seen. A projector none of whose versions had
 -- a live one gets its lowest version here live (S29). Which were new comes back.
 WITH recorded AS (
     INSERT INTO @extschema@.outbox_projectors AS p
-        (projector, base, version, events, ordered, transactional, start, first_seen_at,
-         last_seen_at, last_seen_by, swept_at)
-    SELECT r.projector, r.base, r.version, r.events, r.ordered, r.transactional, r.start, c.at,
-           c.at, $2::text, CASE WHEN r.start = 'now' THEN c.at END
+        (projector, events, ordered, transactional, start, first_seen_at, last_seen_at,
+         last_seen_by, swept_at)
+    SELECT r.projector, r.events, r.ordered, r.transactional, r.start, c.at, c.at, $2::text,
+           CASE WHEN r.start = 'now' THEN c.at END
     FROM jsonb_to_recordset($1::text::jsonb)
-        AS r(projector text, base text, version integer, events text[], ordered boolean,
-             transactional boolean, start text),
+        AS r(projector text, events text[], ordered boolean, transactional boolean, start text),
         (SELECT clock_timestamp() AS at) c
     ORDER BY r.projector
     ON CONFLICT (projector) DO UPDATE

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import subprocess
 import sys
 
@@ -48,7 +50,14 @@ def test_python_m_outbox_runs_both_tools() -> None:
 
 def test_the_package_ships_its_license_changelog_and_typing_marker() -> None:
     assert (ROOT / "LICENSE").read_text().startswith("MIT License")
-    assert f"## {outbox.__version__}" in (ROOT / "CHANGELOG.md").read_text()
+    changelog = (ROOT / "CHANGELOG.md").read_text()
+    release = re.sub(r"\.dev[0-9]+$", "", outbox.__version__)  # a development build's release
+    assert f"\n## {release} - " in changelog
+    # Each release after the first says how an upgrade to it runs: rolling, or with a stop.
+    sections = re.split(r"^## ", changelog, flags=re.M)[1:]
+    assert sections[-1].startswith("0.1.0 - ")
+    for section in sections[:-1]:
+        assert re.search(r"^### Upgrading .*: (rolling|needs a stop)$", section, re.M), section[:40]
     assert (ROOT / "outbox" / "py.typed").exists()
 
 

@@ -34,7 +34,6 @@ from outbox import AppendOutcomeUnknown, Event, Settings, append, db
 HERE = Path(__file__).resolve().parent
 # The summary lines of the scenarios run, printed at the end by the tier's conftest.
 SUMMARY: list[str] = []
-WORKER = [sys.executable, str(ROOT / "cmd" / "outbox-worker.py")]
 
 
 @dataclass
@@ -45,6 +44,7 @@ class Fleet:
     logs: Path
     env: dict[str, str] = field(default_factory=dict)
     app: str = "faults_app:app"
+    code: Path = ROOT  # the checkout whose worker starts: another release's (an upgrade's)
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     log_of: dict[str, Path] = field(default_factory=dict)
     unplanned: list[str] = field(default_factory=list)
@@ -56,8 +56,11 @@ class Fleet:
         log = self.log_of[name].open("wb")
         environ = {k: v for k, v in os.environ.items() if not k.startswith("OUTBOX_")}
         environ |= {"OUTBOX_DSN": self.dsn, "OUTBOX_LOG_LEVEL": "info", **self.env}
+        if self.code != ROOT:  # its own package first, before the one installed from here
+            environ["PYTHONPATH"] = str(self.code)
+        worker = [sys.executable, str(self.code / "cmd" / "outbox-worker.py")]
         self.procs[name] = subprocess.Popen(
-            [*WORKER, "--app", self.app, *args],
+            [*worker, "--app", self.app, *args],
             cwd=HERE,
             env=environ,
             stdin=subprocess.DEVNULL,
@@ -94,20 +97,35 @@ class Fleet:
         """SIGTERM every worker once it serves; anything but exit 0 is unplanned."""
         self.check()
         for name in self.procs:
-            # A worker restarted a moment ago may still be importing; stop it once it serves,
-            # so its exit code says how the service shuts down.
-            with anyio.fail_after(60):
-                while b"worker.registered" not in self.log_of[name].read_bytes():  # noqa: ASYNC110
-                    await anyio.sleep(0.05)
+            await self._serving(name)
         for proc in self.procs.values():
             proc.send_signal(signal.SIGTERM)
-        for name, proc in self.procs.items():
-            with anyio.fail_after(90):
-                while proc.poll() is None:  # noqa: ASYNC110 - a child process, polled
-                    await anyio.sleep(0.05)
-            if proc.returncode != 0:
-                self.unplanned.append(f"{name} exited {proc.returncode} on SIGTERM")
+        for name in self.procs:
+            await self._ended(name)
         self.procs.clear()
+
+    async def stop_one(self, name: str) -> None:
+        """SIGTERM one worker once it serves (a rolling restart's step); exit 0 or unplanned."""
+        self.check()
+        await self._serving(name)
+        self.procs[name].send_signal(signal.SIGTERM)
+        await self._ended(name)
+        del self.procs[name]
+
+    async def _serving(self, name: str) -> None:
+        # A worker restarted a moment ago may still be importing; stop it once it serves, so
+        # its exit code says how the service shuts down.
+        with anyio.fail_after(60):
+            while b"worker.registered" not in self.log_of[name].read_bytes():  # noqa: ASYNC110
+                await anyio.sleep(0.05)
+
+    async def _ended(self, name: str) -> None:
+        proc = self.procs[name]
+        with anyio.fail_after(90):
+            while proc.poll() is None:  # noqa: ASYNC110 - a child process, polled
+                await anyio.sleep(0.05)
+        if proc.returncode != 0:
+            self.unplanned.append(f"{name} exited {proc.returncode} on SIGTERM")
 
     def log_lines(self) -> list[dict[str, object] | str]:
         """Every stderr line of every worker: a JSON object, or the raw line when it is not."""
