@@ -1,7 +1,9 @@
 """Every example of docs/append.md runs as written, each on its own stack, against a real
 server: your row and its event commit together. The Django example runs in the Django site's
-subprocess (test_django.py); the Go example's statement runs here as pgx would send it (no Go
-toolchain is needed to check the SQL it relies on)."""
+subprocess (test_django.py); the Go examples' statements run here as pgx would send them (no Go
+toolchain is needed to check the SQL they rely on); the Node examples run in `node` with the
+`pg` that docs/examples/node pins, installed from the npm registry (skipped, saying why, where
+the machine has no `node`: .ci/run installs it)."""
 
 from __future__ import annotations
 
@@ -9,9 +11,11 @@ import re
 import shutil
 import subprocess
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import anyio
+import orjson
 import psycopg
 import pytest
 from sqlalchemy import create_engine
@@ -57,6 +61,10 @@ def test_the_docs_have_an_example_per_stack() -> None:
         "django",
         "psql",
         "go",
+        "node",
+        "psql-try",
+        "go-try",
+        "node-try",
     }
 
 
@@ -143,3 +151,118 @@ async def test_the_go_examples_statement_runs_as_pgx_sends_it(pool: db.Pool, dsn
     assert (again["first_seq"], again["duplicate"]) == (1, True)
     assert getattr(refused.value, "sqlstate", None) == "OB002"
     assert await placed(pool, "o-go")
+
+
+@pytest.mark.usefixtures("orders")
+async def test_the_psql_try_example_goes_on_after_a_refusal(pool: db.Pool, dsn: str) -> None:
+    psql = shutil.which("psql")
+    if psql is None:
+        pytest.skip("psql is not installed")
+    proc = subprocess.run(  # noqa: ASYNC221 - a short, bounded client run
+        [psql, dsn, "-v", "ON_ERROR_STOP=1", "-q", "-A", "-t", "-f", "-"],
+        input=EXAMPLES["psql-try"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    refused, appended = proc.stdout.splitlines()
+    assert refused.startswith("expected_seq|0|campaign 'order-o-try': expected seq 7, head is 0")
+    assert appended == "1|1|"  # the same transaction went on and appended at the head
+    assert await journal_seqs(pool, "order-o-try") == [1]
+
+
+async def test_the_go_try_examples_statement_goes_on_after_a_refusal(dsn: str) -> None:
+    (call,) = re.findall(r"`([^`]+)`", EXAMPLES["go-try"])
+    conn = await db.connect(dsn, codecs=False)
+    events = '[{"type":"order.placed","payload":{"id":"o-go-try"}}]'
+    try:
+        async with conn.transaction():
+            refused = await conn.fetchrow(call, "order-o-go-try", events, 3, None)
+            appended = await conn.fetchrow(call, "order-o-go-try", events, 0, None)
+    finally:
+        await conn.close()
+    assert refused is not None
+    assert appended is not None
+    assert (refused["refusal"], refused["field"], refused["last_seq"]) == (
+        "expected_seq",
+        "expected_seq",
+        0,
+    )
+    assert (appended["refusal"], appended["first_seq"]) == (None, 1)
+
+
+# The Node examples as a service would use them: placeOrder twice (the second a retry), then
+# appendAt refused at a stale head and, in the same transaction, appending at the head.
+NODE_RUN = """
+const { Pool } = require("pg");
+const { placeOrder } = require("./place_order");
+const { appendAt } = require("./append_at");
+
+(async () => {
+  const pool = new Pool({ connectionString: process.env.DATABASE_URL });
+  const placed = [await placeOrder(pool, "o-node"), await placeOrder(pool, "o-node")];
+  const client = await pool.connect();
+  await client.query("BEGIN");
+  const events = [{ type: "order.placed", payload: { id: "o-node-try" } }];
+  const refused = await appendAt(client, "order-o-node-try", events, 4);
+  const appended = await appendAt(client, "order-o-node-try", events, refused.last_seq);
+  await client.query("COMMIT");
+  client.release();
+  let invalid = null;
+  try {
+    await pool.query("SELECT * FROM outbox.outbox_append($1, $2)", ["", JSON.stringify(events)]);
+  } catch (err) {
+    invalid = { code: err.code, message: err.message };
+  }
+  await pool.end();
+  console.log(JSON.stringify({ placed, refused, appended, invalid }));
+})().catch((err) => {
+  console.error(err.message);
+  process.exit(1);
+});
+"""
+
+
+@pytest.fixture(scope="module")
+def node_example(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """docs/examples/node's dependencies installed (npm ci, from its lock file), beside the
+    docs' two Node examples as modules."""
+    node, npm = shutil.which("node"), shutil.which("npm")
+    if node is None or npm is None:
+        pytest.skip("node and npm are not installed (.ci/run installs Debian's)")
+    where = tmp_path_factory.mktemp("node")
+    for name in ("package.json", "package-lock.json"):
+        shutil.copy(ROOT / "docs" / "examples" / "node" / name, where / name)
+    installed = subprocess.run(
+        [npm, "ci", "--no-audit", "--no-fund", "--ignore-scripts"],
+        cwd=where, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert installed.returncode == 0, installed.stderr
+    (where / "place_order.js").write_text(EXAMPLES["node"])
+    (where / "append_at.js").write_text(EXAMPLES["node-try"])
+    (where / "run.js").write_text(NODE_RUN)
+    return where
+
+
+@pytest.mark.usefixtures("orders")
+async def test_the_node_examples_run_as_written(
+    pool: db.Pool, dsn: str, node_example: Path
+) -> None:
+    proc = await anyio.run_process(
+        ["node", "run.js"], cwd=node_example, env={"DATABASE_URL": dsn, "PATH": "/usr/bin:/bin"},
+        check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr.decode()
+    out = orjson.loads(proc.stdout)
+    first, retry = out["placed"]
+    assert first == {"first_seq": "1", "last_seq": "1", "duplicate": False}  # pg: bigint as text
+    assert retry == {"first_seq": "1", "last_seq": "1", "duplicate": True}
+    assert await placed(pool, "o-node")
+    refused, appended = out["refused"], out["appended"]
+    assert (refused["refusal"], refused["last_seq"]) == ("expected_seq", "0")
+    assert (appended["refusal"], appended["first_seq"]) == (None, "1")
+    assert await journal_seqs(pool, "order-o-node-try") == [1]
+    # A refusal raised by outbox_append reaches node as its SQLSTATE and one JSON-worded line.
+    assert out["invalid"] == {"code": "OB001", "message": "campaign_id: must not be empty"}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import asyncpg
@@ -96,6 +97,9 @@ PARITY: list[tuple[str, list[dict[str, Any]], int | None, str | None]] = [
 ]
 
 
+PYTHON_WORDS = re.compile(r"\b(None|True|False|dict|list|tuple|str|int|float|bool|mapping)\b", re.I)
+
+
 async def _refused_in_sql(
     pool: db.Pool, campaign_id: str, events: Any, expected_seq: int | None, key: str | None
 ) -> tuple[str, str]:
@@ -114,6 +118,8 @@ async def _refused_in_sql(
     assert row["refusal"] == "invalid"
     assert f"{row['field']}: {row['message']}" == raised.value.message
     assert raised.value.detail == row["field"]
+    # Worded for every language: JSON's and SQL's words, never Python's.
+    assert not PYTHON_WORDS.search(raised.value.message), raised.value.message
     return row["field"], raised.value.message
 
 

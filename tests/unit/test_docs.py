@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import tomllib
 
 from helpers import ROOT
 from outbox.config import FIELDS, Settings
@@ -30,6 +31,21 @@ def test_readme_lists_every_setting_with_its_default() -> None:
 def test_readme_gives_the_two_commands() -> None:
     assert "make demo" in README
     assert "make test" in README
+
+
+def test_readme_says_what_make_test_runs_and_ci_runs_the_rest() -> None:
+    """`make test` is the unit, integration and acceptance tiers: the fault tier is deselected
+    by its marker and the Citus tier is collected only with --citus; each has a target of its
+    own, which the README names and .ci/run runs after `make test`."""
+    line = next(ln for ln in README.splitlines() if ln.startswith("make test "))
+    assert "the unit, integration and acceptance tiers" in line
+    options = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]
+    assert "-m 'not faults'" in options["ini_options"]["addopts"]
+    assert "--citus" in (ROOT / "Makefile").read_text().split("\ntest-citus:")[1].split("\n\n")[0]
+    ci = (ROOT / ".ci" / "run").read_text().splitlines()
+    steps = [ln for ln in ci if ln.startswith("make ")]
+    assert [s.split()[1] for s in steps[:4]] == ["lint", "test", "test-faults", "test-citus"]
+    assert all(f"`make {t}`" in README for t in ("test-faults", "test-citus"))
 
 
 def test_every_test_the_semantics_cite_exists() -> None:
