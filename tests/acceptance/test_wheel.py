@@ -1,11 +1,12 @@
-"""The wheel works alone: built, installed into a clean virtualenv outside the checkout (with
-the console extra), it migrates, appends, drains with the worker and serves the console from an
-empty directory."""
+"""The wheel works alone: built (from the sdist, which `python -m build` makes first) and
+installed into a clean virtualenv outside the checkout (with the console extra), it migrates,
+appends, drains with the worker and serves the console from an empty directory."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+import tarfile
 import zipfile
 from pathlib import Path
 
@@ -29,7 +30,19 @@ async def test_wheel_installs_and_migrates_from_outside_the_source_tree(
     tmp_path: Path, fresh_db: str
 ) -> None:
     dist = tmp_path / "dist"
-    sh(sys.executable, "-m", "build", "--wheel", "--outdir", dist, ROOT, cwd=tmp_path)
+    # An sdist, and the wheel built from it: the sdist alone makes a working wheel.
+    sh(sys.executable, "-m", "build", "--outdir", dist, ROOT, cwd=tmp_path)
+    (sdist,) = dist.glob("pg_outbox-*.tar.gz")
+    with tarfile.open(sdist) as archive:
+        top = sdist.name.removesuffix(".tar.gz")
+        members = {m.name.removeprefix(f"{top}/") for m in archive.getmembers()}
+    assert {
+        "LICENSE",
+        "README.md",
+        "CHANGELOG.md",
+        "pyproject.toml",
+        "sql/0001_schema.sql",
+    } <= members
     (wheel,) = dist.glob("pg_outbox-*.whl")  # the distribution's name; the import name outbox
     names = set(zipfile.ZipFile(wheel).namelist())
     assert "outbox/migrations/0001_schema.sql" in names
