@@ -400,9 +400,32 @@ CREATE FUNCTION outbox.outbox_error_shape(error text) RETURNS text
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
     RETURN (SELECT CASE WHEN starts_with(m.shape, 'projector ?: '::text) THEN substr(m.shape, 14) ELSE m.shape END AS shape FROM (SELECT regexp_replace(outbox_error_shape.error, '''[^'']*''|"[^"]*"|-?[0-9]+(\.[0-9]+)?'::text, '?'::text, 'g'::text) AS shape) m);
 
+CREATE FUNCTION outbox.outbox_events_json(p_campaign_ids text[], p_seqs bigint[]) RETURNS jsonb
+    LANGUAGE sql STABLE
+    SET search_path TO 'outbox', 'pg_temp'
+    AS $$
+    SELECT coalesce(jsonb_agg(jsonb_build_object(
+               'campaign_id', j.campaign_id, 'seq', j.seq, 'type', j.event_type,
+               'payload', j.payload, 'metadata', j.metadata, 'recorded_at', j.recorded_at)
+               ORDER BY k.ord), '[]'::jsonb)
+    FROM unnest(p_campaign_ids, p_seqs) WITH ORDINALITY AS k(campaign_id, seq, ord)
+    JOIN event_journal j
+        ON j.bucket = outbox_bucket(k.campaign_id) AND j.campaign_id = k.campaign_id
+       AND j.seq = k.seq
+$$;
+
 CREATE FUNCTION outbox.outbox_fingerprint(events jsonb) RETURNS bytea
     LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
     RETURN sha256(convert_to((events)::text, 'UTF8'::name));
+
+CREATE FUNCTION outbox.outbox_function_call(p_function regprocedure, p_arguments text) RETURNS text
+    LANGUAGE sql STABLE
+    SET search_path TO 'outbox', 'pg_temp'
+    AS $$
+    SELECT format('SELECT %I.%I(%s)', n.nspname, p.proname, p_arguments)
+    FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+    WHERE p.oid = p_function
+$$;
 
 CREATE FUNCTION outbox.outbox_hold_rows(p_bucket integer, p_campaigns text[], p_seqs bigint[], p_now timestamp with time zone) RETURNS void
     LANGUAGE plpgsql
@@ -858,6 +881,29 @@ BEGIN
     GET DIAGNOSTICS m = ROW_COUNT;
     EXECUTE format('TRUNCATE ONLY %s, %s', campaigns, rows);
     RETURN QUERY SELECT v_old, 'rotated'::text, n + m + c;
+END
+$_$;
+
+CREATE FUNCTION outbox.outbox_run_sql_hook(p_function regprocedure, p_campaign_id text) RETURNS void
+    LANGUAGE plpgsql
+    SET search_path TO 'outbox', 'pg_temp'
+    AS $_$
+BEGIN
+    IF p_campaign_id IS NULL THEN
+        EXECUTE outbox_function_call(p_function, '');
+    ELSE
+        EXECUTE outbox_function_call(p_function, '$1') USING p_campaign_id;
+    END IF;
+END
+$_$;
+
+CREATE FUNCTION outbox.outbox_run_sql_projector(p_function regprocedure, p_campaign_ids text[], p_seqs bigint[]) RETURNS void
+    LANGUAGE plpgsql
+    SET search_path TO 'outbox', 'pg_temp'
+    AS $_$
+BEGIN
+    EXECUTE outbox_function_call(p_function, '$1')
+        USING outbox_events_json(p_campaign_ids, p_seqs);
 END
 $_$;
 

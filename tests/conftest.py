@@ -10,6 +10,8 @@ own names, and let the fault tier swap the server).
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -19,6 +21,7 @@ from urllib.parse import urlsplit
 import anyio
 import pytest
 
+from helpers import ROOT
 from outbox import db
 from outbox.config import Settings
 
@@ -169,3 +172,22 @@ def small_steps(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setattr(engine, "CAMPAIGNS", 4)
     monkeypatch.setattr(engine, "EVENTS", 9)
+
+
+@pytest.fixture(scope="session")
+def node_project(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A directory with docs/examples/node's dependencies (`pg`) installed by `npm ci` from its
+    lock file, for the tests that run Node programs (they write their scripts into it). Skips,
+    saying why, where the machine has no node or npm (.ci/run installs Debian's)."""
+    node, npm = shutil.which("node"), shutil.which("npm")
+    if node is None or npm is None:
+        pytest.skip("node and npm are not installed (.ci/run installs Debian's)")
+    where = tmp_path_factory.mktemp("node")
+    for name in ("package.json", "package-lock.json"):
+        shutil.copy(ROOT / "docs" / "examples" / "node" / name, where / name)
+    installed = subprocess.run(
+        [npm, "ci", "--no-audit", "--no-fund", "--ignore-scripts"],
+        cwd=where, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert installed.returncode == 0, installed.stderr
+    return where

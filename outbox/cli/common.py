@@ -28,6 +28,7 @@ from outbox.config import Settings, shorten
 from outbox.errors import ConfigError, OutboxError, UsageError, ValidationError
 from outbox.obs import log
 from outbox.projection.app import Outbox
+from outbox.projection.projectors_file import load_projectors
 from outbox.redact import REDACTED, dsn_secrets
 
 __all__ = [
@@ -80,7 +81,11 @@ JsonOption = Annotated[
 
 AppOption = Annotated[
     str | None,
-    typer.Option("--app", envvar="OUTBOX_APP", help="module:attribute of the outbox.Outbox app."),
+    typer.Option(
+        "--app",
+        envvar="OUTBOX_APP",
+        help="module:attribute of the outbox.Outbox app, or a projectors file (*.toml).",
+    ),
 ]
 
 LogFormatOption = Annotated[
@@ -158,7 +163,10 @@ def settings_for(**overrides: Any) -> Settings:
 
 
 def load_app(path: str) -> Outbox:
-    """`module:attribute` → the Outbox app it names; any problem is a usage error."""
+    """`module:attribute` → the Outbox app it names, or a projectors file (`*.toml`) → the
+    app its SQL projectors make; any problem is a usage error."""
+    if path.endswith(".toml"):
+        return load_projectors(path)
     module_name, sep, attribute = path.partition(":")
     if not sep or not module_name or not attribute:
         raise UsageError(f"--app: expected module:attribute, got {shorten(path)}")
@@ -185,7 +193,9 @@ def prepare_app(app_path: str | None, **overrides: Any) -> Outbox:
     """The --app, with option overrides applied and validated, and a database named: every
     problem a usage error, raised before any connection opens."""
     if not app_path:
-        raise UsageError("no app given: pass --app module:attribute or set OUTBOX_APP")
+        raise UsageError(
+            "no app given: pass --app module:attribute (or a projectors file) or set OUTBOX_APP"
+        )
     outbox_app = load_app(app_path)
     if "dsn" in overrides:
         overrides["dsn"] = overrides["dsn"] or Invocation.dsn

@@ -29,11 +29,13 @@ from outbox.cli.common import (
     run,
 )
 from outbox.cli.common import main as run_main
-from outbox.config import FIELDS, resolve_worker_mode
+from outbox.config import FIELDS, resolve_worker_mode, shorten
 from outbox.errors import UsageError
 from outbox.model import BatchCounts
 from outbox.obs import log
 from outbox.ops.report import Leftovers, leftovers
+from outbox.projection.sql_projectors import check_functions
+from outbox.queries import using_schema
 from outbox.worker.memory import pin_malloc_thresholds
 from outbox.worker.registration import new_worker_id
 from outbox.worker.runtime import build_service, open_pool_when_up
@@ -103,6 +105,14 @@ class DrainSummary:
 @_with_setting_options
 def worker(
     app_path: AppOption = None,
+    projectors_path: Annotated[
+        str | None,
+        typer.Option(
+            "--projectors",
+            envvar="OUTBOX_PROJECTORS",
+            help="A projectors file (TOML): SQL projectors, no Python app (instead of --app).",
+        ),
+    ] = None,
     dsn: DsnOption = None,
     drain_all: Annotated[
         bool,
@@ -147,6 +157,12 @@ def worker(
     except ValueError as exc:
         raise UsageError(f"--log-level/--log-format: {exc}") from None
     given = {name: FIELDS[name].read(raw) for name, raw in settings.items() if raw is not None}
+    if projectors_path is not None:
+        if app_path is not None:
+            raise UsageError("--projectors and --app exclude each other: give one")
+        if not projectors_path.endswith(".toml"):
+            raise UsageError(f"--projectors: expected a .toml file, got {shorten(projectors_path)}")
+        app_path = projectors_path
     outbox_app = prepare_app(app_path, dsn=dsn, **given)
     pin_malloc_thresholds()  # a process of its own: its heap must not creep over the days
     resolved = outbox_app.settings
@@ -160,6 +176,8 @@ def worker(
     async def body() -> tuple[BatchCounts, Leftovers | None]:
         pool = await open_pool_when_up(resolved, wait=wait)
         try:
+            with using_schema(resolved.schema):
+                await check_functions(pool, outbox_app.registry.sql_signatures())
             service = build_service(
                 outbox_app,
                 pool,

@@ -29,6 +29,7 @@ from outbox.projection.registry import (
     Start,
     track_name,
 )
+from outbox.projection.sql_projectors import SqlFunctions, function_name
 from outbox.projection.versions import SupersededVersions
 from outbox.queries import using_schema
 from outbox.retry import FailurePolicy
@@ -38,6 +39,11 @@ __all__ = ["Outbox"]
 F = TypeVar("F", bound=Callable[..., Awaitable[None]])
 # A statement projector's function: an event -> the statement's arguments (None: skip it).
 A = TypeVar("A", bound=Callable[[StoredEvent], Sequence[Any] | None])
+
+
+def _check_events(name: str, events: object) -> None:
+    if isinstance(events, str):
+        raise ConfigError(f"projector {name!r}: events must be a list of types, not a string")
 
 
 class Outbox:
@@ -118,34 +124,46 @@ class Outbox:
           history again (S31), at least once, outside any transaction; without it, a lease
           projector's side effects are never replayed. `outbox.replaying()` is true meanwhile.
         """
-        if isinstance(events, str):
-            raise ConfigError(f"projector {name!r}: events must be a list of types, not a string")
-        guarded = transactional if ordered is None else ordered
-        begins: Start = start or ("beginning" if guarded and transactional else "now")
-
-        key = track_name(name, version) if isinstance(version, int) else name
+        _check_events(name, events)
 
         def register(fn: F) -> F:
-            self.registry.add(
-                Projector(
-                    key,
-                    frozenset(events),
-                    fn,
-                    guarded,
-                    idempotent,
-                    reset,
-                    batch,
-                    transactional,
-                    begins,
-                    version,
-                    promote,
-                    drop,
-                    replay,
-                )
-            )
+            self._declare(
+                name, events, fn, ordered, idempotent, reset, batch, transactional, start,
+                version, promote, drop, replay,
+            )  # fmt: skip
             return fn
 
         return register
+
+    def _declare(
+        self,
+        name: str,
+        events: Sequence[str],
+        fn: Callable[..., Awaitable[None]],
+        ordered: bool | None,
+        idempotent: bool,
+        reset: ResetFn | None,
+        batch: bool,
+        transactional: bool,
+        start: Start | None,
+        version: int,
+        promote: Promotion,
+        drop: DropFn | None,
+        replay: bool,
+        sql: SqlFunctions | None = None,
+    ) -> None:
+        """A projector's registration, with what its arguments imply (its guard, where it
+        starts, its track's key)."""
+        _check_events(name, events)
+        guarded = transactional if ordered is None else ordered
+        begins: Start = start or ("beginning" if guarded and transactional else "now")
+        key = track_name(name, version) if isinstance(version, int) else name
+        self.registry.add(
+            Projector(
+                key, frozenset(events), fn, guarded, idempotent, reset, batch, transactional,
+                begins, version, promote, drop, replay, sql,
+            )
+        )  # fmt: skip
 
     def statement(
         self,
@@ -199,6 +217,50 @@ class Outbox:
             return fn
 
         return register
+
+    def sql_projector(
+        self,
+        name: str,
+        *,
+        events: Sequence[str],
+        function: str,
+        ordered: bool | None = None,
+        idempotent: bool = False,
+        reset: str | None = None,
+        start: Start | None = None,
+        version: int = 1,
+        promote: Promotion = "manual",
+        drop: str | None = None,
+    ) -> None:
+        """Register a projector that is a PostgreSQL function of yours, `function(events
+        jsonb)` (`"app.apply_roster"`), called once per batch with the events it subscribes
+        to that its guard lets through, as one JSON array of `{campaign_id, seq, type,
+        payload, metadata, recorded_at}` in (campaign_id, seq) order, in the batch's
+        transaction (docs/projections.md, "SQL projectors"). `reset` names its reset hook,
+        a function `(campaign_id text)`; `drop` its drop hook, a function `()`. Guards, start
+        and versions as `projector`; an event on which the function raises fails alone (S6).
+        """
+        functions = SqlFunctions(
+            function_name(name, "function", function),
+            None if reset is None else function_name(name, "reset", reset),
+            None if drop is None else function_name(name, "drop", drop),
+        )
+        self._declare(
+            name,
+            events,
+            functions.apply,
+            ordered,
+            idempotent,
+            None if functions.reset is None else functions.reset_campaign,
+            True,
+            True,
+            start,
+            version,
+            promote,
+            None if functions.drop is None else functions.drop_model,
+            False,
+            functions,
+        )
 
     def ignore(self, types: Sequence[str]) -> None:
         """Declare event types that need no projection: completed and counted as skipped."""

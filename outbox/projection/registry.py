@@ -20,6 +20,7 @@ from outbox.model import EventBatch, StoredEvent
 
 if TYPE_CHECKING:
     from outbox.db import Connection
+    from outbox.projection.sql_projectors import SqlFunctions
 
 __all__ = [
     "PROMOTIONS",
@@ -105,6 +106,8 @@ class Projector:
     drop: DropFn | None = None
     # A lease-mode projector whose history a rebuild may give again (S31).
     replay: bool = False
+    # A SQL projector's functions (`fn` calls them); None: a Python projector.
+    sql: SqlFunctions | None = None
 
     @property
     def base(self) -> str:
@@ -273,6 +276,16 @@ class Registry:
     def subscribers(self, event_type: str) -> tuple[Projector, ...]:
         self._index()
         return self._by_type.get(event_type, ())
+
+    def sql_signatures(self) -> dict[str, str]:
+        """Each function the SQL projectors call (`schema.fn(jsonb)`, a hook's too), with the
+        projector that calls it."""
+        found: dict[str, str] = {}
+        for projector in self.projectors.values():
+            if projector.sql is not None:
+                for signature in projector.sql.signatures:
+                    found.setdefault(signature, projector.name)
+        return found
 
     def leased_types(self) -> frozenset[str]:
         """Event types with a non-transactional subscriber: their rows go through lease mode."""

@@ -249,6 +249,13 @@ async def test_sigkill_soak_with_a_batch_projector(pool: db.Pool, dsn: str, flee
     await _soak("sigkill_soak_batch", pool, dsn, fleet, kills=scaled(30))
 
 
+async def test_sigkill_soak_with_sql_projectors(pool: db.Pool, dsn: str, fleet: Fleet) -> None:
+    """The stock worker run from a projectors file: the witness (unguarded) and `ledger`
+    (ordered) are SQL functions (faults_app.SCHEMA), each checked against the generator."""
+    fleet.app = "sql_projectors.toml"
+    await _soak("sigkill_soak_sql", pool, dsn, fleet, kills=scaled(30), projectors=("ledger",))
+
+
 async def test_sigkill_soak_in_lease_mode(pool: db.Pool, dsn: str, fleet: Fleet) -> None:
     """Every event has a non-transactional projector: workers die mid-lease, other workers
     reclaim after 2 s leases. The witness (transactional, applied in the fenced completion)
@@ -317,6 +324,7 @@ async def _soak(
     kills: int,
     deliveries: bool = False,
     pace: float = 0.2,
+    projectors: tuple[str, ...] = (),
 ) -> None:
     settings = Settings(dsn=dsn)
     fleet.env |= FAST
@@ -329,7 +337,7 @@ async def _soak(
         await kill_at_random(fleet, names, random.Random(11), kills, pace=pace)
         generator.stop()
     if not deliveries:
-        await finish(name, pool, fleet, generator, faults=kills)
+        await finish(name, pool, fleet, generator, faults=kills, projectors=projectors)
         return
     fleet.check()
     await wait_drained(pool)

@@ -225,25 +225,13 @@ const { appendAt } = require("./append_at");
 """
 
 
-@pytest.fixture(scope="module")
-def node_example(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """docs/examples/node's dependencies installed (npm ci, from its lock file), beside the
-    docs' two Node examples as modules."""
-    node, npm = shutil.which("node"), shutil.which("npm")
-    if node is None or npm is None:
-        pytest.skip("node and npm are not installed (.ci/run installs Debian's)")
-    where = tmp_path_factory.mktemp("node")
-    for name in ("package.json", "package-lock.json"):
-        shutil.copy(ROOT / "docs" / "examples" / "node" / name, where / name)
-    installed = subprocess.run(
-        [npm, "ci", "--no-audit", "--no-fund", "--ignore-scripts"],
-        cwd=where, capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
-    assert installed.returncode == 0, installed.stderr
-    (where / "place_order.js").write_text(EXAMPLES["node"])
-    (where / "append_at.js").write_text(EXAMPLES["node-try"])
-    (where / "run.js").write_text(NODE_RUN)
-    return where
+@pytest.fixture
+def node_example(node_project: Path) -> Path:
+    """The docs' two Node examples as modules, beside `pg` (node_project)."""
+    (node_project / "place_order.js").write_text(EXAMPLES["node"])
+    (node_project / "append_at.js").write_text(EXAMPLES["node-try"])
+    (node_project / "run.js").write_text(NODE_RUN)
+    return node_project
 
 
 @pytest.mark.usefixtures("orders")

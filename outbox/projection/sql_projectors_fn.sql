@@ -1,0 +1,64 @@
+-- SQL projectors' server functions (`sql_projectors.py`): a projector that is a PostgreSQL
+-- function of the application's, `fn(events jsonb)`, called with its events as one JSON array
+-- of {campaign_id, seq, type, payload, metadata, recorded_at} in (campaign_id, seq) order, read
+-- from the journal here (the caller sends keys, never payloads). Its reset hook is
+-- `reset(campaign_id text)`, its drop hook `drop()`. Each runs in the caller's transaction
+-- with the outbox's search_path (`outbox, pg_temp`): the application's function names its
+-- tables with their schema, or sets its own search_path.
+
+-- A function's call, named by its schema and name as identifiers, whatever the caller's path.
+CREATE OR REPLACE FUNCTION outbox_function_call(p_function regprocedure, p_arguments text)
+RETURNS text
+LANGUAGE sql STABLE
+SET search_path FROM CURRENT
+AS $$
+    SELECT format('SELECT %I.%I(%s)', n.nspname, p.proname, p_arguments)
+    FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+    WHERE p.oid = p_function
+$$;
+
+-- The events at keys (p_campaign_ids[i], p_seqs[i]), in the keys' order, as one JSON array.
+CREATE OR REPLACE FUNCTION outbox_events_json(p_campaign_ids text[], p_seqs bigint[])
+RETURNS jsonb
+LANGUAGE sql STABLE
+SET search_path FROM CURRENT
+AS $$
+    SELECT coalesce(jsonb_agg(jsonb_build_object(
+               'campaign_id', j.campaign_id, 'seq', j.seq, 'type', j.event_type,
+               'payload', j.payload, 'metadata', j.metadata, 'recorded_at', j.recorded_at)
+               ORDER BY k.ord), '[]'::jsonb)
+    FROM unnest(p_campaign_ids, p_seqs) WITH ORDINALITY AS k(campaign_id, seq, ord)
+    JOIN event_journal j
+        ON j.bucket = outbox_bucket(k.campaign_id) AND j.campaign_id = k.campaign_id
+       AND j.seq = k.seq
+$$;
+
+-- Run SQL projector `p_function` (an `fn(jsonb)`) on the events at the keys given.
+CREATE OR REPLACE FUNCTION outbox_run_sql_projector(
+    p_function regprocedure, p_campaign_ids text[], p_seqs bigint[]
+)
+RETURNS void
+LANGUAGE plpgsql VOLATILE
+SET search_path FROM CURRENT
+AS $$
+BEGIN
+    EXECUTE outbox_function_call(p_function, '$1')
+        USING outbox_events_json(p_campaign_ids, p_seqs);
+END
+$$;
+
+-- Run a SQL projector's reset hook `p_function` (an `fn(text)`) on campaign `p_campaign_id`,
+-- or its drop hook (an `fn()`) when `p_campaign_id` is NULL.
+CREATE OR REPLACE FUNCTION outbox_run_sql_hook(p_function regprocedure, p_campaign_id text)
+RETURNS void
+LANGUAGE plpgsql VOLATILE
+SET search_path FROM CURRENT
+AS $$
+BEGIN
+    IF p_campaign_id IS NULL THEN
+        EXECUTE outbox_function_call(p_function, '');
+    ELSE
+        EXECUTE outbox_function_call(p_function, '$1') USING p_campaign_id;
+    END IF;
+END
+$$;
