@@ -14,8 +14,9 @@ from _support import EVENT_TYPE, UPSERT_MANY, UPSERT_ONE
 from outbox import EventBatch, Outbox, Settings, StoredEvent, db, running_projector
 
 # The ways a projector can keep the totals: one upsert per batch, one upsert per event
-# (awaited one by one), one upsert statement per event sent together (`app.statement`).
-KINDS = ("batch", "per-event", "statement")
+# (awaited one by one), one upsert statement per event sent together (`app.statement`), the
+# batch's upsert in a SQL function given the events as JSON (`app.sql_projector`).
+KINDS = ("batch", "per-event", "statement", "sql")
 
 
 def outbox_app(
@@ -37,6 +38,9 @@ def outbox_app(
                 upsert_many, events.campaign_ids, [p["amount"] for p in events.payloads]
             )
 
+    elif kind == "sql":
+        app.sql_projector("totals", events=[EVENT_TYPE], function="public.bench_totals_apply")
+
     elif kind == "per-event":
 
         @app.projector("totals", events=[EVENT_TYPE])
@@ -53,13 +57,21 @@ def outbox_app(
 
 
 def __getattr__(name: str) -> Outbox:
-    """`batch_app`, `per_event_app`, `statement_app`, `visible`, `isolated`, `catching_up` (built
+    """`batch_app`, `per_event_app`, `statement_app`, `sql_app`, `visible`, `visible_sql`,
+    `isolated`, `catching_up` (built
     on first use: the settings come from the environment the worker process was started with)."""
-    kinds = {"batch_app": "batch", "per_event_app": "per-event", "statement_app": "statement"}
+    kinds = {
+        "batch_app": "batch",
+        "per_event_app": "per-event",
+        "statement_app": "statement",
+        "sql_app": "sql",
+    }
     if name in kinds:
         return outbox_app(kind=kinds[name])
     if name == "visible":
         return visible_app()
+    if name == "visible_sql":
+        return visible_sql_app()
     if name == "isolated":
         return isolated_app()
     if name == "catching_up":
@@ -76,7 +88,12 @@ CREATE TABLE IF NOT EXISTS bench_visible (
     campaign_id text NOT NULL,
     seq         bigint NOT NULL,
     PRIMARY KEY (campaign_id, seq)
-)
+);
+CREATE OR REPLACE FUNCTION public.bench_visible_mark(events jsonb) RETURNS void
+LANGUAGE sql AS $$
+    INSERT INTO public.bench_visible (campaign_id, seq)
+    SELECT e->>'campaign_id', (e->>'seq')::bigint FROM jsonb_array_elements(events) AS e
+$$;
 """
 MARK_VISIBLE = """
 INSERT INTO bench_visible (campaign_id, seq)
@@ -92,6 +109,13 @@ def visible_app(settings: Settings | None = None) -> Outbox:
     async def visible(tx: db.Connection, events: EventBatch) -> None:
         await tx.execute(MARK_VISIBLE, events.campaign_ids, events.seqs)
 
+    return app
+
+
+def visible_sql_app(settings: Settings | None = None) -> Outbox:
+    """`visible_app` with its projector in SQL (`bench_visible_mark`, VISIBLE's function)."""
+    app = Outbox(settings)
+    app.sql_projector("visible", events=[EVENT_TYPE], function="public.bench_visible_mark")
     return app
 
 

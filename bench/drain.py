@@ -8,10 +8,11 @@ checked against the generator's own sums after every case (exactly once). Conten
 - raw: the ceiling, a minimal asyncpg loop on 4 connections, one transaction per batch: claim
   with FOR UPDATE SKIP LOCKED and a literal LIMIT, load the journal rows, upsert the totals
   set-wise from unnest arrays, delete, commit; no per-campaign ordering;
-- outbox batch / per-event / statement: the worker (ordering by campaign, checkpoints) with a
-  batch projector running the raw loop's upsert, a per-event projector running one upsert per
-  event, or the same upsert as a statement projector (`app.statement`: the batch's statements
-  pipelined), at batch 10 and 100 with 1, 2 and 4 claim loops;
+- outbox batch / per-event / statement / sql: the worker (ordering by campaign, checkpoints)
+  with a batch projector running the raw loop's upsert, a per-event projector running one upsert
+  per event, the same upsert as a statement projector (`app.statement`: the batch's statements
+  pipelined), or as a SQL projector (`app.sql_projector`: a function given the batch's events
+  as one JSON array), at batch 10 and 100 with 1, 2 and 4 claim loops;
 - pgqueuer (the `bench` extra) with the per-event upsert in each job, and with a no-op job, on
   fewer events (it is slower; rates are per second either way).
 Prints a table, ratios against the raw ceiling at the same batch size, the bench process's peak

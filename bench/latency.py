@@ -4,7 +4,8 @@
 Usage: python bench/latency.py [--rate 500] [--seconds 10]
 A paced producer appends one-event appends to 1,000 campaigns at `rate` events/s while a worker
 process (`outbox-worker --app _apps:visible`, 2 claim loops) applies them with a batch projector
-that inserts one row per event. The latency of an event is the commit timestamp of its
+that inserts one row per event; then again with the same projection as a SQL projector
+(`_apps:visible_sql`). The latency of an event is the commit timestamp of its
 projection row minus the commit timestamp of its append (track_commit_timestamp: the server's
 own clock, no client in between). The baseline is a raw loop in its own process: the producer
 inserts a queue row and NOTIFYs in one statement; the loop LISTENs, and on each notification
@@ -139,8 +140,6 @@ async def main(rate: int, seconds: float) -> None:
         settings = Settings(dsn=dsn)
         figures: dict[str, dict[str, float]] = {}
         try:
-            worker = start([str(WORKER), "--app", "_apps:visible", "--concurrency", "2"], dsn)
-            await asyncio.sleep(2)  # connected and listening (a bench may wait; tests never)
 
             async def send_outbox(i: int) -> object:
                 event = Event(EVENT_TYPE, {"amount": i % 7})
@@ -152,14 +151,20 @@ async def main(rate: int, seconds: float) -> None:
                     waited.append((campaign, result.last_seq, time.time()))
                 return result
 
-            await paced(rate, seconds, send_outbox)
-            await wait_until(conn, "SELECT count(*) FROM bench_visible", total, 60)
-            stop(worker)
-            figures["outbox"] = percentiles([r[0] for r in await conn.fetch(OUTBOX_LATENCY)])
-            columns = [list(c) for c in zip(*waited, strict=True)] or [[], [], []]
-            if waited:
-                waits = await conn.fetch(WAIT_LATENCY, *columns)
-                figures["wait_applied"] = percentiles([r[0] for r in waits])
+            # The Python batch projector, then the same projection as a SQL projector.
+            for name, app in (("outbox", "_apps:visible"), ("outbox_sql", "_apps:visible_sql")):
+                await conn.execute("TRUNCATE bench_visible")
+                waited.clear()
+                worker = start([str(WORKER), "--app", app, "--concurrency", "2"], dsn)
+                await asyncio.sleep(2)  # connected and listening (a bench may wait; tests never)
+                await paced(rate, seconds, send_outbox)
+                await wait_until(conn, "SELECT count(*) FROM bench_visible", total, 60)
+                stop(worker)
+                figures[name] = percentiles([r[0] for r in await conn.fetch(OUTBOX_LATENCY)])
+                columns = [list(c) for c in zip(*waited, strict=True)] or [[], [], []]
+                if waited and name == "outbox":
+                    waits = await conn.fetch(WAIT_LATENCY, *columns)
+                    figures["wait_applied"] = percentiles([r[0] for r in waits])
 
             raw = start([sys.executable, str(HERE / "latency.py"), "--raw-listener", dsn], dsn)
             await asyncio.sleep(2)
@@ -177,7 +182,8 @@ async def main(rate: int, seconds: float) -> None:
             await conn.close()
     print(f"append commit -> visible at {rate} events/s for {seconds:g}s, durable server")
     labels = {
-        "outbox": "outbox",
+        "outbox": "outbox (Python batch projector)",
+        "outbox_sql": "outbox (SQL projector)",
         "wait_applied": "wait_applied returns, after the projection's commit",
         "raw_listen": "raw LISTEN loop",
     }
