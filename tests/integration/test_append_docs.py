@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import re
 import shutil
-import subprocess
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -45,6 +44,20 @@ def load(name: str) -> Callable[..., Any]:
 async def placed(pool: db.Pool, order_id: str) -> bool:
     row = await pool.fetchval("SELECT count(*) FROM orders WHERE id = $1", order_id)
     return bool(row == 1) and await journal_seqs(pool, f"order-{order_id}") == [1]
+
+
+async def psql(dsn: str, script: str, *flags: str) -> str:
+    """`script` run by psql (stopping at its first error, which fails the test); its output."""
+    client = shutil.which("psql")
+    if client is None:
+        pytest.skip("psql is not installed")
+    proc = await anyio.run_process(
+        [client, dsn, "-v", "ON_ERROR_STOP=1", "-q", *flags, "-f", "-"],
+        input=script.encode(),
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr.decode()
+    return proc.stdout.decode()
 
 
 @pytest.fixture
@@ -110,19 +123,8 @@ async def test_the_python_examples_run_as_written(pool: db.Pool, dsn: str) -> No
 
 @pytest.mark.usefixtures("orders")
 async def test_the_psql_example_runs_as_written(pool: db.Pool, dsn: str) -> None:
-    psql = shutil.which("psql")
-    if psql is None:
-        pytest.skip("psql is not installed")
     for _ in range(2):  # the second: a retry of the same request, which writes nothing new
-        proc = subprocess.run(  # noqa: ASYNC221 - a short, bounded client run
-            [psql, dsn, "-v", "ON_ERROR_STOP=1", "-q", "-f", "-"],
-            input=EXAMPLES["psql"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
-        assert proc.returncode == 0, proc.stderr
+        await psql(dsn, EXAMPLES["psql"])
         assert await placed(pool, "o-psql")
 
 
@@ -155,19 +157,7 @@ async def test_the_go_examples_statement_runs_as_pgx_sends_it(pool: db.Pool, dsn
 
 @pytest.mark.usefixtures("orders")
 async def test_the_psql_try_example_goes_on_after_a_refusal(pool: db.Pool, dsn: str) -> None:
-    psql = shutil.which("psql")
-    if psql is None:
-        pytest.skip("psql is not installed")
-    proc = subprocess.run(  # noqa: ASYNC221 - a short, bounded client run
-        [psql, dsn, "-v", "ON_ERROR_STOP=1", "-q", "-A", "-t", "-f", "-"],
-        input=EXAMPLES["psql-try"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr
-    refused, appended = proc.stdout.splitlines()
+    refused, appended = (await psql(dsn, EXAMPLES["psql-try"], "-A", "-t")).splitlines()
     assert refused.startswith("expected_seq|0|campaign 'order-o-try': expected seq 7, head is 0")
     assert appended == "1|1|"  # the same transaction went on and appended at the head
     assert await journal_seqs(pool, "order-o-try") == [1]
