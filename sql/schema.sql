@@ -28,6 +28,172 @@ $_$;
 
 COMMENT ON FUNCTION outbox.outbox_append(campaign_id text, events jsonb, expected_seq bigint, idempotency_key text) IS 'Append events to a campaign and enqueue their work rows, in the caller''s transaction. SQLSTATE OB001 invalid input, OB002 expected_seq mismatch, OB003 idempotency key reused for other events.';
 
+CREATE FUNCTION outbox.outbox_apply_sql_batch(p_bucket integer, p_campaigns integer, p_budget integer, p_plan jsonb, OUT handled boolean, OUT reason text, OUT campaigns integer, OUT claimed integer, OUT applied integer, OUT skipped integer, OUT found integer, OUT per_projector jsonb, OUT due bigint, OUT ages double precision[]) RETURNS record
+    LANGUAGE plpgsql
+    SET search_path TO 'outbox', 'pg_temp'
+    AS $_$
+DECLARE
+    v_now timestamptz := (p_plan ->> 'now')::timestamptz;
+    ordered text[] := ARRAY(
+        SELECT p ->> 'name' FROM jsonb_array_elements(p_plan -> 'projectors') p
+        WHERE (p ->> 'ordered')::boolean ORDER BY 1);
+    starts_now text[] := ARRAY(
+        SELECT p ->> 'name' FROM jsonb_array_elements(p_plan -> 'projectors') p
+        WHERE (p ->> 'ordered')::boolean AND p ->> 'start' = 'now');
+    known_types text[] := ARRAY(
+        SELECT jsonb_array_elements_text(p -> 'types')
+        FROM jsonb_array_elements(p_plan -> 'projectors') p
+        UNION SELECT jsonb_array_elements_text(p_plan -> 'ignored'));
+    ignored text[] := ARRAY(SELECT jsonb_array_elements_text(p_plan -> 'ignored'));
+    r record;
+    p jsonb;
+    name text;
+    cids text[] := '{}';
+    seqs bigint[] := '{}';
+    types text[] := '{}';
+    payloads text[] := '{}';
+    metadatas text[] := '{}';
+    recorded timestamptz[] := '{}';
+    writes jsonb := '[]';
+    moves jsonb := '[]';
+    current_campaign text;
+    previous bigint;
+    last_of_campaign bigint;
+    more boolean;
+    at bigint;
+    i integer;
+    events jsonb;
+    n integer;
+    depth_sum bigint := 0;
+    settled record;
+BEGIN
+    handled := false;
+    campaigns := 0;
+    per_projector := '{}';
+    BEGIN
+        FOR r IN
+            SELECT * FROM outbox_claim(p_bucket, p_campaigns, p_budget, ordered, v_now,
+                                       coalesce(p_plan ->> 'take', 'all'))
+        LOOP
+            IF r.seq IS NULL OR r.holds IS NOT NULL OR NOT r.due
+               OR r.status NOT IN ('pending', 'failed') OR r.event_type IS NULL
+               OR NOT r.event_type = ANY (known_types) THEN
+                RAISE EXCEPTION 'not a plain batch: campaign % seq %', r.campaign_id, r.seq
+                    USING ERRCODE = 'OB901';
+            END IF;
+            IF r.campaign_id IS DISTINCT FROM current_campaign THEN
+                IF current_campaign IS NOT NULL THEN  -- the campaign before is complete
+                    more := last_of_campaign > previous;
+                    writes := writes || jsonb_build_object(
+                        'campaign_id', current_campaign, 'head_seq', previous + 1,
+                        'due_at', NULL, 'delay', CASE WHEN more THEN 0.0 END, 'seen', NULL,
+                        'blocked', false, 'gone', NOT more);
+                END IF;
+                IF r.first_seq IS DISTINCT FROM r.seq THEN  -- a row before its head (dead)
+                    RAISE EXCEPTION 'campaign % has rows before its head', r.campaign_id
+                        USING ERRCODE = 'OB901';
+                END IF;
+                FOREACH name IN ARRAY ordered LOOP
+                    i := array_position(r.projectors, name);
+                    at := CASE WHEN i IS NOT NULL THEN r.applied_seqs[i]
+                               WHEN name = ANY (starts_now) THEN r.seq - 1
+                               ELSE 0 END;
+                    IF at <> r.seq - 1 THEN
+                        RAISE EXCEPTION 'projector % is at seq % of campaign %, not %',
+                            name, at, r.campaign_id, r.seq - 1 USING ERRCODE = 'OB901';
+                    END IF;
+                END LOOP;
+                current_campaign := r.campaign_id;
+                campaigns := campaigns + 1;
+            ELSIF r.seq <> previous + 1 THEN
+                RAISE EXCEPTION 'campaign % has a gap before seq %', r.campaign_id, r.seq
+                    USING ERRCODE = 'OB901';
+            END IF;
+            previous := r.seq;
+            last_of_campaign := r.last_seq;
+            cids := cids || r.campaign_id;
+            seqs := seqs || r.seq;
+            types := types || r.event_type;
+            payloads := payloads || r.payload;
+            metadatas := metadatas || r.metadata;
+            recorded := recorded || r.recorded_at;
+        END LOOP;
+        claimed := cardinality(seqs);
+        IF claimed = 0 THEN
+            handled := true;
+            applied := 0;
+            skipped := 0;
+            found := 0;
+            due := 0;
+            RETURN;
+        END IF;
+        more := last_of_campaign > previous;
+        writes := writes || jsonb_build_object(
+            'campaign_id', current_campaign, 'head_seq', previous + 1, 'due_at', NULL,
+            'delay', CASE WHEN more THEN 0.0 END, 'seen', NULL, 'blocked', false,
+            'gone', NOT more);
+        -- Each projector's function, on the events of its types.
+        FOR p IN SELECT x FROM jsonb_array_elements(p_plan -> 'projectors') x LOOP
+            SELECT jsonb_agg(jsonb_build_object(
+                       'campaign_id', e.campaign_id, 'seq', e.seq, 'type', e.type,
+                       'payload', e.payload::jsonb, 'metadata', e.metadata::jsonb,
+                       'recorded_at', e.recorded_at) ORDER BY e.ord),
+                   count(*)
+            INTO events, n
+            FROM unnest(cids, seqs, types, payloads, metadatas, recorded)
+                WITH ORDINALITY AS e(campaign_id, seq, type, payload, metadata, recorded_at, ord)
+            WHERE e.type IN (SELECT jsonb_array_elements_text(p -> 'types'));
+            IF n > 0 THEN
+                EXECUTE outbox_function_call((p ->> 'function')::regprocedure, '$1')
+                    USING events;
+                per_projector := per_projector || jsonb_build_object(p ->> 'name', n);
+            END IF;
+        END LOOP;
+        SELECT count(*) FILTER (WHERE t = ANY (ignored)),
+               count(*) FILTER (WHERE NOT t = ANY (ignored))
+        INTO skipped, applied
+        FROM unnest(types) t;
+        -- Every ordered checkpoint passes every event of its campaign (S17), in lock order.
+        SELECT coalesce(jsonb_agg(jsonb_build_object(
+                   'campaign_id', c.campaign_id, 'projector', o.name, 'applied_seq', c.last)
+                   ORDER BY c.campaign_id COLLATE "C", o.name COLLATE "C"), '[]')
+        INTO moves
+        FROM (SELECT x.campaign_id, max(x.seq) AS last
+              FROM unnest(cids, seqs) AS x(campaign_id, seq) GROUP BY x.campaign_id) c
+        CROSS JOIN unnest(ordered) AS o(name);
+        SELECT s.due, s.ages INTO settled
+        FROM outbox_settle(p_bucket, jsonb_build_object(
+            'done', (SELECT jsonb_agg(jsonb_build_object('campaign_id', x.c, 'seq', x.s))
+                     FROM unnest(cids, seqs) AS x(c, s)),
+            'failed', '[]'::jsonb, 'holds', '[]'::jsonb, 'released', '[]'::jsonb,
+            'touched', '[]'::jsonb, 'campaigns', writes, 'checkpoints', moves,
+            'projectors', p_plan -> 'known', 'now', p_plan -> 'now', 'notify', true,
+            'channel', p_plan -> 'channel')) s;
+        due := settled.due;
+        ages := settled.ages;
+        -- How deep the claimed campaigns were (the worker's next claim is shared by it).
+        SELECT sum(CASE WHEN w ->> 'gone' = 'true' THEN k.rows ELSE 2 * k.rows END)
+        INTO depth_sum
+        FROM jsonb_array_elements(writes) w
+        JOIN (SELECT x.campaign_id, count(*) AS rows FROM unnest(cids) AS x(campaign_id)
+              GROUP BY x.campaign_id) k ON k.campaign_id = w ->> 'campaign_id';
+        found := depth_sum;
+        handled := true;
+    EXCEPTION WHEN OTHERS THEN
+        handled := false;
+        reason := SQLERRM;
+        campaigns := 0;
+        claimed := 0;
+        applied := 0;
+        skipped := 0;
+        found := 0;
+        due := 0;
+        ages := NULL;
+        per_projector := '{}';
+    END;
+END
+$_$;
+
 CREATE FUNCTION outbox.outbox_blocked_campaigns(p_campaign text, p_bucket integer, p_park boolean, p_limit integer, p_waiting integer, p_after_at timestamp with time zone DEFAULT NULL::timestamp with time zone, p_after_campaign text DEFAULT NULL::text) RETURNS TABLE(campaign_id text, blocking_seq bigint, status text, enqueued_at timestamp with time zone, waiting bigint, total bigint)
     LANGUAGE plpgsql STABLE
     SET search_path TO 'outbox', 'pg_temp'

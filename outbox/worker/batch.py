@@ -35,11 +35,13 @@ from outbox.retry import FailurePolicy
 from outbox.worker.apply import Apply
 from outbox.worker.lease import LeaseRunner
 from outbox.worker.registration import new_worker_id
+from outbox.worker.sql_batch import OneCall
 from outbox.worker.strategy import AfterCommit, Batch, Isolate, Strategy
 from outbox.worker.transient import transient_cause
 
 if TYPE_CHECKING:
     from outbox.db import Pool
+    from outbox.projection.registry import Registry
 
 __all__ = ["Worker"]
 
@@ -90,6 +92,9 @@ class Worker:
     _woken_streak: int = field(default=0, init=False, repr=False)
     # Until when (monotonic) batches run careful from the first pass (`CAREFUL_AFTER_FAILURE`).
     _careful_until: float = field(default=float("-inf"), init=False, repr=False)
+    # The registry in force last seen, and its plan for batches in one call (None: some
+    # projector is not SQL, `sql_batch`).
+    _one_call: tuple[Registry, OneCall | None] | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.rand is None:
@@ -146,7 +151,9 @@ class Worker:
             self._woken_streak = self._woken_streak + 1 if woken else 0
             careful = monotonic() < self._careful_until
             try:
-                counts = await self._batch(after, bucket, careful=careful, take=take)
+                counts = None if careful else await self._batch_in_one_call(after, bucket, take)
+                if counts is None:
+                    counts = await self._batch(after, bucket, careful=careful, take=take)
             except Isolate as isolate:
                 _logger.debug("batch.isolate", extra={"error": str(isolate)})
                 after = AfterCommit()
@@ -258,6 +265,48 @@ class Worker:
                     take != "live",
                 )
                 return await self.strategy.handle(batch, campaigns)
+
+    async def _batch_in_one_call(
+        self, after: AfterCommit, bucket: int, take: Take
+    ) -> BatchCounts | None:
+        """The batch in one call of the server (`sql_batch`) when every projector in force is
+        a SQL projector it can run and none is paused or missing from this code; None when
+        the batch is left to `_batch` (nothing of it was written)."""
+        if not (isinstance(self.strategy, Apply) and self._claim_ordered()):
+            return None
+        settings = self.app.settings
+        async with db.acquire(self.pool, session=settings.worker_session()) as conn:
+            registry = await self.app.superseded.registry(conn, self.app.registry)
+            if self._one_call is None or self._one_call[0] is not registry:
+                self._one_call = (registry, OneCall.of(registry))
+            plan = self._one_call[1]
+            if plan is None:
+                return None
+            if await self.app.pauses.projectors(conn, registry):
+                return None
+            if await self.app.absent.of(conn, registry):
+                return None
+            wanted = self._campaigns_to_claim()
+            with tracing.span("outbox.batch"):
+                result = await plan.run(
+                    conn,
+                    bucket=bucket,
+                    campaigns=wanted,
+                    budget=settings.batch_size,
+                    now=self.now(),
+                    take=take,
+                )
+        if result is None:
+            return None
+        self.took_all = result.campaigns < wanted
+        if result.campaigns:
+            found = result.depth_rows / result.campaigns
+            self.depth = min(max(found, 1.0), float(settings.batch_size))
+        after.registry = registry
+        after.ages = result.ages
+        for name, events in result.per_projector.items():
+            after.tally[(name, "applied")] += events
+        return result.counts
 
     def _campaigns_to_claim(self) -> int:
         """How many campaigns an ordered claim takes: as many as fill a batch at the depth

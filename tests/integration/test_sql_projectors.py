@@ -24,7 +24,7 @@ from outbox.projection.app import Outbox
 from outbox.projection.pauses import pause, resume
 from outbox.projection.projectors_file import load_projectors
 from outbox.worker.batch import Worker
-from outbox.worker.runtime import drain_now
+from outbox.worker.runtime import drain_now, open_pool
 
 HOUR = 3600.0
 
@@ -61,6 +61,12 @@ CREATE FUNCTION app.add_sql_v2(events jsonb) RETURNS void LANGUAGE sql AS $$
     FROM jsonb_array_elements(events) e GROUP BY 2
     ON CONFLICT (projector, campaign_id) DO UPDATE SET n = s.n + excluded.n
 $$;
+CREATE FUNCTION app.add_roster(events jsonb) RETURNS void LANGUAGE sql AS $$
+    INSERT INTO public.sums AS s (projector, campaign_id, n)
+    SELECT 'roster', e->>'campaign_id', sum((e->'payload'->>'n')::bigint)
+    FROM jsonb_array_elements(events) e GROUP BY 2
+    ON CONFLICT (projector, campaign_id) DO UPDATE SET n = s.n + excluded.n
+$$;
 CREATE FUNCTION app.reset_sql(campaign_id text) RETURNS void LANGUAGE sql AS $$
     DELETE FROM public.sums WHERE projector = 'sql' AND sums.campaign_id = reset_sql.campaign_id
 $$;
@@ -73,9 +79,30 @@ async def functions(pool: db.Pool) -> None:
     await pool.execute(FUNCTIONS)
 
 
-def sql_app(settings: Settings, *, markers: bool = False) -> Outbox:
-    """`sql` (the SQL projector: ordered, or with `markers`) beside `roster`, a Python
-    projector of the same events."""
+@pytest.fixture(params=["python", "sql"])
+def roster_kind(request: pytest.FixtureRequest) -> str:
+    """`roster` in Python (the worker's own batches), or in SQL: then every projector is SQL
+    and the worker runs its batches in one call of the server (`sql_batch`)."""
+    kind: str = request.param
+    return kind
+
+
+def with_roster(app: Outbox, kind: str) -> Outbox:
+    """`roster`, adding each event's n under its name, in Python or SQL; `note` ignored."""
+    if kind == "sql":
+        app.sql_projector("roster", events=["add"], function="app.add_roster")
+    else:
+
+        @app.projector("roster", events=["add"])
+        async def roster(tx: db.Connection, event: StoredEvent) -> None:
+            await tx.execute(ADD, "roster", event.campaign_id, event.payload["n"])
+
+    app.ignore(["note"])
+    return app
+
+
+def sql_app(settings: Settings, roster: str, *, markers: bool = False) -> Outbox:
+    """`sql` (the SQL projector: ordered, or with `markers`) beside `roster`."""
     app = Outbox(settings)
     app.sql_projector(
         "sql",
@@ -85,13 +112,7 @@ def sql_app(settings: Settings, *, markers: bool = False) -> Outbox:
         ordered=not markers,
         idempotent=markers,
     )
-
-    @app.projector("roster", events=["add"])
-    async def roster(tx: db.Connection, event: StoredEvent) -> None:
-        await tx.execute(ADD, "roster", event.campaign_id, event.payload["n"])
-
-    app.ignore(["note"])
-    return app
+    return with_roster(app, roster)
 
 
 async def add_events(
@@ -121,10 +142,10 @@ CAMPAIGNS = [f"s-{i:02d}" for i in range(6)]
 
 @pytest.mark.parametrize("guard", ["ordered", "markers"])
 async def test_a_sql_projector_gets_each_event_once_in_order_as_json(
-    pool: db.Pool, dsn: str, guard: str
+    pool: db.Pool, dsn: str, guard: str, roster_kind: str
 ) -> None:
     settings = Settings(dsn=dsn, batch_size=7)
-    app = sql_app(settings, markers=guard == "markers")
+    app = sql_app(settings, roster_kind, markers=guard == "markers")
     expected: Counter[str] = Counter()
     for round_ in range(3):
         for i, cid in enumerate(CAMPAIGNS):
@@ -145,10 +166,10 @@ async def test_a_sql_projector_gets_each_event_once_in_order_as_json(
 
 
 async def test_a_raising_function_fails_its_event_alone_and_holds_only_its_projector(
-    pool: db.Pool, dsn: str
+    pool: db.Pool, dsn: str, roster_kind: str
 ) -> None:
     settings = Settings(dsn=dsn, backoff_base=120.0, backoff_cap=600.0, batch_size=50)
-    app = sql_app(settings)
+    app = sql_app(settings, roster_kind)
     expected: Counter[str] = Counter()
     for cid in CAMPAIGNS:
         await add_events(pool, settings, expected, cid, [1, 2, 3])
@@ -178,10 +199,10 @@ async def test_a_raising_function_fails_its_event_alone_and_holds_only_its_proje
 
 
 async def test_a_function_raising_on_every_attempt_goes_dead_for_its_projector(
-    pool: db.Pool, dsn: str
+    pool: db.Pool, dsn: str, roster_kind: str
 ) -> None:
     settings = Settings(dsn=dsn, backoff_base=120.0, backoff_cap=600.0)
-    app = sql_app(settings)
+    app = sql_app(settings, roster_kind)
     expected: Counter[str] = Counter()
     await add_events(pool, settings, expected, "s-00", [1, 2])
     await pool.execute("INSERT INTO app.poison VALUES ('s-00', 0)")
@@ -198,7 +219,7 @@ async def test_a_function_raising_on_every_attempt_goes_dead_for_its_projector(
 
 
 async def test_a_paused_sql_projector_waits_and_catches_up_when_resumed(
-    pool: db.Pool, dsn: str
+    pool: db.Pool, dsn: str, roster_kind: str
 ) -> None:
     settings = Settings(dsn=dsn)
     await pause(pool, "sql", actor="test", reason="deploying its fix")
@@ -206,35 +227,72 @@ async def test_a_paused_sql_projector_waits_and_catches_up_when_resumed(
     for cid in CAMPAIGNS[:3]:
         await add_events(pool, settings, expected, cid, [4, 5])
     clock = Clock()
-    await Worker(sql_app(settings), pool, now=clock).drain()
+    await Worker(sql_app(settings, roster_kind), pool, now=clock).drain()
     assert await sums(pool, "roster") == expected
     assert await sums(pool, "sql") == Counter()
     await resume(pool, "sql", actor="test")
     clock.advance(HOUR)
-    await Worker(sql_app(settings), pool, now=clock).drain()  # reads the pauses afresh
+    await Worker(sql_app(settings, roster_kind), pool, now=clock).drain()  # pauses read afresh
     assert await sums(pool, "sql") == expected
     assert in_order_once(await given(pool))
 
 
 async def test_a_sql_projector_deployed_onto_history_catches_up_from_the_journal(
-    pool: db.Pool, dsn: str
+    pool: db.Pool, dsn: str, roster_kind: str
 ) -> None:
     settings = Settings(dsn=dsn)
-    before = Outbox(settings)
-
-    @before.projector("roster", events=["add"])
-    async def roster(tx: db.Connection, event: StoredEvent) -> None:
-        await tx.execute(ADD, "roster", event.campaign_id, event.payload["n"])
-
-    before.ignore(["note"])
+    before = with_roster(Outbox(settings), roster_kind)
     expected: Counter[str] = Counter()
     for cid in CAMPAIGNS:
         await add_events(pool, settings, expected, cid, [7, 8, 9])
     await drain_now(before, pool)
     assert await sums(pool, "sql") == Counter()
-    await drain_now(sql_app(settings), pool)  # start="beginning": the journal swept
+    await drain_now(sql_app(settings, roster_kind), pool)  # start="beginning": swept
     assert await sums(pool, "sql") == expected
     assert in_order_once(await given(pool))
+
+
+async def test_an_all_sql_worker_runs_each_batch_in_one_statement(
+    pool: db.Pool, dsn: str, roster_kind: str
+) -> None:
+    """Every projector SQL: a plain batch is one statement (claim, functions, settle: S32),
+    and a batch it cannot take (a raising function) is the worker's own, run again. The
+    counts are the worker's own path's (`roster` in Python: no batch in one call)."""
+    settings = Settings(dsn=dsn, batch_size=10, backoff_base=120.0, backoff_cap=600.0)
+    expected: Counter[str] = Counter()
+    for cid in CAMPAIGNS:
+        await add_events(pool, settings, expected, cid, [1, 2])
+    one = await open_pool(settings, max_size=1)
+    try:
+        seen: list[str] = []
+        async with one.acquire() as conn:
+            conn.add_query_logger(lambda record: seen.append(record.query))
+        worker = Worker(sql_app(settings, roster_kind), one)
+        counts = await worker.drain()
+        claims = [q for q in seen if "outbox_claim(" in q and "outbox_apply_sql_batch" not in q]
+        calls = [q for q in seen if "outbox_apply_sql_batch" in q]
+        assert (counts.claimed, counts.applied, counts.skipped) == (18, 12, 6)  # `note` ignored
+        assert await sums(pool, "sql") == expected
+        assert await sums(pool, "roster") == expected
+        if roster_kind == "python":
+            assert claims
+            assert not calls
+            return
+        assert calls
+        assert not claims
+        assert not [q for q in seen if q.strip().upper() in ("BEGIN", "COMMIT")]
+        # A function raising: the call undoes the batch, and the worker's own path isolates it.
+        await pool.execute("INSERT INTO app.poison VALUES ('s-01', 0)")
+        await add_events(pool, settings, expected, "s-01", [5])
+        await add_events(pool, settings, expected, "s-02", [6])
+        seen.clear()
+        counts = await worker.drain()
+        assert (counts.failed, counts.dead) == (1, 0)
+        assert await sums(pool, "roster") == expected
+        assert await sums(pool, "sql") == expected - Counter({"s-01": 5})
+        assert [q for q in seen if "outbox_claim(" in q and "outbox_apply_sql_batch" not in q]
+    finally:
+        await one.close()
 
 
 PROJECTORS_FILE = """
