@@ -28,7 +28,7 @@ $_$;
 
 COMMENT ON FUNCTION outbox.outbox_append(campaign_id text, events jsonb, expected_seq bigint, idempotency_key text) IS 'Append events to a campaign and enqueue their work rows, in the caller''s transaction. SQLSTATE OB001 invalid input, OB002 expected_seq mismatch, OB003 idempotency key reused for other events.';
 
-CREATE FUNCTION outbox.outbox_apply_sql_batch(p_bucket integer, p_campaigns integer, p_budget integer, p_plan jsonb, OUT handled boolean, OUT reason text, OUT campaigns integer, OUT claimed integer, OUT applied integer, OUT skipped integer, OUT found integer, OUT per_projector jsonb, OUT due bigint, OUT ages double precision[]) RETURNS record
+CREATE FUNCTION outbox.outbox_apply_sql_batch(p_bucket integer, p_campaigns integer, p_budget integer, p_plan jsonb, OUT handled boolean, OUT reason text, OUT campaigns integer, OUT claimed integer, OUT applied integer, OUT skipped integer, OUT depth_rows integer, OUT per_projector jsonb, OUT due bigint, OUT ages double precision[]) RETURNS record
     LANGUAGE plpgsql
     SET search_path TO 'outbox', 'pg_temp'
     AS $_$
@@ -123,7 +123,7 @@ BEGIN
             handled := true;
             applied := 0;
             skipped := 0;
-            found := 0;
+            depth_rows := 0;
             due := 0;
             RETURN;
         END IF;
@@ -134,15 +134,40 @@ BEGIN
             'gone', NOT more);
         -- Each projector's function, on the events of its types.
         FOR p IN SELECT x FROM jsonb_array_elements(p_plan -> 'projectors') x LOOP
-            SELECT jsonb_agg(jsonb_build_object(
-                       'campaign_id', e.campaign_id, 'seq', e.seq, 'type', e.type,
-                       'payload', e.payload::jsonb, 'metadata', e.metadata::jsonb,
-                       'recorded_at', e.recorded_at) ORDER BY e.ord),
-                   count(*)
-            INTO events, n
-            FROM unnest(cids, seqs, types, payloads, metadatas, recorded)
-                WITH ORDINALITY AS e(campaign_id, seq, type, payload, metadata, recorded_at, ord)
-            WHERE e.type IN (SELECT jsonb_array_elements_text(p -> 'types'));
+            IF (p ->> 'markers')::boolean THEN
+                -- An unordered projector with markers (S18): its events whose marker is made
+                -- now; an event already marked was applied (a duplicate, skipped).
+                WITH reserved AS (
+                    INSERT INTO processed_markers AS m (bucket, campaign_id, seq, handler)
+                    SELECT p_bucket, x.campaign_id, x.seq, p ->> 'name'
+                    FROM unnest(cids, seqs, types) AS x(campaign_id, seq, type)
+                    WHERE x.type IN (SELECT jsonb_array_elements_text(p -> 'types'))
+                    ORDER BY x.campaign_id, x.seq
+                    ON CONFLICT (bucket, campaign_id, seq, handler) DO NOTHING
+                    RETURNING m.campaign_id, m.seq
+                )
+                SELECT jsonb_agg(jsonb_build_object(
+                           'campaign_id', e.campaign_id, 'seq', e.seq, 'type', e.type,
+                           'payload', e.payload::jsonb, 'metadata', e.metadata::jsonb,
+                           'recorded_at', e.recorded_at) ORDER BY e.ord),
+                       count(*)
+                INTO events, n
+                FROM unnest(cids, seqs, types, payloads, metadatas, recorded)
+                    WITH ORDINALITY
+                    AS e(campaign_id, seq, type, payload, metadata, recorded_at, ord)
+                JOIN reserved r ON r.campaign_id = e.campaign_id AND r.seq = e.seq;
+            ELSE
+                SELECT jsonb_agg(jsonb_build_object(
+                           'campaign_id', e.campaign_id, 'seq', e.seq, 'type', e.type,
+                           'payload', e.payload::jsonb, 'metadata', e.metadata::jsonb,
+                           'recorded_at', e.recorded_at) ORDER BY e.ord),
+                       count(*)
+                INTO events, n
+                FROM unnest(cids, seqs, types, payloads, metadatas, recorded)
+                    WITH ORDINALITY
+                    AS e(campaign_id, seq, type, payload, metadata, recorded_at, ord)
+                WHERE e.type IN (SELECT jsonb_array_elements_text(p -> 'types'));
+            END IF;
             IF n > 0 THEN
                 EXECUTE outbox_function_call((p ->> 'function')::regprocedure, '$1')
                     USING events;
@@ -177,7 +202,7 @@ BEGIN
         FROM jsonb_array_elements(writes) w
         JOIN (SELECT x.campaign_id, count(*) AS rows FROM unnest(cids) AS x(campaign_id)
               GROUP BY x.campaign_id) k ON k.campaign_id = w ->> 'campaign_id';
-        found := depth_sum;
+        depth_rows := depth_sum;
         handled := true;
     EXCEPTION WHEN OTHERS THEN
         handled := false;
@@ -186,7 +211,7 @@ BEGIN
         claimed := 0;
         applied := 0;
         skipped := 0;
-        found := 0;
+        depth_rows := 0;
         due := 0;
         ages := NULL;
         per_projector := '{}';

@@ -1,8 +1,7 @@
 """A batch of SQL projectors in one call: claim, the projectors' functions and the settle,
 server-side (`outbox_apply_sql_batch`), one round trip per batch in autocommit.
 
-A worker whose projectors in force are all SQL projectors (S32) that a batch can run as they
-are (transactional, ordered or unguarded: markers excepted) tries each batch this way first,
+A worker whose projectors in force are all SQL projectors (S32) tries each batch this way first,
 while none of them is paused and the database knows no projector its code lacks (a rolling
 deploy leaves that one's share in holds, which only the worker's own path writes). The
 function takes the common batch alone and undoes everything else, whatever the reason: the
@@ -66,7 +65,7 @@ class OneCall:
         if not projectors:
             return None
         for p in projectors:
-            if p.sql is None or not p.transactional or (not p.ordered and p.idempotent):
+            if p.sql is None or not p.transactional:
                 return None
         return cls(
             registry,
@@ -76,6 +75,7 @@ class OneCall:
                     "function": f"{p.sql.function}(jsonb)",
                     "types": sorted(p.events),
                     "ordered": p.ordered,
+                    "markers": not p.ordered and p.idempotent,
                     "start": p.start,
                 }
                 for p in sorted(projectors, key=lambda p: p.name)

@@ -7,7 +7,8 @@
 -- One batch in bucket `p_bucket`, as `outbox_claim` takes it (p_campaigns campaigns, p_budget
 -- rows), applied and settled in this call: in autocommit, one round trip is the whole batch.
 -- `p_plan` is the worker's projectors and what the settle needs:
---   projectors  [{name, function (a `schema.fn(jsonb)` signature), types, ordered, start}]
+--   projectors  [{name, function (a `schema.fn(jsonb)` signature), types, ordered, markers,
+--               start}]
 --   ignored     event types no projector needs (completed, counted skipped)
 --   known       the projectors the batch knows (the settle's check: outbox_settle)
 --   now         an instant (tests), or null: the database clock
@@ -143,15 +144,40 @@ BEGIN
             'gone', NOT more);
         -- Each projector's function, on the events of its types.
         FOR p IN SELECT x FROM jsonb_array_elements(p_plan -> 'projectors') x LOOP
-            SELECT jsonb_agg(jsonb_build_object(
-                       'campaign_id', e.campaign_id, 'seq', e.seq, 'type', e.type,
-                       'payload', e.payload::jsonb, 'metadata', e.metadata::jsonb,
-                       'recorded_at', e.recorded_at) ORDER BY e.ord),
-                   count(*)
-            INTO events, n
-            FROM unnest(cids, seqs, types, payloads, metadatas, recorded)
-                WITH ORDINALITY AS e(campaign_id, seq, type, payload, metadata, recorded_at, ord)
-            WHERE e.type IN (SELECT jsonb_array_elements_text(p -> 'types'));
+            IF (p ->> 'markers')::boolean THEN
+                -- An unordered projector with markers (S18): its events whose marker is made
+                -- now; an event already marked was applied (a duplicate, skipped).
+                WITH reserved AS (
+                    INSERT INTO processed_markers AS m (bucket, campaign_id, seq, handler)
+                    SELECT p_bucket, x.campaign_id, x.seq, p ->> 'name'
+                    FROM unnest(cids, seqs, types) AS x(campaign_id, seq, type)
+                    WHERE x.type IN (SELECT jsonb_array_elements_text(p -> 'types'))
+                    ORDER BY x.campaign_id, x.seq
+                    ON CONFLICT (bucket, campaign_id, seq, handler) DO NOTHING
+                    RETURNING m.campaign_id, m.seq
+                )
+                SELECT jsonb_agg(jsonb_build_object(
+                           'campaign_id', e.campaign_id, 'seq', e.seq, 'type', e.type,
+                           'payload', e.payload::jsonb, 'metadata', e.metadata::jsonb,
+                           'recorded_at', e.recorded_at) ORDER BY e.ord),
+                       count(*)
+                INTO events, n
+                FROM unnest(cids, seqs, types, payloads, metadatas, recorded)
+                    WITH ORDINALITY
+                    AS e(campaign_id, seq, type, payload, metadata, recorded_at, ord)
+                JOIN reserved r ON r.campaign_id = e.campaign_id AND r.seq = e.seq;
+            ELSE
+                SELECT jsonb_agg(jsonb_build_object(
+                           'campaign_id', e.campaign_id, 'seq', e.seq, 'type', e.type,
+                           'payload', e.payload::jsonb, 'metadata', e.metadata::jsonb,
+                           'recorded_at', e.recorded_at) ORDER BY e.ord),
+                       count(*)
+                INTO events, n
+                FROM unnest(cids, seqs, types, payloads, metadatas, recorded)
+                    WITH ORDINALITY
+                    AS e(campaign_id, seq, type, payload, metadata, recorded_at, ord)
+                WHERE e.type IN (SELECT jsonb_array_elements_text(p -> 'types'));
+            END IF;
             IF n > 0 THEN
                 EXECUTE outbox_function_call((p ->> 'function')::regprocedure, '$1')
                     USING events;

@@ -48,7 +48,7 @@ CREATE TABLE IF NOT EXISTS fault_delivered (
     uid         text   NOT NULL,
     i           bigint NOT NULL
 );
--- sql_projectors.toml's projectors: the witness and `ledger` as SQL functions.
+-- sql_projectors.toml's projectors: the witness, `ledger` and `marked` as SQL functions.
 CREATE OR REPLACE FUNCTION public.fault_witness(events jsonb) RETURNS void LANGUAGE sql AS $$
     INSERT INTO public.fault_applied (campaign_id, uid, i)
     SELECT e->>'campaign_id', e->'payload'->>'uid', (e->'payload'->>'i')::bigint
@@ -57,6 +57,11 @@ $$;
 CREATE OR REPLACE FUNCTION public.fault_ledger(events jsonb) RETURNS void LANGUAGE sql AS $$
     INSERT INTO public.fault_tracked (projector, campaign_id, uid, i)
     SELECT 'ledger', e->>'campaign_id', e->'payload'->>'uid', (e->'payload'->>'i')::bigint
+    FROM jsonb_array_elements(events) WITH ORDINALITY AS x(e, ord) ORDER BY ord
+$$;
+CREATE OR REPLACE FUNCTION public.fault_marked(events jsonb) RETURNS void LANGUAGE sql AS $$
+    INSERT INTO public.fault_tracked (projector, campaign_id, uid, i)
+    SELECT 'marked', e->>'campaign_id', e->'payload'->>'uid', (e->'payload'->>'i')::bigint
     FROM jsonb_array_elements(events) WITH ORDINALITY AS x(e, ord) ORDER BY ord
 $$;
 """

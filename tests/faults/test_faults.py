@@ -250,10 +250,12 @@ async def test_sigkill_soak_with_a_batch_projector(pool: db.Pool, dsn: str, flee
 
 
 async def test_sigkill_soak_with_sql_projectors(pool: db.Pool, dsn: str, fleet: Fleet) -> None:
-    """The stock worker run from a projectors file: the witness (unguarded) and `ledger`
-    (ordered) are SQL functions (faults_app.SCHEMA), each checked against the generator."""
+    """The stock worker run from a projectors file: the witness (unguarded), `ledger`
+    (ordered) and `marked` (markers) are SQL functions (faults_app.SCHEMA), each checked
+    against the generator; their batches run in one call of the server."""
     fleet.app = "sql_projectors.toml"
-    await _soak("sigkill_soak_sql", pool, dsn, fleet, kills=scaled(30), projectors=("ledger",))
+    projectors = ("ledger", "marked")
+    await _soak("sigkill_soak_sql", pool, dsn, fleet, kills=scaled(30), projectors=projectors)
 
 
 async def test_sigkill_soak_in_lease_mode(pool: db.Pool, dsn: str, fleet: Fleet) -> None:

@@ -165,6 +165,25 @@ async def test_a_sql_projector_gets_each_event_once_in_order_as_json(
     assert shape["metadata"]["idempotency_key"].startswith("s-00")
 
 
+async def test_an_event_already_marked_is_not_given_again(
+    pool: db.Pool, dsn: str, roster_kind: str
+) -> None:
+    """Markers (S18): an event whose marker exists (applied before) is a duplicate, skipped."""
+    settings = Settings(dsn=dsn)
+    expected: Counter[str] = Counter()
+    for cid in CAMPAIGNS[:2]:
+        await add_events(pool, settings, expected, cid, [1, 20])
+    await pool.execute(
+        "INSERT INTO outbox.processed_markers (bucket, campaign_id, seq, handler) "
+        "VALUES (outbox.outbox_bucket('s-00'), 's-00', 2, 'sql')"
+    )
+    counts = await Worker(sql_app(settings, roster_kind, markers=True), pool).drain()
+    assert counts.failed == 0
+    assert await sums(pool, "sql") == expected - Counter({"s-00": 20})
+    assert await sums(pool, "roster") == expected
+    assert ("s-00", 2) not in await given(pool)
+
+
 async def test_a_raising_function_fails_its_event_alone_and_holds_only_its_projector(
     pool: db.Pool, dsn: str, roster_kind: str
 ) -> None:
