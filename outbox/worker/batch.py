@@ -272,8 +272,8 @@ class Worker:
         """The batch in one call of the server (`sql_batch`) when every projector in force is
         a SQL projector it can run and none is paused or missing from this code; None when
         the batch is left to `_batch` (nothing of it was written)."""
-        if not (isinstance(self.strategy, Apply) and self._claim_ordered()):
-            return None
+        if take == "holds" or not (isinstance(self.strategy, Apply) and self._claim_ordered()):
+            return None  # a background worker's batches are holds' work: the worker's own
         settings = self.app.settings
         async with db.acquire(self.pool, session=settings.worker_session()) as conn:
             registry = await self.app.superseded.registry(conn, self.app.registry)
