@@ -95,6 +95,8 @@ class Worker:
     # The registry in force last seen, and its plan for batches in one call (None: some
     # projector is not SQL, `sql_batch`).
     _one_call: tuple[Registry, OneCall | None] | None = field(default=None, init=False, repr=False)
+    # Whether the app's projectors are all SQL (None: not looked yet): else no batch tries.
+    _any_sql: bool | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.rand is None:
@@ -274,6 +276,10 @@ class Worker:
         the batch is left to `_batch` (nothing of it was written)."""
         if take == "holds" or not (isinstance(self.strategy, Apply) and self._claim_ordered()):
             return None  # a background worker's batches are holds' work: the worker's own
+        if self._any_sql is None:  # whether any registry in force could be all SQL
+            self._any_sql = OneCall.of(self.app.registry) is not None
+        if not self._any_sql:
+            return None
         settings = self.app.settings
         async with db.acquire(self.pool, session=settings.worker_session()) as conn:
             registry = await self.app.superseded.registry(conn, self.app.registry)
