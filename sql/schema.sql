@@ -591,7 +591,7 @@ CREATE FUNCTION outbox.outbox_error_shape(error text) RETURNS text
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
     RETURN (SELECT CASE WHEN starts_with(m.shape, 'projector ?: '::text) THEN substr(m.shape, 14) ELSE m.shape END AS shape FROM (SELECT regexp_replace(outbox_error_shape.error, '''[^'']*''|"[^"]*"|-?[0-9]+(\.[0-9]+)?'::text, '?'::text, 'g'::text) AS shape) m);
 
-CREATE FUNCTION outbox.outbox_events_json(p_campaign_ids text[], p_seqs bigint[]) RETURNS jsonb
+CREATE FUNCTION outbox.outbox_events_json(p_bucket integer, p_campaign_ids text[], p_seqs bigint[]) RETURNS jsonb
     LANGUAGE sql STABLE
     SET search_path TO 'outbox', 'pg_temp'
     AS $$
@@ -601,8 +601,7 @@ CREATE FUNCTION outbox.outbox_events_json(p_campaign_ids text[], p_seqs bigint[]
                ORDER BY k.ord), '[]'::jsonb)
     FROM unnest(p_campaign_ids, p_seqs) WITH ORDINALITY AS k(campaign_id, seq, ord)
     JOIN event_journal j
-        ON j.bucket = outbox_bucket(k.campaign_id) AND j.campaign_id = k.campaign_id
-       AND j.seq = k.seq
+        ON j.bucket = p_bucket AND j.campaign_id = k.campaign_id AND j.seq = k.seq
 $$;
 
 CREATE FUNCTION outbox.outbox_fingerprint(events jsonb) RETURNS bytea
@@ -1092,9 +1091,20 @@ CREATE FUNCTION outbox.outbox_run_sql_projector(p_function regprocedure, p_campa
     LANGUAGE plpgsql
     SET search_path TO 'outbox', 'pg_temp'
     AS $_$
+DECLARE
+    v_bucket integer := outbox_bucket(p_campaign_ids[1]);
+    events jsonb;
 BEGIN
-    EXECUTE outbox_function_call(p_function, '$1')
-        USING outbox_events_json(p_campaign_ids, p_seqs);
+    IF EXISTS (SELECT 1 FROM unnest(p_campaign_ids) c WHERE outbox_bucket(c) <> v_bucket) THEN
+        RAISE EXCEPTION 'a SQL projector''s events are one bucket''s; these are not';
+    END IF;
+    events := outbox_events_json(v_bucket, p_campaign_ids, p_seqs);
+    IF jsonb_array_length(events) <> coalesce(cardinality(p_seqs), 0) THEN
+        RAISE EXCEPTION 'the journal lacks % of the % events given',
+            coalesce(cardinality(p_seqs), 0) - jsonb_array_length(events),
+            coalesce(cardinality(p_seqs), 0);
+    END IF;
+    EXECUTE outbox_function_call(p_function, '$1') USING events;
 END
 $_$;
 

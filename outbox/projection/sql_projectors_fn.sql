@@ -17,8 +17,11 @@ AS $$
     WHERE p.oid = p_function
 $$;
 
--- The events at keys (p_campaign_ids[i], p_seqs[i]), in the keys' order, as one JSON array.
-CREATE OR REPLACE FUNCTION outbox_events_json(p_campaign_ids text[], p_seqs bigint[])
+-- The events at keys (p_campaign_ids[i], p_seqs[i]), all in bucket `p_bucket`, in the keys'
+-- order, as one JSON array. (The bucket a constant: on Citus the read is routed to its shard.)
+CREATE OR REPLACE FUNCTION outbox_events_json(
+    p_bucket integer, p_campaign_ids text[], p_seqs bigint[]
+)
 RETURNS jsonb
 LANGUAGE sql STABLE
 SET search_path FROM CURRENT
@@ -29,11 +32,11 @@ AS $$
                ORDER BY k.ord), '[]'::jsonb)
     FROM unnest(p_campaign_ids, p_seqs) WITH ORDINALITY AS k(campaign_id, seq, ord)
     JOIN event_journal j
-        ON j.bucket = outbox_bucket(k.campaign_id) AND j.campaign_id = k.campaign_id
-       AND j.seq = k.seq
+        ON j.bucket = p_bucket AND j.campaign_id = k.campaign_id AND j.seq = k.seq
 $$;
 
--- Run SQL projector `p_function` (an `fn(jsonb)`) on the events at the keys given.
+-- Run SQL projector `p_function` (an `fn(jsonb)`) on the events at the keys given, which are
+-- one bucket's (a batch's, a build step's, a campaign's).
 CREATE OR REPLACE FUNCTION outbox_run_sql_projector(
     p_function regprocedure, p_campaign_ids text[], p_seqs bigint[]
 )
@@ -41,9 +44,20 @@ RETURNS void
 LANGUAGE plpgsql VOLATILE
 SET search_path FROM CURRENT
 AS $$
+DECLARE
+    v_bucket integer := outbox_bucket(p_campaign_ids[1]);
+    events jsonb;
 BEGIN
-    EXECUTE outbox_function_call(p_function, '$1')
-        USING outbox_events_json(p_campaign_ids, p_seqs);
+    IF EXISTS (SELECT 1 FROM unnest(p_campaign_ids) c WHERE outbox_bucket(c) <> v_bucket) THEN
+        RAISE EXCEPTION 'a SQL projector''s events are one bucket''s; these are not';
+    END IF;
+    events := outbox_events_json(v_bucket, p_campaign_ids, p_seqs);
+    IF jsonb_array_length(events) <> coalesce(cardinality(p_seqs), 0) THEN
+        RAISE EXCEPTION 'the journal lacks % of the % events given',
+            coalesce(cardinality(p_seqs), 0) - jsonb_array_length(events),
+            coalesce(cardinality(p_seqs), 0);
+    END IF;
+    EXECUTE outbox_function_call(p_function, '$1') USING events;
 END
 $$;
 
