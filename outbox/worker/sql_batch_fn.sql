@@ -17,9 +17,10 @@
 -- It handles the common batch alone: every claimed campaign's rows due from its head with no
 -- holds and no gap, each ordered projector's checkpoint right before them (or absent for a
 -- projector that starts now), every event type subscribed or ignored, and every function
--- returning. Then each projector's function gets its events as one JSON array (the shape of
--- `outbox_events_json`), every ordered checkpoint passes every event, the rows are deleted and
--- the campaign rows written by `outbox_settle`, exactly as the worker's own settle would. Any
+-- returning. Then each projector's function gets its events as one JSON array
+-- (`outbox_events_json`, read from the journal by key), every ordered checkpoint passes every
+-- event, the rows are deleted and the campaign rows written by `outbox_settle`, exactly as
+-- the worker's own settle would. Any
 -- other batch, and any error on the way (a function raising, a refusal of the settle), undoes
 -- the whole call: `handled` false and the reason, and the worker runs the batch its own way,
 -- which isolates a failing event and records its failure (S6, S24).
@@ -59,11 +60,10 @@ DECLARE
     p jsonb;
     name text;
     cids text[] := '{}';
+    given_campaigns text[];
+    given_seqs bigint[];
     seqs bigint[] := '{}';
     types text[] := '{}';
-    payloads text[] := '{}';
-    metadatas text[] := '{}';
-    recorded timestamptz[] := '{}';
     writes jsonb := '[]';
     moves jsonb := '[]';
     current_campaign text;
@@ -72,7 +72,6 @@ DECLARE
     more boolean;
     at bigint;
     i integer;
-    events jsonb;
     n integer;
     depth_sum bigint := 0;
     settled record;
@@ -124,9 +123,6 @@ BEGIN
             cids := cids || r.campaign_id;
             seqs := seqs || r.seq;
             types := types || r.event_type;
-            payloads := payloads || r.payload;
-            metadatas := metadatas || r.metadata;
-            recorded := recorded || r.recorded_at;
         END LOOP;
         claimed := cardinality(seqs);
         IF claimed = 0 THEN
@@ -156,31 +152,20 @@ BEGIN
                     ON CONFLICT (bucket, campaign_id, seq, handler) DO NOTHING
                     RETURNING m.campaign_id, m.seq
                 )
-                SELECT jsonb_agg(jsonb_build_object(
-                           'campaign_id', e.campaign_id, 'seq', e.seq, 'type', e.type,
-                           'payload', e.payload::jsonb, 'metadata', e.metadata::jsonb,
-                           'recorded_at', e.recorded_at) ORDER BY e.ord),
-                       count(*)
-                INTO events, n
-                FROM unnest(cids, seqs, types, payloads, metadatas, recorded)
-                    WITH ORDINALITY
-                    AS e(campaign_id, seq, type, payload, metadata, recorded_at, ord)
-                JOIN reserved r ON r.campaign_id = e.campaign_id AND r.seq = e.seq;
+                SELECT array_agg(r.campaign_id ORDER BY r.campaign_id, r.seq),
+                       array_agg(r.seq ORDER BY r.campaign_id, r.seq)
+                INTO given_campaigns, given_seqs
+                FROM reserved r;
             ELSE
-                SELECT jsonb_agg(jsonb_build_object(
-                           'campaign_id', e.campaign_id, 'seq', e.seq, 'type', e.type,
-                           'payload', e.payload::jsonb, 'metadata', e.metadata::jsonb,
-                           'recorded_at', e.recorded_at) ORDER BY e.ord),
-                       count(*)
-                INTO events, n
-                FROM unnest(cids, seqs, types, payloads, metadatas, recorded)
-                    WITH ORDINALITY
-                    AS e(campaign_id, seq, type, payload, metadata, recorded_at, ord)
-                WHERE e.type IN (SELECT jsonb_array_elements_text(p -> 'types'));
+                SELECT array_agg(x.campaign_id ORDER BY x.ord), array_agg(x.seq ORDER BY x.ord)
+                INTO given_campaigns, given_seqs
+                FROM unnest(cids, seqs, types) WITH ORDINALITY AS x(campaign_id, seq, type, ord)
+                WHERE x.type IN (SELECT jsonb_array_elements_text(p -> 'types'));
             END IF;
+            n := coalesce(cardinality(given_seqs), 0);
             IF n > 0 THEN
                 EXECUTE outbox_function_call((p ->> 'function')::regprocedure, '$1')
-                    USING events;
+                    USING outbox_events_json(p_bucket, given_campaigns, given_seqs);
                 per_projector := per_projector || jsonb_build_object(p ->> 'name', n);
             END IF;
         END LOOP;
