@@ -53,20 +53,23 @@ DECLARE
     given_seqs bigint[];
     seqs bigint[] := '{}';
     types text[] := '{}';
-    writes jsonb := '[]';
-    moves jsonb := '[]';
+    lasts bigint[] := '{}';
+    writes jsonb;
+    moves jsonb;
     current_campaign text;
     previous bigint;
-    last_of_campaign bigint;
-    more boolean;
     at bigint;
     i integer;
     n integer;
-    depth_sum bigint := 0;
     settled record;
 BEGIN
     handled := false;
     campaigns := 0;
+    claimed := 0;
+    applied := 0;
+    skipped := 0;
+    depth_rows := 0;
+    due := 0;
     per_projector := '{}';
     BEGIN
         FOR r IN
@@ -80,13 +83,6 @@ BEGIN
                     USING ERRCODE = 'OB901';
             END IF;
             IF r.campaign_id IS DISTINCT FROM current_campaign THEN
-                IF current_campaign IS NOT NULL THEN  -- the campaign before is complete
-                    more := last_of_campaign > previous;
-                    writes := writes || jsonb_build_object(
-                        'campaign_id', current_campaign, 'head_seq', previous + 1,
-                        'due_at', NULL, 'delay', CASE WHEN more THEN 0.0 END, 'seen', NULL,
-                        'blocked', false, 'gone', NOT more);
-                END IF;
                 IF r.first_seq IS DISTINCT FROM r.seq THEN  -- a row before its head (dead)
                     RAISE EXCEPTION 'campaign % has rows before its head', r.campaign_id
                         USING ERRCODE = 'OB901';
@@ -102,31 +98,33 @@ BEGIN
                     END IF;
                 END LOOP;
                 current_campaign := r.campaign_id;
-                campaigns := campaigns + 1;
             ELSIF r.seq <> previous + 1 THEN
                 RAISE EXCEPTION 'campaign % has a gap before seq %', r.campaign_id, r.seq
                     USING ERRCODE = 'OB901';
             END IF;
             previous := r.seq;
-            last_of_campaign := r.last_seq;
             cids := cids || r.campaign_id;
             seqs := seqs || r.seq;
             types := types || r.event_type;
+            lasts := lasts || r.last_seq;
         END LOOP;
-        claimed := cardinality(seqs);
-        IF claimed = 0 THEN
+        IF cardinality(seqs) = 0 THEN
             handled := true;
-            applied := 0;
-            skipped := 0;
-            depth_rows := 0;
-            due := 0;
             RETURN;
         END IF;
-        more := last_of_campaign > previous;
-        writes := writes || jsonb_build_object(
-            'campaign_id', current_campaign, 'head_seq', previous + 1, 'due_at', NULL,
-            'delay', CASE WHEN more THEN 0.0 END, 'seen', NULL, 'blocked', false,
-            'gone', NOT more);
+        -- Each campaign's row after the batch (the worker's `campaign_writes` for a batch that
+        -- completed every row it took): its head past the last row taken, due now when rows
+        -- are left past it, else gone; and how deep it was (the next claim is shared by it).
+        SELECT jsonb_agg(jsonb_build_object(
+                   'campaign_id', c.campaign_id, 'head_seq', c.taken + 1, 'due_at', NULL,
+                   'delay', CASE WHEN c.last > c.taken THEN 0.0 END, 'seen', NULL,
+                   'blocked', false, 'gone', c.last <= c.taken) ORDER BY c.campaign_id),
+               sum(CASE WHEN c.last > c.taken THEN 2 * c.rows ELSE c.rows END),
+               count(*)
+        INTO writes, depth_rows, campaigns
+        FROM (SELECT x.campaign_id, max(x.seq) AS taken, max(x.last) AS last, count(*) AS rows
+              FROM unnest(cids, seqs, lasts) AS x(campaign_id, seq, last)
+              GROUP BY x.campaign_id) c;
         -- Each projector's function, on the events of its types.
         FOR p IN SELECT x FROM jsonb_array_elements(p_plan -> 'projectors') x LOOP
             IF (p ->> 'markers')::boolean THEN
@@ -178,15 +176,9 @@ BEGIN
             'touched', '[]'::jsonb, 'campaigns', writes, 'checkpoints', moves,
             'projectors', p_plan -> 'known', 'now', p_plan -> 'now', 'notify', true,
             'channel', p_plan -> 'channel')) s;
+        claimed := cardinality(seqs);
         due := settled.due;
         ages := settled.ages;
-        -- How deep the claimed campaigns were (the worker's next claim is shared by it).
-        SELECT sum(CASE WHEN w ->> 'gone' = 'true' THEN k.rows ELSE 2 * k.rows END)
-        INTO depth_sum
-        FROM jsonb_array_elements(writes) w
-        JOIN (SELECT x.campaign_id, count(*) AS rows FROM unnest(cids) AS x(campaign_id)
-              GROUP BY x.campaign_id) k ON k.campaign_id = w ->> 'campaign_id';
-        depth_rows := depth_sum;
         handled := true;
     EXCEPTION WHEN OTHERS THEN
         handled := false;

@@ -99,10 +99,6 @@ def _declare(app: Outbox, where: str, entry: Any) -> None:
             raise ConfigError(f"{where}: {key} is required")
     if not all(isinstance(t, str) for t in entry["events"]):
         raise ConfigError(f"{where}: events must be a list of event types (strings)")
-    if entry.get("start", "now") not in ("beginning", "now"):
-        raise ConfigError(f"{where}: start must be 'beginning' or 'now', got {entry['start']!r}")
-    if entry.get("promote", "manual") not in ("manual", "auto"):
-        raise ConfigError(f"{where}: promote must be 'manual' or 'auto', got {entry['promote']!r}")
     try:
         app.sql_projector(**entry)
     except ConfigError as exc:

@@ -95,8 +95,8 @@ class Worker:
     # The registry in force last seen, and its plan for batches in one call (None: some
     # projector is not SQL, `sql_batch`).
     _one_call: tuple[Registry, OneCall | None] | None = field(default=None, init=False, repr=False)
-    # Whether the app's projectors are all SQL (None: not looked yet): else no batch tries.
-    _any_sql: bool | None = field(default=None, init=False, repr=False)
+    # Whether the app's projectors are all SQL: else no batch tries the one call.
+    _all_sql: bool = field(default=False, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.rand is None:
@@ -106,6 +106,7 @@ class Worker:
         applies = isinstance(self.strategy, Apply) and self.ordered
         self.sweeps = Sweeps.of(self.app.registry, min(poll, SWEEP_INTERVAL), applies=applies)
         self.promotions = AutoPromotions.of(self.app.registry, applies=applies)
+        self._all_sql = applies and OneCall.of(self.app.registry) is not None
 
     @property
     def policy(self) -> FailurePolicy:
@@ -274,12 +275,8 @@ class Worker:
         """The batch in one call of the server (`sql_batch`) when every projector in force is
         a SQL projector it can run and none is paused or missing from this code; None when
         the batch is left to `_batch` (nothing of it was written)."""
-        if take == "holds" or not (isinstance(self.strategy, Apply) and self._claim_ordered()):
+        if take == "holds" or not self._all_sql:
             return None  # a background worker's batches are holds' work: the worker's own
-        if self._any_sql is None:  # whether any registry in force could be all SQL
-            self._any_sql = OneCall.of(self.app.registry) is not None
-        if not self._any_sql:
-            return None
         settings = self.app.settings
         async with db.acquire(self.pool, session=settings.worker_session()) as conn:
             registry = await self.app.superseded.registry(conn, self.app.registry)
@@ -306,8 +303,7 @@ class Worker:
             return None
         self.took_all = result.campaigns < wanted
         if result.campaigns:
-            found = result.depth_rows / result.campaigns
-            self.depth = min(max(found, 1.0), float(settings.batch_size))
+            self._learn_depth(result.depth_rows / result.campaigns)
         after.registry = registry
         after.ages = result.ages
         for name, events in result.per_projector.items():
@@ -331,7 +327,11 @@ class Worker:
             2 * len(c.rows) if c.rows and (c.last_seq or 0) > c.rows[-1].seq else len(c.rows)
             for c in campaigns
         ]
-        self.depth = min(max(sum(found) / len(found), 1.0), float(self.app.settings.batch_size))
+        self._learn_depth(sum(found) / len(found))
+
+    def _learn_depth(self, rows_per_campaign: float) -> None:
+        """The depth the next claims share a batch by: rows per campaign, 1 to a batch."""
+        self.depth = min(max(rows_per_campaign, 1.0), float(self.app.settings.batch_size))
 
     def _claim_ordered(self) -> bool:
         """Whether the claim goes by campaign (the strategy says, from the settings)."""

@@ -36,6 +36,12 @@ HERE = Path(__file__).resolve().parent
 SUMMARY: list[str] = []
 
 
+def code_path(code: Path) -> dict[str, str]:
+    """The environment that runs `code`'s package: another checkout's (an upgrade's previous
+    release) first on the path, before the one installed from here; nothing for this one."""
+    return {} if code == ROOT else {"PYTHONPATH": str(code)}
+
+
 @dataclass
 class Fleet:
     """Worker processes of one scenario; logs in `logs`."""
@@ -56,8 +62,7 @@ class Fleet:
         log = self.log_of[name].open("wb")
         environ = {k: v for k, v in os.environ.items() if not k.startswith("OUTBOX_")}
         environ |= {"OUTBOX_DSN": self.dsn, "OUTBOX_LOG_LEVEL": "info", **self.env}
-        if self.code != ROOT:  # its own package first, before the one installed from here
-            environ["PYTHONPATH"] = str(self.code)
+        environ |= code_path(self.code)
         worker = [sys.executable, str(self.code / "cmd" / "outbox-worker.py")]
         self.procs[name] = subprocess.Popen(
             [*worker, "--app", self.app, *args],

@@ -35,7 +35,7 @@ from pathlib import Path
 import anyio
 import pytest
 from faults_app import SCHEMA
-from harness import FAST, HERE, Fleet, Generator, campaigns, finish
+from harness import FAST, HERE, Fleet, Generator, campaigns, code_path, finish
 
 from helpers import ROOT, wait_for
 from outbox import Settings, db
@@ -65,9 +65,7 @@ def previous(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def maintenance(code: Path, dsn: str, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {"OUTBOX_DSN": dsn, "PATH": "/usr/bin:/bin"}
-    if code != ROOT:
-        env["PYTHONPATH"] = str(code)
+    env = {"OUTBOX_DSN": dsn, "PATH": "/usr/bin:/bin", **code_path(code)}
     return subprocess.run(
         [sys.executable, str(code / "cmd" / "maintenance.py"), *args],
         cwd=HERE, env=env, capture_output=True, text=True, timeout=300, check=False,
@@ -89,9 +87,7 @@ class Appenders:
         out = self.logs / f"appender-{name}-{len(self.outputs)}.jsonl"
         self.outputs.append(out)
         self.output_of[name] = out
-        env = {"OUTBOX_DSN": self.dsn, "PATH": "/usr/bin:/bin"}
-        if code != ROOT:
-            env["PYTHONPATH"] = str(code)
+        env = {"OUTBOX_DSN": self.dsn, "PATH": "/usr/bin:/bin", **code_path(code)}
         with out.open("wb") as stdout, (self.logs / f"appender-{name}.err").open("ab") as err:
             self.procs[name] = subprocess.Popen(
                 [sys.executable, str(HERE / "upgrade_app.py"), *names],
