@@ -59,9 +59,8 @@ CREATE TABLE raw_totals (LIKE bench_totals_v1 INCLUDING ALL);
 LEVEL_V1 = """
 WITH known AS (
     INSERT INTO outbox.outbox_projectors
-        (projector, base, version, events, ordered, transactional, start, last_seen_by,
-         swept_at)
-    VALUES ('totals', 'totals', 1, ARRAY['bench.tick'], true, true, 'beginning', 'bench',
+        (projector, events, ordered, transactional, start, last_seen_by, swept_at)
+    VALUES ('totals', ARRAY['bench.tick'], true, true, 'beginning', 'bench',
             clock_timestamp())
 ), applied AS (
     INSERT INTO bench_totals_v1 (campaign_id, events, amount)

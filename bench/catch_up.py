@@ -58,8 +58,8 @@ FROM generate_series(0, $2::integer - 1) g
 LEVEL_VISIBLE = """
 WITH known AS (
     INSERT INTO outbox.outbox_projectors
-        (projector, base, events, ordered, transactional, start, last_seen_by, swept_at)
-    VALUES ('visible', 'visible', ARRAY['bench.tick'], true, true, 'beginning', 'bench',
+        (projector, events, ordered, transactional, start, last_seen_by, swept_at)
+    VALUES ('visible', ARRAY['bench.tick'], true, true, 'beginning', 'bench',
             clock_timestamp())
 )
 INSERT INTO outbox.projection_checkpoint_keys (bucket, campaign_id, projector, applied_seq)
