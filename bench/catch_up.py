@@ -183,7 +183,7 @@ async def run(
     totals = None
     while True:
         await asyncio.sleep(0.2)
-        found = {c.projector: c for c in await catch_ups(conn)}
+        found = {c.projector: c for c in await catch_ups(conn, progress=False)}
         if totals is None and "totals" in found:
             stop(old)
         totals = found.get("totals")
