@@ -2,6 +2,7 @@
 """Drain throughput: the worker against a raw-SQL ceiling and pgqueuer, in one run.
 
 Usage: python bench/drain.py [--campaigns N] [--events N] [--pgqueuer-events N]
+                             [--skip-pgqueuer] [--kinds batch,sql]
 Every contender drains the same backlog (N events over the campaigns, enqueued oldest first)
 into the same read model (per-campaign totals), on the same durable server, and the totals are
 checked against the generator's own sums after every case (exactly once). Contenders:
@@ -156,7 +157,9 @@ async def pgqueuer_drain(dsn: str, events: int, batch: int, *, upsert: bool) -> 
         await conn.close()
 
 
-async def main(campaigns: int, events: int, pgq_events: int, skip_pgqueuer: bool) -> None:
+async def main(
+    campaigns: int, events: int, pgq_events: int, skip_pgqueuer: bool, kinds: list[str]
+) -> None:
     results: dict[str, float] = {}
     async with bench_database() as dsn:
         conn = await asyncpg.connect(dsn)
@@ -176,7 +179,7 @@ async def main(campaigns: int, events: int, pgq_events: int, skip_pgqueuer: bool
         for batch in BATCHES:
             await case(f"raw batch={batch}", raw_drain(dsn, batch))
             for loops in LOOPS:
-                for kind in KINDS:
+                for kind in kinds:
                     run = outbox_drain(dsn, batch, loops, kind=kind)
                     await case(f"outbox {kind} batch={batch} loops={loops}", run)
         rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -193,7 +196,7 @@ async def main(campaigns: int, events: int, pgq_events: int, skip_pgqueuer: bool
     ratios: dict[str, float] = {}
     for batch in BATCHES:
         ceiling = results[f"raw batch={batch}"]
-        for kind in KINDS:
+        for kind in kinds:
             best = max(results[f"outbox {kind} batch={batch} loops={n}"] for n in LOOPS)
             ratios[f"{kind}_vs_raw_batch{batch}"] = best / ceiling
             print(f"  outbox {kind:<9} batch={batch:<3} / raw      {best / ceiling:5.2f}x")
@@ -226,5 +229,15 @@ if __name__ == "__main__":
     parser.add_argument("--events", type=int, default=100_000)
     parser.add_argument("--pgqueuer-events", type=int, default=20_000)
     parser.add_argument("--skip-pgqueuer", action="store_true")
+    parser.add_argument(
+        "--kinds",
+        type=lambda v: v.split(","),
+        default=list(KINDS),
+        help=f"the projector kinds to run, comma-separated (default: {','.join(KINDS)})",
+    )
     args = parser.parse_args()
-    asyncio.run(main(args.campaigns, args.events, args.pgqueuer_events, args.skip_pgqueuer))
+    if unknown := set(args.kinds) - set(KINDS):
+        parser.error(f"--kinds: unknown {', '.join(sorted(unknown))} (known: {', '.join(KINDS)})")
+    asyncio.run(
+        main(args.campaigns, args.events, args.pgqueuer_events, args.skip_pgqueuer, args.kinds)
+    )

@@ -45,9 +45,7 @@ DECLARE
         FROM jsonb_array_elements(p_plan -> 'projectors') p
         UNION SELECT jsonb_array_elements_text(p_plan -> 'ignored'));
     ignored text[] := ARRAY(SELECT jsonb_array_elements_text(p_plan -> 'ignored'));
-    r record;
     p jsonb;
-    name text;
     cids text[] := '{}';
     given_campaigns text[];
     given_seqs bigint[];
@@ -56,10 +54,7 @@ DECLARE
     lasts bigint[] := '{}';
     writes jsonb;
     moves jsonb;
-    current_campaign text;
-    previous bigint;
-    at bigint;
-    i integer;
+    why text;
     n integer;
     settled record;
 BEGIN
@@ -72,42 +67,52 @@ BEGIN
     due := 0;
     per_projector := '{}';
     BEGIN
-        FOR r IN
-            SELECT * FROM outbox_claim(p_bucket, p_campaigns, p_budget, ordered, v_now,
-                                       coalesce(p_plan ->> 'take', 'all'))
-        LOOP
-            IF r.seq IS NULL OR r.holds IS NOT NULL OR NOT r.due
-               OR r.status NOT IN ('pending', 'failed') OR r.event_type IS NULL
-               OR NOT r.event_type = ANY (known_types) THEN
-                RAISE EXCEPTION 'not a plain batch: campaign % seq %', r.campaign_id, r.seq
-                    USING ERRCODE = 'OB901';
-            END IF;
-            IF r.campaign_id IS DISTINCT FROM current_campaign THEN
-                IF r.first_seq IS DISTINCT FROM r.seq THEN  -- a row before its head (dead)
-                    RAISE EXCEPTION 'campaign % has rows before its head', r.campaign_id
-                        USING ERRCODE = 'OB901';
-                END IF;
-                FOREACH name IN ARRAY ordered LOOP
-                    i := array_position(r.projectors, name);
-                    at := CASE WHEN i IS NOT NULL THEN r.applied_seqs[i]
-                               WHEN name = ANY (starts_now) THEN r.seq - 1
-                               ELSE 0 END;
-                    IF at <> r.seq - 1 THEN
-                        RAISE EXCEPTION 'projector % is at seq % of campaign %, not %',
-                            name, at, r.campaign_id, r.seq - 1 USING ERRCODE = 'OB901';
-                    END IF;
-                END LOOP;
-                current_campaign := r.campaign_id;
-            ELSIF r.seq <> previous + 1 THEN
-                RAISE EXCEPTION 'campaign % has a gap before seq %', r.campaign_id, r.seq
-                    USING ERRCODE = 'OB901';
-            END IF;
-            previous := r.seq;
-            cids := cids || r.campaign_id;
-            seqs := seqs || r.seq;
-            types := types || r.event_type;
-            lasts := lasts || r.last_seq;
-        END LOOP;
+        -- The claim, read once into arrays and checked set-wise (a row loop cost more than
+        -- the functions it feeds): the first row that makes the batch not plain, if any.
+        SELECT coalesce(array_agg(c.campaign_id ORDER BY c.ord), '{}'),
+               coalesce(array_agg(c.seq ORDER BY c.ord), '{}'),
+               coalesce(array_agg(c.event_type ORDER BY c.ord), '{}'),
+               coalesce(array_agg(c.last_seq ORDER BY c.ord), '{}'),
+               (array_agg(c.why ORDER BY c.ord) FILTER (WHERE c.why IS NOT NULL))[1]
+        INTO cids, seqs, types, lasts, why
+        FROM (
+            SELECT x.campaign_id, x.seq, x.event_type, x.last_seq, x.ord, CASE
+                WHEN x.seq IS NULL OR x.holds IS NOT NULL OR NOT x.due
+                  OR x.status NOT IN ('pending', 'failed') OR x.event_type IS NULL
+                  OR NOT x.event_type = ANY (known_types)
+                    THEN format('not a plain batch: campaign %s seq %s', x.campaign_id, x.seq)
+                WHEN x.previous_campaign IS DISTINCT FROM x.campaign_id THEN CASE
+                    WHEN x.first_seq IS DISTINCT FROM x.seq  -- a row before its head (dead)
+                        THEN format('campaign %s has rows before its head', x.campaign_id)
+                    ELSE (  -- each ordered checkpoint right before the campaign's first row
+                        SELECT format('projector %s is at seq %s of campaign %s, not %s',
+                                      o.name, o.at, x.campaign_id, x.seq - 1)
+                        FROM (SELECT u.name,
+                                     CASE WHEN array_position(x.projectors, u.name) IS NOT NULL
+                                          THEN x.applied_seqs[array_position(x.projectors,
+                                                                             u.name)]
+                                          WHEN u.name = ANY (starts_now) THEN x.seq - 1
+                                          ELSE 0 END AS at
+                              FROM unnest(ordered) AS u(name)) o
+                        WHERE o.at <> x.seq - 1
+                        LIMIT 1)
+                    END
+                WHEN x.seq <> x.previous_seq + 1
+                    THEN format('campaign %s has a gap before seq %s', x.campaign_id, x.seq)
+            END AS why
+            FROM (
+                SELECT k.*, lag(k.campaign_id) OVER (ORDER BY k.ord) AS previous_campaign,
+                       lag(k.seq) OVER (ORDER BY k.ord) AS previous_seq
+                FROM outbox_claim(p_bucket, p_campaigns, p_budget, ordered, v_now,
+                                  coalesce(p_plan ->> 'take', 'all')) WITH ORDINALITY
+                    AS k(campaign_id, due, first_seq, last_seq, projectors, applied_seqs, holds,
+                         seq, status, attempt_count, next_attempt_at, lease_owner, claim_epoch,
+                         event_type, payload, metadata, recorded_at, ord)
+            ) x
+        ) c;
+        IF why IS NOT NULL THEN
+            RAISE EXCEPTION '%', why USING ERRCODE = 'OB901';
+        END IF;
         IF cardinality(seqs) = 0 THEN
             handled := true;
             RETURN;

@@ -84,6 +84,19 @@ class OneCall:
             tuple(sorted(registry.ignored)),
         )
 
+    def plan(self, now: datetime | None, take: str) -> str:
+        """The function's `p_plan` (JSON): the projectors, the types ignored, the projectors
+        the batch knows, the instant, the claim's take and the applied channel."""
+        plan = {
+            "projectors": self.projectors,
+            "ignored": self.ignored,
+            "known": sorted(self.registry.projectors),
+            "now": now,
+            "take": take,
+            "channel": applied_channel(),
+        }
+        return orjson.dumps(plan).decode()
+
     async def run(
         self,
         conn: Connection,
@@ -96,16 +109,8 @@ class OneCall:
     ) -> Result | None:
         """One batch in `bucket` (autocommit: `conn` in no transaction), or None when the
         function left it to the worker's own path (nothing of it written)."""
-        plan = {
-            "projectors": self.projectors,
-            "ignored": self.ignored,
-            "known": sorted(self.registry.projectors),
-            "now": now,
-            "take": take,
-            "channel": applied_channel(),
-        }
         row = await conn.fetchrow(
-            Q.apply_sql_batch, bucket, campaigns, budget, orjson.dumps(plan).decode()
+            Q.apply_sql_batch, bucket, campaigns, budget, self.plan(now, take)
         )
         if row is None or not row["handled"]:
             _logger.debug("batch.one_call_declined", extra={"reason": row and row["reason"]})

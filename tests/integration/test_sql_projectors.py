@@ -25,6 +25,8 @@ from outbox.projection.pauses import pause, resume
 from outbox.projection.projectors_file import load_projectors
 from outbox.worker.batch import Worker
 from outbox.worker.runtime import drain_now, open_pool
+from outbox.worker.sql_batch import OneCall
+from outbox.worker.sql_batch import Q as ONE_CALL
 
 HOUR = 3600.0
 
@@ -312,6 +314,47 @@ async def test_an_all_sql_worker_runs_each_batch_in_one_statement(
         assert [q for q in seen if "outbox_claim(" in q and "outbox_apply_sql_batch" not in q]
     finally:
         await one.close()
+
+
+async def test_the_one_call_declines_a_batch_that_is_not_plain_and_writes_nothing(
+    pool: db.Pool, dsn: str
+) -> None:
+    """The one call takes a plain batch alone: rows with a gap between them (a row deleted by
+    hand), or a first row an ordered checkpoint is not right before, are declined with the
+    reason and nothing written; the worker's own path then applies them from the journal."""
+    settings = Settings(dsn=dsn)
+    expected: Counter[str] = Counter()
+    await add_events(pool, settings, expected, "gap", [1, 2])  # seqs 1, 2 and a note, 3
+    await add_events(pool, settings, expected, "behind", [4])  # seqs 1 and a note, 2
+    await pool.execute(
+        "DELETE FROM outbox.projection_apply_outbox "
+        "WHERE (campaign_id, seq) IN (('gap', 2), ('behind', 1))"
+    )
+    plan = OneCall.of(sql_app(settings, "sql").registry)
+    assert plan is not None
+    reasons = {}
+    for campaign in ("gap", "behind"):
+        row = await pool.fetchrow(
+            ONE_CALL.apply_sql_batch,
+            await pool.fetchval("SELECT outbox.outbox_bucket($1)", campaign),
+            10,
+            100,
+            plan.plan(None, "all"),
+        )
+        assert row is not None
+        assert (row["handled"], row["claimed"], row["applied"]) == (False, 0, 0)
+        reasons[campaign] = row["reason"]
+    assert reasons["gap"] == "campaign gap has a gap before seq 3"
+    assert reasons["behind"] == "projector roster is at seq 0 of campaign behind, not 1"
+    left = await pool.fetch(
+        "SELECT campaign_id, seq FROM outbox.projection_apply_outbox ORDER BY 1, 2"
+    )
+    assert [(r["campaign_id"], r["seq"]) for r in left] == [("behind", 2), ("gap", 1), ("gap", 3)]
+    assert await sums(pool, "sql") == Counter()
+    await Worker(sql_app(settings, "sql"), pool).drain()
+    assert await sums(pool, "sql") == expected
+    assert await sums(pool, "roster") == expected
+    assert in_order_once(await given(pool))
 
 
 PROJECTORS_FILE = """
