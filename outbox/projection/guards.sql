@@ -78,25 +78,28 @@ WHERE (bucket, campaign_id, seq, handler) IN (
 -- ($2) only: the campaigns where some event of its types lies past its checkpoint (no
 -- checkpoint reads as 0), those events, and the age of the oldest (by the database clock);
 -- and the journal's campaigns in all. The cost grows with the campaigns and the events behind:
--- one pass over the heads, one probe per campaign, one aggregate over each behind range (read
--- once, nothing kept: a projector a million events behind is counted in about a second, not
--- sorted and materialized).
-WITH behind AS (
+-- one pass over the heads, one probe per campaign, a read of each behind range, grouped by
+-- campaign as it is read (nothing materialized or sorted: a projector a million events behind
+-- is counted in about a second; Citus pushes the grouping, by the distribution key, down to
+-- the shards).
+WITH behind AS MATERIALIZED (  -- each campaign's head worked out once, not per event
     SELECT h.bucket, h.campaign_id, h.last_seq, coalesce(k.applied_seq, 0) AS applied_seq
     FROM @extschema@.campaign_heads h
     LEFT JOIN @extschema@.projection_checkpoints k
         ON k.bucket = h.bucket AND k.campaign_id = h.campaign_id AND k.projector = $1::text
     WHERE h.last_seq > coalesce(k.applied_seq, 0)
+), owed AS (
+    SELECT e.bucket, e.campaign_id, count(*) AS events, min(e.recorded_at) AS oldest
+    FROM behind b
+    JOIN @extschema@.event_journal e
+        ON e.bucket = b.bucket AND e.campaign_id = b.campaign_id
+       AND e.seq > b.applied_seq AND e.seq <= b.last_seq
+    WHERE e.event_type = ANY ($2::text[])
+    GROUP BY e.bucket, e.campaign_id
 )
-SELECT count(*) FILTER (WHERE o.events > 0) AS campaigns_behind,
+SELECT count(*) AS campaigns_behind,
        coalesce(sum(o.events), 0)::bigint AS events_behind,
        extract(epoch FROM clock_timestamp() - min(o.oldest))::double precision
            AS oldest_unapplied_seconds,
        (SELECT count(*) FROM @extschema@.campaign_heads) AS campaigns
-FROM behind b
-CROSS JOIN LATERAL (
-    SELECT count(*) AS events, min(e.recorded_at) AS oldest
-    FROM @extschema@.event_journal e
-    WHERE e.bucket = b.bucket AND e.campaign_id = b.campaign_id
-      AND e.seq > b.applied_seq AND e.seq <= b.last_seq AND e.event_type = ANY ($2::text[])
-) o
+FROM owed o
