@@ -752,6 +752,66 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION outbox.outbox_move_checkpoints(p_bucket integer, p_moves jsonb, p_now timestamp with time zone) RETURNS void
+    LANGUAGE plpgsql
+    SET search_path TO 'outbox', 'pg_temp'
+    SET enable_seqscan TO 'off'
+    SET plan_cache_mode TO 'force_generic_plan'
+    AS $$
+#variable_conflict use_column
+DECLARE
+    m record;
+BEGIN
+    IF to_regclass('pg_catalog.pg_dist_partition') IS NOT NULL THEN
+        FOR m IN
+            SELECT x.campaign_id, x.projector, x.applied_seq
+            FROM jsonb_to_recordset(p_moves) AS x(campaign_id text, projector text,
+                                                  applied_seq bigint)
+            ORDER BY x.campaign_id, x.projector
+        LOOP
+            PERFORM outbox_move_checkpoint(p_bucket, m.campaign_id, m.projector, m.applied_seq,
+                                           p_now);
+        END LOOP;
+        RETURN;
+    END IF;
+    WITH x AS (
+        SELECT x.campaign_id, x.projector, x.applied_seq, k.here, l.n
+        FROM jsonb_to_recordset(p_moves) AS x(campaign_id text, projector text,
+                                              applied_seq bigint)
+        LEFT JOIN LATERAL (
+            SELECT true AS here FROM projection_checkpoint_keys k
+            WHERE k.bucket = p_bucket AND k.campaign_id = x.campaign_id
+              AND k.projector = x.projector
+            LIMIT 1
+        ) k ON true
+        LEFT JOIN LATERAL (
+            SELECT v.n FROM projection_checkpoint_moves v
+            WHERE v.bucket = p_bucket AND v.campaign_id = x.campaign_id
+              AND v.projector = x.projector
+            ORDER BY v.n DESC
+            LIMIT 1
+        ) l ON true
+    ), made AS (
+        INSERT INTO projection_checkpoint_keys AS k (bucket, campaign_id, projector, applied_seq,
+                                                     updated_at)
+        SELECT p_bucket, x.campaign_id, x.projector, x.applied_seq, p_now
+        FROM x WHERE x.here IS NULL
+        ORDER BY x.campaign_id, x.projector
+        ON CONFLICT (bucket, campaign_id, projector) DO NOTHING
+        RETURNING k.campaign_id, k.projector
+    )
+    INSERT INTO projection_checkpoint_moves (bucket, campaign_id, projector, n, applied_seq,
+                                             moved_at, slot)
+    SELECT p_bucket, x.campaign_id, x.projector, coalesce(x.n, 0) + 1, x.applied_seq, p_now,
+           outbox_queue_slot(p_now)
+    FROM x
+    WHERE NOT EXISTS (
+        SELECT 1 FROM made WHERE made.campaign_id = x.campaign_id AND made.projector = x.projector
+    )
+    ORDER BY x.campaign_id, x.projector;
+END
+$$;
+
 CREATE FUNCTION outbox.outbox_now(p_at timestamp with time zone) RETURNS timestamp with time zone
     LANGUAGE plpgsql STABLE PARALLEL SAFE
     SET search_path TO 'outbox', 'pg_temp'
@@ -1246,18 +1306,12 @@ BEGIN
                       AS t(campaign_id text, seq bigint)),
             v_now);
     END IF;
-    -- Checkpoints move one by one, each by its whole key, by a new move (S27: the claim
-    -- locked the keys there; a key not there yet, a campaign's first batch under an ordered
-    -- projector, is made).
-    FOR m IN
-        SELECT x.campaign_id, x.projector, x.applied_seq
-        FROM jsonb_to_recordset(p_batch -> 'checkpoints')
-            AS x(campaign_id text, projector text, applied_seq bigint)
-        ORDER BY x.campaign_id, x.projector
-    LOOP
-        PERFORM outbox_move_checkpoint(p_bucket, m.campaign_id, m.projector, m.applied_seq,
-                                       v_now);
-    END LOOP;
+    -- Checkpoints move, each by its whole key, by a new move (S27: the claim locked the keys
+    -- there; a key not there yet, a campaign's first batch under an ordered projector, is
+    -- made): in one statement on one server, one by one with Citus (outbox_move_checkpoints).
+    IF jsonb_array_length(coalesce(p_batch -> 'checkpoints', '[]')) > 0 THEN
+        PERFORM outbox_move_checkpoints(p_bucket, p_batch -> 'checkpoints', v_now);
+    END IF;
     -- Then, campaign by campaign, one statement each, whose snapshot sees every append that
     -- committed before the heads were held: delete its completed rows; record its failures
     -- (attempts, status failed or dead, the next attempt at now + delay, the error); write its

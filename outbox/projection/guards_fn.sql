@@ -141,5 +141,76 @@ BEGIN
 END
 $$;
 
+-- Move the checkpoints of `p_moves` ([{campaign_id, projector, applied_seq}], sorted: lock
+-- order) in bucket `p_bucket`, as outbox_move_checkpoint moves each, for a caller that locked
+-- their keys. On one server, in one statement: each key probed by its whole key (a LATERAL with
+-- LIMIT 1 is an index probe per move however the tables were analyzed, never a join over the
+-- bucket's range: S26), the new keys made, a move numbered one past the newest for the others.
+-- With Citus, one by one (outbox_move_checkpoint: statements it routes to the shard).
+CREATE OR REPLACE FUNCTION outbox_move_checkpoints(
+    p_bucket integer,
+    p_moves jsonb,
+    p_now timestamptz
+)
+RETURNS void
+LANGUAGE plpgsql VOLATILE
+SET search_path FROM CURRENT
+SET enable_seqscan = off
+SET plan_cache_mode = force_generic_plan
+AS $$
+#variable_conflict use_column
+DECLARE
+    m record;
+BEGIN
+    IF to_regclass('pg_catalog.pg_dist_partition') IS NOT NULL THEN
+        FOR m IN
+            SELECT x.campaign_id, x.projector, x.applied_seq
+            FROM jsonb_to_recordset(p_moves) AS x(campaign_id text, projector text,
+                                                  applied_seq bigint)
+            ORDER BY x.campaign_id, x.projector
+        LOOP
+            PERFORM outbox_move_checkpoint(p_bucket, m.campaign_id, m.projector, m.applied_seq,
+                                           p_now);
+        END LOOP;
+        RETURN;
+    END IF;
+    WITH x AS (
+        SELECT x.campaign_id, x.projector, x.applied_seq, k.here, l.n
+        FROM jsonb_to_recordset(p_moves) AS x(campaign_id text, projector text,
+                                              applied_seq bigint)
+        LEFT JOIN LATERAL (
+            SELECT true AS here FROM projection_checkpoint_keys k
+            WHERE k.bucket = p_bucket AND k.campaign_id = x.campaign_id
+              AND k.projector = x.projector
+            LIMIT 1
+        ) k ON true
+        LEFT JOIN LATERAL (
+            SELECT v.n FROM projection_checkpoint_moves v
+            WHERE v.bucket = p_bucket AND v.campaign_id = x.campaign_id
+              AND v.projector = x.projector
+            ORDER BY v.n DESC
+            LIMIT 1
+        ) l ON true
+    ), made AS (
+        INSERT INTO projection_checkpoint_keys AS k (bucket, campaign_id, projector, applied_seq,
+                                                     updated_at)
+        SELECT p_bucket, x.campaign_id, x.projector, x.applied_seq, p_now
+        FROM x WHERE x.here IS NULL
+        ORDER BY x.campaign_id, x.projector
+        ON CONFLICT (bucket, campaign_id, projector) DO NOTHING
+        RETURNING k.campaign_id, k.projector
+    )
+    INSERT INTO projection_checkpoint_moves (bucket, campaign_id, projector, n, applied_seq,
+                                             moved_at, slot)
+    SELECT p_bucket, x.campaign_id, x.projector, coalesce(x.n, 0) + 1, x.applied_seq, p_now,
+           outbox_queue_slot(p_now)
+    FROM x
+    WHERE NOT EXISTS (
+        SELECT 1 FROM made WHERE made.campaign_id = x.campaign_id AND made.projector = x.projector
+    )
+    ORDER BY x.campaign_id, x.projector;
+END
+$$;
+
 -- Back to the default plans on Citus (buckets/distribution_fn.sql).
 SELECT outbox_plans_for_citus();

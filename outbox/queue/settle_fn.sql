@@ -214,18 +214,12 @@ BEGIN
                       AS t(campaign_id text, seq bigint)),
             v_now);
     END IF;
-    -- Checkpoints move one by one, each by its whole key, by a new move (S27: the claim
-    -- locked the keys there; a key not there yet, a campaign's first batch under an ordered
-    -- projector, is made).
-    FOR m IN
-        SELECT x.campaign_id, x.projector, x.applied_seq
-        FROM jsonb_to_recordset(p_batch -> 'checkpoints')
-            AS x(campaign_id text, projector text, applied_seq bigint)
-        ORDER BY x.campaign_id, x.projector
-    LOOP
-        PERFORM outbox_move_checkpoint(p_bucket, m.campaign_id, m.projector, m.applied_seq,
-                                       v_now);
-    END LOOP;
+    -- Checkpoints move, each by its whole key, by a new move (S27: the claim locked the keys
+    -- there; a key not there yet, a campaign's first batch under an ordered projector, is
+    -- made): in one statement on one server, one by one with Citus (outbox_move_checkpoints).
+    IF jsonb_array_length(coalesce(p_batch -> 'checkpoints', '[]')) > 0 THEN
+        PERFORM outbox_move_checkpoints(p_bucket, p_batch -> 'checkpoints', v_now);
+    END IF;
     -- Then, campaign by campaign, one statement each, whose snapshot sees every append that
     -- committed before the heads were held: delete its completed rows; record its failures
     -- (attempts, status failed or dead, the next attempt at now + delay, the error); write its
