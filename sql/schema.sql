@@ -101,13 +101,11 @@ BEGIN
                     THEN format('campaign %s has a gap before seq %s', x.campaign_id, x.seq)
             END AS why
             FROM (
-                SELECT k.*, lag(k.campaign_id) OVER (ORDER BY k.ord) AS previous_campaign,
-                       lag(k.seq) OVER (ORDER BY k.ord) AS previous_seq
+                SELECT k.*, k.ordinality AS ord,  -- the claim's order
+                       lag(k.campaign_id) OVER (ORDER BY k.ordinality) AS previous_campaign,
+                       lag(k.seq) OVER (ORDER BY k.ordinality) AS previous_seq
                 FROM outbox_claim(p_bucket, p_campaigns, p_budget, ordered, v_now,
-                                  coalesce(p_plan ->> 'take', 'all')) WITH ORDINALITY
-                    AS k(campaign_id, due, first_seq, last_seq, projectors, applied_seqs, holds,
-                         seq, status, attempt_count, next_attempt_at, lease_owner, claim_epoch,
-                         event_type, payload, metadata, recorded_at, ord)
+                                  coalesce(p_plan ->> 'take', 'all')) WITH ORDINALITY AS k
             ) x
         ) c;
         IF why IS NOT NULL THEN
