@@ -46,12 +46,12 @@ DECLARE
         UNION SELECT jsonb_array_elements_text(p_plan -> 'ignored'));
     ignored text[] := ARRAY(SELECT jsonb_array_elements_text(p_plan -> 'ignored'));
     p jsonb;
-    cids text[] := '{}';
+    cids text[];
     given_campaigns text[];
     given_seqs bigint[];
-    seqs bigint[] := '{}';
-    types text[] := '{}';
-    lasts bigint[] := '{}';
+    seqs bigint[];
+    types text[];
+    lasts bigint[];
     writes jsonb;
     moves jsonb;
     why text;
@@ -519,6 +519,23 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION outbox.outbox_distributed(p_table text) RETURNS boolean
+    LANGUAGE plpgsql STABLE
+    SET search_path TO 'outbox', 'pg_temp'
+    AS $_$
+DECLARE
+    v_distributed boolean;
+BEGIN
+    IF to_regclass('pg_catalog.pg_dist_partition') IS NULL THEN
+        RETURN false;
+    END IF;
+    EXECUTE 'SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_dist_partition d '
+            'WHERE d.logicalrelid = $1::regclass)'
+        INTO v_distributed USING p_table;
+    RETURN v_distributed;
+END
+$_$;
+
 CREATE FUNCTION outbox.outbox_due_buckets(p_rows boolean, p_after timestamp with time zone) RETURNS TABLE(bucket integer, due_at timestamp with time zone)
     LANGUAGE plpgsql STABLE
     SET search_path TO 'outbox', 'pg_temp'
@@ -760,7 +777,7 @@ CREATE FUNCTION outbox.outbox_move_checkpoints(p_bucket integer, p_moves jsonb, 
 DECLARE
     m record;
 BEGIN
-    IF to_regclass('pg_catalog.pg_dist_partition') IS NOT NULL THEN
+    IF outbox_distributed('projection_checkpoint_moves') THEN
         FOR m IN
             SELECT x.campaign_id, x.projector, x.applied_seq
             FROM jsonb_to_recordset(p_moves) AS x(campaign_id text, projector text,
@@ -1032,7 +1049,7 @@ DECLARE
     campaigns text := format('%I.%I', current_schema(), 'projection_apply_campaigns_' || v_old);
     rows text := format('%I.%I', current_schema(), 'projection_apply_outbox_' || v_old);
     moves text := format('%I.%I', current_schema(), 'projection_checkpoint_moves_' || v_old);
-    distributed boolean := false;
+    distributed boolean := outbox_distributed('projection_checkpoint_moves');
     live bigint;
     n bigint;
     m bigint;
@@ -1046,11 +1063,6 @@ DECLARE
         'ORDER BY bucket, campaign_id, projector, n DESC',
         v_current, v_old);
 BEGIN
-    IF to_regclass('pg_catalog.pg_dist_partition') IS NOT NULL THEN
-        EXECUTE 'SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_dist_partition d '
-                'WHERE d.logicalrelid = $1::regclass)'
-            INTO distributed USING 'projection_checkpoint_moves';
-    END IF;
     IF NOT distributed AND pg_relation_size(campaigns::regclass) = 0
        AND pg_relation_size(rows::regclass) = 0 AND pg_relation_size(moves::regclass) = 0 THEN
         RETURN QUERY SELECT v_old, 'empty'::text, 0::bigint;

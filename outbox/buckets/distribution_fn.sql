@@ -29,3 +29,23 @@ BEGIN
     RETURN n;
 END
 $$;
+
+-- Whether `p_table`, a table of this install, is distributed by Citus (false where Citus is
+-- not installed, or the install not distributed yet): what the functions that work on one
+-- server one way and on Citus another ask (the rotation, the checkpoints' moves).
+CREATE OR REPLACE FUNCTION outbox_distributed(p_table text) RETURNS boolean
+LANGUAGE plpgsql STABLE
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    v_distributed boolean;
+BEGIN
+    IF to_regclass('pg_catalog.pg_dist_partition') IS NULL THEN
+        RETURN false;
+    END IF;
+    EXECUTE 'SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_dist_partition d '
+            'WHERE d.logicalrelid = $1::regclass)'
+        INTO v_distributed USING p_table;
+    RETURN v_distributed;
+END
+$$;

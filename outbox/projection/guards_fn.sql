@@ -146,7 +146,8 @@ $$;
 -- their keys. On one server, in one statement: each key probed by its whole key (a LATERAL with
 -- LIMIT 1 is an index probe per move however the tables were analyzed, never a join over the
 -- bucket's range: S26), the new keys made, a move numbered one past the newest for the others.
--- With Citus, one by one (outbox_move_checkpoint: statements it routes to the shard).
+-- Distributed by Citus, one by one (outbox_move_checkpoint: statements it routes to the
+-- shard).
 CREATE OR REPLACE FUNCTION outbox_move_checkpoints(
     p_bucket integer,
     p_moves jsonb,
@@ -162,7 +163,7 @@ AS $$
 DECLARE
     m record;
 BEGIN
-    IF to_regclass('pg_catalog.pg_dist_partition') IS NOT NULL THEN
+    IF outbox_distributed('projection_checkpoint_moves') THEN
         FOR m IN
             SELECT x.campaign_id, x.projector, x.applied_seq
             FROM jsonb_to_recordset(p_moves) AS x(campaign_id text, projector text,

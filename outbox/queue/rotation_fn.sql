@@ -9,6 +9,7 @@
 -- head, a dead row, a lease) move to the current slot, and TRUNCATE gives its space back,
 -- dead versions and index entries included, which no vacuum may remove while a snapshot older
 -- than them is held. By period n+1, when slot n+1 mod 3 becomes current, it starts empty.
+-- requires: buckets/distribution_fn.sql
 
 -- One rotation: empty the slot after the current one (the oldest) of the three tables, unless it
 -- is empty already ('empty'), its locks are not had within `p_lock_timeout_ms` ('busy': a
@@ -46,7 +47,7 @@ DECLARE
     campaigns text := format('%I.%I', current_schema(), 'projection_apply_campaigns_' || v_old);
     rows text := format('%I.%I', current_schema(), 'projection_apply_outbox_' || v_old);
     moves text := format('%I.%I', current_schema(), 'projection_checkpoint_moves_' || v_old);
-    distributed boolean := false;
+    distributed boolean := outbox_distributed('projection_checkpoint_moves');
     live bigint;
     n bigint;
     m bigint;
@@ -60,11 +61,6 @@ DECLARE
         'ORDER BY bucket, campaign_id, projector, n DESC',
         v_current, v_old);
 BEGIN
-    IF to_regclass('pg_catalog.pg_dist_partition') IS NOT NULL THEN
-        EXECUTE 'SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_dist_partition d '
-                'WHERE d.logicalrelid = $1::regclass)'
-            INTO distributed USING 'projection_checkpoint_moves';
-    END IF;
     IF NOT distributed AND pg_relation_size(campaigns::regclass) = 0
        AND pg_relation_size(rows::regclass) = 0 AND pg_relation_size(moves::regclass) = 0 THEN
         RETURN QUERY SELECT v_old, 'empty'::text, 0::bigint;

@@ -57,12 +57,12 @@ DECLARE
         UNION SELECT jsonb_array_elements_text(p_plan -> 'ignored'));
     ignored text[] := ARRAY(SELECT jsonb_array_elements_text(p_plan -> 'ignored'));
     p jsonb;
-    cids text[] := '{}';
+    cids text[];
     given_campaigns text[];
     given_seqs bigint[];
-    seqs bigint[] := '{}';
-    types text[] := '{}';
-    lasts bigint[] := '{}';
+    seqs bigint[];
+    types text[];
+    lasts bigint[];
     writes jsonb;
     moves jsonb;
     why text;
