@@ -34,16 +34,20 @@ CREATE TABLE IF NOT EXISTS bench_totals (
     events      bigint NOT NULL,
     amount      bigint NOT NULL
 );
--- The same upsert as a SQL projector's function: the batch's events as one JSON array.
+-- The same upsert as a SQL projector's function: the batch's events as one JSON array. In
+-- PL/pgSQL, whose statements' plans a session keeps (a LANGUAGE sql function's body is planned
+-- again in every transaction before PostgreSQL 18), as docs/projections.md advises.
 CREATE OR REPLACE FUNCTION public.bench_totals_apply(events jsonb) RETURNS void
-LANGUAGE sql AS $$
+LANGUAGE plpgsql AS $$
+BEGIN
     INSERT INTO public.bench_totals AS t (campaign_id, events, amount)
     SELECT e->>'campaign_id', count(*), sum((e->'payload'->>'amount')::bigint)
     FROM jsonb_array_elements(events) AS e
     GROUP BY 1
     ORDER BY 1
     ON CONFLICT (campaign_id) DO UPDATE
-    SET events = t.events + excluded.events, amount = t.amount + excluded.amount
+    SET events = t.events + excluded.events, amount = t.amount + excluded.amount;
+END
 $$;
 """
 # One statement for a whole batch, from arrays (what a batch projector and the raw loop run).

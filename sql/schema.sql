@@ -67,47 +67,11 @@ BEGIN
     due := 0;
     per_projector := '{}';
     BEGIN
-        -- The claim, read once into arrays and checked set-wise (a row loop cost more than
-        -- the functions it feeds): the first row that makes the batch not plain, if any.
-        SELECT coalesce(array_agg(c.campaign_id ORDER BY c.ord), '{}'),
-               coalesce(array_agg(c.seq ORDER BY c.ord), '{}'),
-               coalesce(array_agg(c.event_type ORDER BY c.ord), '{}'),
-               coalesce(array_agg(c.last_seq ORDER BY c.ord), '{}'),
-               (array_agg(c.why ORDER BY c.ord) FILTER (WHERE c.why IS NOT NULL))[1]
+        -- The claim, read once into arrays and checked set-wise.
+        SELECT c.campaign_ids, c.seqs, c.event_types, c.last_seqs, c.why
         INTO cids, seqs, types, lasts, why
-        FROM (
-            SELECT x.campaign_id, x.seq, x.event_type, x.last_seq, x.ord, CASE
-                WHEN x.seq IS NULL OR x.holds IS NOT NULL OR NOT x.due
-                  OR x.status NOT IN ('pending', 'failed') OR x.event_type IS NULL
-                  OR NOT x.event_type = ANY (known_types)
-                    THEN format('not a plain batch: campaign %s seq %s', x.campaign_id, x.seq)
-                WHEN x.previous_campaign IS DISTINCT FROM x.campaign_id THEN CASE
-                    WHEN x.first_seq IS DISTINCT FROM x.seq  -- a row before its head (dead)
-                        THEN format('campaign %s has rows before its head', x.campaign_id)
-                    ELSE (  -- each ordered checkpoint right before the campaign's first row
-                        SELECT format('projector %s is at seq %s of campaign %s, not %s',
-                                      o.name, o.at, x.campaign_id, x.seq - 1)
-                        FROM (SELECT u.name,
-                                     CASE WHEN array_position(x.projectors, u.name) IS NOT NULL
-                                          THEN x.applied_seqs[array_position(x.projectors,
-                                                                             u.name)]
-                                          WHEN u.name = ANY (starts_now) THEN x.seq - 1
-                                          ELSE 0 END AS at
-                              FROM unnest(ordered) AS u(name)) o
-                        WHERE o.at <> x.seq - 1
-                        LIMIT 1)
-                    END
-                WHEN x.seq <> x.previous_seq + 1
-                    THEN format('campaign %s has a gap before seq %s', x.campaign_id, x.seq)
-            END AS why
-            FROM (
-                SELECT k.*, k.ordinality AS ord,  -- the claim's order
-                       lag(k.campaign_id) OVER (ORDER BY k.ordinality) AS previous_campaign,
-                       lag(k.seq) OVER (ORDER BY k.ordinality) AS previous_seq
-                FROM outbox_claim(p_bucket, p_campaigns, p_budget, ordered, v_now,
-                                  coalesce(p_plan ->> 'take', 'all')) WITH ORDINALITY AS k
-            ) x
-        ) c;
+        FROM outbox_claim_plain(p_bucket, p_campaigns, p_budget, ordered, starts_now,
+                                known_types, v_now, coalesce(p_plan ->> 'take', 'all')) c;
         IF why IS NOT NULL THEN
             RAISE EXCEPTION '%', why USING ERRCODE = 'OB901';
         END IF;
@@ -519,6 +483,54 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION outbox.outbox_claim_plain(p_bucket integer, p_campaigns integer, p_budget integer, p_ordered text[], p_starts_now text[], p_known_types text[], p_now timestamp with time zone, p_take text, OUT campaign_ids text[], OUT seqs bigint[], OUT event_types text[], OUT last_seqs bigint[], OUT why text) RETURNS record
+    LANGUAGE plpgsql
+    SET search_path TO 'outbox', 'pg_temp'
+    SET plan_cache_mode TO 'force_generic_plan'
+    AS $$
+BEGIN
+    SELECT coalesce(array_agg(c.campaign_id ORDER BY c.ord), '{}'),
+           coalesce(array_agg(c.seq ORDER BY c.ord), '{}'),
+           coalesce(array_agg(c.event_type ORDER BY c.ord), '{}'),
+           coalesce(array_agg(c.last_seq ORDER BY c.ord), '{}'),
+           (array_agg(c.why ORDER BY c.ord) FILTER (WHERE c.why IS NOT NULL))[1]
+    INTO campaign_ids, seqs, event_types, last_seqs, why
+    FROM (
+        SELECT x.campaign_id, x.seq, x.event_type, x.last_seq, x.ord, CASE
+            WHEN x.seq IS NULL OR x.holds IS NOT NULL OR NOT x.due
+              OR x.status NOT IN ('pending', 'failed') OR x.event_type IS NULL
+              OR NOT x.event_type = ANY (p_known_types)
+                THEN format('not a plain batch: campaign %s seq %s', x.campaign_id, x.seq)
+            WHEN x.previous_campaign IS DISTINCT FROM x.campaign_id THEN CASE
+                WHEN x.first_seq IS DISTINCT FROM x.seq  -- a row before its head (dead)
+                    THEN format('campaign %s has rows before its head', x.campaign_id)
+                ELSE (  -- each ordered checkpoint right before the campaign's first row
+                    SELECT format('projector %s is at seq %s of campaign %s, not %s',
+                                  o.name, o.at, x.campaign_id, x.seq - 1)
+                    FROM (SELECT u.name,
+                                 CASE WHEN array_position(x.projectors, u.name) IS NOT NULL
+                                      THEN x.applied_seqs[array_position(x.projectors,
+                                                                         u.name)]
+                                      WHEN u.name = ANY (p_starts_now) THEN x.seq - 1
+                                      ELSE 0 END AS at
+                          FROM unnest(p_ordered) AS u(name)) o
+                    WHERE o.at <> x.seq - 1
+                    LIMIT 1)
+                END
+            WHEN x.seq <> x.previous_seq + 1
+                THEN format('campaign %s has a gap before seq %s', x.campaign_id, x.seq)
+        END AS why
+        FROM (
+            SELECT k.*, k.ordinality AS ord,  -- the claim's order
+                   lag(k.campaign_id) OVER (ORDER BY k.ordinality) AS previous_campaign,
+                   lag(k.seq) OVER (ORDER BY k.ordinality) AS previous_seq
+            FROM outbox_claim(p_bucket, p_campaigns, p_budget, p_ordered, p_now, p_take)
+             WITH ORDINALITY AS k
+        ) x
+    ) c;
+END
+$$;
+
 CREATE FUNCTION outbox.outbox_distributed(p_table text) RETURNS boolean
     LANGUAGE plpgsql STABLE
     SET search_path TO 'outbox', 'pg_temp'
@@ -588,16 +600,18 @@ CREATE FUNCTION outbox.outbox_error_shape(error text) RETURNS text
     RETURN (SELECT CASE WHEN starts_with(m.shape, 'projector ?: '::text) THEN substr(m.shape, 14) ELSE m.shape END AS shape FROM (SELECT regexp_replace(outbox_error_shape.error, '''[^'']*''|"[^"]*"|-?[0-9]+(\.[0-9]+)?'::text, '?'::text, 'g'::text) AS shape) m);
 
 CREATE FUNCTION outbox.outbox_events_json(p_bucket integer, p_campaign_ids text[], p_seqs bigint[]) RETURNS jsonb
-    LANGUAGE sql STABLE
+    LANGUAGE plpgsql STABLE
     SET search_path TO 'outbox', 'pg_temp'
     AS $$
-    SELECT coalesce(jsonb_agg(jsonb_build_object(
-               'campaign_id', j.campaign_id, 'seq', j.seq, 'type', j.event_type,
-               'payload', j.payload, 'metadata', j.metadata, 'recorded_at', j.recorded_at)
-               ORDER BY k.ord), '[]'::jsonb)
-    FROM unnest(p_campaign_ids, p_seqs) WITH ORDINALITY AS k(campaign_id, seq, ord)
-    JOIN event_journal j
-        ON j.bucket = p_bucket AND j.campaign_id = k.campaign_id AND j.seq = k.seq
+BEGIN
+    RETURN (SELECT coalesce(jsonb_agg(jsonb_build_object(
+                       'campaign_id', j.campaign_id, 'seq', j.seq, 'type', j.event_type,
+                       'payload', j.payload, 'metadata', j.metadata,
+                       'recorded_at', j.recorded_at) ORDER BY k.ord), '[]'::jsonb)
+            FROM unnest(p_campaign_ids, p_seqs) WITH ORDINALITY AS k(campaign_id, seq, ord)
+            JOIN event_journal j
+                ON j.bucket = p_bucket AND j.campaign_id = k.campaign_id AND j.seq = k.seq);
+END
 $$;
 
 CREATE FUNCTION outbox.outbox_fingerprint(events jsonb) RETURNS bytea
@@ -605,12 +619,14 @@ CREATE FUNCTION outbox.outbox_fingerprint(events jsonb) RETURNS bytea
     RETURN sha256(convert_to((events)::text, 'UTF8'::name));
 
 CREATE FUNCTION outbox.outbox_function_call(p_function regprocedure, p_arguments text) RETURNS text
-    LANGUAGE sql STABLE
+    LANGUAGE plpgsql STABLE
     SET search_path TO 'outbox', 'pg_temp'
     AS $$
-    SELECT format('SELECT %I.%I(%s)', n.nspname, p.proname, p_arguments)
-    FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
-    WHERE p.oid = p_function
+BEGIN
+    RETURN (SELECT format('SELECT %I.%I(%s)', n.nspname, p.proname, p_arguments)
+            FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+            WHERE p.oid = p_function);
+END
 $$;
 
 CREATE FUNCTION outbox.outbox_hold_rows(p_bucket integer, p_campaigns text[], p_seqs bigint[], p_now timestamp with time zone) RETURNS void
@@ -776,6 +792,9 @@ CREATE FUNCTION outbox.outbox_move_checkpoints(p_bucket integer, p_moves jsonb, 
 #variable_conflict use_column
 DECLARE
     m record;
+    -- Once, not per move: outbox_queue_slot is a SQL function that no planner inlines (its
+    -- body is stable), so a statement calls it for each row it writes.
+    v_slot smallint := outbox_queue_slot(p_now);
 BEGIN
     IF outbox_distributed('projection_checkpoint_moves') THEN
         FOR m IN
@@ -818,7 +837,7 @@ BEGIN
     INSERT INTO projection_checkpoint_moves (bucket, campaign_id, projector, n, applied_seq,
                                              moved_at, slot)
     SELECT p_bucket, x.campaign_id, x.projector, coalesce(x.n, 0) + 1, x.applied_seq, p_now,
-           outbox_queue_slot(p_now)
+           v_slot
     FROM x
     WHERE NOT EXISTS (
         SELECT 1 FROM made WHERE made.campaign_id = x.campaign_id AND made.projector = x.projector
@@ -1573,6 +1592,9 @@ DECLARE
     n integer;
     b integer;
     v_now timestamptz := clock_timestamp();
+    -- The slot of the rows written now, once: outbox_queue_slot is a SQL function that no
+    -- planner inlines, so a statement would call it again for each row it writes.
+    v_slot smallint := outbox_queue_slot(v_now);
     bad text[];  -- {field, message} of the first rule broken
     bad_field text;
     bad_message text;
@@ -1753,7 +1775,7 @@ BEGIN
                                                      next_attempt_at, enqueued_at, updated_at,
                                                      slot)
                 VALUES (b, p_campaign_id, head - n + i, appended -> (i - 1) ->> 0, v_now, v_now,
-                        v_now, outbox_queue_slot(v_now));
+                        v_now, v_slot);
             END IF;
         END LOOP;
     ELSE  -- set-wise: one statement per table (on Citus, COPY and two-phase commit)
@@ -1771,7 +1793,7 @@ BEGIN
             INSERT INTO projection_apply_outbox (bucket, campaign_id, seq, event_type,
                                                  next_attempt_at, enqueued_at, updated_at, slot)
             SELECT b, p_campaign_id, head - n + e.ord, e.value ->> 0, v_now, v_now, v_now,
-                   outbox_queue_slot(v_now)
+                   v_slot
             FROM jsonb_array_elements(appended) WITH ORDINALITY AS e(value, ord);
         END IF;
     END IF;
@@ -1788,7 +1810,7 @@ BEGIN
         IF NOT FOUND THEN
             INSERT INTO projection_apply_campaigns (bucket, campaign_id, head_seq, due_at,
                                                     updated_at, slot)
-            VALUES (b, p_campaign_id, head - n + 1, v_now, v_now, outbox_queue_slot(v_now));
+            VALUES (b, p_campaign_id, head - n + 1, v_now, v_now, v_slot);
             EXECUTE 'SELECT min(o.seq) FROM projection_apply_outbox o '
                     'WHERE o.bucket = $1 AND o.campaign_id = $2 AND o.seq < $3'
                 INTO earliest USING b, p_campaign_id, head - n + 1;

@@ -69,6 +69,9 @@ DECLARE
     n integer;
     b integer;
     v_now timestamptz := clock_timestamp();
+    -- The slot of the rows written now, once: outbox_queue_slot is a SQL function that no
+    -- planner inlines, so a statement would call it again for each row it writes.
+    v_slot smallint := outbox_queue_slot(v_now);
     bad text[];  -- {field, message} of the first rule broken
     bad_field text;
     bad_message text;
@@ -249,7 +252,7 @@ BEGIN
                                                      next_attempt_at, enqueued_at, updated_at,
                                                      slot)
                 VALUES (b, p_campaign_id, head - n + i, appended -> (i - 1) ->> 0, v_now, v_now,
-                        v_now, outbox_queue_slot(v_now));
+                        v_now, v_slot);
             END IF;
         END LOOP;
     ELSE  -- set-wise: one statement per table (on Citus, COPY and two-phase commit)
@@ -267,7 +270,7 @@ BEGIN
             INSERT INTO projection_apply_outbox (bucket, campaign_id, seq, event_type,
                                                  next_attempt_at, enqueued_at, updated_at, slot)
             SELECT b, p_campaign_id, head - n + e.ord, e.value ->> 0, v_now, v_now, v_now,
-                   outbox_queue_slot(v_now)
+                   v_slot
             FROM jsonb_array_elements(appended) WITH ORDINALITY AS e(value, ord);
         END IF;
     END IF;
@@ -284,7 +287,7 @@ BEGIN
         IF NOT FOUND THEN
             INSERT INTO projection_apply_campaigns (bucket, campaign_id, head_seq, due_at,
                                                     updated_at, slot)
-            VALUES (b, p_campaign_id, head - n + 1, v_now, v_now, outbox_queue_slot(v_now));
+            VALUES (b, p_campaign_id, head - n + 1, v_now, v_now, v_slot);
             EXECUTE 'SELECT min(o.seq) FROM projection_apply_outbox o '
                     'WHERE o.bucket = $1 AND o.campaign_id = $2 AND o.seq < $3'
                 INTO earliest USING b, p_campaign_id, head - n + 1;

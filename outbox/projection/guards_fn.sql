@@ -162,6 +162,9 @@ AS $$
 #variable_conflict use_column
 DECLARE
     m record;
+    -- Once, not per move: outbox_queue_slot is a SQL function that no planner inlines (its
+    -- body is stable), so a statement calls it for each row it writes.
+    v_slot smallint := outbox_queue_slot(p_now);
 BEGIN
     IF outbox_distributed('projection_checkpoint_moves') THEN
         FOR m IN
@@ -204,7 +207,7 @@ BEGIN
     INSERT INTO projection_checkpoint_moves (bucket, campaign_id, projector, n, applied_seq,
                                              moved_at, slot)
     SELECT p_bucket, x.campaign_id, x.projector, coalesce(x.n, 0) + 1, x.applied_seq, p_now,
-           outbox_queue_slot(p_now)
+           v_slot
     FROM x
     WHERE NOT EXISTS (
         SELECT 1 FROM made WHERE made.campaign_id = x.campaign_id AND made.projector = x.projector

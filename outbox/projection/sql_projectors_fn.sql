@@ -9,12 +9,14 @@
 -- A function's call, named by its schema and name as identifiers, whatever the caller's path.
 CREATE OR REPLACE FUNCTION outbox_function_call(p_function regprocedure, p_arguments text)
 RETURNS text
-LANGUAGE sql STABLE
+LANGUAGE plpgsql STABLE
 SET search_path FROM CURRENT
 AS $$
-    SELECT format('SELECT %I.%I(%s)', n.nspname, p.proname, p_arguments)
-    FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
-    WHERE p.oid = p_function
+BEGIN
+    RETURN (SELECT format('SELECT %I.%I(%s)', n.nspname, p.proname, p_arguments)
+            FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+            WHERE p.oid = p_function);
+END
 $$;
 
 -- The events at keys (p_campaign_ids[i], p_seqs[i]), all in bucket `p_bucket`, in the keys'
@@ -23,16 +25,18 @@ CREATE OR REPLACE FUNCTION outbox_events_json(
     p_bucket integer, p_campaign_ids text[], p_seqs bigint[]
 )
 RETURNS jsonb
-LANGUAGE sql STABLE
+LANGUAGE plpgsql STABLE
 SET search_path FROM CURRENT
 AS $$
-    SELECT coalesce(jsonb_agg(jsonb_build_object(
-               'campaign_id', j.campaign_id, 'seq', j.seq, 'type', j.event_type,
-               'payload', j.payload, 'metadata', j.metadata, 'recorded_at', j.recorded_at)
-               ORDER BY k.ord), '[]'::jsonb)
-    FROM unnest(p_campaign_ids, p_seqs) WITH ORDINALITY AS k(campaign_id, seq, ord)
-    JOIN event_journal j
-        ON j.bucket = p_bucket AND j.campaign_id = k.campaign_id AND j.seq = k.seq
+BEGIN
+    RETURN (SELECT coalesce(jsonb_agg(jsonb_build_object(
+                       'campaign_id', j.campaign_id, 'seq', j.seq, 'type', j.event_type,
+                       'payload', j.payload, 'metadata', j.metadata,
+                       'recorded_at', j.recorded_at) ORDER BY k.ord), '[]'::jsonb)
+            FROM unnest(p_campaign_ids, p_seqs) WITH ORDINALITY AS k(campaign_id, seq, ord)
+            JOIN event_journal j
+                ON j.bucket = p_bucket AND j.campaign_id = k.campaign_id AND j.seq = k.seq);
+END
 $$;
 
 -- Run SQL projector `p_function` (an `fn(jsonb)`) on the events at the keys given, which are
