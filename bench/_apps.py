@@ -90,9 +90,11 @@ CREATE TABLE IF NOT EXISTS bench_visible (
     PRIMARY KEY (campaign_id, seq)
 );
 CREATE OR REPLACE FUNCTION public.bench_visible_mark(events jsonb) RETURNS void
-LANGUAGE sql AS $$
+LANGUAGE plpgsql AS $$
+BEGIN
     INSERT INTO public.bench_visible (campaign_id, seq)
-    SELECT e->>'campaign_id', (e->>'seq')::bigint FROM jsonb_array_elements(events) AS e
+    SELECT e->>'campaign_id', (e->>'seq')::bigint FROM jsonb_array_elements(events) AS e;
+END
 $$;
 """
 MARK_VISIBLE = """
