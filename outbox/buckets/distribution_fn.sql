@@ -1,4 +1,5 @@
--- The outbox's hot functions (the claim, the settle, the holds', the checkpoints', the ring's)
+-- The outbox's hot functions (the claim, the settle, the holds', the checkpoints', the ring's,
+-- the one call's check)
 -- run with plan_cache_mode force_generic_plan: PostgreSQL's plan cache, guessing an array's 10
 -- elements where a batch passes one, judged their generic plans dearer than custom ones and
 -- planned every call afresh (2 of the claim's 2.3 ms a call; docs/performance.md). Citus cannot

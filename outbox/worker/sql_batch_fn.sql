@@ -1,5 +1,6 @@
 -- The batch of SQL projectors in one call (`sql_batch.py`): claim, the projectors' functions
 -- and the settle, server-side, for a worker whose projectors are all SQL.
+-- requires: buckets/distribution_fn.sql
 -- requires: queue/claim_fn.sql
 -- requires: queue/settle_fn.sql
 -- requires: projection/sql_projectors_fn.sql
@@ -7,7 +8,8 @@
 -- A batch's claim (`outbox_claim`'s arguments, `p_ordered` its ordered projectors), read into
 -- arrays in the claim's order, and checked set-wise (a row loop cost more than the functions
 -- it feeds): `why` is the first reason the batch is not plain (below), or null. A generic plan
--- always: its custom plans cost a planning per batch (0.2 ms) and were never cheaper to run.
+-- always (but on Citus): its custom plans cost a planning per batch (0.2 ms) and were never
+-- cheaper to run.
 CREATE OR REPLACE FUNCTION outbox_claim_plain(
     p_bucket integer,
     p_campaigns integer,
@@ -238,3 +240,6 @@ BEGIN
     END;
 END
 $$;
+
+-- Back to the default plans on Citus (buckets/distribution_fn.sql).
+SELECT outbox_plans_for_citus();
