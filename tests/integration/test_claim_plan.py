@@ -6,7 +6,8 @@ Three backlogs of >= 100k work rows, each with a few claimable campaigns among t
   due rows queued behind every one of them;
 - `hot_campaigns`: every due row in 10 campaigns of 10k rows each.
 Neither claim may scan the work rows or the journal, whatever plan cache mode the session
-uses (custom and generic plans are both forced and checked); the ordered claim's statements run
+uses (custom and generic plans are both forced and checked; a custom plan's scan of a slot
+empty when it was made reads no block, and is allowed); the ordered claim's statements run
 inside `outbox_claim`, so the plans checked are auto_explain's, of every statement the call ran.
 The unordered claim reads its partial index; the ordered claim touches a number of buffers that
 does not depend on the backlog (the claim before the campaign queue read thousands here, 2M at
@@ -178,14 +179,15 @@ async def test_claims_never_visit_the_backlog(pool: db.Pool, layout: str) -> Non
             await conn.execute(f"SET plan_cache_mode = {mode}")
             await _explain_everything(conn)
             _, plans = await _explained(conn, Q.claim_due_rows, 100, None, bucket)
-            _assert_no_backlog_scan(plans, f"{layout}/{mode}/claim_due_rows")
+            custom = mode == "force_custom_plan"
+            _assert_no_backlog_scan(plans, f"{layout}/{mode}/claim_due_rows", custom=custom)
             used = await _indexes_used(conn, plans)
             assert "projection_apply_outbox_claim_idx" in used, f"{layout}/{mode}: {used}"
             for take in ("all", "live"):  # a background batch, one serving appends first
                 args: tuple[object, ...] = (bucket, 100, 100, [], None, take)
                 rows, plans = await _explained(conn, Q.claim_batch, *args)
                 where = f"{layout}/{mode}/claim_batch/{take}"
-                _assert_no_backlog_scan(plans, where)
+                _assert_no_backlog_scan(plans, where, custom=custom)
                 buffers = sum(p["Shared Hit Blocks"] + p["Shared Read Blocks"] for p in plans)
                 assert buffers <= MAX_BUFFERS, f"{where}: the claim read {buffers} buffers"
                 claimed = sorted({r["campaign_id"] for r in rows if r["seq"] is not None})
@@ -209,12 +211,26 @@ async def _indexes_used(conn: db.Connection, plans: list[dict[str, Any]]) -> set
     return {parents.get(name, name) if name else name for name in names}
 
 
+def _blocks_read(node: dict[str, Any]) -> int | None:
+    """The shared blocks a plan node hit or read (auto_explain's buffers), None unknown."""
+    keys = ("Shared Hit Blocks", "Shared Read Blocks")
+    if not all(k in node for k in keys):
+        return None
+    return sum(int(node[k]) for k in keys)
+
+
 def _assert_no_backlog_scan(
     plans: list[dict[str, Any]],
     what: str,
     tables: Sequence[str] = ("projection_apply_outbox", "event_journal"),
+    *,
+    custom: bool = False,
 ) -> None:
-    """No plan in `plans` scans any of `tables` (by default the work rows and the journal)."""
+    """No plan in `plans` scans any of `tables` (by default the work rows and the journal).
+    `custom`: the plans are custom ones, made with each slot's size as it was then, and a scan
+    of theirs that read no block is no visit: such a plan may scan a slot that is empty (the
+    other two hold the rows: a layout whose insert crossed a period's end), at no cost. A
+    generic plan may not: it outlives the slot's emptiness."""
     assert plans, f"{what}: no plan was explained"
     scans = [
         (n["Relation Name"], n["Actual Rows"], n.get("Rows Removed by Filter", 0))
@@ -222,6 +238,7 @@ def _assert_no_backlog_scan(
         for n in nodes(plan)
         if n["Node Type"] == "Seq Scan"
         and re.sub(r"_[0-2]$", "", n.get("Relation Name", "")) in tables  # a slot: its table
+        and not (custom and _blocks_read(n) == 0)
     ]
     assert not scans, f"{what}: scans of {scans} (table, rows, rows removed)"
 
