@@ -44,6 +44,7 @@ __all__ = [
     "leaves",
     "log_failure",
     "nominal_delay",
+    "sole_error",
 ]
 
 MAX_ERROR_LENGTH = 2000
@@ -88,6 +89,13 @@ def leaves(exc: BaseException) -> list[BaseException]:
     if isinstance(exc, BaseExceptionGroup):
         return [leaf for inner in exc.exceptions for leaf in leaves(inner)]
     return [exc]
+
+
+def sole_error(exc: BaseException) -> BaseException:
+    """The one error inside `exc` when it is a group holding one (a task group wraps what one
+    of its tasks raised), else `exc`: what a one-line report should name."""
+    found = leaves(exc)
+    return found[0] if len(found) == 1 else exc
 
 
 def describe_error(exc: BaseException, *, projector: str | None = None) -> str:

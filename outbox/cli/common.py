@@ -30,6 +30,7 @@ from outbox.obs import log
 from outbox.projection.app import Outbox
 from outbox.projection.projectors_file import load_projectors
 from outbox.redact import REDACTED, dsn_secrets
+from outbox.retry import sole_error
 
 __all__ = [
     "CONTEXT_SETTINGS",
@@ -259,18 +260,19 @@ def main(
         _fail(prog, "interrupted", 130, args)
     except typer.TyperException as exc:  # usage errors carry exit_code 2
         _fail(prog, exc.format_message(), exc.exit_code, args)
-    except (UsageError, ValidationError, ConfigError) as exc:
-        _fail(prog, str(exc), 2, args)
     except SystemExit:
         raise
-    except OutboxError as exc:
+    except Exception as raised:
+        # A task group (the worker's service) wraps what its task raised: name that.
+        error = sole_error(raised)
+        if isinstance(error, UsageError | ValidationError | ConfigError):
+            _fail(prog, str(error), 2, args)
         if _debug():
             raise
-        _fail(prog, str(exc), 1, args)
-    except Exception as exc:
-        if _debug():
-            raise
-        if db.database_error(exc) or isinstance(exc, OSError):
-            _fail(prog, f"{type(exc).__name__}: {exc}", 1, args)
-        _fail(prog, f"unexpected {type(exc).__name__}: {exc} (set OUTBOX_LOG_LEVEL=debug)", 1, args)
+        if isinstance(error, OutboxError):
+            _fail(prog, str(error), 1, args)
+        if db.database_error(error) or isinstance(error, OSError):
+            _fail(prog, f"{type(error).__name__}: {error}", 1, args)
+        unexpected = f"unexpected {type(error).__name__}: {error} (set OUTBOX_LOG_LEVEL=debug)"
+        _fail(prog, unexpected, 1, args)
     raise SystemExit(code if isinstance(code, int) else 0)

@@ -18,6 +18,7 @@ from outbox.retry import (
     classify,
     describe_error,
     nominal_delay,
+    sole_error,
 )
 
 
@@ -137,3 +138,14 @@ def test_the_policy_follows_the_settings_knobs() -> None:
     delays = [policy.fail("c", 1, n, ValueError("x")).delay for n in range(4)]
     assert delays == pytest.approx([0.5, 1.0, 2.0, 4.0], rel=1e-3)
     assert policy.fail("c", 1, 4, ValueError("x")).dead
+
+
+def test_sole_error_names_what_a_group_of_one_holds() -> None:
+    """A task group wraps its task's error: a one-line report names that error, not the group;
+    a group of several, or a plain error, is itself."""
+    inner = asyncpg.exceptions.CannotConnectNowError("the database system is shutting down")
+    assert sole_error(ExceptionGroup("tg", [ExceptionGroup("inner", [inner])])) is inner
+    several = ExceptionGroup("tg", [ValueError("a"), KeyError("b")])
+    assert sole_error(several) is several
+    plain = ValueError("plain")
+    assert sole_error(plain) is plain
