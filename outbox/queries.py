@@ -165,6 +165,7 @@ VERBS = frozenset(
         "resume",
         "retire",
         "promote",
+        "redefine",
         "defer",
         "settle",
         "refresh",

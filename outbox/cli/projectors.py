@@ -1,6 +1,7 @@
 """`maintenance projector-pause`, `projector-resume` and `projector-pauses`: an operator's hold
 on one projector while it (or what it writes to) is being fixed; `projectors`, the projectors
-the database knows and their versions' states; `projector-promote`, making a version live; and
+the database knows and their versions' states; `projector-promote`, making a version live;
+`projector-redefine`, recording a change of a definition that is safe in place; and
 `projector-retire`, taking one out of them."""
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from outbox.cli.common import AppOption, DsnOption, JsonOption, emit_json, prepa
 from outbox.cli.operator import ReasonOption, app, pool_run, when
 from outbox.errors import UsageError
 from outbox.ops.pause import list_paused, pause_projector, resume_projector
+from outbox.ops.redefine import check_redefinition, redefine_projector
 from outbox.ops.retire import check_retirement, list_projectors, retire_projector
 from outbox.ops.versions import check_version, promote_version
 from outbox.projection.registry import Registry
@@ -113,8 +115,8 @@ def projector_pauses_command(dsn: DsnOption = None, as_json: JsonOption = False)
 @app.command("projectors")
 def projectors_command(dsn: DsnOption = None, as_json: JsonOption = False) -> None:
     """The projectors the database knows: recorded by the workers that run them (their types,
-    ordered or not, when first and last seen, by which worker), until retired; each version
-    with its state (live, building, superseded)."""
+    ordered or not, the fingerprint of their definition, when first and last seen, by which
+    worker), until retired; each version with its state (live, building, superseded)."""
     found = pool_run(dsn, list_projectors)
     if as_json:
         emit_json("projectors", {"projectors": found})
@@ -127,6 +129,7 @@ def projectors_command(dsn: DsnOption = None, as_json: JsonOption = False) -> No
         "ordered",
         "transactional",
         "start",
+        "fingerprint",
         "first seen",
         "last seen",
         "by",
@@ -142,6 +145,7 @@ def projectors_command(dsn: DsnOption = None, as_json: JsonOption = False) -> No
             "yes" if p.ordered else "no",
             "yes" if p.transactional else "no (lease)",
             p.start,
+            p.fingerprint or "-",
             when(p.first_seen_at),
             when(p.last_seen_at),
             p.last_seen_by,
@@ -242,3 +246,35 @@ def projector_retire_command(
         stdout.print(f"dropped {result.checkpoints} checkpoint(s) and {result.markers} marker(s)")
     if result.dropped:
         stdout.print("its drop hook dropped its read model")
+
+
+@app.command("projector-redefine")
+def projector_redefine_command(
+    reason: Annotated[str, typer.Option("--reason", help="Why it is redefined, for the audit.")],
+    name: NameArgument = None,
+    projector: NamedOption = None,
+    version: VersionOption = None,
+    dsn: DsnOption = None,
+    app_path: AppOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Record the app's definition of a projector in place of the recorded one, audited (S33):
+    only a change safe in place (where it starts, its kind among per event, batch and SQL, a
+    SQL projector's function); any other change is refused: ship it as a new version. Workers
+    still running the old definition stop running the projector within a poll interval."""
+    chosen = _name(name, projector)
+    check_redefinition(chosen, reason, version)  # before any connection
+    registry = _registry(app_path, dsn)
+    if registry is None:
+        raise UsageError("--app is required: the app whose definition is recorded")
+    result = pool_run(
+        dsn,
+        lambda pool: redefine_projector(
+            pool, chosen, registry=registry, reason=reason, version=version
+        ),
+    )
+    if as_json:
+        emit_json("projector-redefine", result)
+        return
+    shown = "; ".join(result.changes) or "no change"
+    stdout.print(f"recorded {result.projector}'s definition ({shown}): {result.fingerprint}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+from collections.abc import Sequence
 from typing import Annotated
 
 import orjson
@@ -37,11 +38,28 @@ from outbox.ops.report import (
     health,
     outbox_report,
 )
+from outbox.ops.serving import ProjectorService
 
 # Identifiers fold onto a second line in a narrow terminal: never cut off.
 _FOLDED = {"campaign", "event type", "worker", "owner", "last error"}
 # Below this width the rows table leaves out its timestamps (and says so).
 _WIDE = 120
+
+
+def serving_table(services: Sequence[ProjectorService]) -> Table:
+    """Each projector owed work, its recorded definition and the live workers that run it."""
+    table = _table(
+        "projector", "definition", "live workers", "paused", "attention",
+        title="projectors and the live workers that run them",
+    )  # fmt: skip
+    for one in services:
+        earlier = f" (+{one.unknown_workers} of an earlier release)" if one.unknown_workers else ""
+        attention = "; ".join(x.split(": ", 1)[1] for x in one.problems())
+        table.add_row(
+            one.projector, one.fingerprint or "-", f"{one.workers}{earlier}",
+            "paused" if one.paused else "", attention,
+        )  # fmt: skip
+    return table
 
 
 def _table(*columns: str, title: str) -> Table:
@@ -95,6 +113,8 @@ def render_report(report: Report, *, payload: bool = False) -> None:
                 when(h.since),
             )
         stdout.print(held)
+    if summary.projectors:
+        stdout.print(serving_table(summary.projectors))
     catching_up = [c for c in summary.catch_ups if c.catching_up]
     if catching_up:
         caught = _table(

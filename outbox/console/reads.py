@@ -9,7 +9,7 @@ here: the reads are the queue's, the journal's, the guards' and the registry's.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass, replace
 from datetime import datetime
@@ -22,9 +22,11 @@ from outbox.append.journal import JournalEntry, get_campaign_head, recent_events
 from outbox.config import Session
 from outbox.errors import NotFound, ValidationError
 from outbox.ops.report import Failures, failures
+from outbox.ops.serving import ProjectorService, served
 from outbox.projection.app import Outbox
 from outbox.projection.builds import Build, list_builds
 from outbox.projection.guards import ProjectorLag, checkpoints_of, projector_lag
+from outbox.projection.known import list_known
 from outbox.projection.pauses import Pause, PauseEntry, list_pause_audit, list_pauses
 from outbox.projection.versions import list_versions
 from outbox.queue import inspect
@@ -316,6 +318,10 @@ class ProjectorRow:
     version: int | None = None
     state: str | None = None
     build: Build | None = None  # its latest build by the catch-up engine (S30)
+    # Its recorded definition's fingerprint and the live workers that run it (S33; None: not
+    # recorded yet, or superseded).
+    fingerprint: str | None = None
+    service: ProjectorService | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -328,29 +334,55 @@ class Projectors:
 
 
 async def read_projectors(executor: db.Executor, app: Outbox | None) -> Projectors:
-    known = sorted(app.registry.projectors.values(), key=lambda p: p.name) if app else []
+    """The app's projectors, then those the database records that the app lacks (all of them
+    without the app: a mixed fleet has no single app), then paused ones neither knows."""
+    mine = sorted(app.registry.projectors.values(), key=lambda p: p.name) if app else []
     async with reading(executor) as conn:
+        recorded = {k.projector: k for k in await list_known(conn)}
         pauses = {p.projector: p for p in await list_pauses(conn)}
-        lags = {p.name: await projector_lag(conn, p.name, p.events) for p in known if p.ordered}
+        subscribed = {p.name: (p.events, p.ordered) for p in mine}
+        for k in recorded.values():
+            subscribed.setdefault(k.projector, (frozenset(k.events), k.ordered))
+        lags = {
+            name: await projector_lag(conn, name, events)
+            for name, (events, ordered) in subscribed.items()
+            if ordered
+        }
         held = {h.projector: h for h in await count_holds(conn)}
         workers = await listed_workers(conn)
         history = await list_pause_audit(conn, limit=LIST_LIMIT)
         versions = {v.projector: v for v in await list_versions(conn)}
         builds = {b.projector: b for b in await list_builds(conn)}
+    serving = {s.projector: s for s in served(list(recorded.values()), workers)}
     outcomes: dict[str, Counter[str]] = {}
     for w in (w for w in workers if w.live):  # since the live ones started
         for tally in w.counters.get("projectors", []):
             found = outcomes.setdefault(tally["projector"], Counter())
             found.update({k: int(tally.get(k, 0)) for k in ("applied", "skipped", "failed")})
-    rows = [
-        ProjectorRow(
-            p.name, sorted(p.events), p.ordered, p.transactional,
-            pauses.pop(p.name, None), lags.get(p.name), dict(outcomes.get(p.name, {})),
-            held.get(p.name), p.base, p.version,
-            versions[p.name].state if p.name in versions else None, builds.get(p.name),
-        )
-        for p in known
-    ]  # fmt: skip
+
+    def row(
+        name: str,
+        events: Iterable[str],
+        ordered: bool,
+        transactional: bool,
+        base: str,
+        version: int,
+    ) -> ProjectorRow:
+        record = recorded.get(name)
+        return ProjectorRow(
+            name, sorted(events), ordered, transactional,
+            pauses.pop(name, None), lags.get(name), dict(outcomes.get(name, {})),
+            held.get(name), base, version,
+            versions[name].state if name in versions else None, builds.get(name),
+            record.fingerprint if record else None, serving.get(name),
+        )  # fmt: skip
+
+    rows = [row(p.name, p.events, p.ordered, p.transactional, p.base, p.version) for p in mine]
+    rows += [
+        row(k.projector, k.events, k.ordered, k.transactional, k.base, k.version)
+        for k in recorded.values()
+        if k.projector not in {p.name for p in mine}
+    ]
     rows += [
         ProjectorRow(name, [], None, None, p, None, dict(outcomes.get(name, {})), held.get(name))
         for name, p in sorted(pauses.items())

@@ -14,11 +14,12 @@ from typing import TYPE_CHECKING
 
 from outbox import db
 from outbox.errors import NotFound, SchemaNotReady, ValidationError
+from outbox.ops.serving import ProjectorService, served
 from outbox.projection.builds import Build, list_builds
 from outbox.projection.known import list_known
 from outbox.projection.sweep import CatchUp, catch_ups
 from outbox.queue import inspect
-from outbox.queue.holds import ProjectorHolds, count_holds, projector_stall
+from outbox.queue.holds import ProjectorHolds, count_holds, projector_owed, projector_stall
 from outbox.queue.horizon import HorizonHolder, horizon_holder
 from outbox.queue.inspect import (
     STATUSES,
@@ -83,6 +84,9 @@ class Summary:
     builds: list[Build]  # each projector's latest build by the catch-up engine (S30)
     # The oldest snapshot the server holds for this database (what keeps dead versions alive).
     snapshot: HorizonHolder | None
+    # Each recorded projector owed work, its definition's fingerprint and the live workers that
+    # run it (S33): none, or some under another definition, is for an operator to look at.
+    projectors: list[ProjectorService]
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +113,9 @@ class Health:
     blocked_campaigns: int | None
     max_blocked: int
     projector: ProjectorHealth | None
+    # Projectors owed work that no live worker runs, or that one runs under another definition
+    # than the recorded one (S33).
+    unserved_projectors: list[str]
     reasons: list[str]
 
 
@@ -199,6 +206,7 @@ async def outbox_report(
         caught = await catch_ups(conn) if campaign_id is None else []
         builds = await list_builds(conn) if campaign_id is None else []
         snapshot = await horizon_holder(conn)
+        serving = served(await list_known(conn), workers) if campaign_id is None else []
     summary = Summary(
         campaign_id,
         counts,
@@ -215,6 +223,7 @@ async def outbox_report(
         caught,
         builds,
         snapshot,
+        serving,
     )
     return Report(status, limit, summary, rows)
 
@@ -281,6 +290,9 @@ async def health(
                     f"is {age:.0f}s old, over {max_oldest_age:g}s"
                 )
     judged = None
+    unserved: list[str] = []
+    if migrations == "current":
+        unserved = await _unserved(executor, reasons, projector)
     if projector is not None and migrations == "current":
         judged = await _projector_health(executor, projector, max_lag, max_dead, reasons)
     return Health(
@@ -294,8 +306,30 @@ async def health(
         blocked,
         max_blocked,
         judged,
+        unserved,
         reasons,
     )
+
+
+async def _unserved(
+    executor: Executor, reasons: list[str], projector: str | None = None
+) -> list[str]:
+    """The projectors owed work (a hold, a work row of their types) that no live worker runs,
+    or that one runs under another definition than the recorded one (S33), each with its
+    reason; an idle store, or a projector paused, raises no alarm. `projector`: that one alone
+    is judged (the others are not its health)."""
+    found: list[str] = []
+    async with db.acquire(executor) as conn:
+        known = {k.projector: k for k in await list_known(conn)}
+        for service in served(list(known.values()), await listed_workers(conn)):
+            problems = service.problems()
+            if not problems or service.paused or projector not in (None, service.projector):
+                continue
+            if not await projector_owed(conn, service.projector, known[service.projector].events):
+                continue
+            found.append(service.projector)
+            reasons.extend(problems)
+    return found
 
 
 async def _projector_health(

@@ -69,6 +69,12 @@ class Outbox:
         self.absent = AbsentProjectors(self.settings.poll_interval)
         self.superseded = SupersededVersions(self.settings.poll_interval)
 
+    async def in_force(self, conn: db.Connection) -> Registry:
+        """The projectors this process runs now: the app's, less the versions superseded by a
+        promoted one (S29) and those an operator redefined since it started (S33)."""
+        registry = await self.superseded.registry(conn, self.registry)
+        return await self.absent.in_force(conn, registry)
+
     def projector(
         self,
         name: str,

@@ -1,12 +1,15 @@
 """The projectors the database knows: what the workers that apply record as they start, and
-an operator's retirement of one.
+an operator's retirement or redefinition of one.
 
-A worker records every projector it runs (its subscribed types, ordered, transactional), so
-the database knows a projector as soon as one worker of a deploy runs it, and keeps knowing it
-while older workers without it still run. A projector leaves only by `retire` (audited beside
-pauses and resumes, optionally dropping its checkpoints and markers): never because one
-worker's code lacks it. It owns every statement on `outbox_projectors`; it never runs a
-projector.
+A worker records every projector it runs (its definition, S33: subscribed types, guard, kind,
+transactional, start, function), so the database knows a projector as soon as one worker of a
+deploy runs it, and keeps knowing it while older workers without it still run. A worker whose
+definition of a recorded projector differs is refused and writes nothing (`DefinitionDrift`);
+an operator records a change safe in place (`redefine`, audited), and workers already running
+stop running a projector whose recorded fingerprint is no longer theirs. A projector leaves
+only by `retire` (audited beside pauses and resumes, optionally dropping its checkpoints and
+markers): never because one worker's code lacks it. It owns every statement on
+`outbox_projectors`; it never runs a projector.
 """
 
 from __future__ import annotations
@@ -14,18 +17,30 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime
 from time import monotonic
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from outbox import db
+from outbox.obs import log
+from outbox.projection.definition import (
+    Change,
+    DefinitionDrift,
+    changes,
+    check,
+    definition,
+    fingerprint,
+    legacy_definition,
+)
 from outbox.queries import Queries
 from outbox.queue.holds import delete_projector_holds
 from outbox.queue.settle import refresh_campaigns, settle
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from outbox.db import Connection, Executor
-    from outbox.projection.registry import Registry
+    from outbox.projection.registry import Projector, Registry
 
 __all__ = [
     "AbsentProjectors",
@@ -34,6 +49,7 @@ __all__ = [
     "list_known",
     "owe_nothing",
     "record",
+    "redefine",
     "retire",
 ]
 
@@ -42,11 +58,15 @@ class KnownQueries(Queries):
     record_projectors: str
     list_projectors: str
     retire_projector: str
+    redefine_projector: str
+    lock_projector: str
     delete_checkpoints: str
     delete_markers: str
 
 
 Q = KnownQueries
+
+_logger = log.get_logger("outbox.worker")
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +88,17 @@ class KnownProjector:
     base: str
     version: int
     state: str
+    # What decides what it owes and how it is guarded (S33), and a digest of it; None: recorded
+    # by a worker of a release before definitions (the fields it kept are `recorded`).
+    definition: dict[str, Any] | None = None
+    fingerprint: str | None = None
+
+    @property
+    def recorded(self) -> dict[str, Any]:
+        """Its definition, or what a record from before definitions kept of one."""
+        if self.definition is not None:
+            return self.definition
+        return legacy_definition(self.events, self.ordered, self.transactional)
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,26 +127,78 @@ def _known(r: db.Record) -> KnownProjector:
         r["base"],
         r["version"],
         r["state"],
+        r["definition"],
+        r["fingerprint"],
     )
 
 
 async def record(executor: Executor, registry: Registry, worker_id: str) -> list[str]:
-    """Record `registry`'s projectors as run by `worker_id`; the names seen for the first time."""
-    document = [
-        {
-            "projector": p.name,
-            "events": sorted(p.events),
-            "ordered": p.ordered,
-            "transactional": p.transactional,
-            "start": p.start,
-        }
-        for p in registry.projectors.values()
-    ]
+    """Record `registry`'s projectors as run by `worker_id`; the names seen for the first time.
+    A recorded projector whose definition differs from this worker's refuses the whole record
+    (`DefinitionDrift`, naming each field) and nothing is written."""
+    document = []
+    for p in registry.projectors.values():
+        mine = definition(p)
+        document.append(
+            {
+                "projector": p.name,
+                "events": mine["events"],
+                "ordered": p.ordered,
+                "transactional": p.transactional,
+                "start": p.start,
+                "definition": mine,
+                "fingerprint": fingerprint(mine),
+            }
+        )
     if not document:
         return []
-    async with db.acquire(executor) as conn:
+    async with db.acquire(executor) as conn, conn.transaction():
         rows = await conn.fetch(Q.record_projectors, orjson.dumps(document).decode(), worker_id)
+        if len(rows) < len(document):  # a recorded definition differs: refuse, write nothing
+            raise drift(registry, await list_known(conn))
     return sorted(r["projector"] for r in rows if r["new"])
+
+
+def drift(registry: Registry, known: Sequence[KnownProjector]) -> DefinitionDrift:
+    """The refusal of a worker whose `registry` defines recorded projectors otherwise."""
+    found: list[tuple[str, int, int, list[Change]]] = []
+    for k in known:
+        p = registry.projectors.get(k.projector)
+        if p is not None and (diff := changes(k.recorded, definition(p))):
+            versions = [x.version for x in known if x.base == k.base]
+            versions += [x.version for x in registry.versions(k.base)]
+            found.append((k.projector, k.version, max(versions) + 1, diff))
+    return DefinitionDrift(found)
+
+
+async def redefine(
+    conn: Connection, projector: Projector, *, actor: str, reason: str
+) -> list[Change] | None:
+    """Record `projector`'s definition in place of the recorded one, in the caller's
+    transaction, audited with the change: refused (ConfigError) unless every change is safe in
+    place (S33); the changes made ([]: none), or None when it is not recorded."""
+    row = await conn.fetchrow(Q.lock_projector, projector.name)
+    if row is None:
+        return None
+    recorded = (
+        legacy_definition(row["events"], row["ordered"], row["transactional"])
+        if row["definition"] is None
+        else row["definition"]
+    )
+    mine = definition(projector)
+    found = check(projector.name, recorded, mine)
+    if found or row["definition"] is None:
+        change = "; ".join(c.describe() for c in found) or "definition recorded"
+        await conn.execute(
+            Q.redefine_projector,
+            projector.name,
+            mine,
+            fingerprint(mine),
+            actor,
+            reason,
+            change,
+        )
+    return found
 
 
 async def list_known(executor: Executor) -> list[KnownProjector]:
@@ -154,24 +237,71 @@ async def owe_nothing(conn: Connection, projector: str) -> int:
 @dataclass
 class AbsentProjectors:
     """The projectors the database knows that an applier's code lacks (a rolling deploy runs
-    workers with and without a projector): their share of an event waits in holds for a
-    worker that runs them (S24), never completed on their behalf. Read at most once per
-    `interval`."""
+    workers with and without a projector), or defines otherwise since an operator redefined
+    them (S33): their share of an event waits in holds for a worker that runs them as
+    recorded (S24), never completed on their behalf. Read at most once per `interval`."""
 
     interval: float
     known: tuple[KnownProjector, ...] = ()
     _read_at: float = field(default=float("-inf"), repr=False)
+    # The registry last asked about, its fingerprints, the names redefined, and the registry
+    # less them (built once per change).
+    _mine: tuple[Registry, dict[str, str]] | None = field(default=None, repr=False)
+    _in_force: tuple[Registry, frozenset[str], Registry] | None = field(default=None, repr=False)
+    _redefined: frozenset[str] = field(default=frozenset(), repr=False)
 
     def expire(self) -> None:
         """Read the record again at the next call."""
         self._read_at = float("-inf")
 
-    async def of(self, conn: Connection, registry: Registry) -> tuple[KnownProjector, ...]:
-        """The recorded transactional projectors `registry` lacks (lease-mode ones are
-        leased by the workers that run them), superseded versions aside (owed nothing)."""
+    async def _read(self, conn: Connection) -> None:
         if monotonic() - self._read_at >= self.interval:
             self.known = tuple(await list_known(conn))
             self._read_at = monotonic()
+
+    async def in_force(self, conn: Connection, registry: Registry) -> Registry:
+        """`registry` less the projectors whose recorded fingerprint is not this worker's: an
+        operator recorded another definition since this worker started (S33), and it runs
+        them no more (logged once each)."""
+        await self._read(conn)
+        if self._mine is None or self._mine[0] is not registry:
+            mine = {n: fingerprint(definition(p)) for n, p in registry.projectors.items()}
+            self._mine = (registry, mine)
+        mine = self._mine[1]
+        names = frozenset(
+            k.projector
+            for k in self.known
+            if k.fingerprint is not None and mine.get(k.projector, k.fingerprint) != k.fingerprint
+        )
+        for name in sorted(names - self._redefined):
+            recorded = next(k.fingerprint for k in self.known if k.projector == name)
+            _logger.warning(
+                "projector.redefined",
+                extra={
+                    "projector": name,
+                    "recorded": recorded,
+                    "mine": mine[name],
+                    "action": "this worker runs it no more; its share waits for a worker "
+                    "that runs the recorded definition",
+                },
+            )
+        self._redefined = names
+        cached = self._in_force
+        if cached is None or cached[0] is not registry or cached[1] != names:
+            cached = (registry, names, registry.without(names))
+            self._in_force = cached
+        return cached[2]
+
+    def running(self, registry: Registry) -> dict[str, str]:
+        """What this worker runs of `registry` now, each with its fingerprint: less what an
+        operator redefined since it started (the worker registry's `projectors`)."""
+        mine = {n: fingerprint(definition(p)) for n, p in registry.projectors.items()}
+        return {n: f for n, f in mine.items() if n not in self._redefined}
+
+    async def of(self, conn: Connection, registry: Registry) -> tuple[KnownProjector, ...]:
+        """The recorded transactional projectors `registry` lacks (lease-mode ones are
+        leased by the workers that run them), superseded versions aside (owed nothing)."""
+        await self._read(conn)
         return tuple(
             k
             for k in self.known

@@ -3,10 +3,10 @@
 -- requires: projection/build_fn.sql
 
 -- One step of projector `p_projector`'s sweep: the next `p_campaigns` campaigns of
--- `campaign_heads` after its cursor, in key order, each that it is behind on (its checkpoint
--- below the head, no hold of its own there, and, for an ordered projector, no work rows: their
--- claim heals it from the journal; an unordered one's catch-up covers them, its markers
--- skipping what the rows gave it) given a catch-up hold (seq 0, pending, due now) and a campaign row due now (one it
+-- `campaign_heads` after its cursor, in key order, each that holds an event of its types and
+-- that it is behind on (its checkpoint below the head, no hold of its own there, and, for an
+-- ordered projector, no work rows: their claim heals it from the journal; an unordered one's
+-- catch-up covers them, its markers skipping what the rows gave it) given a catch-up hold (seq 0, pending, due now) and a campaign row due now (one it
 -- has already is left as it is: the campaign is claimed when it comes due, the hold with it). The cursor moves past them; past the
 -- last campaign the sweep is done (`swept_at`). Nothing is seeded while the projector has
 -- `p_outstanding` catch-up holds or more not yet dead: the sweep keeps pace with the worker,
@@ -27,6 +27,7 @@ DECLARE
     cursor_bucket integer;
     cursor_campaign text;
     v_ordered boolean;
+    v_events text[];
     waiting integer;
     bs integer[];
     cs text[];
@@ -38,8 +39,8 @@ DECLARE
     placed integer;
     v_now timestamptz := statement_timestamp();
 BEGIN
-    SELECT p.sweep_bucket, p.sweep_campaign, p.ordered
-    INTO cursor_bucket, cursor_campaign, v_ordered
+    SELECT p.sweep_bucket, p.sweep_campaign, p.ordered, p.events
+    INTO cursor_bucket, cursor_campaign, v_ordered, v_events
     FROM outbox_projectors p
     JOIN outbox_projector_versions v ON v.projector = p.projector
     WHERE p.projector = p_projector AND p.swept_at IS NULL
@@ -81,9 +82,20 @@ BEGIN
         LIMIT p_campaigns
     ) n;
     v_reached := cardinality(cs);
+    -- Nor a campaign that holds none of its types: it owes nothing there (its lag counts its
+    -- own types only), and a hold would cost a batch for nothing. A later event of the
+    -- campaign heals an ordered projector from the journal as it comes (S17). One read of the
+    -- step's campaigns, by key.
+    SELECT coalesce(array_agg(x.campaign_id), '{}') INTO skip
+    FROM (
+        SELECT t.campaign_id FROM unnest(cs) AS t(campaign_id)
+        EXCEPT
+        SELECT e.campaign_id FROM event_journal e
+        WHERE e.bucket = ANY (bs) AND e.campaign_id = ANY (cs) AND e.event_type = ANY (v_events)
+    ) x;
     -- Not behind: at the head already, or a hold of its own there. Nor, for an ordered
     -- projector, a campaign with work rows: their claim heals it from the journal (S24).
-    SELECT coalesce(array_agg(x.campaign_id), '{}') INTO skip
+    SELECT skip || coalesce(array_agg(x.campaign_id), '{}') INTO skip
     FROM (
         SELECT k.campaign_id FROM projection_checkpoints k
         JOIN unnest(cs, heads) AS t(campaign_id, head) ON t.campaign_id = k.campaign_id

@@ -42,6 +42,7 @@ __all__ = [
     "count_holds",
     "delete_projector_holds",
     "parse_holds",
+    "projector_owed",
     "projector_stall",
     "refresh_held_rows",
     "row_holds",
@@ -54,6 +55,7 @@ class HoldsQueries(Queries):
     refresh_held_rows: str
     delete_projector_holds: str
     get_projector_stall: str
+    get_projector_owed: str
 
 
 Q = HoldsQueries
@@ -179,6 +181,12 @@ async def projector_stall(
     row = await conn.fetchrow(Q.get_projector_stall, projector, list(events))
     assert row is not None  # scalar subqueries: one row
     return ProjectorStall(row["dead"], row["hold_seconds"], row["row_seconds"])
+
+
+async def projector_owed(conn: Connection, projector: str, events: Sequence[str]) -> bool:
+    """Whether `projector` is owed work now: a hold of it not dead, or a work row of `events`
+    (the types it subscribes to), due or not."""
+    return bool(await conn.fetchval(Q.get_projector_owed, projector, list(events)))
 
 
 async def refresh_held_rows(

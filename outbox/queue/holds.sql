@@ -35,6 +35,16 @@ DELETE FROM @extschema@.projection_holds
 WHERE projector = $1::text
 RETURNING campaign_id, projector, seq
 
+-- name: get_projector_owed
+-- Whether projector $1 (subscribed to types $2) is owed work now: a hold of it not dead, or a
+-- work row of its types, due or not (each an index probe or the first row found).
+SELECT EXISTS (
+           SELECT 1 FROM @extschema@.projection_holds h
+           WHERE h.projector = $1::text AND h.status <> 'dead')
+    OR EXISTS (
+           SELECT 1 FROM @extschema@.projection_apply_outbox o
+           WHERE o.event_type = ANY ($2::text[]))
+
 -- name: get_projector_stall
 -- Projector $1 (subscribed to types $2), by the database clock: its dead holds; the seconds
 -- since the longest-waiting of its due holds was last worked (null: none due); and since the

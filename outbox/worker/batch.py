@@ -240,7 +240,7 @@ class Worker:
         session = self.app.settings.worker_session()
         with tracing.span("outbox.batch"):
             async with db.acquire(self.pool, session=session) as conn, conn.transaction():
-                registry = await self.app.superseded.registry(conn, self.app.registry)
+                registry = await self.app.in_force(conn)
                 after.registry = registry
                 wanted = self._campaigns_to_claim()
                 campaigns = await claim(
@@ -279,7 +279,7 @@ class Worker:
             return None  # a background worker's batches are holds' work: the worker's own
         settings = self.app.settings
         async with db.acquire(self.pool, session=settings.worker_session()) as conn:
-            registry = await self.app.superseded.registry(conn, self.app.registry)
+            registry = await self.app.in_force(conn)
             if self._one_call is None or self._one_call[0] is not registry:
                 self._one_call = (registry, OneCall.of(registry))
             plan = self._one_call[1]

@@ -75,6 +75,9 @@ class ListedWorker:
     heartbeat_age_seconds: float
     state: str
     counters: dict[str, Any]
+    # The projectors it runs, each with its definition's fingerprint (S33); None: a worker of
+    # a release before definitions, or a shadow worker.
+    projectors: dict[str, str] | None = None
 
     @property
     def live(self) -> bool:
@@ -105,6 +108,8 @@ class Registration:
     worker_id: str
     mode: str
     concurrency: int
+    # The projectors it runs at start (projector -> fingerprint; None: none, a shadow worker).
+    projectors: dict[str, str] | None = None
 
     async def register(self, stopping: anyio.Event | None = None) -> None:
         """Write the registry row, retried as `at_start` says."""
@@ -118,13 +123,18 @@ class Registration:
                     os.getpid(),
                     self.mode,
                     self.concurrency,
+                    self.projectors,
                 )
 
         await at_start(write, stopping)
 
-    async def heartbeat(self, counters: dict[str, Any]) -> None:
+    async def heartbeat(
+        self, counters: dict[str, Any], projectors: dict[str, str] | None = None
+    ) -> None:
         async with db.acquire(self.executor) as conn:
-            await conn.execute(Q.heartbeat_worker, self.worker_id, counters)
+            await conn.execute(
+                Q.heartbeat_worker, self.worker_id, counters, projectors or self.projectors
+            )
 
     async def stop(self, counters: dict[str, Any]) -> None:
         async with db.acquire(self.executor) as conn:
@@ -146,6 +156,7 @@ async def listed_workers(executor: Executor, within: float = LISTED_FOR) -> list
             r["heartbeat_age"],
             "live" if r["heartbeat_age"] <= LIVE_WITHIN else "stale",
             r["counters"],
+            r["projectors"],
         )
         for r in rows
     ]

@@ -1,15 +1,19 @@
 -- The worker registry (outbox_workers): what outbox-report shows as live workers.
 
 -- name: register_worker
--- A worker process announces itself at start.
-INSERT INTO @extschema@.outbox_workers (worker_id, host, pid, mode, concurrency)
-VALUES ($1::text, $2::text, $3::integer, $4::text, $5::integer)
+-- A worker process announces itself at start, with the projectors it runs ($6: projector ->
+-- fingerprint, S33).
+INSERT INTO @extschema@.outbox_workers (worker_id, host, pid, mode, concurrency, projectors)
+VALUES ($1::text, $2::text, $3::integer, $4::text, $5::integer, $6::jsonb)
 ON CONFLICT (worker_id) DO UPDATE
-    SET heartbeat_at = clock_timestamp(), stopped_at = NULL, mode = excluded.mode
+    SET heartbeat_at = clock_timestamp(), stopped_at = NULL, mode = excluded.mode,
+        projectors = excluded.projectors
 
 -- name: heartbeat_worker
--- Still alive, with its counters so far.
-UPDATE @extschema@.outbox_workers SET heartbeat_at = clock_timestamp(), counters = $2::jsonb
+-- Still alive, with its counters so far and the projectors it runs now ($3, as at start less
+-- those an operator redefined since).
+UPDATE @extschema@.outbox_workers
+SET heartbeat_at = clock_timestamp(), counters = $2::jsonb, projectors = $3::jsonb
 WHERE worker_id = $1::text
 
 -- name: stop_worker
@@ -21,7 +25,7 @@ WHERE worker_id = $1::text
 -- name: list_workers
 -- Workers that heartbeated within $1 seconds and have not stopped (live or stale), oldest
 -- first.
-SELECT worker_id, host, pid, mode, concurrency, started_at, counters,
+SELECT worker_id, host, pid, mode, concurrency, started_at, counters, projectors,
        extract(epoch FROM clock_timestamp() - heartbeat_at)::double precision AS heartbeat_age
 FROM @extschema@.outbox_workers
 WHERE stopped_at IS NULL

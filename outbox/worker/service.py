@@ -230,11 +230,20 @@ class Service:
         for name in new:
             _logger.info("projector.first_seen", extra={"projector": name})
 
+    def _running(self) -> dict[str, str] | None:
+        """The projectors this worker runs now, with their fingerprints (an apply worker)."""
+        if self.config.mode != "apply":
+            return None
+        app = self.worker.app
+        return app.absent.running(app.registry)
+
     async def heartbeat(self, registration: Registration) -> None:
         while True:
             await anyio.sleep(HEARTBEAT_INTERVAL)
             try:
-                await registration.heartbeat(registry_counters(self.totals, self.worker.tally))
+                await registration.heartbeat(
+                    registry_counters(self.totals, self.worker.tally), self._running()
+                )
             except Exception as exc:  # the registry serves the report, never the work
                 _logger.warning("registry.heartbeat_failed", extra={"error": describe_error(exc)})
 
@@ -271,17 +280,17 @@ class Service:
         config = self.config
         if shutdown_timeout is None:
             shutdown_timeout = config.shutdown_timeout
+        if config.mode == "apply":  # first: a worker refused for a drift writes nothing (S33)
+            await self._record_projectors()
         if self.worker.park and config.mode == "apply":
             unblocked = await unblock_campaigns(self.worker.pool)
             if unblocked:
                 _logger.info("campaigns.unblocked", extra={"campaigns": unblocked})
-        if config.mode == "apply":
-            await self._record_projectors()
         if config.until_idle:
             await self._loops(shutdown_timeout, task_status)
             return
         registration = Registration(
-            self.worker.pool, self.worker_id, config.mode, config.concurrency
+            self.worker.pool, self.worker_id, config.mode, config.concurrency, self._running()
         )
         await registration.register(self.stopping)
         _logger.info(

@@ -16,11 +16,13 @@ from typing import Any
 
 import orjson
 import pytest
+from campaigns_demo.app import app as demo_app
 from campaigns_demo.app import install
 from factories import make_dead, make_failed, make_leased, register_worker
 
 from helpers import run_cli
 from outbox import Event, Settings, append, db
+from outbox.projection.known import record
 
 PINNED = Path(__file__).with_name("json_keys.json")
 APP = "campaigns_demo.app:app"
@@ -43,6 +45,7 @@ def key_paths(value: Any, prefix: str = "") -> list[str]:
 async def seed(pool: db.Pool, settings: Settings) -> None:
     """Rows in every state a report lists, and events the demo app applies or fails."""
     await install(pool)
+    await record(pool, demo_app.registry, "w-1")  # the live worker below runs them (S33)
     await append(pool, "c-dead", [Event("note.added", {"text": "x"})] * 2, settings=settings)
     await append(pool, "c-failed", [Event("note.added", {"text": "x"})] * 2, settings=settings)
     await append(pool, "c-lease", [Event("note.added", {"text": "x"})], settings=settings)
@@ -136,6 +139,9 @@ def outputs(dsn: str) -> dict[str, Any]:
         "projector-resume", "--projector", "demo_roster", "--json", dsn=dsn
     )
     found["projectors"] = run_json("projectors", "--json", dsn=dsn)  # the drains recorded them
+    found["projector-redefine"] = run_json(  # as recorded already: nothing changes
+        "projector-redefine", "roster", "--app", APP, "--reason", "r", "--json", dsn=dsn
+    )
     found["projector-promote"] = run_json(  # version 1, live already: nothing changes
         "projector-promote", "roster", "--version", "1", "--json", dsn=dsn
     )
@@ -158,6 +164,7 @@ async def test_every_json_command_keeps_its_keys(
     assert "rows[].event_type" in found["outbox-requeue-dead"]
     assert "groups[].fingerprint" in found["outbox-failures"]
     assert "pauses[].paused_by" in found["projector-pauses"]
+    assert "summary.projectors[].other_definitions" in found["outbox-report"]
     if os.environ.get("OUTBOX_PIN_JSON") == "write":
         PINNED.write_bytes(orjson.dumps(found, option=orjson.OPT_INDENT_2) + b"\n")
     assert found == orjson.loads(PINNED.read_bytes())

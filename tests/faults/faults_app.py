@@ -16,6 +16,9 @@ deployed onto a journal with history (a millisecond per event, so a catch-up las
 enough for kills to land in it). `versions_app` (S29, S30) has `ledger` in two versions, each
 recording under its track's key (`ledger`, `ledger@v2`): version 2 is built by the catch-up
 engine beside version 1 and promoted; `ledger_app` is version 1 alone, the app before it.
+`changed_app` ships a changed `ledger` (a batch projector that also subscribes to `note`) as
+version 2 beside version 1, as S33 says a change of what a projector owes ships;
+`drifted_app` changes version 1 in place (`ordered=False`), and a worker of it is refused.
 """
 
 from __future__ import annotations
@@ -156,3 +159,24 @@ versions_app.registry.add(tracks_app.registry.projectors["ledger"])
 @versions_app.projector("ledger", events=["step"], version=2)
 async def ledger_v2(tx: db.Connection, event: StoredEvent) -> None:
     await _track(tx, running_projector().name, event)
+
+
+changed_app = Outbox()
+changed_app.registry.add(app.registry.projectors["witness"])
+changed_app.registry.add(tracks_app.registry.projectors["ledger"])
+
+
+@changed_app.projector("ledger", events=["step", "note"], batch=True, version=2)
+async def ledger_changed(tx: db.Connection, events: Sequence[StoredEvent]) -> None:
+    for event in events:
+        if event.type == "step":
+            await _track(tx, running_projector().name, event)
+
+
+drifted_app = Outbox()
+drifted_app.registry.add(app.registry.projectors["witness"])
+
+
+@drifted_app.projector("ledger", events=["step"], ordered=False)
+async def ledger_unordered(tx: db.Connection, event: StoredEvent) -> None:
+    await _track(tx, "ledger", event)

@@ -9,6 +9,13 @@ checkpoints. Once the appends stop, v2 is promoted (refused while behind). A rea
 throughout, in one snapshot each: the live version, and each version's count per campaign; a
 live v2 with fewer events than v1 on some campaign would be a version exposed behind. The
 oracle is the generator's record, checked per version: lost, applied twice, order, all zero.
+
+A rolling deploy that changes a projector (S33): `ledger` v1 runs on two workers; the change
+ships as v2 (`faults_app:changed_app`: another kind and another type) and the workers are rolled
+one at a time under appends, one by SIGKILL, so that old workers run v1 while new ones run v1
+and v2 and catch v2 up from the journal. Mid-roll, a worker with `ledger` v1 changed in place
+(`drifted_app`, as a careless deploy would ship it) starts and is refused (exit 2, one line),
+writing nothing. v2 is promoted once caught up; every track is checked against the generator.
 """
 
 from __future__ import annotations
@@ -204,3 +211,68 @@ async def test_a_version_built_under_sigkills_and_a_server_restart(
     )
     assert reader.behind == 0, notes
     assert builder.kills > 0, notes
+
+
+async def test_a_changed_projector_rolled_as_v2_and_a_drifted_worker_refused(
+    pool: db.Pool, dsn: str, fleet: Fleet, tmp_path: Path
+) -> None:
+    fleet.env |= FAST
+    settings = Settings(dsn=dsn)
+    names = campaigns("chg", 10)
+    fleet.app = "faults_app:ledger_app"
+    for worker in WORKERS:
+        fleet.start(worker, "--concurrency", "2")
+    generator = Generator(pool, settings, names, pause=0.01)
+    await generator.run(appends=30)
+    await wait_drained(pool)
+    env = {**fleet.env, "OUTBOX_DSN": dsn, "PYTHONPATH": str(ROOT / "tests" / "faults")}
+    live = Generator(pool, settings, names, pause=0.05, key_prefix="live-")
+    live.expected = generator.expected
+
+    def drifted() -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, str(ROOT / "cmd" / "outbox-worker.py"), "--app",
+             "faults_app:drifted_app"],
+            cwd=HERE, env=env, capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(live.run)
+        # The roll: w1 onto the changed app (old w2 runs v1 beside it), a careless worker
+        # refused mid-roll, then w2 killed (its grace period ran out) and started new.
+        fleet.app = "faults_app:changed_app"
+        await fleet.stop_one("w1")
+        fleet.start("w1", "--concurrency", "2")
+        refused = await anyio.to_thread.run_sync(drifted)
+        fleet.check()
+        fleet.kill("w2")
+        fleet.start("w2", "--concurrency", "2")
+        await anyio.sleep(2)  # appends go on under the rolled fleet
+        fleet.check()
+        live.stop()
+    await wait_drained(pool)
+
+    async def promoted() -> bool:
+        proc = await anyio.run_process(
+            [sys.executable, str(ROOT / "cmd" / "maintenance.py"), "projector-promote",
+             "ledger", "--version", "2"],
+            env=env, check=False,
+        )  # fmt: skip
+        return proc.returncode == 0
+
+    await wait_for(promoted, within=120, interval=0.5)
+    lines = [x for x in refused.stderr.splitlines() if not x.startswith("{")]
+    notes = f"drifted worker exit {refused.returncode}: {lines[-1:]}"
+    assert refused.returncode == 2, refused.stderr
+    assert len(lines) == 1
+    assert "projector 'ledger' differs from its record (ordered" in lines[0]
+    assert "ship it as version 3" in lines[0]  # v2 is the changed one, deployed
+    await finish(
+        "changed_projector_roll",
+        pool,
+        fleet,
+        generator,
+        faults=2,
+        projectors=("ledger", "ledger@v2"),
+        notes=notes,
+    )

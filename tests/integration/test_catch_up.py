@@ -21,6 +21,7 @@ from outbox.ops.report import health
 from outbox.ops.requeue import requeue_one
 from outbox.projection import sweep
 from outbox.projection.app import Outbox
+from outbox.projection.guards import projector_lag
 from outbox.projection.known import list_known, record
 from outbox.projection.pauses import pause
 from outbox.projection.registry import Start
@@ -400,3 +401,31 @@ async def test_a_catch_up_worker_and_an_appends_worker_split_the_work(
     assert await pool.fetchval("SELECT count(*) FROM outbox.projection_holds") == 0
     assert await sums(pool, "stats") == Counter({c1: 11, c2: 6})
     assert await sums(pool, "roster") == Counter({c1: 11, c2: 6})
+
+
+@pytest.mark.usefixtures("table")
+async def test_a_new_projector_touches_only_the_campaigns_holding_its_types(
+    pool: db.Pool, dsn: str
+) -> None:
+    """A sweep gives catch-up holds only where the journal holds an event of the projector's
+    types: a campaign of other types owes it nothing, and a hold there would cost a batch."""
+    campaigns, _, expected = await dormant(pool, dsn, "t", 6, seed=58)
+    others = [f"o{i:02d}" for i in range(20)]  # dormant campaigns of another type only
+    settings = Settings(dsn=dsn)
+    for cid in others:
+        await append(pool, cid, [Event("other", {"n": 1})] * 3, settings=settings)
+    old = app_of(dsn, "roster")
+    old.ignore(["other"])
+    await drain_now(old, pool)
+    new = app_of(dsn, "roster", "stats", start="beginning")
+    new.ignore(["other"])
+    await record(pool, new.registry, "new-worker")
+    stepped = await pool.fetchrow("SELECT * FROM outbox.outbox_sweep('stats', 500, 1024)")
+    assert stepped is not None
+    assert tuple(stepped) == (len(campaigns), len(campaigns) + len(others), True)
+    held = {r[0] for r in await pool.fetch("SELECT campaign_id FROM outbox.projection_holds")}
+    assert held == set(campaigns)
+    await drain_now(new, pool)
+    assert await sums(pool, "stats") == expected
+    async with db.acquire(pool) as conn:
+        assert (await projector_lag(conn, "stats", ["add"])).events_behind == 0

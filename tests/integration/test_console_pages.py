@@ -17,7 +17,9 @@ from outbox.console.security import basic_auth
 from outbox.errors import ConfigError, PermanentError
 from outbox.model import StoredEvent
 from outbox.projection.app import Outbox
+from outbox.projection.known import record
 from outbox.worker.batch import Worker
+from outbox.worker.registration import Registration
 
 HOSTILE = '<script>alert("x")</script>"' + "'" * 3 + "&" + "y" * 10_000
 HOSTILE_ID = HOSTILE[:200]  # ids are at most 256 characters
@@ -308,3 +310,28 @@ async def test_projector_outcomes_add_up_over_the_live_workers(
     (row,) = (await operator.get("/api/projectors")).json()["data"]["projectors"]
     assert row["outcomes"] == {"applied": 12, "skipped": 2, "failed": 4}
     assert 'data-outcome="applied">12<' in (await operator.get("/projectors")).text
+
+
+async def test_without_the_app_the_projectors_page_lists_every_recorded_one(
+    pool: db.Pool, app: Outbox
+) -> None:
+    """A mixed fleet has no single app: the page lists what the database records, each with
+    its definition's fingerprint and whether a live worker runs it (S33)."""
+    other = Outbox(Settings(dsn=app.settings.dsn))
+    other.sql_projector("ledger", events=["order.placed"], function="app.ledger")
+    await record(pool, app.registry, "w-python")
+    await record(pool, other.registry, "w-sql")
+    fingerprint = await pool.fetchval(
+        "SELECT fingerprint FROM outbox.outbox_projectors WHERE projector = 'totals'"
+    )
+    await Registration(pool, "w-python", "apply", 1, {"totals": fingerprint}).register()
+    async with client(create_app(pool)) as console:
+        page = (await console.get("/projectors")).text
+        rows = (await console.get("/api/projectors")).json()["data"]["projectors"]
+    assert [(r["name"], r["fingerprint"] is not None) for r in rows] == [
+        ("ledger", True),
+        ("totals", True),
+    ]
+    assert f'data-fingerprint="{fingerprint}"' in page
+    assert 'data-attention="unserved"' in page  # `ledger`: no live worker runs it
+    assert [r["service"]["workers"] for r in rows] == [0, 1]

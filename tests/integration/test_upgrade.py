@@ -147,7 +147,7 @@ async def _rows(conn: db.Connection, schema: str) -> dict[str, list[tuple[Any, .
             "WHERE attrelid = $1::regclass AND attnum > 0 AND NOT attisdropped "
             "AND attname NOT IN ('bucket', 'fingerprint', 'source_topic', 'source_partition', "
             "'source_offset', 'lease_owner', 'claim_epoch', 'leased_at', 'lease_expires_at', "
-            "'action', 'projector', 'slot') AND NOT attname = ANY ($2::text[])",
+            "'action', 'projector', 'projectors', 'slot') AND NOT attname = ANY ($2::text[])",
             f"{schema}.{table}",
             queue,
         )
