@@ -59,6 +59,7 @@ from outbox.projection.builds import (
     record_progress,
 )
 from outbox.projection.builds import Q as BuildsQ
+from outbox.projection.known import check_recorded
 from outbox.projection.redeliver import redeliver
 from outbox.projection.registry import Projector
 from outbox.queries import Queries
@@ -124,6 +125,7 @@ async def build(
     if max_rate is not None and max_rate <= 0:
         raise ConfigError(f"max_rate must be above 0, not {max_rate}")
     kind = buildable(projector, in_place=in_place)
+    await check_recorded(pool, [projector])  # what it owes is what the record says (S33)
     async with db.acquire(pool) as whole:
         await _hold_whole(whole, projector.name)
         try:

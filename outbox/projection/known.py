@@ -46,6 +46,7 @@ __all__ = [
     "AbsentProjectors",
     "KnownProjector",
     "Retired",
+    "check_recorded",
     "list_known",
     "owe_nothing",
     "record",
@@ -155,20 +156,31 @@ async def record(executor: Executor, registry: Registry, worker_id: str) -> list
     async with db.acquire(executor) as conn, conn.transaction():
         rows = await conn.fetch(Q.record_projectors, orjson.dumps(document).decode(), worker_id)
         if len(rows) < len(document):  # a recorded definition differs: refuse, write nothing
-            raise drift(registry, await list_known(conn))
+            raise drift(list(registry.projectors.values()), await list_known(conn))
     return sorted(r["projector"] for r in rows if r["new"])
 
 
-def drift(registry: Registry, known: Sequence[KnownProjector]) -> DefinitionDrift:
-    """The refusal of a worker whose `registry` defines recorded projectors otherwise."""
+def drift(projectors: Sequence[Projector], known: Sequence[KnownProjector]) -> DefinitionDrift:
+    """The refusal of code whose `projectors` are defined otherwise than recorded."""
+    mine = {p.name: p for p in projectors}
     found: list[tuple[str, int, int, list[Change]]] = []
     for k in known:
-        p = registry.projectors.get(k.projector)
+        p = mine.get(k.projector)
         if p is not None and (diff := changes(k.recorded, definition(p))):
             versions = [x.version for x in known if x.base == k.base]
-            versions += [x.version for x in registry.versions(k.base)]
+            versions += [x.version for x in projectors if x.base == k.base]
             found.append((k.projector, k.version, max(versions) + 1, diff))
     return DefinitionDrift(found)
+
+
+async def check_recorded(executor: Executor, projectors: Sequence[Projector]) -> None:
+    """Refuse (`DefinitionDrift`) `projectors` whose recorded definition differs from theirs:
+    a build or a rebuild applies what the record says a projector owes, under its guard. One
+    not recorded yet passes (a version built before any worker runs it)."""
+    known = await list_known(executor)
+    refusal = drift(projectors, known)
+    if refusal.drifts:
+        raise refusal
 
 
 async def redefine(

@@ -19,6 +19,7 @@ from outbox.errors import ConfigError, UsageError
 from outbox.model import StoredEvent
 from outbox.projection.builds import buildable
 from outbox.projection.guards import delete_markers, reserve_markers
+from outbox.projection.known import check_recorded
 from outbox.projection.registry import Projector, Registry, track_name
 from outbox.queue.claim import lock_campaign_rows
 from outbox.queue.settle import settle
@@ -106,6 +107,7 @@ async def rebuild(
     if not names:
         raise UsageError("no projector has a reset hook: nothing can be rebuilt")
     chosen = [rebuildable(registry, n) for n in names]
+    await check_recorded(executor, chosen)  # what it owes is what the record says (S33)
     campaigns = await list_campaigns(executor, campaign_id)
     applied = dict.fromkeys(names, 0)
     if apply:

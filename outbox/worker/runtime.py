@@ -34,7 +34,7 @@ from outbox.errors import DatabaseUnavailable
 from outbox.model import BatchCounts, WorkerMode
 from outbox.obs import log
 from outbox.queries import using_schema
-from outbox.retry import backoff_delay, describe_error
+from outbox.retry import backoff_delay, describe_error, sole_error
 from outbox.schema import check_current
 from outbox.worker.apply import Apply
 from outbox.worker.batch import Worker
@@ -178,14 +178,24 @@ async def running_worker(
     with using_schema(settings.schema):
         await check_current(pool)
     service = build_service(app, pool, settings=settings, mode=resolved)
-    async with anyio.create_task_group() as tg:
-        # The service's tasks name the app's schema; the application's own block is left as is.
-        with using_schema(settings.schema):
-            await tg.start(service.run)
-        try:
-            yield service
-        finally:
-            service.stop()
+    started = False
+    try:
+        async with anyio.create_task_group() as tg:
+            # The service's tasks name the app's schema; the application's own block is left
+            # as is.
+            with using_schema(settings.schema):
+                await tg.start(service.run)
+            started = True
+            try:
+                yield service
+            finally:
+                service.stop()
+    except BaseExceptionGroup as group:
+        # A start-up refusal (a drift of definition, S33) is raised as itself, not wrapped.
+        error = sole_error(group)
+        if started or error is group:
+            raise
+        raise error from None
 
 
 async def drain_now(app: Outbox, pool: Pool, *, concurrency: int | None = None) -> BatchCounts:

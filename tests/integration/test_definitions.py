@@ -23,10 +23,11 @@ from outbox.ops.redefine import redefine_projector
 from outbox.ops.report import health, outbox_report
 from outbox.ops.retire import list_projectors
 from outbox.projection.app import Outbox
+from outbox.projection.build import build
 from outbox.projection.definition import DefinitionDrift
 from outbox.worker.batch import Worker
 from outbox.worker.registration import Registration
-from outbox.worker.runtime import drain_now
+from outbox.worker.runtime import drain_now, running_worker
 
 CAMPAIGNS = [f"d-{i}" for i in range(4)]
 
@@ -306,3 +307,22 @@ async def test_health_and_the_report_name_a_projector_no_live_worker_runs(
     await drifted.stop({})
     await Registration(pool, "w-old", "apply", 1).register()
     assert (await health(pool)).healthy
+
+
+async def test_the_engine_refuses_to_build_a_changed_definition(pool: db.Pool, dsn: str) -> None:
+    expected: Counter[str] = Counter()
+    await add_events(pool, dsn, expected, 1)
+    await drain_now(roster_app(dsn), pool)
+    changed = roster_app(dsn, events=["add", "x"]).registry.projectors["roster"]
+    with pytest.raises(DefinitionDrift, match=r"events \[add\] -> \[add, x\]"):
+        await build(pool, changed)
+    assert await pool.fetchval("SELECT count(*) FROM outbox.outbox_builds") == 0
+
+
+async def test_an_embedded_worker_with_a_changed_definition_raises_the_drift(
+    pool: db.Pool, dsn: str
+) -> None:
+    await drain_now(roster_app(dsn), pool)
+    with pytest.raises(DefinitionDrift, match="ordered true -> false"):
+        async with running_worker(roster_app(dsn, ordered=False), pool):
+            pytest.fail("a drifted worker never runs")
