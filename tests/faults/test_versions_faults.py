@@ -243,6 +243,12 @@ async def test_a_changed_projector_rolled_as_v2_and_a_drifted_worker_refused(
         fleet.app = "faults_app:changed_app"
         await fleet.stop_one("w1")
         fleet.start("w1", "--concurrency", "2")
+
+        async def v2_recorded() -> bool:
+            sql = "SELECT count(*) FROM outbox.outbox_projectors WHERE projector = 'ledger@v2'"
+            return bool(await pool.fetchval(sql))
+
+        await wait_for(v2_recorded)  # the careless worker comes after the rolled one started
         refused = await anyio.to_thread.run_sync(drifted)
         fleet.check()
         fleet.kill("w2")
