@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from collections.abc import Sequence
 from typing import Annotated
 
 import orjson
 import typer
 from rich.table import Table
 
+from outbox.cli.attention import render_attention
 from outbox.cli.common import (
     DsnOption,
     JsonOption,
@@ -38,28 +38,12 @@ from outbox.ops.report import (
     health,
     outbox_report,
 )
-from outbox.ops.serving import ProjectorService
+from outbox.queue.stalls import STALL_AFTER
 
 # Identifiers fold onto a second line in a narrow terminal: never cut off.
 _FOLDED = {"campaign", "event type", "worker", "owner", "last error"}
 # Below this width the rows table leaves out its timestamps (and says so).
 _WIDE = 120
-
-
-def serving_table(services: Sequence[ProjectorService]) -> Table:
-    """Each projector owed work, its recorded definition and the live workers that run it."""
-    table = _table(
-        "projector", "definition", "live workers", "paused", "attention",
-        title="projectors and the live workers that run them",
-    )  # fmt: skip
-    for one in services:
-        earlier = f" (+{one.unknown_workers} of an earlier release)" if one.unknown_workers else ""
-        attention = "; ".join(x.split(": ", 1)[1] for x in one.problems())
-        table.add_row(
-            one.projector, one.fingerprint or "-", f"{one.workers}{earlier}",
-            "paused" if one.paused else "", attention,
-        )  # fmt: skip
-    return table
 
 
 def _table(*columns: str, title: str) -> Table:
@@ -113,8 +97,7 @@ def render_report(report: Report, *, payload: bool = False) -> None:
                 when(h.since),
             )
         stdout.print(held)
-    if summary.projectors:
-        stdout.print(serving_table(summary.projectors))
+    render_attention(summary.projectors, summary.stalled_campaigns)
     catching_up = [c for c in summary.catch_ups if c.catching_up]
     if catching_up:
         caught = _table(
@@ -277,6 +260,7 @@ def outbox_report_command(
             park=settings.park,
             resolved_mode=settings.resolved_mode(),
             payload=payload,
+            ordered=settings.ordered,
         ),
     )
     if as_json:
@@ -371,6 +355,12 @@ def health_command(
             "(default: 10 poll intervals).",
         ),
     ] = None,
+    max_stall: Annotated[
+        float,
+        typer.Option(
+            min=0, help="Unhealthy when a campaign's due head no claim can take waits longer."
+        ),
+    ] = STALL_AFTER,
     as_json: JsonOption = False,
 ) -> None:
     """Exit 0 when the database answers, migrations are current, no more rows are dead and no
@@ -389,6 +379,8 @@ def health_command(
             park=settings.park,
             projector=projector,
             max_lag=max_lag if max_lag is not None else 10 * settings.poll_interval,
+            max_stall=max_stall,
+            ordered=settings.ordered,
         ),
     )
     if as_json:

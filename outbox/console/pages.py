@@ -91,6 +91,7 @@ async def read_blocked(request: Request) -> Any:
         park=console.settings.park,
         order=order,
         after=reads.time_cursor(after) if after else None,
+        ordered=console.settings.ordered,
     )
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager, suppress
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
@@ -40,6 +40,7 @@ from outbox.queue.attention import (
 from outbox.queue.holds import ProjectorHolds, RowHold, count_holds, row_holds
 from outbox.queue.inspect import BlockedCampaign, LeaseRow, QueueRow, ShadowObservations
 from outbox.queue.repair import AuditEntry, Cursor, list_audit
+from outbox.queue.stalls import StalledCampaign, stalled_campaigns
 from outbox.schema import MigrationState
 from outbox.worker.registration import ListedWorker, listed_workers
 
@@ -104,6 +105,8 @@ class Blocked:
     bound: int
     campaigns: list[BlockedCampaign]
     after: str | None = None  # by age: the next page's cursor (None: the last page)
+    # Campaigns whose due head no claim can take (S33), on the first page.
+    stalled: list[StalledCampaign] = field(default_factory=list)
 
 
 def time_cursor(text: str, name: str = "after") -> tuple[datetime, str]:
@@ -133,7 +136,12 @@ def audit_cursor(text: str) -> tuple[datetime, int]:
 
 
 async def read_blocked(
-    executor: db.Executor, *, park: bool, order: str, after: tuple[datetime, str] | None = None
+    executor: db.Executor,
+    *,
+    park: bool,
+    order: str,
+    after: tuple[datetime, str] | None = None,
+    ordered: bool = True,
 ) -> Blocked:
     waiting = order == "waiting"
     async with reading(executor) as conn:
@@ -144,13 +152,14 @@ async def read_blocked(
             waiting_bound=COUNT_BOUND,
             after=None if waiting else after,
         )
+        stalled = [] if after else await stalled_campaigns(conn, limit=LIST_LIMIT, ordered=ordered)
     if waiting:
         found = sorted(found, key=lambda b: -b.waiting)
-        return Blocked(order, total, len(found), COUNT_BOUND, found[:LIST_LIMIT])
+        return Blocked(order, total, len(found), COUNT_BOUND, found[:LIST_LIMIT], None, stalled)
     page = found[:LIST_LIMIT]
     last = page[-1] if len(found) > LIST_LIMIT else None
     cursor = f"{last.enqueued_at.isoformat()}/{last.campaign_id}" if last else None
-    return Blocked(order, total, len(page), COUNT_BOUND, page, cursor)
+    return Blocked(order, total, len(page), COUNT_BOUND, page, cursor, stalled)
 
 
 @dataclass(frozen=True, slots=True)

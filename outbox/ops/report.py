@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING
 
 from outbox import db
 from outbox.errors import NotFound, SchemaNotReady, ValidationError
-from outbox.ops.serving import ProjectorService, served
+from outbox.ops.serving import ProjectorService, served, unserved_projectors
 from outbox.projection.builds import Build, list_builds
 from outbox.projection.known import list_known
 from outbox.projection.sweep import CatchUp, catch_ups
 from outbox.queue import inspect
-from outbox.queue.holds import ProjectorHolds, count_holds, projector_owed, projector_stall
+from outbox.queue.holds import ProjectorHolds, count_holds, projector_stall
 from outbox.queue.horizon import HorizonHolder, horizon_holder
 from outbox.queue.inspect import (
     STATUSES,
@@ -33,6 +33,7 @@ from outbox.queue.inspect import (
     StatusCounts,
 )
 from outbox.queue.repair import AuditEntry, list_audit
+from outbox.queue.stalls import STALL_AFTER, StalledCampaign, stalled_campaigns
 from outbox.schema import check_current
 from outbox.worker.registration import ListedWorker, listed_workers
 
@@ -87,6 +88,8 @@ class Summary:
     # Each recorded projector owed work, its definition's fingerprint and the live workers that
     # run it (S33): none, or some under another definition, is for an operator to look at.
     projectors: list[ProjectorService]
+    # Campaigns whose head has been due for a while that no claim can take (S33).
+    stalled_campaigns: list[StalledCampaign]
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,8 +117,10 @@ class Health:
     max_blocked: int
     projector: ProjectorHealth | None
     # Projectors owed work that no live worker runs, or that one runs under another definition
-    # than the recorded one (S33).
+    # than the recorded one, and campaigns stalled past `max_stall_seconds` (S33).
     unserved_projectors: list[str]
+    stalled_campaigns: int | None
+    max_stall_seconds: float
     reasons: list[str]
 
 
@@ -179,6 +184,7 @@ async def outbox_report(
     park: bool = False,
     resolved_mode: str | None = None,
     payload: bool = False,
+    ordered: bool = True,
 ) -> Report:
     """Counts, the oldest claimable row, blocked campaigns, parked rows (under `park`), leases,
     the workers (live or stale), then rows (`payload`: with their events' payloads).
@@ -207,6 +213,7 @@ async def outbox_report(
         builds = await list_builds(conn) if campaign_id is None else []
         snapshot = await horizon_holder(conn)
         serving = served(await list_known(conn), workers) if campaign_id is None else []
+        stalled = await stalled_campaigns(conn, ordered=ordered) if campaign_id is None else []
     summary = Summary(
         campaign_id,
         counts,
@@ -224,6 +231,7 @@ async def outbox_report(
         builds,
         snapshot,
         serving,
+        stalled,
     )
     return Report(status, limit, summary, rows)
 
@@ -245,6 +253,8 @@ async def health(
     park: bool = False,
     projector: str | None = None,
     max_lag: float = 60.0,
+    max_stall: float = STALL_AFTER,
+    ordered: bool = True,
 ) -> Health:
     """Healthy when migrations are current, at most `max_dead` rows are dead, at most
     `max_blocked` campaigns are blocked behind a failed or dead head (under `park` dead rows
@@ -267,12 +277,15 @@ async def health(
         migrations = "not current"
         reasons.append(str(exc))
     age: float | None = None
-    dead = blocked = None
+    dead = blocked = stalls = None
     if migrations == "current":
         async with db.acquire(executor) as conn:
             oldest = await inspect.oldest_claimable(conn, park=park)
             dead = await inspect.count_dead(conn)
             first, blocked = await inspect.blocked_campaigns(conn, park=park, limit=1)
+            stalled = await stalled_campaigns(conn, after=max_stall, ordered=ordered)
+        if stalls := len(stalled):
+            reasons.append(f"{stalls} stalled campaign(s) (oldest: {stalled[0].describe()})")
         if dead > max_dead:
             reasons.append(f"{dead} dead row(s), over {max_dead}")
         if blocked > max_blocked:
@@ -292,7 +305,7 @@ async def health(
     judged = None
     unserved: list[str] = []
     if migrations == "current":
-        unserved = await _unserved(executor, reasons, projector)
+        unserved = await unserved_projectors(executor, reasons, projector)
     if projector is not None and migrations == "current":
         judged = await _projector_health(executor, projector, max_lag, max_dead, reasons)
     return Health(
@@ -307,29 +320,10 @@ async def health(
         max_blocked,
         judged,
         unserved,
+        stalls,
+        max_stall,
         reasons,
     )
-
-
-async def _unserved(
-    executor: Executor, reasons: list[str], projector: str | None = None
-) -> list[str]:
-    """The projectors owed work (a hold, a work row of their types) that no live worker runs,
-    or that one runs under another definition than the recorded one (S33), each with its
-    reason; an idle store, or a projector paused, raises no alarm. `projector`: that one alone
-    is judged (the others are not its health)."""
-    found: list[str] = []
-    async with db.acquire(executor) as conn:
-        known = {k.projector: k for k in await list_known(conn)}
-        for service in served(list(known.values()), await listed_workers(conn)):
-            problems = service.problems()
-            if not problems or service.paused or projector not in (None, service.projector):
-                continue
-            if not await projector_owed(conn, service.projector, known[service.projector].events):
-                continue
-            found.append(service.projector)
-            reasons.extend(problems)
-    return found
 
 
 async def _projector_health(

@@ -5,7 +5,8 @@ another definition than the recorded one.
 Each apply worker registers the projectors it runs with their fingerprints, and drops from that
 list, at its next heartbeat, a projector an operator redefined since it started. A worker of a
 release before definitions registers none: what it runs is unknown, and a projector is then
-never said to have no worker. No I/O happens here.
+never said to have no worker. `served` does no I/O; `unserved_projectors` reads the record,
+the workers and whether each projector is owed work.
 """
 
 from __future__ import annotations
@@ -13,13 +14,19 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from outbox import db
+from outbox.projection.known import list_known
+from outbox.queue.holds import projector_owed
+from outbox.worker.registration import listed_workers
+
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
+    from outbox.db import Executor
     from outbox.projection.known import KnownProjector
     from outbox.worker.registration import ListedWorker
 
-__all__ = ["ProjectorService", "served"]
+__all__ = ["ProjectorService", "served", "unserved_projectors"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,4 +83,25 @@ def served(
         same = sum(1 for _, f in running if k.fingerprint is None or f == k.fingerprint)
         other = [f"{w} {f}" for w, f in running if k.fingerprint is not None and f != k.fingerprint]
         found.append(ProjectorService(k.projector, k.fingerprint, k.paused, same, unknown, other))
+    return found
+
+
+async def unserved_projectors(
+    executor: Executor, reasons: list[str], projector: str | None = None
+) -> list[str]:
+    """The projectors owed work (a hold, a work row of their types) that no live worker runs,
+    or that one runs under another definition than the recorded one, each with its reason
+    added to `reasons`; an idle store, or a projector paused, raises no alarm. `projector`:
+    that one alone is judged (the others are not its health)."""
+    found: list[str] = []
+    async with db.acquire(executor) as conn:
+        known = {k.projector: k for k in await list_known(conn)}
+        for service in served(list(known.values()), await listed_workers(conn)):
+            problems = service.problems()
+            if not problems or service.paused or projector not in (None, service.projector):
+                continue
+            if not await projector_owed(conn, service.projector, known[service.projector].events):
+                continue
+            found.append(service.projector)
+            reasons.extend(problems)
     return found

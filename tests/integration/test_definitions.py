@@ -11,14 +11,17 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import httpx
 import orjson
 import pytest
 
 from helpers import ADD, SUMS, Clock, run_cli, sums
 from outbox import Event, Settings, append, db
+from outbox.console import create_app
 from outbox.errors import ConfigError, NotFound
 from outbox.model import EventBatch, StoredEvent
 from outbox.ops.pause import pause_projector, resume_projector
+from outbox.ops.reconcile import reconcile
 from outbox.ops.redefine import redefine_projector
 from outbox.ops.report import health, outbox_report
 from outbox.ops.retire import list_projectors
@@ -326,3 +329,42 @@ async def test_an_embedded_worker_with_a_changed_definition_raises_the_drift(
     with pytest.raises(DefinitionDrift, match="ordered true -> false"):
         async with running_worker(roster_app(dsn, ordered=False), pool):
             pytest.fail("a drifted worker never runs")
+
+
+async def test_a_stalled_campaign_is_named_until_it_is_repaired(pool: db.Pool, dsn: str) -> None:
+    """A campaign whose due head no claim can take (its campaign row lost: a tool wrote around
+    the append) is named by health, the report and the console; reconcile repairs it."""
+    expected: Counter[str] = Counter()
+    app = roster_app(dsn)
+    await drain_now(app, pool)
+    for p in await list_projectors(pool):  # live workers run both: nothing else to say
+        await Registration(
+            pool, f"w-{p.projector}", "apply", 1, {p.projector: str(p.fingerprint)}
+        ).register()
+    await add_events(pool, dsn, expected, 1)
+    await pool.execute("DELETE FROM outbox.projection_apply_campaigns WHERE campaign_id = 'd-0'")
+    await pool.execute(
+        "UPDATE outbox.projection_apply_outbox "
+        "SET next_attempt_at = next_attempt_at - interval '2 minutes' WHERE campaign_id = 'd-0'"
+    )
+    await Worker(app, pool).drain()  # the others apply; d-0 waits, unseen by the claim
+    judged = await health(pool)
+    assert judged.stalled_campaigns == 1
+    [reason] = judged.reasons
+    assert reason.startswith("1 stalled campaign(s) (oldest: campaign 'd-0' is stalled: seq 1 ")
+    assert reason.endswith(
+        "no claim can take it: it has no campaign row (maintenance reconcile gives it one))"
+    )
+    assert (await health(pool, max_stall=600)).healthy  # not due long enough for that bound
+    summary = (await outbox_report(pool)).summary
+    assert [(s.campaign_id, s.seq, s.campaign_due_at) for s in summary.stalled_campaigns] == [
+        ("d-0", 1, None)
+    ]
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=create_app(pool)), base_url="http://console"
+    ) as console:
+        assert 'data-stalled="d-0"' in (await console.get("/blocked")).text
+    await reconcile(pool, app.registry)
+    await Worker(app, pool).drain()
+    assert await sums(pool, "roster") == expected
+    assert (await health(pool)).healthy

@@ -166,6 +166,12 @@ async def test_each_role_does_its_job_and_no_more(
     assert await pool.fetchval("SELECT count(*) FROM outbox.projection_apply_outbox") == 0
     assert await pool.fetchval("SELECT min(applied_seq) FROM outbox.projection_checkpoints") == 2
     assert run_cli("maintenance", "cleanup", dsn=roles["outbox_operator"]).returncode == 0
+    # ... and records a projector's definition in place (S33), audited.
+    redefined = run_cli(
+        "maintenance", "projector-redefine", "roster", "--app", "campaigns_demo.app:app",
+        "--reason", "reviewed", dsn=roles["outbox_operator"],
+    )  # fmt: skip
+    assert redefined.returncode == 0, redefined.stderr
     operator = await asyncpg.connect(roles["outbox_operator"])
     try:
         for forbidden in (
