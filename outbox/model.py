@@ -216,7 +216,8 @@ class BatchCounts:
     leased: int = 0  # lease mode: rows leased to non-transactional projectors
     reclaimed: int = 0  # ... of which were taken back from an expired lease
     fenced: int = 0  # leases this worker lost before it could end them
-    paused: int = 0  # due work left for a paused projector, or one this worker lacks (S24)
+    paused: int = 0  # due work left for a paused projector (S24)
+    elsewhere: int = 0  # ... for a projector the database knows and this worker lacks (S24)
     behind: int = 0  # rows left while an ordered projector catches their campaign up (due)
     held: int = 0  # events no projector ran: those that owe them are held (S24)
 

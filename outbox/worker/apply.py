@@ -54,7 +54,7 @@ class Apply:
         # batch waits in holds, as does the share of a projector the database knows and this
         # worker's code lacks (a rolling deploy).
         registry = in_force.projectors
-        away = [Away(n, registry[n].events, registry[n].ordered) for n in sorted(stopping)]
+        away = [Away(n, registry[n].events, registry[n].ordered, True) for n in sorted(stopping)]
         if campaigns:
             away += [
                 Away(k.projector, frozenset(k.events), k.ordered)
@@ -133,6 +133,7 @@ class Apply:
         )
         counts.more_due, after.ages = settled.due, settled.ages
         counts.paused += tracks.waiting
+        counts.elsewhere += tracks.elsewhere
         return counts
 
 

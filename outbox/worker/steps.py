@@ -35,9 +35,11 @@ def next_step(
     `took_all`: the worker's last claim took all it could (an ordered claim that met its
     campaign limit leaves more due); `until_idle`: the service is a drain, which
     ends at the first claim that finds nothing (with `wait_out_backoff`, once nothing left can
-    come due by itself: a paused projector's events never do)."""
+    come due by itself: a paused projector's events never do, nor those of a projector that
+    other workers run)."""
     if not (counts.claimed or counts.more_due) and took_all and until_idle:
-        return Step.DUE if wait_out_backoff and not counts.paused else Step.END
+        waiting = counts.paused or counts.elsewhere
+        return Step.DUE if wait_out_backoff and not waiting else Step.END
     if counts.claimed >= batch_size or not took_all:
         return Step.CLAIM  # a full batch, or a claim that met its campaign limit
     if counts.more_due:

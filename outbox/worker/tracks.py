@@ -31,6 +31,7 @@ class Away:
     name: str
     events: frozenset[str]
     ordered: bool
+    paused: bool = False  # else absent from this worker's code
 
 
 @dataclass
@@ -50,9 +51,10 @@ class Tracks:
     found: dict[HoldKey, Hold] = field(default_factory=dict)
     released: set[HoldKey] = field(default_factory=set)
     placed: dict[HoldKey, HoldWrite] = field(default_factory=dict)
-    # Holds left (or placed) for a projector paused or not in this worker's code: a drain
-    # ends rather than wait for them.
+    # Holds left (or placed) for a paused projector, and for one not in this worker's code
+    # (another worker's): a drain ends rather than wait for them.
     waiting: int = 0
+    elsewhere: int = 0
 
     def read(
         self,
@@ -89,7 +91,7 @@ class Tracks:
                 retry = due and p is not None and hold.projector not in paused
                 if due and not retry:  # paused or absent: looked at again later
                     self._keep(cid, hold, self.poll_interval)
-                    self.waiting += 1
+                    self._count(hold.projector in paused)
                 if ordered:
                     if retry and go_on:
                         self.tails.setdefault(cid, set()).add(hold.projector)
@@ -122,11 +124,18 @@ class Tracks:
                     if (cid, name) not in self.skips.stopped:
                         self.skips.stop(cid, name, row.seq)
                         self._place(cid, name, row.seq, "pending", 0, None, False, wait)
-                        self.waiting += 1
+                        self._count(p.paused)
                 else:
                     self.skips.held.add((cid, row.seq, name))
                     self._place(cid, name, row.seq, "pending", 0, None, True, wait)
-                    self.waiting += 1
+                    self._count(p.paused)
+
+    def _count(self, paused: bool) -> None:
+        """One hold left waiting: for a paused projector, or for one another worker runs."""
+        if paused:
+            self.waiting += 1
+        else:
+            self.elsewhere += 1
 
     def defer(self, row: ClaimedRow, names: Sequence[str]) -> None:
         """The lease-mode projectors `names` of a row that is not leased now (a subscriber of

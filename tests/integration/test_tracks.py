@@ -311,6 +311,8 @@ async def test_a_rolling_deploy_never_completes_a_new_projectors_share_on_the_ol
         assert await sums(pool, "roster") == expected - Counter({c: 30 for c in CAMPAIGNS[:4]})
         counts = await worker.drain()
     assert (counts.held, counts.applied) == (0, 4)  # `roster` applied them
+    # What it left is counted as another worker's, not as paused: nothing is paused.
+    assert (counts.paused, counts.elsewhere) == (0, 8)
     assert await sums(pool, "roster") == expected
     assert await sums(pool, "stats") == Counter()
     # What `stats` and `audit` owe waits for a worker that runs them.
