@@ -58,8 +58,8 @@ def outbox_app(
 
 def __getattr__(name: str) -> Outbox:
     """`batch_app`, `per_event_app`, `statement_app`, `sql_app`, `visible`, `visible_sql`,
-    `isolated`, `catching_up` (built
-    on first use: the settings come from the environment the worker process was started with)."""
+    `mixed_sql`, `isolated`, `catching_up` (built on first use: the settings come from the
+    environment the worker process was started with)."""
     kinds = {
         "batch_app": "batch",
         "per_event_app": "per-event",
@@ -72,6 +72,8 @@ def __getattr__(name: str) -> Outbox:
         return visible_app()
     if name == "visible_sql":
         return visible_sql_app()
+    if name == "mixed_sql":
+        return mixed_sql_app()
     if name == "isolated":
         return isolated_app()
     if name == "catching_up":
@@ -118,6 +120,31 @@ def visible_sql_app(settings: Settings | None = None) -> Outbox:
     """`visible_app` with its projector in SQL (`bench_visible_mark`, VISIBLE's function)."""
     app = Outbox(settings)
     app.sql_projector("visible", events=[EVENT_TYPE], function="public.bench_visible_mark")
+    return app
+
+
+# bench/mixed_fleet.py: a SQL projector of its own (`visible_sql`) beside `visible`, run by a
+# worker of its own, as a team with a Python service and a SQL one deploys them.
+MIXED = """
+CREATE TABLE IF NOT EXISTS bench_visible_sql (
+    campaign_id text NOT NULL,
+    seq         bigint NOT NULL,
+    PRIMARY KEY (campaign_id, seq)
+);
+CREATE OR REPLACE FUNCTION public.bench_visible_sql_mark(events jsonb) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO public.bench_visible_sql (campaign_id, seq)
+    SELECT e->>'campaign_id', (e->>'seq')::bigint FROM jsonb_array_elements(events) AS e;
+END
+$$;
+"""
+
+
+def mixed_sql_app(settings: Settings | None = None) -> Outbox:
+    """`visible_sql`: one row per applied event in `bench_visible_sql`, in SQL."""
+    app = Outbox(settings)
+    app.sql_projector("visible_sql", events=[EVENT_TYPE], function="public.bench_visible_sql_mark")
     return app
 
 

@@ -102,12 +102,15 @@ WHERE coalesce(p.relname, c.relname) = ANY ($1::text[]) AND c.relkind = 'r'
   AND c.relnamespace = 'outbox'::regnamespace
 GROUP BY 1
 """
-# The outbox's campaign-keyed tables, emptied before each case with the bench's projection.
+# The outbox's campaign-keyed tables, emptied before each case with the bench's projection, and
+# the projectors recorded: each case starts from nothing, its projector (another kind under
+# the same name) recorded afresh (S33).
 OUTBOX_TABLES = (
     "outbox.event_journal, outbox.campaign_head_keys, outbox.projection_apply_outbox,"
     " outbox.projection_apply_campaigns, outbox.projection_checkpoint_keys,"
     " outbox.projection_checkpoint_moves,"
-    " outbox.processed_markers, outbox.append_idempotency_keys"
+    " outbox.processed_markers, outbox.append_idempotency_keys,"
+    " outbox.outbox_projectors, outbox.outbox_projector_live"
 )
 CLEAR = f"TRUNCATE {OUTBOX_TABLES}, bench_totals"
 

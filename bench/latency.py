@@ -29,10 +29,11 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 
 import asyncpg
-from _apps import VISIBLE
+from _apps import VISIBLE, visible_sql_app
 from _support import EVENT_TYPE, bench_database, percentiles, print_json
 
 from outbox import Event, Settings, append, wait_applied
+from outbox.ops.redefine import redefine_projector
 
 HERE = Path(__file__).resolve().parent
 WORKER = Path(sys.executable).parent / "outbox-worker"
@@ -151,8 +152,13 @@ async def main(rate: int, seconds: float) -> None:
                     waited.append((campaign, result.last_seq, time.time()))
                 return result
 
-            # The Python batch projector, then the same projection as a SQL projector.
+            # The Python batch projector, then the same projection as a SQL projector: a change
+            # of kind, safe in place, recorded by the operator's command (S33).
             for name, app in (("outbox", "_apps:visible"), ("outbox_sql", "_apps:visible_sql")):
+                if name == "outbox_sql":
+                    await redefine_projector(
+                        pool, "visible", registry=visible_sql_app().registry, reason="bench"
+                    )
                 await conn.execute("TRUNCATE bench_visible")
                 waited.clear()
                 worker = start([str(WORKER), "--app", app, "--concurrency", "2"], dsn)
