@@ -85,20 +85,26 @@ def __getattr__(name: str) -> Outbox:
     raise AttributeError(name)
 
 
-VISIBLE = """
-CREATE TABLE IF NOT EXISTS bench_visible (
+def marked_table(table: str) -> str:
+    """`table` (a row per applied event) and `public.<table>_mark(events jsonb)`, a SQL
+    projector's function filling it."""
+    return f"""
+CREATE TABLE IF NOT EXISTS {table} (
     campaign_id text NOT NULL,
     seq         bigint NOT NULL,
     PRIMARY KEY (campaign_id, seq)
 );
-CREATE OR REPLACE FUNCTION public.bench_visible_mark(events jsonb) RETURNS void
+CREATE OR REPLACE FUNCTION public.{table}_mark(events jsonb) RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
-    INSERT INTO public.bench_visible (campaign_id, seq)
+    INSERT INTO public.{table} (campaign_id, seq)
     SELECT e->>'campaign_id', (e->>'seq')::bigint FROM jsonb_array_elements(events) AS e;
 END
 $$;
 """
+
+
+VISIBLE = marked_table("bench_visible")
 MARK_VISIBLE = """
 INSERT INTO bench_visible (campaign_id, seq)
 SELECT * FROM unnest($1::text[], $2::bigint[])
@@ -125,20 +131,7 @@ def visible_sql_app(settings: Settings | None = None) -> Outbox:
 
 # bench/mixed_fleet.py: a SQL projector of its own (`visible_sql`) beside `visible`, run by a
 # worker of its own, as a team with a Python service and a SQL one deploys them.
-MIXED = """
-CREATE TABLE IF NOT EXISTS bench_visible_sql (
-    campaign_id text NOT NULL,
-    seq         bigint NOT NULL,
-    PRIMARY KEY (campaign_id, seq)
-);
-CREATE OR REPLACE FUNCTION public.bench_visible_sql_mark(events jsonb) RETURNS void
-LANGUAGE plpgsql AS $$
-BEGIN
-    INSERT INTO public.bench_visible_sql (campaign_id, seq)
-    SELECT e->>'campaign_id', (e->>'seq')::bigint FROM jsonb_array_elements(events) AS e;
-END
-$$;
-"""
+MIXED = marked_table("bench_visible_sql")
 
 
 def mixed_sql_app(settings: Settings | None = None) -> Outbox:
