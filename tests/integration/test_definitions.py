@@ -345,7 +345,7 @@ async def test_a_stalled_campaign_is_named_until_it_is_repaired(pool: db.Pool, d
     await pool.execute("DELETE FROM outbox.projection_apply_campaigns WHERE campaign_id = 'd-0'")
     await pool.execute(
         "UPDATE outbox.projection_apply_outbox "
-        "SET next_attempt_at = next_attempt_at - interval '2 minutes' WHERE campaign_id = 'd-0'"
+        "SET next_attempt_at = now() - interval '2 minutes' WHERE campaign_id = 'd-0'"
     )
     await Worker(app, pool).drain()  # the others apply; d-0 waits, unseen by the claim
     judged = await health(pool)
