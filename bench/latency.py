@@ -32,7 +32,7 @@ import asyncpg
 from _apps import VISIBLE, visible_sql_app
 from _support import EVENT_TYPE, bench_database, percentiles, print_json
 
-from outbox import Event, Settings, append, wait_applied
+from outbox import Event, Settings, append, db, wait_applied
 from outbox.ops.redefine import redefine_projector
 
 HERE = Path(__file__).resolve().parent
@@ -156,9 +156,13 @@ async def main(rate: int, seconds: float) -> None:
             # of kind, safe in place, recorded by the operator's command (S33).
             for name, app in (("outbox", "_apps:visible"), ("outbox_sql", "_apps:visible_sql")):
                 if name == "outbox_sql":
-                    await redefine_projector(
-                        pool, "visible", registry=visible_sql_app().registry, reason="bench"
-                    )
+                    operator = await db.connect(dsn)  # the operations take outbox's codecs
+                    try:
+                        await redefine_projector(
+                            operator, "visible", registry=visible_sql_app().registry, reason="bench"
+                        )
+                    finally:
+                        await operator.close()
                 await conn.execute("TRUNCATE bench_visible")
                 waited.clear()
                 worker = start([str(WORKER), "--app", app, "--concurrency", "2"], dsn)
