@@ -33,13 +33,21 @@ SELECT extract(
 )::float8
 FROM {table} v JOIN outbox.event_journal j USING (campaign_id, seq)
 """
+# Holds written (S24): each is a projector's share of a row that a worker of the other
+# projector claimed and left; read once the workers have exited (their statistics flushed).
+HOLDS_WRITTEN = """
+SELECT n_tup_ins FROM pg_stat_user_tables
+WHERE schemaname = 'outbox' AND relname = 'projection_holds'
+"""
 TABLES = {"visible": "bench_visible", "visible_sql": "bench_visible_sql"}
 APPS = {"visible": "_apps:visible", "visible_sql": "_apps:mixed_sql"}
 
 
-async def run(rate: int, seconds: float, projectors: list[str]) -> dict[str, dict[str, float]]:
+async def run(
+    rate: int, seconds: float, projectors: list[str]
+) -> tuple[dict[str, dict[str, float]], float]:
     """`projectors` each on a worker of its own (2 loops) under the paced appends; each one's
-    latency."""
+    latency, and the holds written per event appended."""
     total = int(rate * seconds)
     async with bench_database(commit_timestamps=True) as dsn:
         conn = await asyncpg.connect(dsn)
@@ -60,10 +68,16 @@ async def run(rate: int, seconds: float, projectors: list[str]) -> dict[str, dic
             await paced(rate, seconds, send)
             for p in projectors:
                 await wait_until(conn, f"SELECT count(*) FROM {TABLES[p]}", total, 120)
-            return {
+            figures = {
                 p: percentiles([r[0] for r in await conn.fetch(LATENCY.format(table=TABLES[p]))])
                 for p in projectors
             }
+            for worker in workers:
+                stop(worker)
+            workers.clear()
+            await conn.execute("SELECT pg_stat_clear_snapshot()")
+            holds = await conn.fetchval(HOLDS_WRITTEN)
+            return figures, holds / total
         finally:
             for worker in workers:
                 stop(worker)
@@ -72,8 +86,8 @@ async def run(rate: int, seconds: float, projectors: list[str]) -> dict[str, dic
 
 
 async def main(rate: int, seconds: float) -> None:
-    alone = {p: (await run(rate, seconds, [p]))[p] for p in TABLES}
-    mixed = await run(rate, seconds, list(TABLES))
+    alone = {p: (await run(rate, seconds, [p]))[0][p] for p in TABLES}
+    mixed, holds = await run(rate, seconds, list(TABLES))
     print(f"mixed fleet: append commit -> applied at {rate} events/s for {seconds:g}s, durable")
     ratios = {}
     for p in TABLES:
@@ -84,9 +98,17 @@ async def main(rate: int, seconds: float) -> None:
             )
         ratios[p] = mixed[p]["p50_ms"] / alone[p]["p50_ms"]
         print(f"  {p:<12} mixed/alone p50 {ratios[p]:5.2f}x (bar: 1.5x)")
+    print(f"  holds written in the mixed fleet: {holds:.2f} per event appended")
     print_json(
         "mixed_fleet",
-        {"rate": rate, "seconds": seconds, "alone": alone, "mixed": mixed, "p50_ratio": ratios},
+        {
+            "rate": rate,
+            "seconds": seconds,
+            "alone": alone,
+            "mixed": mixed,
+            "p50_ratio": ratios,
+            "holds_per_event": holds,
+        },
     )
 
 
