@@ -60,6 +60,14 @@ def console_command(
             help="Serve a non-loopback address without authentication (read-only only).",
         ),
     ] = False,
+    forwarded_allow_ips: Annotated[
+        str | None,
+        typer.Option(
+            "--forwarded-allow-ips",
+            help="Proxies (addresses or networks, comma-separated) whose X-Forwarded-For names "
+            "the client; without it the client is the peer that connected.",
+        ),
+    ] = None,
 ) -> None:
     """Serve the web console until interrupted: the queue, live; read-only unless
     --allow-actions (with --app, discards too). Every page needs basic auth when
@@ -72,6 +80,7 @@ def console_command(
     try:
         from outbox.console import serve
         from outbox.console.security import basic_auth_from_env, configured_auth
+        from outbox.console.serve import trusted_proxies
         from outbox.console.state import hide_payload
     except ImportError as exc:
         raise UsageError(
@@ -80,6 +89,7 @@ def console_command(
         ) from None
 
     auth = basic_auth_from_env() if allow_actions else configured_auth()  # refused early
+    proxies = None if forwarded_allow_ips is None else trusted_proxies(forwarded_allow_ips)
 
     async def body() -> None:
         await serve(
@@ -94,6 +104,7 @@ def console_command(
             announce=stderr.print,
             redact=hide_payload if redact_payloads else None,
             insecure_no_auth=insecure_no_auth,
+            forwarded_allow_ips=proxies,
         )
 
     run(body)

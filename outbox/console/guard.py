@@ -8,7 +8,8 @@
   request without an actor gets 401;
 - a POST must come from the console's own pages: a browser's `Sec-Fetch-Site` must say
   `same-origin`, else its `Origin` (or `Referer`) must name the console's host (or the
-  configured `origin`); a request with none of them is not a browser's, so not a forgery;
+  configured `origin`); a request that carries none of the three is refused too (a browser
+  that strips them all, behind a privacy proxy, cannot be told from a forgery);
 - each browser gets a console session (an HttpOnly, SameSite=Strict cookie) that the CSRF
   tokens are bound to;
 - every response carries `HEADERS` (a CSP with no inline script and no framing, nosniff, no
@@ -135,17 +136,24 @@ class Guard(BaseHTTPMiddleware):
                 return refused
             self.throttle.succeeded(client)
             request.state.actor = actor
-        if request.method not in ("GET", "HEAD", "OPTIONS") and not self._same_origin(request):
-            return _refuse(403, "cross-origin request refused: post from the console's own pages")
+        if request.method not in ("GET", "HEAD", "OPTIONS"):
+            if not any(h in request.headers for h in ("sec-fetch-site", "origin", "referer")):
+                return _refuse(
+                    403,
+                    "request refused: it carries no Sec-Fetch-Site, Origin or Referer, "
+                    "so it cannot be told from a forgery: post from the console's own pages",
+                )
+            if not self._same_origin(request):
+                return _refuse(
+                    403, "cross-origin request refused: post from the console's own pages"
+                )
         return None
 
     def _same_origin(self, request: Request) -> bool:
         site = request.headers.get("sec-fetch-site")
         if site is not None:
             return site == "same-origin"
-        named = request.headers.get("origin") or request.headers.get("referer")
-        if named is None:
-            return True  # no browser sent this: nothing to forge
+        named = request.headers.get("origin") or request.headers.get("referer") or "null"
         if self.origin is not None:
             parts = urlsplit(named)
             return f"{parts.scheme}://{parts.netloc}" == self.origin

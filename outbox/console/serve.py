@@ -6,8 +6,10 @@ address first (a taken port is one line before anything else happens), open a sm
 its own, check the schema, then serve `create_app` with uvicorn (no lifespan, no access log of
 uvicorn's: the console's own, one JSON object per request, goes to stdout), under `base_path`
 when given. On loopback only loopback Host names are served (a page of another site that
-rebinds its name to 127.0.0.1 gets 400). The pool closes and the socket is released when
-serving ends.
+rebinds its name to 127.0.0.1 gets 400). A request's client is the peer that connected:
+`X-Forwarded-For` is believed only from the proxies `forwarded_allow_ips` names (the login
+throttle and the access log key on the client, so a header anyone can send must not choose
+it). The pool closes and the socket is released when serving ends.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from outbox.errors import UsageError
 from outbox.projection.app import Outbox
 from outbox.schema import check_current
 
-__all__ = ["is_loopback", "serve"]
+__all__ = ["is_loopback", "serve", "trusted_proxies"]
 
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1", "[::1]")
 
@@ -45,6 +47,23 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def trusted_proxies(value: str) -> str:
+    """`--forwarded-allow-ips` checked: addresses or networks, comma-separated, or `*` (any
+    peer: only behind a proxy that every request passes). UsageError naming a bad item."""
+    items = [item.strip() for item in value.split(",")]
+    for item in items:
+        if item == "*":
+            continue
+        try:
+            ipaddress.ip_network(item, strict=False)
+        except ValueError:
+            raise UsageError(
+                f"--forwarded-allow-ips: {item!r} is not an address or a network "
+                "(expected e.g. 10.0.0.5,10.1.0.0/16 or *)"
+            ) from None
+    return ",".join(items)
 
 
 def _stdout_line(entry: Mapping[str, Any]) -> None:
@@ -65,12 +84,15 @@ async def serve(
     announce: Callable[[str], None] | None = None,
     redact: Redact | None = None,
     insecure_no_auth: bool = False,
+    forwarded_allow_ips: str | None = None,
 ) -> None:
     """Serve the console for `settings.dsn` on `host`:`port` (0: any free one) under
     `base_path` ('' or '/a/b') until cancelled; `announce` receives the one line saying where
     (and in which mode) it serves. `auth` defaults to basic auth from the environment when
-    set. UsageError when the address cannot be bound, or is not loopback and nothing
+    set. `forwarded_allow_ips`: the proxies whose `X-Forwarded-For` names the client (none
+    by default). UsageError when the address cannot be bound, or is not loopback and nothing
     authenticates (unless `insecure_no_auth`)."""
+    proxies = None if forwarded_allow_ips is None else trusted_proxies(forwarded_allow_ips)
     if not settings.dsn:
         raise UsageError("no database given: pass --dsn or set OUTBOX_DSN")
     if auth is None:
@@ -104,7 +126,14 @@ async def serve(
             access_log=_stdout_line,
         )
         served = Starlette(routes=[Mount(base_path, app=console)]) if base_path else console
-        config = uvicorn.Config(served, lifespan="off", log_config=None, access_log=False)
+        config = uvicorn.Config(
+            served,
+            lifespan="off",
+            log_config=None,
+            access_log=False,
+            proxy_headers=proxies is not None,
+            forwarded_allow_ips=proxies,
+        )
         if announce is not None:
             bound = listener.getsockname()[1]
             mode = "actions enabled" if actions else "read-only"

@@ -107,7 +107,8 @@ async def test_counts_stop_at_their_bound(pool: db.Pool, settings: Settings) -> 
 async def test_the_console_is_read_only(console: httpx.AsyncClient) -> None:
     for path in ("/", "/fragments/overview", "/api/overview"):
         for method in ("POST", "PUT", "DELETE"):
-            assert (await console.request(method, path)).status_code == 405
+            sent = await console.request(method, path, headers={"sec-fetch-site": "same-origin"})
+            assert sent.status_code == 405  # even from its own pages: nothing takes a write
 
 
 async def test_a_failed_read_keeps_the_last_figures_and_says_why(
@@ -149,6 +150,67 @@ def test_maintenance_console_serves_under_its_base_path(dsn: str) -> None:
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+@pytest.mark.parametrize("trusted", [False, True], ids=["peer", "behind-a-trusted-proxy"])
+def test_the_login_throttle_keys_on_the_peer_unless_a_proxy_is_trusted(
+    dsn: str, trusted: bool
+) -> None:
+    """Seven wrong passwords from one peer, each claiming another X-Forwarded-For: the peer is
+    throttled (429 past five) and the access log names it, not the claimed addresses, unless
+    `--forwarded-allow-ips` names the peer as a proxy: then each address counts on its own."""
+    proxies = ["--forwarded-allow-ips", "127.0.0.1"] if trusted else []
+    env = {
+        "OUTBOX_DSN": dsn,
+        "OUTBOX_CONSOLE_USER": "ops",
+        "OUTBOX_CONSOLE_PASSWORD": "s3cret",
+        "PATH": "/usr/bin:/bin",
+    }
+    proc = subprocess.Popen(
+        [str(BIN / "maintenance"), "console", "--port", "0", *proxies],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stderr is not None
+        url = proc.stderr.readline().split()[1]  # printed once it listens
+        statuses = [
+            httpx.get(
+                url + "api/system",
+                auth=("ops", "guess"),
+                headers={"x-forwarded-for": f"203.0.113.{i}"},
+                timeout=30,
+            ).status_code
+            for i in range(7)
+        ]
+    finally:
+        proc.terminate()
+        out, _ = proc.communicate(timeout=30)
+    clients = {orjson.loads(line)["client"] for line in out.splitlines()}
+    if trusted:
+        assert statuses == [401] * 7
+        assert clients == {f"203.0.113.{i}" for i in range(7)}
+    else:
+        assert statuses == [401] * 5 + [429] * 2
+        assert clients == {"127.0.0.1"}
+
+
+def test_a_bad_forwarded_allow_ips_is_refused_in_one_line() -> None:
+    proc = subprocess.run(
+        [str(BIN / "maintenance"), "console", "--forwarded-allow-ips", "10.0.0.1,proxy"],
+        env={"OUTBOX_DSN": "postgresql://op:CANARY@127.0.0.1:1/none", "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        "maintenance: error: --forwarded-allow-ips: 'proxy' is not an address or a network "
+        "(expected e.g. 10.0.0.5,10.1.0.0/16 or *)"
+    ]
 
 
 @pytest.mark.parametrize(

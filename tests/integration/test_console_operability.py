@@ -24,7 +24,7 @@ def client(app: object) -> httpx.AsyncClient:
     return httpx.AsyncClient(
         transport=httpx.ASGITransport(app=app),  # type: ignore[arg-type]
         base_url="http://console",
-        headers={"Authorization": f"Basic {token}"},
+        headers={"Authorization": f"Basic {token}", "sec-fetch-site": "same-origin"},
     )
 
 

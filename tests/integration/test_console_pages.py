@@ -49,8 +49,14 @@ def shop(dsn: str) -> Outbox:
 
 
 def client(app: object) -> httpx.AsyncClient:
+    """A browser on the console's pages: its posts say so (Sec-Fetch-Site)."""
     transport = httpx.ASGITransport(app=app)  # type: ignore[arg-type]
-    return httpx.AsyncClient(transport=transport, base_url="http://console", follow_redirects=True)
+    return httpx.AsyncClient(
+        transport=transport,
+        base_url="http://console",
+        follow_redirects=True,
+        headers={"sec-fetch-site": "same-origin"},
+    )
 
 
 def login(user: str = USER, password: str = PASSWORD) -> dict[str, str]:

@@ -45,6 +45,7 @@ ROUTES = [
     "/fragments/live",
 ]
 CONTROLS = ["/actions/requeue", "/actions/discard", "/actions/pause", "/actions/resume"]
+BROWSER = {"sec-fetch-site": "same-origin"}  # what a browser sends from the console's pages
 
 
 def login(user: str = USER, password: str = PASSWORD) -> dict[str, str]:
@@ -148,15 +149,41 @@ async def test_a_post_from_another_origin_is_refused_whatever_it_carries(
     assert await seeded.fetchval("SELECT count(*) FROM outbox.outbox_requeue_audit") == 1
 
 
+async def test_a_post_that_names_no_origin_at_all_is_refused(seeded: db.Pool) -> None:
+    """A state-changing request with no Sec-Fetch-Site, Origin or Referer cannot be told from a
+    forgery (a browser behind a proxy that strips them, a script): refused, nothing written."""
+    app = create_app(seeded, actions=True, auth=basic_auth(USER, PASSWORD))
+    form = {"campaign_id": "c1", "seq": "1", "reason": "fixed"}
+    async with client(app, **login()) as operator:
+        form["csrf"] = csrf_of((await operator.get("/campaign", params={"id": "c1"})).text)
+        bare = await operator.post("/actions/requeue", data=form)
+        assert bare.status_code == 403
+        assert bare.text.startswith("request refused: it carries no Sec-Fetch-Site, Origin or")
+        assert (
+            await operator.post("/actions/requeue", data=form, headers={"origin": ""})
+        ).status_code == 403
+        assert await seeded.fetchval("SELECT count(*) FROM outbox.outbox_requeue_audit") == 0
+        # From the console's own page, an older browser: Origin names the console.
+        done = await operator.post(
+            "/actions/requeue", data=form, headers={"origin": "http://console"}
+        )
+        assert done.status_code == 200, done.text
+    assert await seeded.fetchval("SELECT count(*) FROM outbox.outbox_requeue_audit") == 1
+
+
 async def test_a_csrf_token_belongs_to_one_browser_session(seeded: db.Pool) -> None:
     app = create_app(seeded, actions=True, auth=basic_auth(USER, PASSWORD))
     form = {"campaign_id": "c1", "seq": "1"}
     async with client(app, **login()) as first, client(app, **login()) as second:
         token = csrf_of((await first.get("/campaign", params={"id": "c1"})).text)
         await second.get("/")  # a session of its own (its cookie)
-        stolen = await second.post("/actions/requeue", data={**form, "csrf": token})
+        stolen = await second.post(
+            "/actions/requeue", data={**form, "csrf": token}, headers=BROWSER
+        )
         assert stolen.status_code == 403
-        assert (await first.post("/actions/requeue", data={**form, "csrf": token})).is_success
+        assert "csrf" in stolen.text.lower() or "token" in stolen.text.lower(), stolen.text
+        mine = await first.post("/actions/requeue", data={**form, "csrf": token}, headers=BROWSER)
+        assert mine.is_success
     cookie = stolen.request.headers["cookie"]
     assert cookie.startswith("outbox_console_session=")
 
@@ -236,9 +263,13 @@ async def test_bad_parameters_get_400_and_change_nothing(seeded: db.Pool) -> Non
         assert (await operator.get("/campaign", params={"id": "x" * 3000})).status_code == 400
         token = csrf_of((await operator.get("/campaign", params={"id": "c1"})).text)
         long = {"projector": "p", "reason": "r" * (MAX_TEXT + 1), "csrf": token}
-        assert (await operator.post("/actions/pause", data=long)).status_code == 400
+        assert (
+            await operator.post("/actions/pause", data=long, headers=BROWSER)
+        ).status_code == 400
         body = {"projector": "p", "reason": "r" * 20_000, "csrf": token}
-        assert (await operator.post("/actions/pause", data=body)).status_code == 413
+        assert (
+            await operator.post("/actions/pause", data=body, headers=BROWSER)
+        ).status_code == 413
     assert await seeded.fetchval("SELECT count(*) FROM outbox.outbox_projector_pauses") == 0
 
 
