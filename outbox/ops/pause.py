@@ -2,8 +2,9 @@
 is being fixed (see `outbox.projection.pauses` for what appliers do with it).
 
 A pause records who and why; the events the projector subscribes to wait, consuming no
-attempt, and under campaign ordering so does the rest of their campaigns. Given the app
-(`registry`), the name is checked against its projectors, so a typo cannot pause nothing.
+attempt, and under campaign ordering so does the rest of their campaigns. The name is checked
+against the app's projectors when the app (`registry`) is given, else against the database's
+record, so a typo cannot pause nothing (NotFound).
 """
 
 from __future__ import annotations
@@ -11,9 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from outbox.errors import ValidationError
+from outbox.errors import NotFound, ValidationError
 from outbox.ops.requeue import current_actor
 from outbox.projection import pauses
+from outbox.projection.known import require_recorded
 from outbox.projection.pauses import Pause, PauseEntry
 
 if TYPE_CHECKING:
@@ -50,12 +52,19 @@ class Pauses:
     history: list[PauseEntry]
 
 
-def _check(projector: str, registry: Registry | None) -> None:
+async def _check(executor: Executor, projector: str, registry: Registry | None) -> None:
+    """A blank name is a ValidationError; a name neither the app given (`registry`) nor,
+    without one, the database knows (recorded, or paused now) is NotFound: a typo pauses
+    nothing. A projector not recorded yet is paused by naming the app that has it (before any
+    worker runs it)."""
     if not projector.strip():
         raise ValidationError("projector", "must not be empty")
-    if registry is not None and projector not in registry.projectors:
+    if registry is None:
+        if not any(p.projector == projector for p in await pauses.list_pauses(executor)):
+            await require_recorded(executor, projector)
+    elif projector not in registry.projectors:
         known = ", ".join(sorted(registry.projectors)) or "none"
-        raise ValidationError("projector", f"{projector!r} is not a projector of the app ({known})")
+        raise NotFound(f"projector {projector!r} is not a projector of the app ({known})")
 
 
 async def pause_projector(
@@ -66,7 +75,7 @@ async def pause_projector(
     actor: str | None = None,
     registry: Registry | None = None,
 ) -> Paused:
-    _check(projector, registry)
+    await _check(executor, projector, registry)
     actor = actor or current_actor()
     found, created = await pauses.pause(executor, projector, actor=actor, reason=reason)
     return Paused(projector, created, found)
@@ -80,7 +89,7 @@ async def resume_projector(
     actor: str | None = None,
     registry: Registry | None = None,
 ) -> Resumed:
-    _check(projector, registry)
+    await _check(executor, projector, registry)
     found = await pauses.resume(executor, projector, actor=actor or current_actor(), reason=reason)
     return Resumed(projector, found is not None, found)
 

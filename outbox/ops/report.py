@@ -13,10 +13,10 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 from outbox import db
-from outbox.errors import NotFound, SchemaNotReady, ValidationError
+from outbox.errors import SchemaNotReady, ValidationError
 from outbox.ops.serving import ProjectorService, served, unserved_projectors
 from outbox.projection.builds import Build, list_builds
-from outbox.projection.known import list_known
+from outbox.projection.known import list_known, require_recorded
 from outbox.projection.sweep import CatchUp, catch_ups
 from outbox.queue import inspect
 from outbox.queue.holds import ProjectorHolds, count_holds, projector_stall
@@ -334,12 +334,7 @@ async def _projector_health(
     no worker claimed; nothing due is no lag, so an idle store raises no alarm); unhealthy
     too when paused, or dead on more than `max_dead` events."""
     async with db.acquire(executor) as conn:
-        recorded = {k.projector: k for k in await list_known(conn)}
-        if name not in recorded:
-            raise NotFound(
-                f"projector {name!r} is not recorded (recorded: {', '.join(recorded) or 'none'})"
-            )
-        known = recorded[name]
+        known = await require_recorded(conn, name)
         lag = await projector_stall(conn, name, known.events)
         catching = any(
             c.projector == name and c.catching_up

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from outbox import db
 from outbox.errors import Conflict, ValidationError
 from outbox.ops.report import check_limit
+from outbox.projection.known import require_recorded
 from outbox.queue import repair
 from outbox.queue.claim import claim_one
 from outbox.queue.repair import DeadRow
@@ -73,6 +74,8 @@ async def requeue_one(
     the row's); NotFound, or Conflict when not dead (for that projector) or held by a
     batch."""
     async with db.acquire(executor) as conn:
+        if projector is not None:
+            await require_recorded(conn, projector)
         async with conn.transaction():
             row, _ = await claim_one(conn, campaign_id, seq, park=True)
             if row.status != "dead":
@@ -120,6 +123,8 @@ async def requeue_dead(
     actor = actor or current_actor()
     done: list[DeadRow] = []
     async with db.acquire(executor) as conn:
+        if projector is not None:
+            await require_recorded(conn, projector)
         if dry_run:
             rows = await repair.requeue_dead(
                 conn,

@@ -18,7 +18,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from outbox import db
-from outbox.errors import Conflict, NotFound, ValidationError
+from outbox.errors import Conflict, ValidationError
 from outbox.ops.requeue import current_actor
 from outbox.ops.versions import check_version
 from outbox.projection import known
@@ -74,11 +74,8 @@ async def retire_projector(
     check_retirement(projector, reason, version)
     key = projector if version is None else track_name(projector, version)
     async with db.acquire(executor) as conn, conn.transaction():
+        record = await known.require_recorded(conn, key)
         recorded = await known.list_known(conn)
-        record = next((k for k in recorded if k.projector == key), None)
-        if record is None:
-            names = ", ".join(k.projector for k in recorded) or "none"
-            raise NotFound(f"projector {key!r} is not recorded (recorded: {names})")
         _refuse(record, [k for k in recorded if k.base == record.base], registry)
         superseded = record.state == "superseded"
         retired = await known.retire(

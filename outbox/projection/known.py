@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from outbox import db
+from outbox.errors import NotFound
 from outbox.obs import log
 from outbox.projection.definition import (
     Change,
@@ -51,6 +52,7 @@ __all__ = [
     "owe_nothing",
     "record",
     "redefine",
+    "require_recorded",
     "retire",
 ]
 
@@ -216,6 +218,17 @@ async def redefine(
 async def list_known(executor: Executor) -> list[KnownProjector]:
     async with db.acquire(executor) as conn:
         return [_known(r) for r in await conn.fetch(Q.list_projectors)]
+
+
+async def require_recorded(executor: Executor, name: str) -> KnownProjector:
+    """The record of projector `name`; NotFound naming the recorded ones when the database
+    does not know it (a typo in an operator's command must not act on nothing)."""
+    recorded = await list_known(executor)
+    found = next((k for k in recorded if k.projector == name), None)
+    if found is None:
+        names = ", ".join(k.projector for k in recorded) or "none"
+        raise NotFound(f"projector {name!r} is not recorded (recorded: {names})")
+    return found
 
 
 async def retire(

@@ -132,11 +132,11 @@ def outputs(dsn: str) -> dict[str, Any]:
     )
     found["audit"] = run_json("audit", "--json", dsn=dsn)
     found["projector-pause"] = run_json(
-        "projector-pause", "--projector", "demo_roster", "--reason", "r", "--json", dsn=dsn
+        "projector-pause", "--projector", "roster", "--reason", "r", "--json", dsn=dsn
     )
     found["projector-pauses"] = run_json("projector-pauses", "--json", dsn=dsn)
     found["projector-resume"] = run_json(
-        "projector-resume", "--projector", "demo_roster", "--json", dsn=dsn
+        "projector-resume", "--projector", "roster", "--json", dsn=dsn
     )
     found["projectors"] = run_json("projectors", "--json", dsn=dsn)  # the drains recorded them
     found["projector-redefine"] = run_json(  # as recorded already: nothing changes

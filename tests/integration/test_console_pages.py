@@ -293,7 +293,7 @@ async def test_a_projector_is_paused_and_resumed_from_its_page(
     assert "<script>alert" not in listing
     assert ">resume</button>" in listing
     unknown = await operator.post("/actions/pause", data={"projector": "nope", "csrf": token})
-    assert unknown.status_code == 400
+    assert unknown.status_code == 404  # a typo pauses nothing
     resumed = await operator.post("/actions/resume", data={"projector": "totals", "csrf": token})
     assert "totals: resumed" in resumed.text
     assert await pool.fetchval("SELECT count(*) FROM outbox.outbox_projector_pauses") == 0

@@ -10,6 +10,7 @@ from outbox import Conflict, Event, NotFound, Settings, ValidationError, append,
 from outbox.model import StoredEvent
 from outbox.ops.discard import discard_one
 from outbox.projection.app import Outbox
+from outbox.projection.known import record
 from outbox.queue.repair import list_audit
 from outbox.worker.batch import Worker
 
@@ -84,6 +85,16 @@ async def test_a_discard_is_refused_without_changing_anything(pool: db.Pool, dsn
     await append(pool, "d", [Event("step", {})], settings=app.settings)
     with pytest.raises(Conflict, match="is pending, not dead"):
         await discard_one(pool, app.registry, "d", 1, reason="r")
+    with pytest.raises(NotFound, match="projector 'other' is not recorded"):  # not the app's
+        await discard_one(pool, app.registry, "c", 2, reason="r", projector="other")
+    await record(pool, app.registry, "w-1")
+    other = Outbox(app.settings)  # a projector the database knows, holding nothing here
+
+    @other.projector("other", events=["step"])
+    async def nothing(tx: db.Connection, event: StoredEvent) -> None:
+        pass
+
+    await record(pool, other.registry, "w-2")
     with pytest.raises(Conflict, match="'other' holds nothing"):
         await discard_one(pool, app.registry, "c", 2, reason="r", projector="other")
     # A checkpoint before the event's predecessor: the events before it are not applied.

@@ -15,7 +15,7 @@ import pytest
 from helpers import TESTS, WORKER, campaigns_in_one_bucket, run_cli, worker_env
 from outbox import Event, Settings, db
 from outbox.model import StoredEvent
-from outbox.ops.pause import list_paused, pause_projector, resume_projector
+from outbox.ops.pause import Pauses, list_paused, pause_projector, resume_projector
 from outbox.projection.app import Outbox
 from outbox.worker.batch import Worker
 from outbox.worker.runtime import drain_now
@@ -112,7 +112,8 @@ async def test_a_paused_projector_holds_only_itself_and_a_resume_catches_it_up(
     assert (await worker.run_once()).paused == 1
     assert await holds(pool) == [(c, "mailer", 2, "pending")]
     resumed = await resume_projector(pool, "mailer")
-    assert (resumed.resumed, (await resume_projector(pool, "mailer")).resumed) == (True, False)
+    again_resumed = await resume_projector(pool, "mailer", registry=app.registry)
+    assert (resumed.resumed, again_resumed.resumed) == (True, False)
     listed = await list_paused(pool)
     assert listed.pauses == []
     # Audited: the pause that took (the second changed nothing) and the resume.
@@ -142,7 +143,7 @@ async def test_under_ordering_none_only_the_paused_rows_wait(pool: db.Pool, dsn:
 async def test_a_drain_ends_instead_of_waiting_for_a_resume(pool: db.Pool, dsn: str) -> None:
     app = shop(dsn)
     await app.append(pool, "c", ORDER)
-    await pause_projector(pool, "mailer")
+    await pause_projector(pool, "mailer", registry=shop(dsn).registry)  # before any worker
     totals = await drain_now(app, pool)
     assert (totals.applied, totals.held, totals.paused) == (2, 1, 1)
 
@@ -152,7 +153,7 @@ async def test_outbox_worker_drain_ends_while_a_projector_is_paused(
 ) -> None:
     """`--drain` waits out backoffs, never a pause: it ends and says what it left."""
     await shop(dsn).append(pool, "x", [Event("order.placed", {})] * 2)
-    await pause_projector(pool, "totals")
+    await pause_projector(pool, "totals", registry=shop(dsn).registry)  # before any worker
     proc = await anyio.run_process(
         [*WORKER, "--app", "worker_apps:shop", "--drain", "--json"],
         cwd=TESTS,
@@ -174,7 +175,7 @@ async def test_inline_apply_leaves_a_paused_projectors_events_to_the_workers(
     pool: db.Pool, dsn: str
 ) -> None:
     app = shop(dsn, inline_apply=True)
-    await pause_projector(pool, "mailer")
+    await pause_projector(pool, "mailer", registry=shop(dsn).registry)  # before any worker
     await app.append(pool, "c", [Event("order.shipped", {})])
     await app.append(pool, "d", [Event("order.placed", {})])
     assert await outstanding(pool) == [("c", 1, "pending", 0)]
@@ -190,9 +191,35 @@ def test_an_unknown_projector_is_refused_with_the_app(dsn: str) -> None:
         *("projector-pause", "--projector", "nope", "--app", "campaigns_demo.app:app"),
         dsn=dsn,
     )
-    assert proc.returncode != 0
+    assert proc.returncode == 1  # docs/cli.md: a name that is not found
     assert len(proc.stderr.strip().splitlines()) == 1
     assert "'nope' is not a projector of the app" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["projector-pause", "--projector", "spnd"],
+        ["projector-resume", "--projector", "spnd"],
+        ["outbox-requeue-dead", "--projector", "spnd", "--limit", "10"],
+        ["outbox-requeue", "--campaign-id", "x", "--seq", "1", "--projector", "spnd"],
+        ["health", "--projector", "spnd"],
+    ],
+    ids=lambda c: c[0],
+)
+async def test_an_unknown_projector_is_refused_against_the_record_without_the_app(
+    pool: db.Pool, dsn: str, command: list[str]
+) -> None:
+    """A typo pauses, resumes, requeues nothing: with no --app the name is checked against
+    the projectors the database records (exit 1, one line naming them)."""
+    await shop(dsn).append(pool, "x", [Event("order.placed", {})])
+    await drain_now(shop(dsn), pool)  # the worker records totals and mailer
+    proc = run_cli("maintenance", *command, dsn=dsn)
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        "maintenance: error: projector 'spnd' is not recorded (recorded: mailer, totals)"
+    ]
+    assert await list_paused(pool) == Pauses([], [])
 
 
 async def test_a_paused_lease_mode_projector_holds_only_itself(pool: db.Pool, dsn: str) -> None:
@@ -208,7 +235,7 @@ async def test_a_paused_lease_mode_projector_holds_only_itself(pool: db.Pool, ds
         await tx.execute("INSERT INTO counted VALUES ($1, 'ticked', 1)", event.campaign_id)
 
     await app.append(pool, "c", [Event("tick", {})])
-    await pause_projector(pool, "notify")
+    await pause_projector(pool, "notify", registry=app.registry)
     counts = await Worker(app, pool).run_once()
     # `ticks` applied it; it waits for `notify` alone, in a hold, its row kept.
     assert (counts.leased, counts.applied, counts.paused) == (0, 1, 1)

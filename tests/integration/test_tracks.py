@@ -12,7 +12,7 @@ import pytest
 
 from helpers import ADD, SUMS, Clock, sums
 from outbox import Event, Settings, append, db
-from outbox.errors import Conflict, PermanentError, TransientBatchError
+from outbox.errors import Conflict, NotFound, PermanentError, TransientBatchError
 from outbox.model import StoredEvent
 from outbox.ops.discard import discard_one
 from outbox.ops.replay import replay
@@ -251,6 +251,9 @@ async def test_requeue_and_discard_act_on_one_projectors_hold(pool: db.Pool, dsn
     assert (counts.failed, counts.dead) == (0, 2)
     assert await holds(pool) == [("t-00", "stats", 1, "dead"), ("t-01", "audit", 1, "dead")]
     assert await work_rows(pool) == [("t-00", 1, "dead"), ("t-01", 1, "dead")]
+    with pytest.raises(NotFound, match="projector 'audti' is not recorded"):  # a typo
+        await requeue_dead(pool, limit=10, projector="audti")
+    await record(pool, app.registry, "w-1")  # as a worker records what it runs
     with pytest.raises(Conflict, match="'audit' is not dead on row 't-00' seq 1"):
         await requeue_one(pool, "t-00", 1, projector="audit")
     # A replay would run the row's other projectors again: refused, nothing changes.
