@@ -381,6 +381,17 @@ def lock_not_available(exc: BaseException) -> bool:
     return isinstance(exc, asyncpg.LockNotAvailableError)
 
 
+def missing_object(exc: BaseException) -> bool:
+    """Whether `exc` says a table, schema or function the statement named does not exist:
+    on an outbox install, a database not migrated (or not to this release)."""
+    missing = (
+        asyncpg.UndefinedTableError,
+        asyncpg.InvalidSchemaNameError,
+        asyncpg.UndefinedFunctionError,
+    )
+    return isinstance(exc, missing)
+
+
 def database_error(exc: BaseException) -> bool:
     """Whether `exc` came from the server or the driver (not from the caller's own code)."""
     return isinstance(exc, asyncpg.PostgresError | asyncpg.InterfaceError)

@@ -24,6 +24,7 @@ from outbox.cli.common import (
 from outbox.obs import log
 from outbox.ops.report import MAX_LIMIT
 from outbox.projection.app import Outbox
+from outbox.retry import sole_error
 from outbox.schema import check_current
 from outbox.worker.runtime import open_pool
 
@@ -96,6 +97,12 @@ def pool_run(dsn: str | None, body: Callable[[db.Pool], Awaitable[T]]) -> T:
         pool = await db.create_pool(target, min_size=1, max_size=2)
         try:
             return await body(pool)
+        except Exception as exc:
+            # A table or function missing: say why as every command does (health, the worker:
+            # "not migrated ... run maintenance migrate"), not as the driver's error.
+            if db.missing_object(sole_error(exc)):
+                await check_current(pool)
+            raise
         finally:
             await pool.close()
 

@@ -364,6 +364,27 @@ async def test_health_exit_codes(
     assert "cannot connect" in down.stderr
 
 
+def test_every_command_says_an_unmigrated_database_in_the_same_line(fresh_db: str) -> None:
+    """Not the driver's UndefinedTableError: the line health and the worker print."""
+    line = (
+        "maintenance: error: the database is not migrated (no outbox in schema 'outbox'): "
+        "run `maintenance migrate`"
+    )
+    for command in [
+        ["outbox-report", "--json"],
+        ["outbox-failures"],
+        ["outbox-requeue-dead", "--limit", "5"],
+        ["outbox-requeue", "--campaign-id", "c", "--seq", "1"],
+        ["cleanup"],
+        ["projectors"],
+        ["projector-pause", "--projector", "p"],
+        ["projector-pauses"],
+        ["audit"],
+    ]:
+        proc = cli(*command, dsn=fresh_db)
+        assert (proc.returncode, proc.stderr.strip().splitlines()) == (1, [line]), command
+
+
 async def test_health_fails_on_dead_rows_and_blocked_campaigns_until_repaired(
     pool: db.Pool, dsn: str, settings: Settings
 ) -> None:
