@@ -334,8 +334,21 @@ def health_command(
         typer.Option(min=0, help="Unhealthy when the oldest claimable row is older (seconds)."),
     ] = None,
     max_dead: Annotated[
-        int, typer.Option(min=0, help="Unhealthy when more rows than this are dead.")
+        int,
+        typer.Option(
+            min=0,
+            help="Unhealthy when more rows than this are dead (with --projector: events it is "
+            "dead on).",
+        ),
     ] = 0,
+    max_failed: Annotated[
+        int | None,
+        typer.Option(
+            min=0,
+            help="Unhealthy when more rows than this are failed, retrying (with --projector: "
+            "events it is failing on). Default: not judged.",
+        ),
+    ] = None,
     max_blocked: Annotated[
         int,
         typer.Option(min=0, help="Unhealthy when more campaigns than this are blocked."),
@@ -343,8 +356,9 @@ def health_command(
     projector: Annotated[
         str | None,
         typer.Option(
-            help="Judge this recorded projector too: unhealthy when paused, dead on more "
-            "events than --max-dead, or stalled (due work unworked for over --max-lag)."
+            help="Judge this recorded projector alone: unhealthy when paused, dead or failing "
+            "on more events than --max-dead or --max-failed, or stalled (due work unworked "
+            "for over --max-lag); other projectors' rows are not judged."
         ),
     ] = None,
     max_lag: Annotated[
@@ -363,9 +377,10 @@ def health_command(
     ] = STALL_AFTER,
     as_json: JsonOption = False,
 ) -> None:
-    """Exit 0 when the database answers, migrations are current, no more rows are dead and no
-    more campaigns blocked than allowed, and the backlog is young (and, with --projector, that
-    projector is not paused, dead or stalled); else exit 1 with reasons."""
+    """Exit 0 when the database answers, migrations are current, no more rows are dead (or
+    failed) and no more campaigns blocked than allowed, no campaign stalls and the backlog is
+    young; with --projector, that projector's own figures are judged instead (not paused, not
+    dead or failing past the bounds, not stalled); else exit 1 with reasons."""
     settings = settings_for(dsn=dsn)
     if max_lag is not None and projector is None:
         raise OutboxError("--max-lag judges a projector: name it with --projector")
@@ -381,6 +396,7 @@ def health_command(
             max_lag=max_lag if max_lag is not None else 10 * settings.poll_interval,
             max_stall=max_stall,
             ordered=settings.ordered,
+            max_failed=max_failed,
         ),
     )
     if as_json:

@@ -113,6 +113,8 @@ class Health:
     max_oldest_age_seconds: float | None
     dead_rows: int | None
     max_dead: int
+    failed_rows: int | None
+    max_failed: int | None
     blocked_campaigns: int | None
     max_blocked: int
     projector: ProjectorHealth | None
@@ -126,13 +128,15 @@ class Health:
 
 @dataclass(frozen=True, slots=True)
 class ProjectorHealth:
-    """`maintenance health --projector`: one projector's state, and the lag it was judged by
-    (`max_lag_seconds`)."""
+    """`maintenance health --projector`: one projector's state (the events it is dead and
+    failing on: its holds, and its types' rows failed with no hold), and the lag it was judged
+    by (`max_lag_seconds`)."""
 
     projector: str
     paused: bool
     catching_up: bool
     dead: int
+    failed: int
     lag_seconds: float
     max_lag_seconds: float
 
@@ -255,14 +259,17 @@ async def health(
     max_lag: float = 60.0,
     max_stall: float = STALL_AFTER,
     ordered: bool = True,
+    max_failed: int | None = None,
 ) -> Health:
-    """Healthy when migrations are current, at most `max_dead` rows are dead, at most
-    `max_blocked` campaigns are blocked behind a failed or dead head (under `park` dead rows
-    block nothing), and the oldest claimable row is younger than `max_oldest_age`; the reasons
-    say what is not; a server in recovery (a standby: the DSN does not lead to the primary) is
-    unhealthy whatever the figures. (The database answering is the caller's first
-    check.) `projector`: that projector is judged too, against `max_lag` seconds
-    (`_projector_health`)."""
+    """Healthy when migrations are current, at most `max_dead` rows are dead (and at most
+    `max_failed` failed, when given), at most `max_blocked` campaigns are blocked behind a
+    failed or dead head (under `park` dead rows block nothing), the oldest claimable row is
+    younger than `max_oldest_age`, and no campaign stalls past `max_stall`; the reasons say
+    what is not; a server in recovery (a standby: the DSN does not lead to the primary) is
+    unhealthy whatever the figures. (The database answering is the caller's first check.)
+    `projector`: that projector alone is judged, by its own figures against the same
+    thresholds (`_projector_health`): the install-wide rows, campaigns and oldest age are
+    reported, not judged, so another projector's dead rows never make it unhealthy."""
     reasons: list[str] = []
     refusal = await db.write_refusal(executor, session=False)
     if refusal is not None:
@@ -277,18 +284,23 @@ async def health(
         migrations = "not current"
         reasons.append(str(exc))
     age: float | None = None
-    dead = blocked = stalls = None
+    dead = failed = blocked = stalls = None
+    install = projector is None  # the install-wide figures are judged, not only reported
     if migrations == "current":
         async with db.acquire(executor) as conn:
             oldest = await inspect.oldest_claimable(conn, park=park)
             dead = await inspect.count_dead(conn)
+            if max_failed is not None:
+                failed = (await inspect.count_rows(conn)).failed
             first, blocked = await inspect.blocked_campaigns(conn, park=park, limit=1)
             stalled = await stalled_campaigns(conn, after=max_stall, ordered=ordered)
         if stalls := len(stalled):
             reasons.append(f"{stalls} stalled campaign(s) (oldest: {stalled[0].describe()})")
-        if dead > max_dead:
+        if install and dead > max_dead:
             reasons.append(f"{dead} dead row(s), over {max_dead}")
-        if blocked > max_blocked:
+        if install and failed is not None and max_failed is not None and failed > max_failed:
+            reasons.append(f"{failed} failed row(s), over {max_failed}")
+        if install and blocked > max_blocked:
             where = (
                 f" (oldest: {first[0].campaign_id!r} at seq {first[0].blocking_seq})"
                 if first
@@ -297,7 +309,7 @@ async def health(
             reasons.append(f"{blocked} blocked campaign(s), over {max_blocked}{where}")
         if oldest is not None:
             age = oldest.age_seconds
-            if max_oldest_age is not None and age > max_oldest_age:
+            if install and max_oldest_age is not None and age > max_oldest_age:
                 reasons.append(
                     f"oldest claimable row {oldest.campaign_id!r} seq {oldest.seq} "
                     f"is {age:.0f}s old, over {max_oldest_age:g}s"
@@ -307,7 +319,9 @@ async def health(
     if migrations == "current":
         unserved = await unserved_projectors(executor, reasons, projector)
     if projector is not None and migrations == "current":
-        judged = await _projector_health(executor, projector, max_lag, max_dead, reasons)
+        judged = await _projector_health(
+            executor, projector, max_lag, max_dead, max_failed, reasons
+        )
     return Health(
         not reasons,
         refusal is not None,
@@ -316,6 +330,8 @@ async def health(
         max_oldest_age,
         dead,
         max_dead,
+        failed,
+        max_failed,
         blocked,
         max_blocked,
         judged,
@@ -327,12 +343,18 @@ async def health(
 
 
 async def _projector_health(
-    executor: Executor, name: str, max_lag: float, max_dead: int, reasons: list[str]
+    executor: Executor,
+    name: str,
+    max_lag: float,
+    max_dead: int,
+    max_failed: int | None,
+    reasons: list[str],
 ) -> ProjectorHealth:
     """Judge projector `name` (recorded, S23): stalled when something it owes has been due and
     unworked for over `max_lag` seconds (a due hold no worker took, a due row of its types
     no worker claimed; nothing due is no lag, so an idle store raises no alarm); unhealthy
-    too when paused, or dead on more than `max_dead` events."""
+    too when paused, dead on more than `max_dead` events or failing on more than
+    `max_failed`."""
     async with db.acquire(executor) as conn:
         known = await require_recorded(conn, name)
         lag = await projector_stall(conn, name, known.events)
@@ -344,6 +366,8 @@ async def _projector_health(
         reasons.append(f"projector {name!r} is paused (maintenance projector-resume)")
     if lag.dead > max_dead:
         reasons.append(f"projector {name!r} is dead on {lag.dead} event(s), over {max_dead}")
+    if max_failed is not None and lag.failed > max_failed:
+        reasons.append(f"projector {name!r} is failing on {lag.failed} event(s), over {max_failed}")
     if lag.lag_seconds > max_lag and not known.paused:
         what = (
             "a due hold of it has not been worked"
@@ -353,7 +377,9 @@ async def _projector_health(
         reasons.append(
             f"projector {name!r} is stalled: {what} for {lag.lag_seconds:.0f}s, over {max_lag:g}s"
         )
-    return ProjectorHealth(name, known.paused, catching, lag.dead, lag.lag_seconds, max_lag)
+    return ProjectorHealth(
+        name, known.paused, catching, lag.dead, lag.failed, lag.lag_seconds, max_lag
+    )
 
 
 async def audit(executor: Executor, *, campaign_id: str | None = None, limit: int = 50) -> Audit:

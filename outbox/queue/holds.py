@@ -159,11 +159,13 @@ async def count_holds(conn: Connection, campaign_id: str | None = None) -> list[
 
 @dataclass(frozen=True, slots=True)
 class ProjectorStall:
-    """How far one projector stands from its work (`maintenance health --projector`): its dead
-    holds; the seconds its longest-waiting due hold has gone unworked, and the age of the oldest
-    due work row of its types (None: nothing due)."""
+    """How far one projector stands from its work (`maintenance health --projector`): the
+    events it is dead on and failing on (its holds, and its types' rows failed with no hold);
+    the seconds its longest-waiting due hold has gone unworked, and the age of the oldest due
+    work row of its types (None: nothing due)."""
 
     dead: int
+    failed: int
     hold_seconds: float | None
     row_seconds: float | None
 
@@ -180,7 +182,7 @@ async def projector_stall(
     it subscribes to)."""
     row = await conn.fetchrow(Q.get_projector_stall, projector, list(events))
     assert row is not None  # scalar subqueries: one row
-    return ProjectorStall(row["dead"], row["hold_seconds"], row["row_seconds"])
+    return ProjectorStall(row["dead"], row["failed"], row["hold_seconds"], row["row_seconds"])
 
 
 async def projector_owed(conn: Connection, projector: str, events: Sequence[str]) -> bool:

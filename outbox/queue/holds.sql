@@ -46,12 +46,28 @@ SELECT EXISTS (
            WHERE o.event_type = ANY ($2::text[]))
 
 -- name: get_projector_stall
--- Projector $1 (subscribed to types $2), by the database clock: its dead holds; the seconds
--- since the longest-waiting of its due holds was last worked (null: none due); and since the
--- oldest due work row of its types that no hold stands for was enqueued (null: none).
+-- Projector $1 (subscribed to types $2), by the database clock: the events it is dead on and
+-- those it is failing on (its holds so, and the rows of its types so with no hold: a failure
+-- no projector raised, S24, which it waits behind too); the seconds since the longest-waiting
+-- of its due holds was last worked (null: none due); and since the oldest due work row of its
+-- types that no hold stands for was enqueued (null: none).
 SELECT
     (SELECT count(*) FROM @extschema@.projection_holds h
-     WHERE h.projector = $1::text AND h.status = 'dead') AS dead,
+     WHERE h.projector = $1::text AND h.status = 'dead')
+    + (SELECT count(*) FROM @extschema@.projection_apply_outbox o
+       WHERE o.status = 'dead' AND o.event_type = ANY ($2::text[])
+         AND NOT EXISTS (
+             SELECT 1 FROM @extschema@.projection_holds y
+             WHERE y.bucket = o.bucket AND y.campaign_id = o.campaign_id AND y.seq = o.seq
+         )) AS dead,
+    (SELECT count(*) FROM @extschema@.projection_holds h
+     WHERE h.projector = $1::text AND h.status = 'failed')
+    + (SELECT count(*) FROM @extschema@.projection_apply_outbox o
+       WHERE o.status = 'failed' AND o.event_type = ANY ($2::text[])
+         AND NOT EXISTS (
+             SELECT 1 FROM @extschema@.projection_holds y
+             WHERE y.bucket = o.bucket AND y.campaign_id = o.campaign_id AND y.seq = o.seq
+         )) AS failed,
     (SELECT extract(epoch FROM clock_timestamp() - min(h.updated_at))::double precision
      FROM @extschema@.projection_holds h
      WHERE h.projector = $1::text AND h.status <> 'dead'

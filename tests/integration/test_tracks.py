@@ -16,13 +16,14 @@ from outbox.errors import Conflict, NotFound, PermanentError, TransientBatchErro
 from outbox.model import StoredEvent
 from outbox.ops.discard import discard_one
 from outbox.ops.replay import replay
-from outbox.ops.report import audit
+from outbox.ops.report import audit, health
 from outbox.ops.requeue import requeue_dead, requeue_one
 from outbox.ops.retire import retire_projector
 from outbox.projection.app import Outbox
-from outbox.projection.known import record
+from outbox.projection.known import list_known, record
 from outbox.projection.pauses import pause, resume
 from outbox.worker.batch import Worker
+from outbox.worker.registration import Registration
 
 HOUR = 3600.0
 
@@ -354,3 +355,32 @@ async def test_a_retired_projector_owes_nothing_its_holds_and_their_rows_go(
     await retire_projector(pool, "audit", reason="no longer needed")
     assert await holds(pool) == []
     assert await work_rows(pool) == []
+
+
+async def test_health_judges_one_projector_by_its_own_figures(pool: db.Pool, dsn: str) -> None:
+    """`stats` dead on one event and `audit` failing on another: the install is unhealthy,
+    `roster` is healthy by its own figures (another projector's dead rows are not its own),
+    and each of the two is judged by its own dead and failing counts."""
+    settings = Settings(dsn=dsn, backoff_base=120.0, backoff_cap=600.0)
+    failing: dict[str, set[tuple[str, int] | str]] = {"stats": {"t-00"}, "audit": {("t-01", 1)}}
+    app = tracked_app(settings, failing, unordered=["audit"], poisoned=["stats"])
+    expected: Counter[str] = Counter()
+    for cid in CAMPAIGNS[:2]:
+        await add_events(pool, settings, expected, cid, [1, 10])
+    await Worker(app, pool, now=Clock()).drain()
+    await record(pool, app.registry, "w-1")
+    await Registration(
+        pool, "w-1", "apply", 1, {p.projector: str(p.fingerprint) for p in await list_known(pool)}
+    ).register()
+    install = await health(pool, max_failed=0)
+    assert install.reasons == ["1 dead row(s), over 0", "1 failed row(s), over 0"]
+    roster = await health(pool, projector="roster", max_failed=0)
+    assert roster.healthy, roster.reasons
+    assert roster.projector is not None
+    assert (roster.projector.dead, roster.projector.failed) == (0, 0)
+    stats = await health(pool, projector="stats", max_failed=0)
+    assert stats.reasons == ["projector 'stats' is dead on 1 event(s), over 0"]
+    assert (await health(pool, projector="stats", max_dead=1)).healthy
+    failing_audit = await health(pool, projector="audit", max_failed=0)
+    assert failing_audit.reasons == ["projector 'audit' is failing on 1 event(s), over 0"]
+    assert (await health(pool, projector="audit")).healthy  # failing is judged when asked
