@@ -160,6 +160,7 @@ VERBS = frozenset(
         "fail",
         "release",
         "requeue",
+        "repair",
         "discard",
         "pause",
         "resume",

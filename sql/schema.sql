@@ -2028,7 +2028,7 @@ CREATE TABLE outbox.outbox_requeue_audit (
     previous_next_attempt_at timestamp with time zone,
     action text DEFAULT 'requeue'::text NOT NULL,
     projector text,
-    CONSTRAINT outbox_requeue_audit_action_check CHECK ((action = ANY (ARRAY['requeue'::text, 'discard'::text])))
+    CONSTRAINT outbox_requeue_audit_action_check CHECK ((action = ANY (ARRAY['requeue'::text, 'discard'::text, 'retry'::text])))
 );
 
 ALTER TABLE outbox.outbox_requeue_audit ALTER COLUMN audit_id ADD GENERATED ALWAYS AS IDENTITY (

@@ -19,6 +19,7 @@ from outbox.cli.operator import app
 # Importing a command module registers its commands; this order is their order in --help.
 from outbox.cli import schema
 from outbox.cli import report
+from outbox.cli import health
 from outbox.cli import repair
 from outbox.cli import rebuild
 from outbox.cli import projectors
@@ -32,6 +33,7 @@ __all__ = ["app", "main"]
 COMMANDS = (
     schema,
     report,
+    health,
     repair,
     rebuild,
     projectors,

@@ -1,5 +1,5 @@
-"""Repairs: requeue or discard dead rows, replay one row, reconcile the journal, and the audit
-of operators' actions (rebuilds: `outbox.cli.rebuild`)."""
+"""Repairs: requeue or discard dead rows, retry failed rows now, replay one row, reconcile the
+journal, and the audit of operators' actions (rebuilds: `outbox.cli.rebuild`)."""
 
 from __future__ import annotations
 
@@ -34,7 +34,14 @@ from outbox.ops.discard import check_reason, discard_one
 from outbox.ops.reconcile import reconcile
 from outbox.ops.replay import replay
 from outbox.ops.report import MAX_LIMIT, audit
-from outbox.ops.requeue import RequeueResult, requeue_dead, requeue_one
+from outbox.ops.requeue import (
+    RequeueResult,
+    requeue_dead,
+    requeue_one,
+    retry_failed,
+    retry_one,
+)
+from outbox.queue.repair import DeadRow
 
 
 @app.command("outbox-requeue")
@@ -127,21 +134,107 @@ def outbox_requeue_dead_command(
         if not dry_run:
             stderr.print(f"requeued {len(rows)} row(s)")
         return
-    table = Table(
-        "campaign",
-        "seq",
-        "event type",
-        "attempts",
-        "last error",
-        title="would requeue" if dry_run else "requeued",
-    )
+    stdout.print(_rows_table(rows, "would requeue" if dry_run else "requeued"))
+    if not dry_run:
+        stderr.print(f"requeued {len(rows)} row(s)")
+
+
+def _rows_table(rows: list[DeadRow], title: str) -> Table:
+    table = Table("campaign", "seq", "event type", "attempts", "last error", title=title)
     for r in rows:
         table.add_row(
             r.campaign_id, str(r.seq), r.event_type, str(r.attempt_count), (r.last_error or "")[:80]
         )
-    stdout.print(table)
+    return table
+
+
+@app.command("outbox-retry")
+def outbox_retry_command(
+    dsn: DsnOption = None,
+    campaign_id: CampaignOption = None,
+    seq: Annotated[
+        int | None,
+        typer.Option("--seq", min=1, help="With --campaign-id: that one row.", show_default=False),
+    ] = None,
+    limit: Annotated[
+        int | None,
+        typer.Option(
+            "--limit",
+            min=1,
+            max=MAX_LIMIT,
+            help="A batch: at most this many failed rows, oldest first (required unless "
+            "--seq or --dry-run).",
+            show_default=False,
+        ),
+    ] = None,
+    event_type: Annotated[
+        str | None, typer.Option("--event-type", help="Only this event type.", show_default=False)
+    ] = None,
+    fingerprint: Annotated[
+        str | None,
+        typer.Option(
+            "--error",
+            help="Only this error group (a fingerprint from outbox-failures).",
+            show_default=False,
+        ),
+    ] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Show, change nothing.")] = False,
+    reason: ReasonOption = None,
+    projector: Annotated[
+        str | None,
+        typer.Option(
+            "--projector",
+            help="Only the rows this projector is failing on, and only its holds.",
+            show_default=False,
+        ),
+    ] = None,
+    quiet: QuietOption = False,
+    as_json: JsonOption = False,
+) -> None:
+    """Failed rows due now, their attempts kept (audited): after a fix, rather than wait out
+    the backoff. One row (--campaign-id and --seq) or a bounded batch (--limit)."""
+    if seq is not None:
+        if campaign_id is None:
+            raise UsageError("--seq names a row with --campaign-id")
+        if limit is not None or event_type or fingerprint or dry_run:
+            raise UsageError(
+                "--seq retries one row: --limit, --event-type, --error and --dry-run are a batch's"
+            )
+        one = pool_run(
+            dsn,
+            lambda pool: retry_one(pool, campaign_id, seq, reason=reason, projector=projector),
+        )
+        if as_json:
+            emit_json("outbox-retry", one)
+        else:
+            stdout.print(f"retried {campaign_id} seq {seq}: due now")
+        return
+    if limit is None and not dry_run:
+        raise UsageError("--limit is required to retry a batch (or name one row with --seq)")
+    bound = limit or MAX_LIMIT
+    result = pool_run(
+        dsn,
+        lambda pool: retry_failed(
+            pool,
+            limit=bound,
+            campaign_id=campaign_id,
+            event_type=event_type,
+            fingerprint=fingerprint,
+            dry_run=dry_run,
+            reason=reason,
+            projector=projector,
+        ),
+    )
+    if dry_run:
+        more = f" (the oldest {bound:,}: more may match)" if len(result.rows) == bound else ""
+        stderr.print(f"dry run: {len(result.rows)} row(s) would be retried{more}, none was")
+    if as_json:
+        emit_json("outbox-retry", result, omit=("rows",) if quiet else ())
+        return
+    if not quiet:
+        stdout.print(_rows_table(result.rows, "would retry" if dry_run else "retried"))
     if not dry_run:
-        stderr.print(f"requeued {len(rows)} row(s)")
+        stderr.print(f"retried {len(result.rows)} row(s): due now")
 
 
 @app.command("outbox-discard")

@@ -1,4 +1,5 @@
-"""Operators' operations: report and health (`report`), requeues of dead rows (`requeue`),
+"""Operators' operations: report (`report`), health (`health`), requeues of dead rows and
+retries of failed ones (`requeue`),
 replay of one row (`replay`), reconcile of unqueued journal events (`reconcile`), cleanup
 (`cleanup`). Schema migrations are `outbox.schema`; projection rebuilds
 `outbox.projection.rebuild`.

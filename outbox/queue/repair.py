@@ -1,8 +1,10 @@
-"""Repair statements of the work queue: dead rows back to pending or discarded, each with its
-audit, the audit's reads, and work rows for journal events that never got one.
+"""Repair statements of the work queue: dead rows back to pending or discarded, failed rows
+due now (a retry), each with its audit, the audit's reads, and work rows for journal events that
+never got one.
 
 Requeues keep history: the row gets a fresh attempt budget, and an insert-only audit row keeps
-what it was (status, attempts, last error, when), who did it and why. Which rows an operator
+what it was (status, attempts, last error, when), who did it and why. A retry keeps the
+attempts too: only when the row (and its failed holds) is next tried changes. Which rows an operator
 means, in what chunks, and whether an event counts as applied are the callers' (`outbox.ops`).
 """
 
@@ -13,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from operator import attrgetter, itemgetter
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from outbox import buckets
 from outbox.queries import Queries
@@ -35,15 +37,19 @@ __all__ = [
     "list_audit",
     "list_unqueued_campaigns",
     "list_unqueued_events",
-    "requeue_dead",
+    "repair",
 ]
+
+# What a repair does: `requeue` dead rows (fresh attempts) or `retry` failed ones (due now).
+Action = Literal["requeue", "retry"]
+_STATUS: dict[Action, str] = {"requeue": "dead", "retry": "failed"}
 
 
 class RepairQueries(Queries):
-    list_dead_rows: str
+    list_repair_rows: str
     get_database_time: str
-    requeue_dead_rows: str
-    requeue_dead_holds: str
+    repair_rows: str
+    repair_holds: str
     insert_requeue_audit: str
     list_unqueued_events: str
     lock_heads_exclusively: str
@@ -70,8 +76,9 @@ class DeadRow:
     next_attempt_at: datetime
 
 
-async def requeue_dead(
+async def repair(
     conn: Connection,
+    action: Action,
     *,
     limit: int,
     campaign_id: str | None = None,
@@ -84,14 +91,16 @@ async def requeue_dead(
     reason: str | None,
     died_by: datetime | None = None,
 ) -> list[DeadRow]:
-    """Up to `limit` dead rows (or the one row `one`) back to pending, oldest first, each with
-    its audit row; rows other transactions hold are skipped. `fingerprint`: only rows of that
-    error group (`inspect.failure_groups`). `projector`: only rows it is dead on, and only its
-    holds go back (S24; None: every holder's). `died_by`: only rows that died by then (a
-    preview's `database_time`). `dry_run`: change nothing."""
+    """Up to `limit` rows (or the one row `one`), oldest first, each with its audit row; rows
+    other transactions hold are skipped. `requeue`: dead rows back to pending with a fresh
+    attempt budget; `retry`: failed rows due now, their attempts kept. `fingerprint`: only rows
+    of that error group (`inspect.failure_groups`). `projector`: only rows it is dead (failed)
+    on, and only its holds move (S24; None: every holder's). `died_by`: only rows that took
+    their status by then (a preview's `database_time`). `dry_run`: change nothing."""
+    status = _STATUS[action]
     named = one[0] if one else campaign_id
     listed = await conn.fetch(
-        Q.list_dead_rows,
+        Q.list_repair_rows,
         limit,
         campaign_id,
         event_type,
@@ -101,6 +110,7 @@ async def requeue_dead(
         await buckets.filter_bucket(conn, named),
         projector,
         died_by,
+        status,
     )
     if dry_run:
         return [_dead(r) for r in listed]
@@ -110,13 +120,14 @@ async def requeue_dead(
     for bucket, part in itertools.groupby(sorted(listed, key=by_bucket), key=by_bucket):
         keys = list(part)
         moved = await conn.fetch(
-            Q.requeue_dead_rows,
+            Q.repair_rows,
             bucket,
             [k["campaign_id"] for k in keys],
             [k["seq"] for k in keys],
+            status,
         )
         cids, seqs = [r["campaign_id"] for r in moved], [r["seq"] for r in moved]
-        await conn.execute(Q.requeue_dead_holds, bucket, cids, seqs, projector)
+        await conn.execute(Q.repair_holds, bucket, cids, seqs, projector, status)
         await refresh_held_rows(conn, bucket, cids, seqs)
         rows += moved
     if rows:
@@ -127,7 +138,7 @@ async def requeue_dead(
             reason,
             *([r[c] for r in rows] for c in columns),
             projector,
-            None,
+            None if action == "requeue" else action,
         )
     # Live again: their campaigns are claimable at once. The dead policy is the workers' to
     # know; never marking a campaign blocked is the safe side (a block worker's next claim of

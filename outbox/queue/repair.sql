@@ -1,17 +1,18 @@
--- Repairs of the work queue: dead rows back to pending (audited), and journal events that
--- never got a work row enqueued.
+-- Repairs of the work queue: dead rows back to pending and failed rows due now (audited), and
+-- journal events that never got a work row enqueued.
 
--- name: list_dead_rows
--- Dead rows an operator names, oldest first by next_attempt_at, seq, at most $1: a batch
--- (campaign $2, event type $3, error fingerprint $6: see inspect_fn.sql) or one row ($4, $5);
--- $7: the bucket of the campaign or row named; $8: only rows that projector is dead on (its
--- hold, S24); $9: only rows that died at or before that time (null: any; a preview's rows,
--- not those that died after it). A read: `requeue_dead_rows` takes them, bucket by bucket (a
+-- name: list_repair_rows
+-- Rows of status $10 ('dead' for a requeue, 'failed' for a retry) an operator names, oldest
+-- first by next_attempt_at, seq, at most $1: a batch (campaign $2, event type $3, error
+-- fingerprint $6: see inspect_fn.sql) or one row ($4, $5); $7: the bucket of the campaign or
+-- row named; $8: only rows that projector's hold stands for with that status (S24); $9: only
+-- rows that took that status at or before that time (null: any; a preview's rows, not those
+-- since). A read: `repair_rows` takes them, bucket by bucket (a
 -- statement that locks rows stays in one bucket).
 SELECT o.bucket, o.campaign_id, o.seq, o.event_type, o.attempt_count, o.last_error,
        o.next_attempt_at
 FROM @extschema@.projection_apply_outbox o
-WHERE o.status = 'dead' AND ($7::integer IS NULL OR o.bucket = $7::integer)
+WHERE o.status = $10::text AND ($7::integer IS NULL OR o.bucket = $7::integer)
   AND ($2::text IS NULL OR o.campaign_id = $2::text)
   AND ($3::text IS NULL OR o.event_type = $3::text)
   AND ($4::text IS NULL OR (o.campaign_id = $4::text AND o.seq = $5::bigint))
@@ -21,7 +22,7 @@ WHERE o.status = 'dead' AND ($7::integer IS NULL OR o.bucket = $7::integer)
   AND ($8::text IS NULL OR EXISTS (
       SELECT 1 FROM @extschema@.projection_holds h
       WHERE h.bucket = o.bucket AND h.campaign_id = o.campaign_id AND h.seq = o.seq
-        AND h.projector = $8::text AND h.status = 'dead'
+        AND h.projector = $8::text AND h.status = $10::text
   ))
   AND ($9::timestamptz IS NULL OR o.updated_at <= $9::timestamptz)
 ORDER BY o.next_attempt_at, o.seq
@@ -31,34 +32,38 @@ LIMIT $1::integer
 -- The database's clock now: what a preview's "dead at" is measured against.
 SELECT clock_timestamp()
 
--- name: requeue_dead_holds
--- The dead holds (S24) of rows ($2, $3), all in bucket $1, back to pending, due now, with a
--- fresh attempt budget: projector $4's, or every projector's (null). The caller holds the
--- rows (`requeue_dead_rows`) and then works their columns out from their holds.
+-- name: repair_holds
+-- The holds (S24) of status $5 of rows ($2, $3), all in bucket $1, due now: projector $4's,
+-- or every projector's (null). 'dead' (a requeue): back to pending with a fresh attempt
+-- budget; 'failed' (a retry): their attempts kept. The caller holds the rows (`repair_rows`)
+-- and then works their columns out from their holds.
 UPDATE @extschema@.projection_holds h
-SET status = 'pending', attempt_count = 0, next_attempt_at = statement_timestamp(),
-    updated_at = statement_timestamp()
+SET status = CASE WHEN $5::text = 'dead' THEN 'pending' ELSE h.status END,
+    attempt_count = CASE WHEN $5::text = 'dead' THEN 0 ELSE h.attempt_count END,
+    next_attempt_at = statement_timestamp(), updated_at = statement_timestamp()
 FROM unnest($2::text[], $3::bigint[]) AS k(campaign_id, seq)
 WHERE h.bucket = $1::integer AND h.campaign_id = k.campaign_id AND h.seq = k.seq
-  AND h.status = 'dead' AND ($4::text IS NULL OR h.projector = $4::text)
+  AND h.status = $5::text AND ($4::text IS NULL OR h.projector = $4::text)
 
--- name: requeue_dead_rows
--- Dead rows ($2, $3), all in bucket $1, back to pending, due now, with a fresh attempt budget;
--- rows other transactions hold, or no longer dead, are skipped. Returns each row as it was, for
--- its audit row (`insert_requeue_audit`, in the same transaction: on Citus the audit is the
--- coordinator's own table, and one statement must not write both).
+-- name: repair_rows
+-- Rows ($2, $3) of status $4, all in bucket $1, due now: 'dead' (a requeue) back to pending
+-- with a fresh attempt budget, 'failed' (a retry) with their attempts and last error kept;
+-- rows other transactions hold, or no longer of that status, are skipped. Returns each row as
+-- it was, for its audit row (`insert_requeue_audit`, in the same transaction: on Citus the
+-- audit is the coordinator's own table, and one statement must not write both).
 WITH target AS (
     SELECT o.bucket, o.campaign_id, o.seq, o.event_type, o.status, o.attempt_count,
            o.last_error, o.next_attempt_at
     FROM @extschema@.projection_apply_outbox o
     JOIN unnest($2::text[], $3::bigint[]) AS k(campaign_id, seq)
         ON o.campaign_id = k.campaign_id AND o.seq = k.seq
-    WHERE o.bucket = $1::integer AND o.status = 'dead'
+    WHERE o.bucket = $1::integer AND o.status = $4::text
     FOR UPDATE OF o SKIP LOCKED
 ), moved AS (
     UPDATE @extschema@.projection_apply_outbox o
-    SET status = 'pending', attempt_count = 0, next_attempt_at = statement_timestamp(),
-        updated_at = statement_timestamp()
+    SET status = CASE WHEN $4::text = 'dead' THEN 'pending' ELSE o.status END,
+        attempt_count = CASE WHEN $4::text = 'dead' THEN 0 ELSE o.attempt_count END,
+        next_attempt_at = statement_timestamp(), updated_at = statement_timestamp()
     FROM target t
     WHERE o.bucket = $1::integer AND o.campaign_id = t.campaign_id AND o.seq = t.seq
     RETURNING o.campaign_id, o.seq
@@ -69,7 +74,8 @@ FROM target t JOIN moved m ON m.campaign_id = t.campaign_id AND m.seq = t.seq
 
 -- name: insert_requeue_audit
 -- The audit rows of requeued rows ($3..$8: campaign, seq, and what each was), actor $1,
--- reason $2, projector $9 (null: all of the row's), action $10 (null: requeue).
+-- reason $2, projector $9 (null: all of the row's), action $10 (null: requeue; or discard,
+-- retry).
 INSERT INTO @extschema@.outbox_requeue_audit (campaign_id, seq, actor, reason, previous_status,
     previous_attempt_count, previous_last_error, previous_next_attempt_at, projector, action)
 SELECT a.campaign_id, a.seq, $1::text, $2::text, a.status, a.attempt_count, a.last_error,

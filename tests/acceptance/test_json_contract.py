@@ -113,6 +113,7 @@ def outputs(dsn: str) -> dict[str, Any]:
         "outbox-requeue": run_json(
             "outbox-requeue", "--campaign-id", "c-dead", "--seq", "1", "--json", dsn=dsn
         ),
+        "outbox-retry": run_json("outbox-retry", "--limit", "5", "--json", dsn=dsn),
     }
     found["outbox-requeue-dead"] = run_json(
         "outbox-requeue-dead", "--limit", "5", "--json", dsn=dsn

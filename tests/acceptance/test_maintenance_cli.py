@@ -491,3 +491,46 @@ async def test_the_report_shows_payloads_and_prints_data_as_it_is(
     payload = '{"n":[1,2],"note":"[/x] [red]not red[/red] <b>"}'
     for text in ("c-[/x]", "[/oops] [bold]", payload):
         assert text in table.stdout, table.stdout
+
+
+async def test_outbox_retry_makes_failed_rows_due_now_and_refuses_what_it_cannot(
+    pool: db.Pool, dsn: str, settings: Settings
+) -> None:
+    await append(pool, "r1", [Event("t", {}), Event("t", {})], settings=settings)
+    await append(pool, "r2", [Event("t", {})], settings=settings)
+    await make_failed(pool, "r1", 1, due_in=300)  # waiting out a 300 s backoff
+    await make_failed(pool, "r2", 1, due_in=300)
+    await make_dead(pool, "r1", 2)
+    due = "SELECT next_attempt_at <= clock_timestamp() FROM outbox.projection_apply_outbox "
+    for args, message in [
+        (["--campaign-id", "r1"], "--limit is required to retry a batch"),
+        (["--seq", "1"], "--seq names a row with --campaign-id"),
+        (["--campaign-id", "r1", "--seq", "1", "--limit", "5"], "--seq retries one row"),
+    ]:
+        refused = cli("outbox-retry", *args, dsn=dsn)
+        assert refused.returncode == 2, refused.stderr
+        assert message in refused.stderr
+    dead = cli("outbox-retry", "--campaign-id", "r1", "--seq", "2", dsn=dsn)
+    assert dead.returncode == 1
+    assert "is dead, not failed (maintenance outbox-requeue gives it fresh attempts)" in (
+        dead.stderr
+    )
+    one = as_json(cli("outbox-retry", "--campaign-id", "r1", "--seq", "1", "--json", dsn=dsn))
+    assert (one["mode"], one["retried"]) == ("outbox-retry", True)
+    assert await pool.fetchval(due + "WHERE campaign_id = 'r1' AND seq = 1")
+    assert not await pool.fetchval(due + "WHERE campaign_id = 'r2'")
+    batch = as_json(cli("outbox-retry", "--limit", "10", "--reason", "fixed", "--json", dsn=dsn))
+    assert (batch["matched"], batch["retried"]) == (2, 2)  # every failed row, oldest first
+    assert [(r["campaign_id"], r["attempt_count"]) for r in batch["rows"]] == [
+        ("r1", 2),
+        ("r2", 2),
+    ]
+    assert await pool.fetchval(due + "WHERE campaign_id = 'r2'")
+    attempts = await pool.fetch(
+        "SELECT attempt_count FROM outbox.projection_apply_outbox WHERE status = 'failed'"
+    )
+    assert [r[0] for r in attempts] == [2, 2]  # kept: a retry refills no budget
+    actions = await pool.fetch(
+        "SELECT action, reason FROM outbox.outbox_requeue_audit ORDER BY audit_id"
+    )
+    assert [tuple(r) for r in actions] == [("retry", None), ("retry", "fixed"), ("retry", "fixed")]

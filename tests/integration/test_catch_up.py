@@ -17,7 +17,7 @@ from outbox.errors import ConfigError, NotFound, PermanentError, TransientBatchE
 from outbox.model import Background, StoredEvent
 from outbox.obs.metrics import Metrics
 from outbox.ops.cleanup import cleanup
-from outbox.ops.report import health
+from outbox.ops.health import health
 from outbox.ops.requeue import requeue_one
 from outbox.projection import sweep
 from outbox.projection.app import Outbox

@@ -20,10 +20,11 @@ from outbox import Event, Settings, append, db
 from outbox.console import create_app
 from outbox.errors import ConfigError, NotFound
 from outbox.model import EventBatch, StoredEvent
+from outbox.ops.health import health
 from outbox.ops.pause import pause_projector, resume_projector
 from outbox.ops.reconcile import reconcile
 from outbox.ops.redefine import redefine_projector
-from outbox.ops.report import health, outbox_report
+from outbox.ops.report import outbox_report
 from outbox.ops.retire import list_projectors
 from outbox.projection.app import Outbox
 from outbox.projection.build import build

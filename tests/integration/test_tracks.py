@@ -15,9 +15,10 @@ from outbox import Event, Settings, append, db
 from outbox.errors import Conflict, NotFound, PermanentError, TransientBatchError
 from outbox.model import StoredEvent
 from outbox.ops.discard import discard_one
+from outbox.ops.health import health
 from outbox.ops.replay import replay
-from outbox.ops.report import audit, health
-from outbox.ops.requeue import requeue_dead, requeue_one
+from outbox.ops.report import audit
+from outbox.ops.requeue import requeue_dead, requeue_one, retry_failed, retry_one
 from outbox.ops.retire import retire_projector
 from outbox.projection.app import Outbox
 from outbox.projection.known import list_known, record
@@ -384,3 +385,48 @@ async def test_health_judges_one_projector_by_its_own_figures(pool: db.Pool, dsn
     failing_audit = await health(pool, projector="audit", max_failed=0)
     assert failing_audit.reasons == ["projector 'audit' is failing on 1 event(s), over 0"]
     assert (await health(pool, projector="audit")).healthy  # failing is judged when asked
+
+
+async def pass_over(worker: Worker) -> None:
+    """Batches until no bucket has due work (failed work waits for its backoff)."""
+    while (await worker.run_once()).claimed:
+        pass
+
+
+async def test_retry_now_makes_failed_work_due_at_once_and_keeps_its_attempts(
+    pool: db.Pool, dsn: str
+) -> None:
+    """After a fix, failed work need not wait out its backoff (120 s here): a retry makes it
+    due now, one projector's holds or one row at a time, attempts kept, audited as `retry`."""
+    settings = Settings(dsn=dsn, backoff_base=120.0, backoff_cap=600.0)
+    failing: dict[str, set[tuple[str, int] | str]] = {"stats": {"t-00"}, "audit": {("t-01", 1)}}
+    app = tracked_app(settings, failing, unordered=["audit"])
+    expected: Counter[str] = Counter()
+    for cid in CAMPAIGNS[:2]:
+        await add_events(pool, settings, expected, cid, [1, 10])
+    await record(pool, app.registry, "w-1")
+    worker = Worker(app, pool)
+    await pass_over(worker)
+    assert await holds(pool) == [("t-00", "stats", 1, "failed"), ("t-01", "audit", 1, "failed")]
+    failing.clear()  # the fix is deployed
+    with pytest.raises(Conflict, match=r"is failed, not dead \(maintenance outbox-retry"):
+        await requeue_one(pool, "t-00", 1)
+    preview = await retry_failed(pool, limit=10, projector="stats", dry_run=True)
+    assert [(r.campaign_id, r.seq, r.attempt_count) for r in preview.rows] == [("t-00", 1, 1)]
+    done = await retry_failed(pool, limit=10, projector="stats", reason="fixed")
+    assert (done.matched, done.retried) == (1, 1)
+    await pass_over(worker)
+    assert await sums(pool, "stats") == expected  # t-00 at once, no backoff waited
+    assert await holds(pool) == [("t-01", "audit", 1, "failed")]  # not audit's: not asked
+    with pytest.raises(Conflict, match="projector 'roster' is not failed on row 't-01' seq 1"):
+        await retry_one(pool, "t-01", 1, projector="roster")
+    await retry_one(pool, "t-01", 1, projector="audit")
+    await pass_over(worker)
+    assert await holds(pool) == []
+    for name in ("roster", "stats", "audit"):
+        assert await sums(pool, name) == expected, name
+    retried = [e for e in (await audit(pool)).entries if e.action == "retry"]
+    assert sorted((e.campaign_id, e.projector, e.previous_attempt_count) for e in retried) == [
+        ("t-00", "stats", 1),
+        ("t-01", "audit", 1),
+    ]
