@@ -1,8 +1,9 @@
-"""The console's controls: requeue one dead row, preview and requeue an error group, discard one
-dead row, pause and resume a projector, promote a version and retire a superseded one. Each
-runs the same operation as its `maintenance` command (`outbox.ops`), audited with the
-authenticated actor, and states that command so a person can run it from a shell. No SQL and
-no HTML here: the operations are `outbox.ops`', the pages the templates'.
+"""The console's controls: requeue one dead row, retry one failed row now, preview and requeue
+an error group, discard one dead row, pause and resume a projector, promote a version and
+retire a superseded one. Each runs the same operation as its `maintenance` command
+(`outbox.ops`), audited with the authenticated actor, and states that command so a person can
+run it from a shell. No SQL and no HTML here: the operations are `outbox.ops`', the pages the
+templates'.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from outbox import db
 from outbox.ops.discard import discard_one
 from outbox.ops.pause import pause_projector, resume_projector
 from outbox.ops.report import MAX_LIMIT
-from outbox.ops.requeue import RequeueResult, requeue_dead, requeue_one
+from outbox.ops.requeue import RequeueResult, requeue_dead, requeue_one, retry_one
 from outbox.ops.retire import retire_projector
 from outbox.ops.versions import promote_version
 from outbox.projection.app import Outbox
@@ -36,6 +37,7 @@ __all__ = [
     "requeue_row",
     "resume",
     "retire",
+    "retry_row",
     "row_commands",
 ]
 
@@ -105,6 +107,19 @@ async def requeue_row(
     )
 
 
+async def retry_row(
+    pool: db.Pool, campaign_id: str, seq: int, *, actor: str, reason: str | None
+) -> Done:
+    await retry_one(pool, campaign_id, seq, actor=actor, reason=reason)
+    return Done(
+        f"retried {campaign_id} seq {seq}: due now, its attempts kept",
+        command_line(
+            "outbox-retry", "--campaign-id", campaign_id, "--seq", seq, "--reason", reason
+        ),
+        campaign_id,
+    )
+
+
 async def discard(
     pool: db.Pool, app: Outbox, campaign_id: str, seq: int, *, actor: str, reason: str
 ) -> Done:
@@ -126,16 +141,15 @@ def _app_command(verb: str, campaign_id: str, seq: int, *rest: str | int | None)
 
 def row_commands(campaign_id: str, seq: int, status: str | None) -> list[str]:
     """What an operator runs from a shell about one event: read it, read its audit, and (dead)
-    requeue it or (queued) apply it now."""
+    requeue it, (failed) retry it now, or (queued) apply it now."""
     found = [
         command_line("outbox-report", "--campaign-id", campaign_id, "--payload", "--json"),
         command_line("audit", "--campaign-id", campaign_id, "--json"),
     ]
-    if status == "dead":
+    if status in ("dead", "failed"):
+        verb = "outbox-requeue" if status == "dead" else "outbox-retry"
         found.append(
-            command_line(
-                "outbox-requeue", "--campaign-id", campaign_id, "--seq", seq, "--reason", "<why>"
-            )
+            command_line(verb, "--campaign-id", campaign_id, "--seq", seq, "--reason", "<why>")
         )
     if status is not None:
         found.append(_app_command("outbox-replay", campaign_id, seq))

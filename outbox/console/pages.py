@@ -257,6 +257,16 @@ async def requeue_row(request: Request, form: dict[str, str], actor: str) -> con
     )
 
 
+async def retry_row(request: Request, form: dict[str, str], actor: str) -> controls.Done:
+    return await controls.retry_row(
+        of(request).pool,
+        required(form, "campaign_id"),
+        positive_int(form.get("seq", ""), "seq"),
+        actor=actor,
+        reason=text(form, "reason"),
+    )
+
+
 async def discard_row(request: Request, form: dict[str, str], actor: str) -> controls.Done:
     console = of(request)
     if console.app is None:
@@ -324,6 +334,7 @@ async def retire(request: Request, form: dict[str, str], actor: str) -> controls
 # (path under /actions, route name, run): the controls, served only with actions.
 CONTROLS: tuple[tuple[str, str, Run], ...] = (
     ("requeue", "do_requeue", requeue_row),
+    ("retry", "do_retry", retry_row),
     ("discard", "do_discard", discard_row),
     ("pause", "do_pause", pause),
     ("resume", "do_resume", resume),

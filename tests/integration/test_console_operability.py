@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 
 import httpx
 import pytest
-from factories import make_dead
+from factories import make_dead, make_failed
 
 from outbox import Event, Settings, append, db
 from outbox.console import create_app
@@ -93,6 +93,34 @@ async def test_an_action_redirects_so_a_reload_does_not_act_again(
             assert shown.status_code == 200
             assert "requeued c1 seq 1" in shown.text
     assert await pool.fetchval("SELECT count(*) FROM outbox.outbox_requeue_audit") == 1
+
+
+async def test_a_failed_row_is_retried_now_from_its_campaign_page(
+    pool: db.Pool, settings: Settings
+) -> None:
+    await append(pool, "c1", [Event("t", {})], settings=settings)
+    await make_failed(pool, "c1", 1, attempts=3, due_in=300)  # a 300 s backoff ahead
+    app = create_app(pool, settings=settings, actions=True, auth=basic_auth(USER, PASSWORD))
+    async with client(app) as console:
+        page = (await console.get("/campaign", params={"id": "c1"})).text
+        assert ">retry now</button>" in page
+        marker = 'name="csrf" value="'
+        token = page[page.index(marker) + len(marker) :].split('"')[0]
+        form = {"campaign_id": "c1", "seq": "1", "reason": "fixed", "csrf": token}
+        posted = await console.post("/actions/retry", data=form)
+        assert posted.status_code == 303
+        shown = (await console.get("/done")).text
+        assert "retried c1 seq 1: due now, its attempts kept" in shown
+        assert "maintenance outbox-retry --campaign-id c1 --seq 1 --reason fixed" in shown
+        again = await console.post("/actions/retry", data={**form, "seq": "2"})
+        assert again.status_code == 404  # no such row: nothing retried
+    row = await pool.fetchrow(
+        "SELECT status, attempt_count, next_attempt_at <= clock_timestamp() AS due "
+        "FROM outbox.projection_apply_outbox"
+    )
+    assert row is not None
+    assert tuple(row) == ("failed", 3, True)
+    assert await pool.fetchval("SELECT action FROM outbox.outbox_requeue_audit") == "retry"
 
 
 def test_times_show_how_long_ago_beside_utc() -> None:

@@ -44,7 +44,13 @@ ROUTES = [
     "/fragments/overview",
     "/fragments/live",
 ]
-CONTROLS = ["/actions/requeue", "/actions/discard", "/actions/pause", "/actions/resume"]
+CONTROLS = [
+    "/actions/requeue",
+    "/actions/retry",
+    "/actions/discard",
+    "/actions/pause",
+    "/actions/resume",
+]
 BROWSER = {"sec-fetch-site": "same-origin"}  # what a browser sends from the console's pages
 
 
