@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from worker_apps import tally
+from worker_apps import tally, versioned
 
 from helpers import BIN, SUMS, TESTS, WORKER, sums, wait_for, worker_env
 from outbox import Event, Settings, append, db, drain_now, live_version
@@ -324,7 +324,9 @@ async def versioned_history(pool: db.Pool, dsn: str) -> dict[str, int]:
         await append(pool, f"c{i}", [Event("add", {"n": n}) for n in amounts], settings=v1.settings)
         expected[f"c{i}"] = sum(amounts)
     await drain_now(v1, pool)
-    await pause_projector(pool, "tally@v2", reason="deployed paused", actor="test")
+    await pause_projector(
+        pool, "tally@v2", reason="deployed paused", actor="test", registry=versioned.registry
+    )
     return expected
 
 

@@ -1,9 +1,11 @@
-"""The wheel works alone: built (from the sdist, which `python -m build` makes first) and
-installed into a clean virtualenv outside the checkout (with the console extra), it migrates,
-appends, drains with the worker and serves the console from an empty directory."""
+"""The wheel works alone: built and installed by README's install block as written (a fresh
+virtualenv, a copy of the checkout, the console extra), it migrates, appends, drains with the
+worker and serves the console from an empty directory; the sdist carries what a build needs."""
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -15,6 +17,32 @@ import httpx
 import pytest
 
 from helpers import ROOT
+
+# What a copy of the checkout leaves out: local state, not sources.
+COPY_IGNORE = (".venv", ".git", ".outbox", "dist", "build", "*.egg-info", "__pycache__", ".*_cache")
+
+
+def readme_install() -> str:
+    """The commands of README's install block (its comments dropped)."""
+    text = (ROOT / "README.md").read_text()
+    block = text.split("## Install", 1)[1].split("```sh\n", 1)[1].split("```", 1)[0]
+    return "\n".join(line.split("  #", 1)[0].rstrip() for line in block.splitlines())
+
+
+def run_readme_install(checkout: Path, venv: Path) -> None:
+    """README's install block in `checkout`, `python` being `venv`'s."""
+    env = {**os.environ, "PATH": f"{venv / 'bin'}:{os.environ['PATH']}", "PIP_QUIET": "1"}
+    env.pop("PYTHONPATH", None)
+    proc = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", readme_install()],
+        cwd=checkout,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert proc.returncode == 0, f"README's install failed: {proc.stderr[-2000:]}"
 
 
 def sh(*args: str | Path, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -30,8 +58,8 @@ async def test_wheel_installs_and_migrates_from_outside_the_source_tree(
     tmp_path: Path, fresh_db: str
 ) -> None:
     dist = tmp_path / "dist"
-    # An sdist, and the wheel built from it: the sdist alone makes a working wheel.
-    sh(sys.executable, "-m", "build", "--outdir", dist, ROOT, cwd=tmp_path)
+    # The sdist (the dev's `python -m build`) carries what a wheel built from it needs.
+    sh(sys.executable, "-m", "build", "--sdist", "--outdir", dist, ROOT, cwd=tmp_path)
     (sdist,) = dist.glob("pg_outbox-*.tar.gz")
     with tarfile.open(sdist) as archive:
         top = sdist.name.removesuffix(".tar.gz")
@@ -43,26 +71,22 @@ async def test_wheel_installs_and_migrates_from_outside_the_source_tree(
         "pyproject.toml",
         "sql/0001_schema.sql",
     } <= members
-    (wheel,) = dist.glob("pg_outbox-*.whl")  # the distribution's name; the import name outbox
+    # README's install, as written, in a fresh virtualenv (`python` is its own) on a copy of
+    # the checkout: nothing installed first but what `python -m venv` gives.
+    venv = tmp_path / "venv"
+    sh(sys.executable, "-m", "venv", venv, cwd=tmp_path)
+    checkout = tmp_path / "checkout"
+    shutil.copytree(ROOT, checkout, ignore=shutil.ignore_patterns(*COPY_IGNORE))
+    run_readme_install(checkout, venv)
+    (wheel,) = (checkout / "dist").glob("pg_outbox-*.whl")  # the distribution's name
     names = set(zipfile.ZipFile(wheel).namelist())
     assert "outbox/migrations/0001_schema.sql" in names
     # Every module's named SQL ships beside it.
     assert {str(f.relative_to(ROOT)) for f in (ROOT / "outbox").rglob("*.sql")} <= names
     assert "outbox/py.typed" in names
     assert not any(n.startswith(("tests/", "cmd/")) for n in names)
-
-    venv = tmp_path / "venv"
-    sh(sys.executable, "-m", "venv", venv, cwd=tmp_path)
-    sh(
-        venv / "bin" / "python",
-        "-m",
-        "pip",
-        "install",
-        "--quiet",
-        "--disable-pip-version-check",
-        f"{wheel}[console]",
-        cwd=tmp_path,
-    )
+    version = sh(venv / "bin" / "python", "-m", "outbox", "--version", cwd=tmp_path).stdout
+    assert wheel.name.startswith(f"pg_outbox-{version.split()[-1]}-")
     # Run from an empty directory so nothing can be read from the checkout.
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
