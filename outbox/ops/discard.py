@@ -18,7 +18,7 @@ from outbox import db
 from outbox.errors import Conflict, ValidationError
 from outbox.ops.requeue import current_actor
 from outbox.projection.guards import lock_checkpoints
-from outbox.projection.known import require_recorded
+from outbox.projection.known import require_known
 from outbox.queue import repair
 from outbox.queue.claim import ClaimedRow, claim_one
 from outbox.queue.holds import CATCHING_UP, HoldWrite, RowHold, row_holds
@@ -68,7 +68,7 @@ async def discard_one(
     actor = actor or current_actor()
     async with db.acquire(executor) as conn:
         if projector is not None and projector not in registry.projectors:
-            await require_recorded(conn, projector)  # a typo discards nothing
+            await require_known(conn, projector)  # a typo discards nothing
         async with conn.transaction():
             row, _ = await claim_one(conn, campaign_id, seq, park=True)
             holds = await row_holds(conn, campaign_id, seq)

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from outbox import db
 from outbox.errors import Conflict, ValidationError
 from outbox.ops.report import check_limit
-from outbox.projection.known import require_recorded
+from outbox.projection.known import require_known
 from outbox.queue import repair
 from outbox.queue.claim import claim_one
 from outbox.queue.repair import DeadRow
@@ -136,7 +136,7 @@ async def _one(
     wanted = "dead" if action == "requeue" else "failed"
     async with db.acquire(executor) as conn:
         if projector is not None:
-            await require_recorded(conn, projector)
+            await require_known(conn, projector)
         async with conn.transaction():
             row, _ = await claim_one(conn, campaign_id, seq, park=True)
             if row.status != wanted:
@@ -255,7 +255,7 @@ async def _batch(
     done: list[DeadRow] = []
     async with db.acquire(executor) as conn:
         if projector is not None:
-            await require_recorded(conn, projector)
+            await require_known(conn, projector)
         while len(done) < limit:
             ask = limit if dry_run else min(REQUEUE_CHUNK, limit - len(done))
             async with conn.transaction():

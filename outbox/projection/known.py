@@ -34,7 +34,7 @@ from outbox.projection.definition import (
     legacy_definition,
 )
 from outbox.queries import Queries
-from outbox.queue.holds import delete_projector_holds
+from outbox.queue.holds import count_holds, delete_projector_holds
 from outbox.queue.settle import refresh_campaigns, settle
 
 if TYPE_CHECKING:
@@ -52,6 +52,7 @@ __all__ = [
     "owe_nothing",
     "record",
     "redefine",
+    "require_known",
     "require_recorded",
     "retire",
 ]
@@ -226,9 +227,26 @@ async def require_recorded(executor: Executor, name: str) -> KnownProjector:
     recorded = await list_known(executor)
     found = next((k for k in recorded if k.projector == name), None)
     if found is None:
-        names = ", ".join(k.projector for k in recorded) or "none"
-        raise NotFound(f"projector {name!r} is not recorded (recorded: {names})")
+        raise _unknown(name, recorded)
     return found
+
+
+async def require_known(executor: Executor, name: str) -> None:
+    """NotFound (as `require_recorded`'s) unless projector `name` is recorded or holds work
+    (S24: an embedded worker's projector may hold rows it never recorded): what a requeue,
+    retry or discard for one projector checks, so a typo repairs nothing."""
+    async with db.acquire(executor) as conn:
+        recorded = await list_known(conn)
+        if any(k.projector == name for k in recorded):
+            return
+        if any(h.projector == name for h in await count_holds(conn)):
+            return
+        raise _unknown(name, recorded)
+
+
+def _unknown(name: str, recorded: Sequence[KnownProjector]) -> NotFound:
+    names = ", ".join(k.projector for k in recorded) or "none"
+    return NotFound(f"projector {name!r} is not recorded (recorded: {names})")
 
 
 async def retire(

@@ -13,7 +13,7 @@ import asyncpg
 import httpx
 import pytest
 from campaigns_demo.app import install
-from factories import make_dead
+from factories import make_dead, make_failed
 
 from helpers import ROOT, run_cli
 from outbox import Event, Settings, append, db, dedup
@@ -147,6 +147,13 @@ async def test_each_role_does_its_job_and_no_more(
         dsn=roles["outbox_operator"],
     )
     assert requeued.returncode == 0, requeued.stderr
+    # ... retries a failed row now (its attempts kept) ...
+    await make_failed(pool, "c", 2, due_in=300)
+    retried = run_cli(
+        "maintenance", "outbox-retry", "--campaign-id", "c", "--seq", "2", "--reason", "fixed",
+        dsn=roles["outbox_operator"],
+    )  # fmt: skip
+    assert retried.returncode == 0, retried.stderr
     # ... and discards a dead row, moving the ordered checkpoints past it.
     await make_dead(pool, "c", 2)
     discarded = run_cli(
@@ -184,7 +191,11 @@ async def test_each_role_does_its_job_and_no_more(
     finally:
         await operator.close()
     reasons = await pool.fetch("SELECT action, reason FROM outbox.outbox_requeue_audit ORDER BY at")
-    assert [tuple(r) for r in reasons] == [("requeue", "test"), ("discard", "cursed for good")]
+    assert [tuple(r) for r in reasons] == [
+        ("requeue", "test"),
+        ("retry", "fixed"),
+        ("discard", "cursed for good"),
+    ]
 
 
 async def test_the_console_reads_as_the_report_role(
