@@ -123,20 +123,37 @@ def outbox_requeue_dead_command(
             )
 
     result = pool_run(dsn, body)
-    rows = result.rows
+    _render_batch(
+        "outbox-requeue-dead", result, result.rows, bound=bound, dry_run=dry_run, quiet=quiet,
+        as_json=as_json, verb="requeue", done="requeued",
+    )  # fmt: skip
+
+
+def _render_batch(
+    mode: str,
+    result: object,
+    rows: list[DeadRow],
+    *,
+    bound: int,
+    dry_run: bool,
+    quiet: bool,
+    as_json: bool,
+    verb: str,
+    done: str,
+    note: str = "",
+) -> None:
+    """A batch repair's answer: a dry run's line, then the JSON or the rows' table (none
+    with --quiet), then how many rows were `done`."""
     if dry_run:
         more = f" (the oldest {bound:,}: more may match)" if len(rows) == bound else ""
-        stderr.print(f"dry run: {len(rows)} row(s) would be requeued{more}, none was")
+        stderr.print(f"dry run: {len(rows)} row(s) would be {done}{more}, none was")
     if as_json:
-        emit_json("outbox-requeue-dead", result, omit=("rows",) if quiet else ())
+        emit_json(mode, result, omit=("rows",) if quiet else ())
         return
-    if quiet:
-        if not dry_run:
-            stderr.print(f"requeued {len(rows)} row(s)")
-        return
-    stdout.print(_rows_table(rows, "would requeue" if dry_run else "requeued"))
+    if not quiet:
+        stdout.print(_rows_table(rows, f"would {verb}" if dry_run else done))
     if not dry_run:
-        stderr.print(f"requeued {len(rows)} row(s)")
+        stderr.print(f"{done} {len(rows)} row(s){note}")
 
 
 def _rows_table(rows: list[DeadRow], title: str) -> Table:
@@ -225,16 +242,10 @@ def outbox_retry_command(
             projector=projector,
         ),
     )
-    if dry_run:
-        more = f" (the oldest {bound:,}: more may match)" if len(result.rows) == bound else ""
-        stderr.print(f"dry run: {len(result.rows)} row(s) would be retried{more}, none was")
-    if as_json:
-        emit_json("outbox-retry", result, omit=("rows",) if quiet else ())
-        return
-    if not quiet:
-        stdout.print(_rows_table(result.rows, "would retry" if dry_run else "retried"))
-    if not dry_run:
-        stderr.print(f"retried {len(result.rows)} row(s): due now")
+    _render_batch(
+        "outbox-retry", result, result.rows, bound=bound, dry_run=dry_run, quiet=quiet,
+        as_json=as_json, verb="retry", done="retried", note=": due now",
+    )  # fmt: skip
 
 
 @app.command("outbox-discard")

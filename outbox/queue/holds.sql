@@ -50,33 +50,29 @@ SELECT EXISTS (
 -- those it is failing on (its holds so, and the rows of its types so with no hold: a failure
 -- no projector raised, S24, which it waits behind too); the seconds since the longest-waiting
 -- of its due holds was last worked (null: none due); and since the oldest due work row of its
--- types that no hold stands for was enqueued (null: none).
-SELECT
-    (SELECT count(*) FROM @extschema@.projection_holds h
-     WHERE h.projector = $1::text AND h.status = 'dead')
-    + (SELECT count(*) FROM @extschema@.projection_apply_outbox o
-       WHERE o.status = 'dead' AND o.event_type = ANY ($2::text[])
-         AND NOT EXISTS (
-             SELECT 1 FROM @extschema@.projection_holds y
-             WHERE y.bucket = o.bucket AND y.campaign_id = o.campaign_id AND y.seq = o.seq
-         )) AS dead,
-    (SELECT count(*) FROM @extschema@.projection_holds h
-     WHERE h.projector = $1::text AND h.status = 'failed')
-    + (SELECT count(*) FROM @extschema@.projection_apply_outbox o
-       WHERE o.status = 'failed' AND o.event_type = ANY ($2::text[])
-         AND NOT EXISTS (
-             SELECT 1 FROM @extschema@.projection_holds y
-             WHERE y.bucket = o.bucket AND y.campaign_id = o.campaign_id AND y.seq = o.seq
-         )) AS failed,
-    (SELECT extract(epoch FROM clock_timestamp() - min(h.updated_at))::double precision
-     FROM @extschema@.projection_holds h
-     WHERE h.projector = $1::text AND h.status <> 'dead'
-       AND h.next_attempt_at <= clock_timestamp()) AS hold_seconds,
-    (SELECT extract(epoch FROM clock_timestamp() - min(o.enqueued_at))::double precision
-     FROM @extschema@.projection_apply_outbox o
-     WHERE o.status IN ('pending', 'failed') AND o.next_attempt_at <= clock_timestamp()
-       AND o.event_type = ANY ($2::text[])
-       AND NOT EXISTS (
-           SELECT 1 FROM @extschema@.projection_holds y
-           WHERE y.bucket = o.bucket AND y.campaign_id = o.campaign_id AND y.seq = o.seq
-       )) AS row_seconds
+-- types that no hold stands for was enqueued (null: none). One pass over its holds, one over
+-- the rows of its types.
+WITH held AS (
+    SELECT count(*) FILTER (WHERE h.status = 'dead') AS dead,
+           count(*) FILTER (WHERE h.status = 'failed') AS failed,
+           extract(epoch FROM clock_timestamp() - min(h.updated_at) FILTER (
+               WHERE h.status <> 'dead' AND h.next_attempt_at <= clock_timestamp()
+           ))::double precision AS seconds
+    FROM @extschema@.projection_holds h
+    WHERE h.projector = $1::text
+), own AS (
+    SELECT count(*) FILTER (WHERE o.status = 'dead') AS dead,
+           count(*) FILTER (WHERE o.status = 'failed') AS failed,
+           extract(epoch FROM clock_timestamp() - min(o.enqueued_at) FILTER (
+               WHERE o.status IN ('pending', 'failed') AND o.next_attempt_at <= clock_timestamp()
+           ))::double precision AS seconds
+    FROM @extschema@.projection_apply_outbox o
+    WHERE o.event_type = ANY ($2::text[])
+      AND NOT EXISTS (
+          SELECT 1 FROM @extschema@.projection_holds y
+          WHERE y.bucket = o.bucket AND y.campaign_id = o.campaign_id AND y.seq = o.seq
+      )
+)
+SELECT held.dead + own.dead AS dead, held.failed + own.failed AS failed,
+       held.seconds AS hold_seconds, own.seconds AS row_seconds
+FROM held, own
