@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Append commit -> projection visible, at a steady rate, beside a raw LISTEN loop, in one run.
 
-Usage: python bench/latency.py [--rate 500] [--seconds 10]
-A paced producer appends one-event appends to 1,000 campaigns at `rate` events/s while a worker
+Usage: python bench/latency.py [--rate 500] [--seconds 10] [--campaigns 8,1000]
+For each spread in `--campaigns`, a paced producer appends one-event appends spread over that
+many campaigns at `rate` events/s while a worker
 process (`outbox-worker --app _apps:visible`, 2 claim loops) applies them with a batch projector
 that inserts one row per event; then again with the same projection as a SQL projector
 (`_apps:visible_sql`). The latency of an event is the commit timestamp of its
@@ -129,7 +130,20 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
     proc.wait(timeout=30)
 
 
-async def main(rate: int, seconds: float) -> None:
+async def main(rate: int, seconds: float, spreads: list[int]) -> None:
+    results = [await spread_case(rate, seconds, spread) for spread in spreads]
+    print_json(
+        "latency",
+        {
+            "rate": rate,
+            "seconds": seconds,
+            "spreads": {str(n): figures for n, figures in zip(spreads, results, strict=True)},
+        },
+    )
+
+
+async def spread_case(rate: int, seconds: float, spread: int) -> dict[str, dict[str, float]]:
+    """The three cases over `spread` campaigns, in a fresh database; prints and returns them."""
     total = int(rate * seconds)
     async with bench_database(commit_timestamps=True) as dsn:
         conn = await asyncpg.connect(dsn)
@@ -144,7 +158,7 @@ async def main(rate: int, seconds: float) -> None:
 
             async def send_outbox(i: int) -> object:
                 event = Event(EVENT_TYPE, {"amount": i % 7})
-                campaign = f"c-{i % 1000}"
+                campaign = f"c-{i % spread}"
                 result = await append(pool, campaign, [event], settings=settings)
                 if WAIT_EVERY and i % WAIT_EVERY == 0:
                     if not await wait_applied(waiters, campaign, result.last_seq, 30):
@@ -180,7 +194,7 @@ async def main(rate: int, seconds: float) -> None:
             await asyncio.sleep(2)
 
             async def send_raw(i: int) -> object:
-                return await pool.fetchval(RAW_ENQUEUE, f"c-{i % 1000}", i)
+                return await pool.fetchval(RAW_ENQUEUE, f"c-{i % spread}", i)
 
             await paced(rate, seconds, send_raw)
             await wait_until(conn, "SELECT count(*) FROM raw_visible", total, 60)
@@ -190,7 +204,10 @@ async def main(rate: int, seconds: float) -> None:
             await pool.close()
             await waiters.close()
             await conn.close()
-    print(f"append commit -> visible at {rate} events/s for {seconds:g}s, durable server")
+    print(
+        f"append commit -> visible at {rate} events/s over {spread:,} campaigns for {seconds:g}s,"
+        " durable server"
+    )
     labels = {
         "outbox": "outbox (Python batch projector)",
         "outbox_sql": "outbox (SQL projector)",
@@ -200,16 +217,22 @@ async def main(rate: int, seconds: float) -> None:
     for name, f in figures.items():
         p50, p95, p99 = f["p50_ms"], f["p95_ms"], f["p99_ms"]
         print(f"  {labels[name]:<52} p50 {p50:6.2f}  p95 {p95:6.2f}  p99 {p99:6.2f} ms")
-    print_json("latency", {"rate": rate, "seconds": seconds, "latency": figures})
+    return figures
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rate", type=int, default=500)
     parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument(
+        "--campaigns",
+        default="8,1000",
+        type=lambda text: [int(n) for n in text.split(",")],
+        help="the spreads to run, comma-separated (default 8,1000)",
+    )
     parser.add_argument("--raw-listener", metavar="DSN", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.raw_listener:
         asyncio.run(raw_listener(args.raw_listener))
     else:
-        asyncio.run(main(args.rate, args.seconds))
+        asyncio.run(main(args.rate, args.seconds, args.campaigns))

@@ -99,7 +99,8 @@ BEGIN
                 -- now; an event already marked was applied (a duplicate, skipped).
                 WITH reserved AS (
                     INSERT INTO processed_markers AS m (bucket, campaign_id, seq, handler)
-                    SELECT p_bucket, x.campaign_id, x.seq, p ->> 'name'
+                    SELECT outbox_bucket_in(p_bucket, x.campaign_id), x.campaign_id, x.seq,
+                           p ->> 'name'
                     FROM unnest(cids, seqs, types) AS x(campaign_id, seq, type)
                     WHERE x.type IN (SELECT jsonb_array_elements_text(p -> 'types'))
                     ORDER BY x.campaign_id, x.seq
@@ -276,6 +277,10 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION outbox.outbox_bucket_in(p_bucket integer, p_campaign_id text) RETURNS integer
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    RETURN CASE WHEN (p_bucket >= 0) THEN p_bucket ELSE outbox.outbox_bucket(p_campaign_id) END;
+
 CREATE FUNCTION outbox.outbox_build_key(p_projector text) RETURNS integer
     LANGUAGE sql STABLE
     SET search_path TO 'outbox', 'pg_temp'
@@ -381,17 +386,18 @@ CREATE FUNCTION outbox.outbox_checkpoints_of(p_bucket integer, p_campaigns text[
 BEGIN
     RETURN QUERY
     SELECT k.campaign_id, k.projector, coalesce(m.applied_seq, k.applied_seq)
-    FROM projection_checkpoint_keys k
+    FROM (SELECT DISTINCT u.c FROM unnest(p_campaigns) AS u(c)) AS t(campaign_id)
+    JOIN projection_checkpoint_keys k
+        ON k.bucket = outbox_bucket_in(p_bucket, t.campaign_id) AND k.campaign_id = t.campaign_id
     LEFT JOIN LATERAL (
         SELECT m.applied_seq
         FROM projection_checkpoint_moves m
-        WHERE m.bucket = p_bucket AND m.campaign_id = k.campaign_id
-          AND m.projector = k.projector
+        WHERE m.bucket = outbox_bucket_in(p_bucket, t.campaign_id)
+          AND m.campaign_id = k.campaign_id AND m.projector = k.projector
         ORDER BY m.n DESC
         LIMIT 1
     ) m ON true
-    WHERE k.bucket = p_bucket AND k.campaign_id = ANY (p_campaigns)
-      AND (p_projectors IS NULL OR k.projector = ANY (p_projectors))
+    WHERE p_projectors IS NULL OR k.projector = ANY (p_projectors)
     ORDER BY k.campaign_id, k.projector;
 END
 $$;
@@ -418,7 +424,7 @@ BEGIN
     FROM (
         SELECT q.campaign_id, q.head_seq
         FROM projection_apply_campaigns q
-        WHERE q.bucket = p_bucket AND NOT q.blocked AND q.due_at <= v_now
+        WHERE (p_bucket < 0 OR q.bucket = p_bucket) AND NOT q.blocked AND q.due_at <= v_now
           AND (p_take = 'all' OR (p_take = 'live') = (q.head_seq > 0))
         ORDER BY q.due_at
         LIMIT p_campaigns
@@ -437,15 +443,29 @@ BEGIN
     RETURN QUERY
     SELECT p.campaign_id,
            o.status IN ('pending', 'failed', 'processing') AND o.next_attempt_at <= v_now,
-           b.first_seq, b.last_seq, k.projectors, k.applied_seqs, hd.holds,
+           p.first_seq, p.last_seq, k.projectors, k.applied_seqs, hd.holds,
            o.seq, o.status, o.attempt_count, o.next_attempt_at, o.lease_owner, o.claim_epoch,
            j.event_type, j.payload::text, j.metadata::text, j.recorded_at
-    FROM unnest(ids, heads) AS p(campaign_id, head_seq)
-    CROSS JOIN LATERAL (
-        SELECT min(x.seq) AS first_seq, max(x.seq) AS last_seq
-        FROM projection_apply_outbox x
-        WHERE x.bucket = p_bucket AND x.campaign_id = p.campaign_id
-    ) b
+    FROM (
+        -- Per campaign, once (OFFSET 0: not again for each of its rows). The first seq leaves
+        -- out a dead row that stands for dead holds alone (S24: each holds only its projector,
+        -- out of the claim's way), not a row's own death (S8). Each an index scan that stops
+        -- at its first row (an aggregate would read the campaign).
+        SELECT u.campaign_id, u.head_seq,
+               (SELECT x.seq FROM projection_apply_outbox x
+                WHERE x.bucket = outbox_bucket_in(p_bucket, u.campaign_id)
+                  AND x.campaign_id = u.campaign_id
+                  AND (x.status <> 'dead' OR NOT EXISTS (
+                      SELECT 1 FROM projection_holds y
+                      WHERE y.bucket = outbox_bucket_in(p_bucket, u.campaign_id)
+                        AND y.campaign_id = u.campaign_id AND y.seq = x.seq))
+                ORDER BY x.seq LIMIT 1) AS first_seq,
+               (SELECT max(x.seq) FROM projection_apply_outbox x
+                WHERE x.bucket = outbox_bucket_in(p_bucket, u.campaign_id)
+                  AND x.campaign_id = u.campaign_id) AS last_seq
+        FROM unnest(ids, heads) AS u(campaign_id, head_seq)
+        OFFSET 0
+    ) p
     CROSS JOIN LATERAL (
         SELECT array_agg(c.projector) AS projectors, array_agg(c.applied_seq) AS applied_seqs
         FROM unnest(cp_campaigns, cp_projectors, cp_seqs) AS c(campaign_id, projector, applied_seq)
@@ -461,13 +481,15 @@ BEGIN
                    'due', h.status <> 'dead' AND h.next_attempt_at <= v_now)
                    ORDER BY h.projector, h.seq)::text AS holds
         FROM projection_holds h
-        WHERE h.bucket = p_bucket AND h.campaign_id = p.campaign_id
+        WHERE h.bucket = outbox_bucket_in(p_bucket, p.campaign_id)
+          AND h.campaign_id = p.campaign_id
     ) hd
     LEFT JOIN LATERAL (
         SELECT x.seq, x.status, x.attempt_count, x.next_attempt_at, x.lease_owner,
                x.claim_epoch
         FROM projection_apply_outbox x
-        WHERE x.bucket = p_bucket AND x.campaign_id = p.campaign_id AND x.seq >= p.head_seq
+        WHERE x.bucket = outbox_bucket_in(p_bucket, p.campaign_id) AND x.campaign_id = p.campaign_id
+          AND x.seq >= p.head_seq
         ORDER BY x.seq
         LIMIT (p_budget + cardinality(ids) - 1) / cardinality(ids)
     ) o ON true
@@ -476,7 +498,8 @@ BEGIN
         -- rows per campaign high and would join the whole journal by hash.
         SELECT e.event_type, e.payload, e.metadata, e.recorded_at
         FROM event_journal e
-        WHERE e.bucket = p_bucket AND e.campaign_id = p.campaign_id AND e.seq = o.seq
+        WHERE e.bucket = outbox_bucket_in(p_bucket, p.campaign_id) AND e.campaign_id = p.campaign_id
+          AND e.seq = o.seq
         OFFSET 0
     ) j ON true
     ORDER BY p.campaign_id, o.seq;
@@ -610,7 +633,8 @@ BEGIN
                        'recorded_at', j.recorded_at) ORDER BY k.ord), '[]'::jsonb)
             FROM unnest(p_campaign_ids, p_seqs) WITH ORDINALITY AS k(campaign_id, seq, ord)
             JOIN event_journal j
-                ON j.bucket = p_bucket AND j.campaign_id = k.campaign_id AND j.seq = k.seq);
+                ON j.bucket = outbox_bucket_in(p_bucket, k.campaign_id)
+               AND j.campaign_id = k.campaign_id AND j.seq = k.seq);
 END
 $$;
 
@@ -650,13 +674,14 @@ BEGIN
                         max(h.next_attempt_at)) AS next,
                (array_agg(h.last_error ORDER BY h.updated_at DESC)
                    FILTER (WHERE h.last_error IS NOT NULL))[1] AS error
-        FROM projection_holds h
-        JOIN unnest(p_campaigns, p_seqs) AS t(campaign_id, seq)
-            ON h.campaign_id = t.campaign_id AND h.seq = t.seq
-        WHERE h.bucket = p_bucket
+        FROM unnest(p_campaigns, p_seqs) AS t(campaign_id, seq)
+        JOIN projection_holds h
+            ON h.bucket = outbox_bucket_in(p_bucket, t.campaign_id)
+           AND h.campaign_id = t.campaign_id AND h.seq = t.seq
         GROUP BY h.campaign_id, h.seq
     ) s
-    WHERE o.bucket = p_bucket AND o.campaign_id = s.campaign_id AND o.seq = s.seq
+    WHERE o.bucket = outbox_bucket_in(p_bucket, s.campaign_id) AND o.campaign_id = s.campaign_id
+      AND o.seq = s.seq
       AND o.status <> 'processing';
 END
 $$;
@@ -697,8 +722,8 @@ BEGIN
     CROSS JOIN LATERAL (
         SELECT 1
         FROM projection_checkpoint_keys k
-        WHERE k.bucket = p_bucket AND k.campaign_id = t.campaign_id
-          AND k.projector = ANY (p_projectors)
+        WHERE k.bucket = outbox_bucket_in(p_bucket, t.campaign_id)
+          AND k.campaign_id = t.campaign_id AND k.projector = ANY (p_projectors)
         ORDER BY k.projector
         FOR UPDATE
     ) k;
@@ -716,10 +741,14 @@ DECLARE
 BEGIN
     SELECT coalesce(array_agg(x.campaign_id), '{}') INTO held
     FROM (
-        SELECT h.campaign_id FROM campaign_head_keys h
-        WHERE h.bucket = p_bucket AND h.campaign_id = ANY (p_campaigns)
-        ORDER BY h.campaign_id
-        FOR SHARE SKIP LOCKED
+        SELECT h.campaign_id
+        FROM (SELECT DISTINCT u.c FROM unnest(p_campaigns) AS u(c) ORDER BY u.c) AS t(campaign_id)
+        CROSS JOIN LATERAL (
+            SELECT h.campaign_id FROM campaign_head_keys h
+            WHERE h.bucket = outbox_bucket_in(p_bucket, t.campaign_id)
+              AND h.campaign_id = t.campaign_id
+            FOR SHARE SKIP LOCKED
+        ) h
     ) x;
     RETURN QUERY
     SELECT t.campaign_id FROM unnest(held) AS t(campaign_id)
@@ -728,7 +757,8 @@ BEGIN
     WHERE NOT t.campaign_id = ANY (held)
       AND NOT EXISTS (
           SELECT 1 FROM campaign_head_keys h
-          WHERE h.bucket = p_bucket AND h.campaign_id = t.campaign_id
+          WHERE h.bucket = outbox_bucket_in(p_bucket, t.campaign_id)
+            AND h.campaign_id = t.campaign_id
       );
 END
 $$;
@@ -809,18 +839,21 @@ BEGIN
         RETURN;
     END IF;
     WITH x AS (
-        SELECT x.campaign_id, x.projector, x.applied_seq, k.here, l.n
-        FROM jsonb_to_recordset(p_moves) AS x(campaign_id text, projector text,
-                                              applied_seq bigint)
+        SELECT x.bucket, x.campaign_id, x.projector, x.applied_seq, k.here, l.n
+        FROM (
+            SELECT outbox_bucket_in(p_bucket, y.campaign_id) AS bucket, y.*
+            FROM jsonb_to_recordset(p_moves) AS y(campaign_id text, projector text,
+                                                  applied_seq bigint)
+        ) x
         LEFT JOIN LATERAL (
             SELECT true AS here FROM projection_checkpoint_keys k
-            WHERE k.bucket = p_bucket AND k.campaign_id = x.campaign_id
+            WHERE k.bucket = x.bucket AND k.campaign_id = x.campaign_id
               AND k.projector = x.projector
             LIMIT 1
         ) k ON true
         LEFT JOIN LATERAL (
             SELECT v.n FROM projection_checkpoint_moves v
-            WHERE v.bucket = p_bucket AND v.campaign_id = x.campaign_id
+            WHERE v.bucket = x.bucket AND v.campaign_id = x.campaign_id
               AND v.projector = x.projector
             ORDER BY v.n DESC
             LIMIT 1
@@ -828,7 +861,7 @@ BEGIN
     ), made AS (
         INSERT INTO projection_checkpoint_keys AS k (bucket, campaign_id, projector, applied_seq,
                                                      updated_at)
-        SELECT p_bucket, x.campaign_id, x.projector, x.applied_seq, p_now
+        SELECT x.bucket, x.campaign_id, x.projector, x.applied_seq, p_now
         FROM x WHERE x.here IS NULL
         ORDER BY x.campaign_id, x.projector
         ON CONFLICT (bucket, campaign_id, projector) DO NOTHING
@@ -836,7 +869,7 @@ BEGIN
     )
     INSERT INTO projection_checkpoint_moves (bucket, campaign_id, projector, n, applied_seq,
                                              moved_at, slot)
-    SELECT p_bucket, x.campaign_id, x.projector, coalesce(x.n, 0) + 1, x.applied_seq, p_now,
+    SELECT x.bucket, x.campaign_id, x.projector, coalesce(x.n, 0) + 1, x.applied_seq, p_now,
            v_slot
     FROM x
     WHERE NOT EXISTS (
@@ -1166,7 +1199,7 @@ DECLARE
     events jsonb;
 BEGIN
     IF EXISTS (SELECT 1 FROM unnest(p_campaign_ids) c WHERE outbox_bucket(c) <> v_bucket) THEN
-        RAISE EXCEPTION 'a SQL projector''s events are one bucket''s; these are not';
+        v_bucket := -1;  -- each event read in its own bucket (`outbox_bucket_in`)
     END IF;
     events := outbox_events_json(v_bucket, p_campaign_ids, p_seqs);
     IF jsonb_array_length(events) <> coalesce(cardinality(p_seqs), 0) THEN
@@ -1209,6 +1242,7 @@ DECLARE
     failed jsonb := '[]';
     campaigns jsonb := '[]';
     m record;
+    v_bucket integer;  -- the bucket of the campaign at hand (`outbox_bucket_in`)
 BEGIN
     IF ran THEN
         PERFORM outbox_lock_versions(false);
@@ -1273,8 +1307,8 @@ BEGIN
         DELETE FROM projection_holds h
         USING jsonb_to_recordset(p_batch -> 'released')
             AS r(campaign_id text, projector text, seq bigint)
-        WHERE h.bucket = p_bucket AND h.campaign_id = r.campaign_id
-          AND h.projector = r.projector AND h.seq = r.seq;
+        WHERE h.bucket = outbox_bucket_in(p_bucket, r.campaign_id)
+          AND h.campaign_id = r.campaign_id AND h.projector = r.projector AND h.seq = r.seq;
     END IF;
     IF jsonb_array_length(coalesce(p_batch -> 'holds', '[]')) > 0 THEN
         FOR m IN
@@ -1285,6 +1319,7 @@ BEGIN
                      delay double precision, error text, event_type text)
             ORDER BY x.campaign_id, x.projector, x.seq
         LOOP
+            v_bucket := outbox_bucket_in(p_bucket, m.campaign_id);
             IF m.event_type IS NOT NULL THEN
                 -- A failure on an event whose row went (the projector met it in the journal):
                 -- the row comes back, for its holder alone, so that readers and operators see
@@ -1292,19 +1327,19 @@ BEGIN
                 -- The batch holds the campaign, so no one else makes its rows meanwhile (S26:
                 -- the look covers every slot).
                 PERFORM FROM projection_apply_outbox o
-                WHERE o.bucket = p_bucket AND o.campaign_id = m.campaign_id AND o.seq = m.seq;
+                WHERE o.bucket = v_bucket AND o.campaign_id = m.campaign_id AND o.seq = m.seq;
                 IF NOT FOUND THEN
                     INSERT INTO projection_apply_outbox (bucket, campaign_id, seq, event_type,
                                                          next_attempt_at, enqueued_at,
                                                          updated_at, slot)
-                    VALUES (p_bucket, m.campaign_id, m.seq, m.event_type, m.next, v_now, v_now,
+                    VALUES (v_bucket, m.campaign_id, m.seq, m.event_type, m.next, v_now, v_now,
                             outbox_queue_slot(v_now));
                 END IF;
             END IF;
             INSERT INTO projection_holds AS h (bucket, campaign_id, projector, seq, status,
                                                attempt_count, next_attempt_at, last_error,
                                                created_at, updated_at)
-            VALUES (p_bucket, m.campaign_id, m.projector, m.seq, m.status, m.attempts, m.next,
+            VALUES (v_bucket, m.campaign_id, m.projector, m.seq, m.status, m.attempts, m.next,
                     m.error, v_now, v_now)
             ON CONFLICT (bucket, campaign_id, projector, seq) DO UPDATE
             SET status = excluded.status, attempt_count = excluded.attempt_count,
@@ -1319,11 +1354,13 @@ BEGIN
         DELETE FROM projection_apply_outbox o
         USING jsonb_to_recordset(p_batch -> 'released')
             AS r(campaign_id text, projector text, seq bigint)
-        WHERE o.bucket = p_bucket AND o.campaign_id = r.campaign_id AND o.seq = r.seq
-          AND r.seq > 0 AND o.status <> 'processing'
+        WHERE o.bucket = outbox_bucket_in(p_bucket, r.campaign_id)
+          AND o.campaign_id = r.campaign_id AND o.seq = r.seq AND r.seq > 0
+          AND o.status <> 'processing'
           AND NOT EXISTS (
               SELECT 1 FROM projection_holds h
-              WHERE h.bucket = p_bucket AND h.campaign_id = o.campaign_id AND h.seq = o.seq
+              WHERE h.bucket = outbox_bucket_in(p_bucket, r.campaign_id)
+                AND h.campaign_id = o.campaign_id AND h.seq = o.seq
           );
     END IF;
     IF jsonb_array_length(coalesce(p_batch -> 'touched', '[]')) > 0 THEN
@@ -1386,9 +1423,10 @@ BEGIN
         ) t USING (campaign_id)
         ORDER BY x.campaign_id
     LOOP
+        v_bucket := outbox_bucket_in(p_bucket, m.campaign_id);
         WITH done AS (
             DELETE FROM projection_apply_outbox o
-            WHERE o.bucket = p_bucket AND o.campaign_id = m.campaign_id
+            WHERE o.bucket = v_bucket AND o.campaign_id = m.campaign_id
               AND o.seq = ANY (m.done_seqs)
             RETURNING extract(epoch FROM v_now - o.enqueued_at)::double precision AS age
         ), failures AS (  -- a data-modifying CTE runs whether or not it is read
@@ -1400,7 +1438,7 @@ BEGIN
                 updated_at = v_now
             FROM jsonb_to_recordset(m.failed_rows)
                 AS f(seq bigint, attempts integer, next timestamptz, error text, dead boolean)
-            WHERE o.bucket = p_bucket AND o.campaign_id = m.campaign_id
+            WHERE o.bucket = v_bucket AND o.campaign_id = m.campaign_id
               AND o.seq = ANY (m.failed_seqs) AND o.seq = f.seq
             RETURNING o.seq
         ), target AS (
@@ -1414,7 +1452,7 @@ BEGIN
             -- now.
             SELECT t.*, EXISTS (
                        SELECT 1 FROM projection_apply_outbox o
-                       WHERE o.bucket = p_bucket AND o.campaign_id = m.campaign_id
+                       WHERE o.bucket = v_bucket AND o.campaign_id = m.campaign_id
                          AND o.seq >= t.head_seq
                    ) AS past_head
             FROM target t
@@ -1424,7 +1462,7 @@ BEGIN
                    -- holds its head now.
                    t.seen IS NOT NULL AND (NOT m.campaign_id = ANY (held) OR EXISTS (
                        SELECT 1 FROM projection_apply_outbox o
-                       WHERE o.bucket = p_bucket AND o.campaign_id = m.campaign_id
+                       WHERE o.bucket = v_bucket AND o.campaign_id = m.campaign_id
                          AND o.seq > t.seen
                    )) AS fresh,
                    -- Seen to its end, it has rows past what the batch saw after all: an
@@ -1438,7 +1476,7 @@ BEGIN
         ), removed AS (
             DELETE FROM projection_apply_campaigns c
             USING flags t
-            WHERE c.bucket = p_bucket AND c.campaign_id = m.campaign_id
+            WHERE c.bucket = v_bucket AND c.campaign_id = m.campaign_id
               AND t.gone AND NOT t.beyond
         ), kept AS (
             -- The batch holds this row (its claim locked it): an update, no insert.
@@ -1448,7 +1486,7 @@ BEGIN
                 blocked = t.blocked,
                 updated_at = v_now
             FROM flags t
-            WHERE c.bucket = p_bucket AND c.campaign_id = m.campaign_id
+            WHERE c.bucket = v_bucket AND c.campaign_id = m.campaign_id
               AND (NOT t.gone OR t.beyond)
             RETURNING c.head_seq, c.due_at, c.blocked
         )
@@ -1457,7 +1495,8 @@ BEGIN
         INTO due, ages;
     END LOOP;
     IF (p_batch ->> 'notify')::boolean AND ages IS NOT NULL THEN
-        PERFORM pg_notify(p_batch ->> 'channel', p_bucket::text);
+        PERFORM pg_notify(p_batch ->> 'channel',
+                          CASE WHEN p_bucket >= 0 THEN p_bucket::text ELSE '' END);
     END IF;
 END
 $$;
@@ -1537,8 +1576,11 @@ BEGIN
         SELECT e.campaign_id FROM event_journal e
         WHERE e.bucket = ANY (bs) AND e.campaign_id = ANY (cs) AND e.event_type = ANY (v_events)
     ) x;
-    -- Not behind: at the head already, or a hold of its own there. Nor, for an ordered
-    -- projector, a campaign with work rows: their claim heals it from the journal (S24).
+    -- Not behind: at the head already, or a hold of its own there (for an unordered
+    -- projector, its catch-up hold: a hold on one event, a failure met before the sweep came,
+    -- leaves the campaign's other history owed, which the catch-up gives it, skipping the
+    -- held event). Nor, for an ordered projector, a campaign with work rows: their claim
+    -- heals it from the journal (S24).
     SELECT skip || coalesce(array_agg(x.campaign_id), '{}') INTO skip
     FROM (
         SELECT k.campaign_id FROM projection_checkpoints k
@@ -1548,6 +1590,7 @@ BEGIN
         UNION ALL
         SELECT y.campaign_id FROM projection_holds y
         WHERE y.bucket = ANY (bs) AND y.campaign_id = ANY (cs) AND y.projector = p_projector
+          AND (v_ordered OR y.seq = 0)
         UNION ALL
         SELECT DISTINCT o.campaign_id FROM projection_apply_outbox o
         WHERE v_ordered AND o.bucket = ANY (bs) AND o.campaign_id = ANY (cs)
@@ -2444,9 +2487,17 @@ CREATE INDEX projection_apply_campaigns_claim_idx ON ONLY outbox.projection_appl
 
 CREATE INDEX projection_apply_campaigns_0_bucket_due_at_idx ON outbox.projection_apply_campaigns_0 USING btree (bucket, due_at) WHERE (NOT blocked);
 
+CREATE INDEX projection_apply_campaigns_due_idx ON ONLY outbox.projection_apply_campaigns USING btree (due_at) WHERE (NOT blocked);
+
+CREATE INDEX projection_apply_campaigns_0_due_at_idx ON outbox.projection_apply_campaigns_0 USING btree (due_at) WHERE (NOT blocked);
+
 CREATE INDEX projection_apply_campaigns_1_bucket_due_at_idx ON outbox.projection_apply_campaigns_1 USING btree (bucket, due_at) WHERE (NOT blocked);
 
+CREATE INDEX projection_apply_campaigns_1_due_at_idx ON outbox.projection_apply_campaigns_1 USING btree (due_at) WHERE (NOT blocked);
+
 CREATE INDEX projection_apply_campaigns_2_bucket_due_at_idx ON outbox.projection_apply_campaigns_2 USING btree (bucket, due_at) WHERE (NOT blocked);
+
+CREATE INDEX projection_apply_campaigns_2_due_at_idx ON outbox.projection_apply_campaigns_2 USING btree (due_at) WHERE (NOT blocked);
 
 CREATE INDEX projection_apply_outbox_attention_idx ON ONLY outbox.projection_apply_outbox USING btree (bucket, campaign_id, seq) INCLUDE (status) WHERE (status <> 'pending'::text);
 
@@ -2470,13 +2521,19 @@ CREATE INDEX projection_holds_projector_idx ON outbox.projection_holds USING btr
 
 ALTER INDEX outbox.projection_apply_campaigns_claim_idx ATTACH PARTITION outbox.projection_apply_campaigns_0_bucket_due_at_idx;
 
+ALTER INDEX outbox.projection_apply_campaigns_due_idx ATTACH PARTITION outbox.projection_apply_campaigns_0_due_at_idx;
+
 ALTER INDEX outbox.projection_apply_campaigns_pkey ATTACH PARTITION outbox.projection_apply_campaigns_0_pkey;
 
 ALTER INDEX outbox.projection_apply_campaigns_claim_idx ATTACH PARTITION outbox.projection_apply_campaigns_1_bucket_due_at_idx;
 
+ALTER INDEX outbox.projection_apply_campaigns_due_idx ATTACH PARTITION outbox.projection_apply_campaigns_1_due_at_idx;
+
 ALTER INDEX outbox.projection_apply_campaigns_pkey ATTACH PARTITION outbox.projection_apply_campaigns_1_pkey;
 
 ALTER INDEX outbox.projection_apply_campaigns_claim_idx ATTACH PARTITION outbox.projection_apply_campaigns_2_bucket_due_at_idx;
+
+ALTER INDEX outbox.projection_apply_campaigns_due_idx ATTACH PARTITION outbox.projection_apply_campaigns_2_due_at_idx;
 
 ALTER INDEX outbox.projection_apply_campaigns_pkey ATTACH PARTITION outbox.projection_apply_campaigns_2_pkey;
 

@@ -157,7 +157,7 @@ async def load_ranges(
     """The journal rows of each (campaign_id, first, last) range, in campaign and seq order
     (columns as `decode_record` reads them), one statement per bucket: `bucket` when the caller
     knows every campaign is in it, else each campaign's."""
-    parts = await buckets.grouped(conn, ranges, lambda r: r[0], bucket=bucket)
+    parts = await buckets.grouped(conn, ranges, lambda r: r[0], bucket=bucket, span=True)
     rows: list[db.Record] = []
     for part_bucket, part in parts.items():
         cids, firsts, lasts = (list(column) for column in zip(*part, strict=True))

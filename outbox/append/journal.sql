@@ -17,12 +17,13 @@ ORDER BY seq
 -- name: load_ranges
 -- Campaigns' events, campaign $2[i] from seq $3[i] to $4[i], in campaign and seq order, as
 -- `load_events` reads them: what an ordered projector behind a campaign's first claimed row
--- applies first. $1: the bucket all the campaigns are in.
+-- applies first. $1: the bucket all the campaigns are in (-1: each its own, on one server).
 SELECT j.campaign_id, j.seq, j.event_type, j.payload::text AS payload,
        j.metadata::text AS metadata, j.recorded_at
 FROM unnest($2::text[], $3::bigint[], $4::bigint[]) AS r(campaign_id, lo, hi)
 JOIN @extschema@.event_journal j
-    ON j.bucket = $1::integer AND j.campaign_id = r.campaign_id AND j.seq BETWEEN r.lo AND r.hi
+    ON j.bucket = @extschema@.outbox_bucket_in($1::integer, r.campaign_id)
+   AND j.campaign_id = r.campaign_id AND j.seq BETWEEN r.lo AND r.hi
 ORDER BY j.campaign_id, j.seq
 
 -- name: list_campaigns

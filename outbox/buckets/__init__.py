@@ -14,6 +14,7 @@ here, each campaign hashed once. The public names are re-exported here.
 from outbox.buckets.key import (
     DEFAULT_COUNT,
     MAX_COUNT,
+    SPAN,
     bucket_count,
     bucket_for,
     bucket_of,
@@ -26,6 +27,7 @@ from outbox.buckets.ring import BucketRing, due_buckets
 __all__ = [
     "DEFAULT_COUNT",
     "MAX_COUNT",
+    "SPAN",
     "BucketRing",
     "bucket_count",
     "bucket_for",

@@ -50,3 +50,14 @@ BEGIN
     RETURN v_distributed;
 END
 $$;
+
+-- The bucket a statement reads a campaign's rows in: `p_bucket`, the batch's, when it is one
+-- (>= 0: on Citus every batch is, and its statements go to that bucket's shard), else (-1: a
+-- batch on one server, whose claim took what was due in every bucket) the campaign's own. Plain
+-- SQL, so the planner inlines it: where `p_bucket` is a known value (Citus plans each call with
+-- its values) it folds to that constant, the shard key Citus routes by; in a generic plan it is
+-- each probe's key, worked out once per campaign.
+CREATE OR REPLACE FUNCTION outbox_bucket_in(p_bucket integer, p_campaign_id text)
+RETURNS integer
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN CASE WHEN p_bucket >= 0 THEN p_bucket ELSE outbox_bucket(p_campaign_id) END;

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_COUNT",
     "MAX_COUNT",
+    "SPAN",
     "bucket_count",
     "bucket_for",
     "bucket_of",
@@ -35,6 +36,10 @@ __all__ = [
 
 DEFAULT_COUNT = 64
 MAX_COUNT = 4096
+# A batch's bucket on one server: its claim took what was due in every bucket, and the
+# statements that say so read each campaign in its own (`outbox_bucket_in`, SQL). Citus never
+# sees it: there a batch claims in one bucket, routed to its shard.
+SPAN = -1
 
 T = TypeVar("T")
 
@@ -76,10 +81,14 @@ async def filter_bucket(conn: Connection, campaign_id: str | None) -> int | None
     return None if campaign_id is None else await bucket_for(conn, campaign_id)
 
 
-async def locator(conn: Connection, bucket: int | None = None) -> Callable[[str], int]:
+async def locator(
+    conn: Connection, bucket: int | None = None, *, span: bool = False
+) -> Callable[[str], int]:
     """campaign -> its bucket: `bucket` for every campaign, when the caller knows them all to
-    be in it (a worker's batch claims in one bucket), else each one's, hashed once."""
-    if bucket is not None:
+    be in it (a worker's batch claims in one bucket), else each one's, hashed once. `SPAN` (a
+    batch across buckets) stays `SPAN` for a caller whose statements take it (`span`), else
+    each campaign gets its own."""
+    if bucket is not None and (span or bucket != SPAN):
         return lambda _campaign: bucket
     count = await bucket_count(conn)
     known: dict[str, int] = {}
@@ -99,12 +108,14 @@ async def grouped(
     campaign: Callable[[T], str],
     *,
     bucket: int | None = None,
+    span: bool = False,
 ) -> dict[int, list[T]]:
     """`items` by the bucket of their campaign (`campaign(item)`; all in `bucket` when the
     caller knows it), each group in the items' order, the buckets in ascending order (a fixed
     lock order across buckets). Each campaign is hashed once: a batch's rows, markers and
-    checkpoints name few campaigns many times."""
-    where = await locator(conn, bucket)
+    checkpoints name few campaigns many times. `span`: the statements the groups go to take
+    `SPAN` (one group, each campaign read in its own bucket), see `locator`."""
+    where = await locator(conn, bucket, span=span)
     groups: dict[int, list[T]] = {}
     for item in items:
         groups.setdefault(where(campaign(item)), []).append(item)

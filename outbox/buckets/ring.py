@@ -1,6 +1,9 @@
 """Which bucket a worker's next batch claims from: a round-robin over the buckets known to be due.
 
-A batch claims and settles in one bucket (every statement on one shard under Citus). The ring
+On one server an ordered batch claims across buckets (`SPAN`): the ring then knows one bucket,
+due when any campaign is, read by one probe of the install's due-order index. Under Citus (and
+for claims of rows, ordering `none`) a batch claims and settles in one bucket (every statement
+on one shard). The ring
 knows, per bucket, when its earliest work falls due; `take()` hands out the next bucket due now
 after the last one taken, so concurrent claim loops and a backlog spread over the buckets are
 served in turn, and no claim scans buckets that have nothing. The knowledge comes from
@@ -22,28 +25,45 @@ from datetime import datetime
 import anyio
 
 from outbox import db
+from outbox.buckets.key import SPAN
 from outbox.db import Executor
 from outbox.queries import Queries
 
-__all__ = ["BucketRing", "due_buckets"]
+__all__ = ["SPAN_RECHECK", "BucketRing", "due_buckets", "spans"]
+
+# Seconds between reads of whether the install is distributed (`BucketRing.span`).
+SPAN_RECHECK = 60.0
 
 
 class RingQueries(Queries):
     list_due_buckets: str
+    get_spans: str
+    get_install_due_in: str
 
 
 Q = RingQueries
 
 
 async def due_buckets(
-    executor: Executor, *, rows: bool, now: datetime | None = None
+    executor: Executor, *, rows: bool, now: datetime | None = None, span: bool = False
 ) -> list[tuple[int, float]]:
     """(bucket, seconds until due by the database clock or `now`; <= 0: due now) for every
     bucket with work: campaign rows, or live work rows (`rows`, ordering `none`). One index
-    probe per bucket (`outbox_due_buckets`, ring_fn.sql)."""
+    probe per bucket (`outbox_due_buckets`, ring_fn.sql); with `span` (campaign rows, one
+    server) one probe of the install's due-order index, answered as `SPAN`."""
     async with db.acquire(executor) as conn:
+        if span and not rows:
+            due_in: float | None = await conn.fetchval(Q.get_install_due_in, now)
+            return [] if due_in is None else [(SPAN, due_in)]
         records = await conn.fetch(Q.list_due_buckets, rows, now)
     return [(r["bucket"], r["due_in"]) for r in records]
+
+
+async def spans(executor: Executor) -> bool:
+    """Whether a worker's ordered batches claim across buckets (`SPAN`): on one server, not on
+    Citus (ring.sql)."""
+    async with db.acquire(executor) as conn:
+        return bool(await conn.fetchval(Q.get_spans))
 
 
 @dataclass
@@ -62,6 +82,13 @@ class BucketRing:
     # Buckets a wake-up named, oldest first: an append's new work is taken before work the
     # ring knew of (catch-up holds, retries), so a backlog elsewhere never delays it a round.
     woken: list[int] = field(default_factory=list, repr=False)
+    # Campaign claims across buckets (one server): the ring then knows one bucket, `SPAN`, due
+    # when anything is; every wake-up names it. Read with the first refresh, again every
+    # `SPAN_RECHECK` seconds (an install distributed meanwhile goes back to single buckets).
+    span: bool = False
+    _span_read: float | None = field(default=None, repr=False)
+    # False: one bucket a batch even on one server (tests of the bucket-by-bucket ring, Citus's).
+    may_span: bool = True
 
     def due_now(self) -> bool:
         """Whether some bucket is known to have work due now."""
@@ -106,7 +133,16 @@ class BucketRing:
                 return  # another loop's read began after this one asked: it is as fresh
             self.read_from = began = self.clock()
             self.stale = False
-            found = await due_buckets(executor, rows=self.rows, now=now)
+            if (
+                not self.rows
+                and self.may_span
+                and (self._span_read is None or began - self._span_read >= SPAN_RECHECK)
+            ):
+                self.span, self._span_read = await spans(executor), began
+                if self.span:  # what woke it before it knew: every bucket is one now
+                    self.woken = [SPAN] if self.woken else []
+                    self._told = {SPAN: max(self._told.values())} if self._told else {}
+            found = await due_buckets(executor, rows=self.rows, now=now, span=self.span)
             at = self.clock()
             self._told = {b: t for b, t in self._told.items() if t >= began}
             self.due = {bucket: at + max(due_in, 0.0) for bucket, due_in in found}
@@ -115,12 +151,12 @@ class BucketRing:
     def wake(self, payload: str) -> None:
         """A NOTIFY: its payload names a bucket that got work; anything else (a requeue, a
         reconcile) means read every bucket again."""
-        if payload.isdigit():
-            bucket = int(payload)
+        if self.span or payload.isdigit():
+            bucket = SPAN if self.span else int(payload)
             self._due_now(bucket)
             if bucket not in self.woken:
                 self.woken.append(bucket)
-        else:
+        if not payload.isdigit():
             self.stale = True
 
     async def found(

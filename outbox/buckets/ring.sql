@@ -9,3 +9,16 @@ SELECT d.bucket,
            AS due_in
 FROM @extschema@.outbox_due_buckets($1::boolean, '-infinity') d
 ORDER BY d.bucket
+
+-- name: get_spans
+-- Whether a worker's batches claim across buckets: on one server they do; on Citus, where the
+-- campaign queue is distributed by bucket, each batch claims in one bucket, on its shard.
+SELECT NOT @extschema@.outbox_distributed('projection_apply_campaigns')
+
+-- name: get_install_due_in
+-- Seconds until the install's earliest unblocked campaign row is due by the database clock or
+-- $1 (zero or less: due now; null: none), for a ring over every bucket (one server): one probe
+-- of the due-order index per slot.
+SELECT extract(epoch FROM min(c.due_at) - coalesce($1::timestamptz, clock_timestamp()))::double precision
+FROM @extschema@.projection_apply_campaigns c
+WHERE NOT c.blocked

@@ -74,7 +74,7 @@ async def lock_checkpoints(
     applications of a campaign's first events cannot both read "missing" and apply them twice
     (two more statements, only then). `bucket`: the batch's, when every campaign is in it."""
     found: dict[CheckpointKey, int] = {}
-    by_bucket = await buckets.grouped(conn, campaigns, str, bucket=bucket)
+    by_bucket = await buckets.grouped(conn, campaigns, str, bucket=bucket, span=True)
     for in_bucket, group in by_bucket.items():
         rows = await conn.fetch(Q.lock_checkpoints, group, projectors, in_bucket)
         if not held and len(rows) < len(group) * len(projectors):
@@ -138,7 +138,7 @@ async def applied_events(
         return set()
     checkpoints: dict[CheckpointKey, int] = {}
     markers: set[tuple[str, int, str]] = set()
-    by_bucket = await buckets.grouped(conn, events, itemgetter(0), bucket=bucket)
+    by_bucket = await buckets.grouped(conn, events, itemgetter(0), bucket=bucket, span=True)
     for in_bucket, group in by_bucket.items():
         rows = await conn.fetch(Q.list_checkpoints, sorted({e[0] for e in group}), in_bucket)
         checkpoints.update({(r["campaign_id"], r["projector"]): r["applied_seq"] for r in rows})
@@ -170,7 +170,7 @@ async def reserve_markers(
     (`bucket`: the batch's, when every marker is in it); returns the ones reserved now (the
     others were applied before)."""
     reserved: set[tuple[str, int, str]] = set()
-    by_bucket = await buckets.grouped(conn, wanted, itemgetter(0), bucket=bucket)
+    by_bucket = await buckets.grouped(conn, wanted, itemgetter(0), bucket=bucket, span=True)
     for in_bucket, group in by_bucket.items():
         rows = await conn.fetch(
             Q.reserve_markers,

@@ -3,22 +3,23 @@
 -- locks the checkpoints in its own call (`outbox_claim`), and every checkpoint move is
 -- written by the batch's settle (`outbox_settle`), so a worker's batch pays no statement of
 -- its own for them; the checkpoints' functions, which both call, are in guards_fn.sql (S27).
--- Every statement runs in one bucket (the campaigns it names are all there).
+-- Every statement runs in one bucket (the campaigns it names are all there), or, where it says
+-- so, across buckets on one server (-1: each campaign's own, `outbox_bucket_in`).
 
 -- name: lock_checkpoints
--- The checkpoints of the ordered projectors ($2) in the campaigns ($1, bucket $3), locked in a fixed
+-- The checkpoints of the ordered projectors ($2) in the campaigns ($1, bucket $3 or -1), locked in a fixed
 -- order until the transaction ends; a missing key means 0. One call per group: the verdicts
 -- (apply / duplicate / gap) of every event follow from these values and the seqs.
 SELECT campaign_id, projector, applied_seq
 FROM @extschema@.outbox_lock_checkpoints($3::integer, $1::text[], $2::text[])
 
 -- name: create_checkpoints
--- Checkpoint rows at 0 for the pairs of campaigns ($1, bucket $3) and ordered projectors ($2) that have
+-- Checkpoint rows at 0 for the pairs of campaigns ($1, bucket $3 or -1) and ordered projectors ($2) that have
 -- none, so a caller that does not hold the campaign has rows to lock: two concurrent first
 -- applications of one campaign then queue on the row instead of both reading "missing".
 -- Waits for a concurrent creator of the same row, then leaves its row as it is.
 INSERT INTO @extschema@.projection_checkpoint_keys (bucket, campaign_id, projector, applied_seq)
-SELECT $3::integer, c, p, 0
+SELECT @extschema@.outbox_bucket_in($3::integer, c), c, p, 0
 FROM unnest($1::text[]) AS c, unnest($2::text[]) AS p
 ORDER BY c, p
 ON CONFLICT (bucket, campaign_id, projector) DO NOTHING
@@ -36,25 +37,26 @@ ROLLBACK TO SAVEPOINT outbox_group
 -- Reserve (handler, event) for every idempotent projector and event of a group in one
 -- statement; the rows back are the reservations made now, the others were already applied.
 -- A concurrent reserver of the same marker waits for the first to commit or roll back. All in
--- bucket $4.
+-- bucket $4 (or -1).
 INSERT INTO @extschema@.processed_markers (bucket, campaign_id, seq, handler)
-SELECT $4::integer, r.campaign_id, r.seq, r.handler
+SELECT @extschema@.outbox_bucket_in($4::integer, r.campaign_id), r.campaign_id, r.seq, r.handler
 FROM unnest($1::text[], $2::bigint[], $3::text[]) AS r(campaign_id, seq, handler)
 ORDER BY r.campaign_id, r.seq, r.handler
 ON CONFLICT (bucket, campaign_id, seq, handler) DO NOTHING
 RETURNING campaign_id, seq, handler
 
 -- name: list_checkpoints
--- Checkpoints of the given campaigns (all in bucket $2).
+-- Checkpoints of the given campaigns (all in bucket $2, or -1).
 SELECT campaign_id, projector, applied_seq
 FROM @extschema@.outbox_checkpoints_of($2::integer, $1::text[])
 
 -- name: list_markers
--- Processed markers of the given events (all in bucket $3).
+-- Processed markers of the given events (all in bucket $3, or -1).
 SELECT m.campaign_id, m.seq, m.handler
 FROM @extschema@.processed_markers m
 JOIN unnest($1::text[], $2::bigint[]) AS e(campaign_id, seq)
-  ON m.bucket = $3::integer AND m.campaign_id = e.campaign_id AND m.seq = e.seq
+  ON m.bucket = @extschema@.outbox_bucket_in($3::integer, e.campaign_id)
+ AND m.campaign_id = e.campaign_id AND m.seq = e.seq
 
 -- name: delete_markers
 -- A rebuild of an idempotent projector forgets what it applied in the campaign (bucket $3).

@@ -11,8 +11,9 @@
 -- numbers. A probe of a key reads its newest entry in each slot and nothing else: no version
 -- of a checkpoint is ever dead until its slot is truncated.
 
--- The current checkpoints of `p_projectors` (null: every projector) in `p_campaigns` (all in
--- bucket `p_bucket`), unlocked: a probe of each key's newest move. A missing key means 0.
+-- The current checkpoints of `p_projectors` (null: every projector) in `p_campaigns` (all in bucket
+-- `p_bucket`; -1: each in its own, `outbox_bucket_in`), unlocked: a probe of each key's newest
+-- move. A missing key means 0.
 CREATE OR REPLACE FUNCTION outbox_checkpoints_of(
     p_bucket integer,
     p_campaigns text[],
@@ -28,17 +29,18 @@ AS $$
 BEGIN
     RETURN QUERY
     SELECT k.campaign_id, k.projector, coalesce(m.applied_seq, k.applied_seq)
-    FROM projection_checkpoint_keys k
+    FROM (SELECT DISTINCT u.c FROM unnest(p_campaigns) AS u(c)) AS t(campaign_id)
+    JOIN projection_checkpoint_keys k
+        ON k.bucket = outbox_bucket_in(p_bucket, t.campaign_id) AND k.campaign_id = t.campaign_id
     LEFT JOIN LATERAL (
         SELECT m.applied_seq
         FROM projection_checkpoint_moves m
-        WHERE m.bucket = p_bucket AND m.campaign_id = k.campaign_id
-          AND m.projector = k.projector
+        WHERE m.bucket = outbox_bucket_in(p_bucket, t.campaign_id)
+          AND m.campaign_id = k.campaign_id AND m.projector = k.projector
         ORDER BY m.n DESC
         LIMIT 1
     ) m ON true
-    WHERE k.bucket = p_bucket AND k.campaign_id = ANY (p_campaigns)
-      AND (p_projectors IS NULL OR k.projector = ANY (p_projectors))
+    WHERE p_projectors IS NULL OR k.projector = ANY (p_projectors)
     ORDER BY k.campaign_id, k.projector;
 END
 $$;
@@ -85,8 +87,8 @@ BEGIN
     CROSS JOIN LATERAL (
         SELECT 1
         FROM projection_checkpoint_keys k
-        WHERE k.bucket = p_bucket AND k.campaign_id = t.campaign_id
-          AND k.projector = ANY (p_projectors)
+        WHERE k.bucket = outbox_bucket_in(p_bucket, t.campaign_id)
+          AND k.campaign_id = t.campaign_id AND k.projector = ANY (p_projectors)
         ORDER BY k.projector
         FOR UPDATE
     ) k;
@@ -141,13 +143,13 @@ BEGIN
 END
 $$;
 
--- Move the checkpoints of `p_moves` ([{campaign_id, projector, applied_seq}], sorted: lock
--- order) in bucket `p_bucket`, as outbox_move_checkpoint moves each, for a caller that locked
--- their keys. On one server, in one statement: each key probed by its whole key (a LATERAL with
--- LIMIT 1 is an index probe per move however the tables were analyzed, never a join over the
--- bucket's range: S26), the new keys made, a move numbered one past the newest for the others.
--- Distributed by Citus, one by one (outbox_move_checkpoint: statements it routes to the
--- shard).
+-- Move the checkpoints of `p_moves` ([{campaign_id, projector, applied_seq}], sorted: lock order)
+-- in bucket `p_bucket` (-1: each in its own; only on one server), as outbox_move_checkpoint moves
+-- each, for a caller that locked their keys. On one server, in one statement: each key probed by
+-- its whole key (a LATERAL with LIMIT 1 is an index probe per move however the tables were
+-- analyzed, never a join over the bucket's range: S26), the new keys made, a move numbered one past
+-- the newest for the others. Distributed by Citus, one by one (outbox_move_checkpoint: statements
+-- it routes to the shard).
 CREATE OR REPLACE FUNCTION outbox_move_checkpoints(
     p_bucket integer,
     p_moves jsonb,
@@ -179,18 +181,21 @@ BEGIN
         RETURN;
     END IF;
     WITH x AS (
-        SELECT x.campaign_id, x.projector, x.applied_seq, k.here, l.n
-        FROM jsonb_to_recordset(p_moves) AS x(campaign_id text, projector text,
-                                              applied_seq bigint)
+        SELECT x.bucket, x.campaign_id, x.projector, x.applied_seq, k.here, l.n
+        FROM (
+            SELECT outbox_bucket_in(p_bucket, y.campaign_id) AS bucket, y.*
+            FROM jsonb_to_recordset(p_moves) AS y(campaign_id text, projector text,
+                                                  applied_seq bigint)
+        ) x
         LEFT JOIN LATERAL (
             SELECT true AS here FROM projection_checkpoint_keys k
-            WHERE k.bucket = p_bucket AND k.campaign_id = x.campaign_id
+            WHERE k.bucket = x.bucket AND k.campaign_id = x.campaign_id
               AND k.projector = x.projector
             LIMIT 1
         ) k ON true
         LEFT JOIN LATERAL (
             SELECT v.n FROM projection_checkpoint_moves v
-            WHERE v.bucket = p_bucket AND v.campaign_id = x.campaign_id
+            WHERE v.bucket = x.bucket AND v.campaign_id = x.campaign_id
               AND v.projector = x.projector
             ORDER BY v.n DESC
             LIMIT 1
@@ -198,7 +203,7 @@ BEGIN
     ), made AS (
         INSERT INTO projection_checkpoint_keys AS k (bucket, campaign_id, projector, applied_seq,
                                                      updated_at)
-        SELECT p_bucket, x.campaign_id, x.projector, x.applied_seq, p_now
+        SELECT x.bucket, x.campaign_id, x.projector, x.applied_seq, p_now
         FROM x WHERE x.here IS NULL
         ORDER BY x.campaign_id, x.projector
         ON CONFLICT (bucket, campaign_id, projector) DO NOTHING
@@ -206,7 +211,7 @@ BEGIN
     )
     INSERT INTO projection_checkpoint_moves (bucket, campaign_id, projector, n, applied_seq,
                                              moved_at, slot)
-    SELECT p_bucket, x.campaign_id, x.projector, coalesce(x.n, 0) + 1, x.applied_seq, p_now,
+    SELECT x.bucket, x.campaign_id, x.projector, coalesce(x.n, 0) + 1, x.applied_seq, p_now,
            v_slot
     FROM x
     WHERE NOT EXISTS (

@@ -19,8 +19,9 @@ BEGIN
 END
 $$;
 
--- The events at keys (p_campaign_ids[i], p_seqs[i]), all in bucket `p_bucket`, in the keys'
--- order, as one JSON array. (The bucket a constant: on Citus the read is routed to its shard.)
+-- The events at keys (p_campaign_ids[i], p_seqs[i]), all in bucket `p_bucket` (-1: each in its
+-- own, a batch across buckets on one server), in the keys' order, as one JSON array. (The
+-- bucket a constant: on Citus the read is routed to its shard.)
 CREATE OR REPLACE FUNCTION outbox_events_json(
     p_bucket integer, p_campaign_ids text[], p_seqs bigint[]
 )
@@ -35,12 +36,14 @@ BEGIN
                        'recorded_at', j.recorded_at) ORDER BY k.ord), '[]'::jsonb)
             FROM unnest(p_campaign_ids, p_seqs) WITH ORDINALITY AS k(campaign_id, seq, ord)
             JOIN event_journal j
-                ON j.bucket = p_bucket AND j.campaign_id = k.campaign_id AND j.seq = k.seq);
+                ON j.bucket = outbox_bucket_in(p_bucket, k.campaign_id)
+               AND j.campaign_id = k.campaign_id AND j.seq = k.seq);
 END
 $$;
 
--- Run SQL projector `p_function` (an `fn(jsonb)`) on the events at the keys given, which are
--- one bucket's (a batch's, a build step's, a campaign's).
+-- Run SQL projector `p_function` (an `fn(jsonb)`) on the events at the keys given: one
+-- bucket's (a batch's on Citus, a build step's, a campaign's), or, on one server, a batch's
+-- across buckets.
 CREATE OR REPLACE FUNCTION outbox_run_sql_projector(
     p_function regprocedure, p_campaign_ids text[], p_seqs bigint[]
 )
@@ -53,7 +56,7 @@ DECLARE
     events jsonb;
 BEGIN
     IF EXISTS (SELECT 1 FROM unnest(p_campaign_ids) c WHERE outbox_bucket(c) <> v_bucket) THEN
-        RAISE EXCEPTION 'a SQL projector''s events are one bucket''s; these are not';
+        v_bucket := -1;  -- each event read in its own bucket (`outbox_bucket_in`)
     END IF;
     events := outbox_events_json(v_bucket, p_campaign_ids, p_seqs);
     IF jsonb_array_length(events) <> coalesce(cardinality(p_seqs), 0) THEN

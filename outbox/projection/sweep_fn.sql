@@ -93,8 +93,11 @@ BEGIN
         SELECT e.campaign_id FROM event_journal e
         WHERE e.bucket = ANY (bs) AND e.campaign_id = ANY (cs) AND e.event_type = ANY (v_events)
     ) x;
-    -- Not behind: at the head already, or a hold of its own there. Nor, for an ordered
-    -- projector, a campaign with work rows: their claim heals it from the journal (S24).
+    -- Not behind: at the head already, or a hold of its own there (for an unordered
+    -- projector, its catch-up hold: a hold on one event, a failure met before the sweep came,
+    -- leaves the campaign's other history owed, which the catch-up gives it, skipping the
+    -- held event). Nor, for an ordered projector, a campaign with work rows: their claim
+    -- heals it from the journal (S24).
     SELECT skip || coalesce(array_agg(x.campaign_id), '{}') INTO skip
     FROM (
         SELECT k.campaign_id FROM projection_checkpoints k
@@ -104,6 +107,7 @@ BEGIN
         UNION ALL
         SELECT y.campaign_id FROM projection_holds y
         WHERE y.bucket = ANY (bs) AND y.campaign_id = ANY (cs) AND y.projector = p_projector
+          AND (v_ordered OR y.seq = 0)
         UNION ALL
         SELECT DISTINCT o.campaign_id FROM projection_apply_outbox o
         WHERE v_ordered AND o.bucket = ANY (bs) AND o.campaign_id = ANY (cs)

@@ -135,7 +135,8 @@ async def claim(
     """Lock up to `limit` rows of `bucket`: under campaign ordering, due campaigns and the rows
     from their heads (the campaign's rows are the holder's alone) with the checkpoints of the
     ordered `projectors`, in one call whose second statement sees every commit of the
-    campaigns' previous holders; else due rows, each locked, one pseudo-campaign per row's
+    campaigns' previous holders (`bucket` may be `buckets.SPAN`: the campaigns due first in
+    every bucket, on one server); else due rows, each locked, one pseudo-campaign per row's
     campaign (no checkpoints read). Campaigns sorted by id, rows by seq. `campaigns`: how many
     campaigns an ordered claim takes at most (default `limit`), the rows shared among them;
     `take`: all due campaigns, `live` ones only (not those that wait for holds alone), or

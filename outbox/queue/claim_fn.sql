@@ -23,10 +23,11 @@
 -- probes above (test_claim_plan.py). The checkpoints are locked and read by
 -- `outbox_lock_checkpoints` (projection/guards_fn.sql), a probe per key.
 
--- The append heads of `p_campaigns` (all in bucket `p_bucket`) held (FOR SHARE) until the
--- transaction ends, skipping any an append holds now. A campaign row may be deleted only
--- under this lock: an append that comes later waits for the batch to commit, then creates a
--- fresh campaign row; one in flight keeps the campaign row. A campaign with no head row
+-- The append heads of `p_campaigns` (all in bucket `p_bucket`; -1: each in its own,
+-- `outbox_bucket_in`) held (FOR SHARE, in campaign order) until the transaction ends, skipping
+-- any an append holds now. A campaign row may be deleted only under this lock: an append that
+-- comes later waits for the batch to commit, then creates a fresh campaign row; one in flight
+-- keeps the campaign row. A campaign with no head row
 -- (journal rows written by another tool) has no append to wait for and counts as held.
 CREATE OR REPLACE FUNCTION outbox_lock_heads(p_bucket integer, p_campaigns text[])
 RETURNS TABLE (campaign_id text)
@@ -39,10 +40,14 @@ DECLARE
 BEGIN
     SELECT coalesce(array_agg(x.campaign_id), '{}') INTO held
     FROM (
-        SELECT h.campaign_id FROM campaign_head_keys h
-        WHERE h.bucket = p_bucket AND h.campaign_id = ANY (p_campaigns)
-        ORDER BY h.campaign_id
-        FOR SHARE SKIP LOCKED
+        SELECT h.campaign_id
+        FROM (SELECT DISTINCT u.c FROM unnest(p_campaigns) AS u(c) ORDER BY u.c) AS t(campaign_id)
+        CROSS JOIN LATERAL (
+            SELECT h.campaign_id FROM campaign_head_keys h
+            WHERE h.bucket = outbox_bucket_in(p_bucket, t.campaign_id)
+              AND h.campaign_id = t.campaign_id
+            FOR SHARE SKIP LOCKED
+        ) h
     ) x;
     RETURN QUERY
     SELECT t.campaign_id FROM unnest(held) AS t(campaign_id)
@@ -51,14 +56,18 @@ BEGIN
     WHERE NOT t.campaign_id = ANY (held)
       AND NOT EXISTS (
           SELECT 1 FROM campaign_head_keys h
-          WHERE h.bucket = p_bucket AND h.campaign_id = t.campaign_id
+          WHERE h.bucket = outbox_bucket_in(p_bucket, t.campaign_id)
+            AND h.campaign_id = t.campaign_id
       );
 END
 $$;
 
--- The ordered claim in bucket `p_bucket`. First statement: lock up to p_campaigns due
--- campaigns that are not blocked, oldest due first, skipping campaigns other workers hold (the
--- index holds no blocked campaign and the scan stops at the first campaign not due). A
+-- The ordered claim in bucket `p_bucket`, or in every bucket (-1: a worker on one server; each
+-- campaign's rows read in its own bucket, `outbox_bucket_in`). First statement: lock up to
+-- p_campaigns due campaigns that are not blocked, oldest due first, skipping campaigns other
+-- workers hold (the index holds no blocked campaign and the scan stops at the first campaign
+-- not due: the install's due-order index, or the bucket's, which Citus plans with the
+-- bucket's value). A
 -- campaign locked after its previous holder committed comes back as that holder left it,
 -- while that statement's snapshot may predate the commit; the second statement's snapshot
 -- sees it. It returns each claimed campaign's rows from its head in seq order, at most
@@ -124,7 +133,7 @@ BEGIN
     FROM (
         SELECT q.campaign_id, q.head_seq
         FROM projection_apply_campaigns q
-        WHERE q.bucket = p_bucket AND NOT q.blocked AND q.due_at <= v_now
+        WHERE (p_bucket < 0 OR q.bucket = p_bucket) AND NOT q.blocked AND q.due_at <= v_now
           AND (p_take = 'all' OR (p_take = 'live') = (q.head_seq > 0))
         ORDER BY q.due_at
         LIMIT p_campaigns
@@ -143,15 +152,29 @@ BEGIN
     RETURN QUERY
     SELECT p.campaign_id,
            o.status IN ('pending', 'failed', 'processing') AND o.next_attempt_at <= v_now,
-           b.first_seq, b.last_seq, k.projectors, k.applied_seqs, hd.holds,
+           p.first_seq, p.last_seq, k.projectors, k.applied_seqs, hd.holds,
            o.seq, o.status, o.attempt_count, o.next_attempt_at, o.lease_owner, o.claim_epoch,
            j.event_type, j.payload::text, j.metadata::text, j.recorded_at
-    FROM unnest(ids, heads) AS p(campaign_id, head_seq)
-    CROSS JOIN LATERAL (
-        SELECT min(x.seq) AS first_seq, max(x.seq) AS last_seq
-        FROM projection_apply_outbox x
-        WHERE x.bucket = p_bucket AND x.campaign_id = p.campaign_id
-    ) b
+    FROM (
+        -- Per campaign, once (OFFSET 0: not again for each of its rows). The first seq leaves
+        -- out a dead row that stands for dead holds alone (S24: each holds only its projector,
+        -- out of the claim's way), not a row's own death (S8). Each an index scan that stops
+        -- at its first row (an aggregate would read the campaign).
+        SELECT u.campaign_id, u.head_seq,
+               (SELECT x.seq FROM projection_apply_outbox x
+                WHERE x.bucket = outbox_bucket_in(p_bucket, u.campaign_id)
+                  AND x.campaign_id = u.campaign_id
+                  AND (x.status <> 'dead' OR NOT EXISTS (
+                      SELECT 1 FROM projection_holds y
+                      WHERE y.bucket = outbox_bucket_in(p_bucket, u.campaign_id)
+                        AND y.campaign_id = u.campaign_id AND y.seq = x.seq))
+                ORDER BY x.seq LIMIT 1) AS first_seq,
+               (SELECT max(x.seq) FROM projection_apply_outbox x
+                WHERE x.bucket = outbox_bucket_in(p_bucket, u.campaign_id)
+                  AND x.campaign_id = u.campaign_id) AS last_seq
+        FROM unnest(ids, heads) AS u(campaign_id, head_seq)
+        OFFSET 0
+    ) p
     CROSS JOIN LATERAL (
         SELECT array_agg(c.projector) AS projectors, array_agg(c.applied_seq) AS applied_seqs
         FROM unnest(cp_campaigns, cp_projectors, cp_seqs) AS c(campaign_id, projector, applied_seq)
@@ -167,13 +190,15 @@ BEGIN
                    'due', h.status <> 'dead' AND h.next_attempt_at <= v_now)
                    ORDER BY h.projector, h.seq)::text AS holds
         FROM projection_holds h
-        WHERE h.bucket = p_bucket AND h.campaign_id = p.campaign_id
+        WHERE h.bucket = outbox_bucket_in(p_bucket, p.campaign_id)
+          AND h.campaign_id = p.campaign_id
     ) hd
     LEFT JOIN LATERAL (
         SELECT x.seq, x.status, x.attempt_count, x.next_attempt_at, x.lease_owner,
                x.claim_epoch
         FROM projection_apply_outbox x
-        WHERE x.bucket = p_bucket AND x.campaign_id = p.campaign_id AND x.seq >= p.head_seq
+        WHERE x.bucket = outbox_bucket_in(p_bucket, p.campaign_id) AND x.campaign_id = p.campaign_id
+          AND x.seq >= p.head_seq
         ORDER BY x.seq
         LIMIT (p_budget + cardinality(ids) - 1) / cardinality(ids)
     ) o ON true
@@ -182,7 +207,8 @@ BEGIN
         -- rows per campaign high and would join the whole journal by hash.
         SELECT e.event_type, e.payload, e.metadata, e.recorded_at
         FROM event_journal e
-        WHERE e.bucket = p_bucket AND e.campaign_id = p.campaign_id AND e.seq = o.seq
+        WHERE e.bucket = outbox_bucket_in(p_bucket, p.campaign_id) AND e.campaign_id = p.campaign_id
+          AND e.seq = o.seq
         OFFSET 0
     ) j ON true
     ORDER BY p.campaign_id, o.seq;

@@ -2,12 +2,12 @@
 -- (S24), for every path that changes holds (the settle, requeues, discards).
 -- requires: buckets/distribution_fn.sql
 
--- The rows (p_campaigns[i], p_seqs[i]) of bucket `p_bucket` that have holds take their
--- columns from them: `failed` while a holder will try again, `pending` while they only wait
--- (a requeue, a pause), `dead` once every holder is dead; attempts the most any holder made,
--- the next attempt the earliest of the holders still trying, `last_error` the latest. Rows
--- with no hold left are not touched, nor a leased row (`processing`: its lease's end works its
--- columns out). p_now: the instant written as updated_at.
+-- The rows (p_campaigns[i], p_seqs[i]) of bucket `p_bucket` (-1: each in its own) that have holds
+-- take their columns from them: `failed` while a holder will try again, `pending` while they only
+-- wait (a requeue, a pause), `dead` once every holder is dead; attempts the most any holder made,
+-- the next attempt the earliest of the holders still trying, `last_error` the latest. Rows with no
+-- hold left are not touched, nor a leased row (`processing`: its lease's end works its columns
+-- out). p_now: the instant written as updated_at.
 CREATE OR REPLACE FUNCTION outbox_hold_rows(
     p_bucket integer,
     p_campaigns text[],
@@ -34,13 +34,14 @@ BEGIN
                         max(h.next_attempt_at)) AS next,
                (array_agg(h.last_error ORDER BY h.updated_at DESC)
                    FILTER (WHERE h.last_error IS NOT NULL))[1] AS error
-        FROM projection_holds h
-        JOIN unnest(p_campaigns, p_seqs) AS t(campaign_id, seq)
-            ON h.campaign_id = t.campaign_id AND h.seq = t.seq
-        WHERE h.bucket = p_bucket
+        FROM unnest(p_campaigns, p_seqs) AS t(campaign_id, seq)
+        JOIN projection_holds h
+            ON h.bucket = outbox_bucket_in(p_bucket, t.campaign_id)
+           AND h.campaign_id = t.campaign_id AND h.seq = t.seq
         GROUP BY h.campaign_id, h.seq
     ) s
-    WHERE o.bucket = p_bucket AND o.campaign_id = s.campaign_id AND o.seq = s.seq
+    WHERE o.bucket = outbox_bucket_in(p_bucket, s.campaign_id) AND o.campaign_id = s.campaign_id
+      AND o.seq = s.seq
       AND o.status <> 'processing';
 END
 $$;

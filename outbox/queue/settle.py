@@ -113,8 +113,9 @@ async def settle(
 ) -> Settled:
     """Delete `done`, record `failures`, place `holds` and delete the `released` ones, write
     `campaigns` and move `checkpoints` (campaign, projector, applied_seq; sorted) in one call
-    per bucket: `bucket`, when the caller knows every campaign is in it (a worker's batch),
-    else each campaign's, worked out here once. The rows a placed or released hold stands for
+    per bucket: `bucket`, when the caller knows every campaign is in it (a worker's batch; one
+    call for a batch across buckets, `buckets.SPAN`), else each campaign's, worked out here
+    once. The rows a placed or released hold stands for
     (and that stay) take their columns from their holds. With `notify_applied` and rows
     deleted, wake the readers waiting for their writes (inline apply needs not: its append
     has not returned yet). `projectors`: those the batch knew (ran, or left holds for); a
@@ -123,7 +124,7 @@ async def settle(
     if not (done or failures or campaigns or checkpoints or holds or released):
         return Settled()
     parts: dict[int, _Part] = {}
-    where = await buckets.locator(conn, bucket)
+    where = await buckets.locator(conn, bucket, span=True)
     for key in done:
         parts.setdefault(where(key[0]), _Part()).done.append({"campaign_id": key[0], "seq": key[1]})
     for f in failures:

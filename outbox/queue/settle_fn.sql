@@ -22,9 +22,10 @@ BEGIN
 END
 $$;
 
--- The end of a batch in bucket `p_bucket`, in one call, its work in one JSON document
--- (`p_batch`), so that a field added later is a key old callers leave out, not another copy of
--- the function:
+-- The end of a batch in bucket `p_bucket` (-1: a batch that claimed across buckets on one
+-- server; each campaign's rows in its own, `outbox_bucket_in`), in one call, its work in one
+-- JSON document (`p_batch`), so that a field added later is a key old callers leave out, not
+-- another copy of the function:
 --   done         [{campaign_id, seq}]                            completed rows, deleted
 --   failed       [{campaign_id, seq, attempts, delay, error, dead}] a row's own failures (no
 --                                                                  projector to hold: S8)
@@ -46,7 +47,7 @@ $$;
 --                 does a superseded version in it (S29: it runs again without it), checked
 --                 under the versions' lock (shared; a promotion takes it exclusive)
 --   now          an instant (tests), or null: clock_timestamp(), read once before the writes
---   notify       with rows deleted, one NOTIFY on `channel` (payload: the bucket)
+--   notify       with rows deleted, one NOTIFY on `channel` (payload: the bucket, '' across)
 -- Citus routes the writes below to the batch's shard, reading their rows from the document
 -- (`jsonb_to_recordset`), and refuses in them a stable expression over those rows: every
 -- instant derived from a delay (a failure's or a hold's next attempt, a campaign's due time)
@@ -88,6 +89,7 @@ DECLARE
     failed jsonb := '[]';
     campaigns jsonb := '[]';
     m record;
+    v_bucket integer;  -- the bucket of the campaign at hand (`outbox_bucket_in`)
 BEGIN
     IF ran THEN
         PERFORM outbox_lock_versions(false);
@@ -152,8 +154,8 @@ BEGIN
         DELETE FROM projection_holds h
         USING jsonb_to_recordset(p_batch -> 'released')
             AS r(campaign_id text, projector text, seq bigint)
-        WHERE h.bucket = p_bucket AND h.campaign_id = r.campaign_id
-          AND h.projector = r.projector AND h.seq = r.seq;
+        WHERE h.bucket = outbox_bucket_in(p_bucket, r.campaign_id)
+          AND h.campaign_id = r.campaign_id AND h.projector = r.projector AND h.seq = r.seq;
     END IF;
     IF jsonb_array_length(coalesce(p_batch -> 'holds', '[]')) > 0 THEN
         FOR m IN
@@ -164,6 +166,7 @@ BEGIN
                      delay double precision, error text, event_type text)
             ORDER BY x.campaign_id, x.projector, x.seq
         LOOP
+            v_bucket := outbox_bucket_in(p_bucket, m.campaign_id);
             IF m.event_type IS NOT NULL THEN
                 -- A failure on an event whose row went (the projector met it in the journal):
                 -- the row comes back, for its holder alone, so that readers and operators see
@@ -171,19 +174,19 @@ BEGIN
                 -- The batch holds the campaign, so no one else makes its rows meanwhile (S26:
                 -- the look covers every slot).
                 PERFORM FROM projection_apply_outbox o
-                WHERE o.bucket = p_bucket AND o.campaign_id = m.campaign_id AND o.seq = m.seq;
+                WHERE o.bucket = v_bucket AND o.campaign_id = m.campaign_id AND o.seq = m.seq;
                 IF NOT FOUND THEN
                     INSERT INTO projection_apply_outbox (bucket, campaign_id, seq, event_type,
                                                          next_attempt_at, enqueued_at,
                                                          updated_at, slot)
-                    VALUES (p_bucket, m.campaign_id, m.seq, m.event_type, m.next, v_now, v_now,
+                    VALUES (v_bucket, m.campaign_id, m.seq, m.event_type, m.next, v_now, v_now,
                             outbox_queue_slot(v_now));
                 END IF;
             END IF;
             INSERT INTO projection_holds AS h (bucket, campaign_id, projector, seq, status,
                                                attempt_count, next_attempt_at, last_error,
                                                created_at, updated_at)
-            VALUES (p_bucket, m.campaign_id, m.projector, m.seq, m.status, m.attempts, m.next,
+            VALUES (v_bucket, m.campaign_id, m.projector, m.seq, m.status, m.attempts, m.next,
                     m.error, v_now, v_now)
             ON CONFLICT (bucket, campaign_id, projector, seq) DO UPDATE
             SET status = excluded.status, attempt_count = excluded.attempt_count,
@@ -198,11 +201,13 @@ BEGIN
         DELETE FROM projection_apply_outbox o
         USING jsonb_to_recordset(p_batch -> 'released')
             AS r(campaign_id text, projector text, seq bigint)
-        WHERE o.bucket = p_bucket AND o.campaign_id = r.campaign_id AND o.seq = r.seq
-          AND r.seq > 0 AND o.status <> 'processing'
+        WHERE o.bucket = outbox_bucket_in(p_bucket, r.campaign_id)
+          AND o.campaign_id = r.campaign_id AND o.seq = r.seq AND r.seq > 0
+          AND o.status <> 'processing'
           AND NOT EXISTS (
               SELECT 1 FROM projection_holds h
-              WHERE h.bucket = p_bucket AND h.campaign_id = o.campaign_id AND h.seq = o.seq
+              WHERE h.bucket = outbox_bucket_in(p_bucket, r.campaign_id)
+                AND h.campaign_id = o.campaign_id AND h.seq = o.seq
           );
     END IF;
     IF jsonb_array_length(coalesce(p_batch -> 'touched', '[]')) > 0 THEN
@@ -265,9 +270,10 @@ BEGIN
         ) t USING (campaign_id)
         ORDER BY x.campaign_id
     LOOP
+        v_bucket := outbox_bucket_in(p_bucket, m.campaign_id);
         WITH done AS (
             DELETE FROM projection_apply_outbox o
-            WHERE o.bucket = p_bucket AND o.campaign_id = m.campaign_id
+            WHERE o.bucket = v_bucket AND o.campaign_id = m.campaign_id
               AND o.seq = ANY (m.done_seqs)
             RETURNING extract(epoch FROM v_now - o.enqueued_at)::double precision AS age
         ), failures AS (  -- a data-modifying CTE runs whether or not it is read
@@ -279,7 +285,7 @@ BEGIN
                 updated_at = v_now
             FROM jsonb_to_recordset(m.failed_rows)
                 AS f(seq bigint, attempts integer, next timestamptz, error text, dead boolean)
-            WHERE o.bucket = p_bucket AND o.campaign_id = m.campaign_id
+            WHERE o.bucket = v_bucket AND o.campaign_id = m.campaign_id
               AND o.seq = ANY (m.failed_seqs) AND o.seq = f.seq
             RETURNING o.seq
         ), target AS (
@@ -293,7 +299,7 @@ BEGIN
             -- now.
             SELECT t.*, EXISTS (
                        SELECT 1 FROM projection_apply_outbox o
-                       WHERE o.bucket = p_bucket AND o.campaign_id = m.campaign_id
+                       WHERE o.bucket = v_bucket AND o.campaign_id = m.campaign_id
                          AND o.seq >= t.head_seq
                    ) AS past_head
             FROM target t
@@ -303,7 +309,7 @@ BEGIN
                    -- holds its head now.
                    t.seen IS NOT NULL AND (NOT m.campaign_id = ANY (held) OR EXISTS (
                        SELECT 1 FROM projection_apply_outbox o
-                       WHERE o.bucket = p_bucket AND o.campaign_id = m.campaign_id
+                       WHERE o.bucket = v_bucket AND o.campaign_id = m.campaign_id
                          AND o.seq > t.seen
                    )) AS fresh,
                    -- Seen to its end, it has rows past what the batch saw after all: an
@@ -317,7 +323,7 @@ BEGIN
         ), removed AS (
             DELETE FROM projection_apply_campaigns c
             USING flags t
-            WHERE c.bucket = p_bucket AND c.campaign_id = m.campaign_id
+            WHERE c.bucket = v_bucket AND c.campaign_id = m.campaign_id
               AND t.gone AND NOT t.beyond
         ), kept AS (
             -- The batch holds this row (its claim locked it): an update, no insert.
@@ -327,7 +333,7 @@ BEGIN
                 blocked = t.blocked,
                 updated_at = v_now
             FROM flags t
-            WHERE c.bucket = p_bucket AND c.campaign_id = m.campaign_id
+            WHERE c.bucket = v_bucket AND c.campaign_id = m.campaign_id
               AND (NOT t.gone OR t.beyond)
             RETURNING c.head_seq, c.due_at, c.blocked
         )
@@ -336,7 +342,8 @@ BEGIN
         INTO due, ages;
     END LOOP;
     IF (p_batch ->> 'notify')::boolean AND ages IS NOT NULL THEN
-        PERFORM pg_notify(p_batch ->> 'channel', p_bucket::text);
+        PERFORM pg_notify(p_batch ->> 'channel',
+                          CASE WHEN p_bucket >= 0 THEN p_bucket::text ELSE '' END);
     END IF;
 END
 $$;

@@ -1,7 +1,8 @@
 """A worker's batches: the bucket, the claim and the transaction around its strategy.
 
 `Worker.run_once()` is one batch in one transaction, in one bucket (the next one the worker's
-`BucketRing` knows to be due), and returns its counts; `drain()` repeats it until nothing is
+`BucketRing` knows to be due; on one server every bucket at once, `buckets.SPAN`), and returns
+its counts; `drain()` repeats it until nothing is
 due. What the batch does with what it claimed is the worker's `strategy` (`strategy.Strategy`):
 `apply.Apply` (the default) or `shadow.Shadow`. The happy path of an apply batch is five round
 trips whatever its size: BEGIN, the claim (one call), the projectors, the settle (one call),

@@ -72,8 +72,9 @@ BEGIN
 END
 $$;
 
--- One batch in bucket `p_bucket`, as `outbox_claim` takes it (p_campaigns campaigns, p_budget
--- rows), applied and settled in this call: in autocommit, one round trip is the whole batch.
+-- One batch in bucket `p_bucket` (-1: across buckets, on one server), as `outbox_claim` takes
+-- it (p_campaigns campaigns, p_budget rows), applied and settled in this call: in autocommit,
+-- one round trip is the whole batch.
 -- `p_plan` is the worker's projectors and what the settle needs:
 --   projectors  [{name, function (a `schema.fn(jsonb)` signature), types, ordered, markers,
 --               start}]
@@ -178,7 +179,8 @@ BEGIN
                 -- now; an event already marked was applied (a duplicate, skipped).
                 WITH reserved AS (
                     INSERT INTO processed_markers AS m (bucket, campaign_id, seq, handler)
-                    SELECT p_bucket, x.campaign_id, x.seq, p ->> 'name'
+                    SELECT outbox_bucket_in(p_bucket, x.campaign_id), x.campaign_id, x.seq,
+                           p ->> 'name'
                     FROM unnest(cids, seqs, types) AS x(campaign_id, seq, type)
                     WHERE x.type IN (SELECT jsonb_array_elements_text(p -> 'types'))
                     ORDER BY x.campaign_id, x.seq

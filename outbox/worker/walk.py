@@ -46,7 +46,8 @@ def walk(
     chosen: list[ClaimedRow] = []
     for campaign in campaigns:
         rows = campaign.rows
-        if ordered and not park and rows and (campaign.first_seq or 0) < rows[0].seq:
+        first = campaign.first_seq  # None: no row but dead ones that stand for dead holds
+        if ordered and not park and rows and first is not None and first < rows[0].seq:
             continue  # a dead row, or a campaign row behind the truth: see campaign_writes
         for row in rows:
             if len(chosen) >= limit:
