@@ -67,20 +67,23 @@ CREATE TABLE bench_bucket_totals (
     PRIMARY KEY (bucket, campaign_id)
 );
 -- The set-wise upsert in statements Citus routes to the batch's shard (docs/scaling.md): the
--- rows there move by UPDATE ... FROM unnest, the missing ones come by INSERT ... VALUES.
+-- rows there move by UPDATE ... FROM unnest, the missing ones come by INSERT ... VALUES. One
+-- bucket per statement: on Citus a batch is one bucket; on one server it may span several.
 CREATE FUNCTION bench_add_totals(p_campaigns text[], p_amounts bigint[]) RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
-    b integer := outbox.outbox_bucket(p_campaigns[1]);  -- a batch is one bucket
+    b integer;
     moved text[];
     r record;
 BEGIN
+  FOR b IN SELECT DISTINCT outbox.outbox_bucket(c) FROM unnest(p_campaigns) AS c ORDER BY 1 LOOP
     WITH m AS (
         UPDATE bench_bucket_totals t
         SET events = t.events + e.events, amount = t.amount + e.amount
         FROM (
             SELECT e.campaign_id, count(*) AS events, sum(e.amount) AS amount
             FROM unnest(p_campaigns, p_amounts) AS e(campaign_id, amount)
+            WHERE outbox.outbox_bucket(e.campaign_id) = b
             GROUP BY e.campaign_id
         ) e
         WHERE t.bucket = b AND t.campaign_id = e.campaign_id
@@ -90,7 +93,7 @@ BEGIN
     FOR r IN
         SELECT e.campaign_id, count(*) AS events, sum(e.amount) AS amount
         FROM unnest(p_campaigns, p_amounts) AS e(campaign_id, amount)
-        WHERE NOT e.campaign_id = ANY (moved)
+        WHERE outbox.outbox_bucket(e.campaign_id) = b AND NOT e.campaign_id = ANY (moved)
         GROUP BY e.campaign_id
         ORDER BY e.campaign_id
     LOOP
@@ -99,6 +102,7 @@ BEGIN
         ON CONFLICT (bucket, campaign_id) DO UPDATE
         SET events = t.events + excluded.events, amount = t.amount + excluded.amount;
     END LOOP;
+  END LOOP;
 END
 $$;
 """
