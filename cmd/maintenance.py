@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Thin entry script: `maintenance` from a source checkout (the installed script is the same)."""
 
-from outbox.cli.maintenance import main
+from outbox._entry import maintenance
 
 if __name__ == "__main__":
-    main()
+    maintenance()

@@ -6,8 +6,10 @@ hope something happened.
 
 from __future__ import annotations
 
+import random
 import signal
 import subprocess
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from urllib.parse import urlsplit, urlunsplit
@@ -19,6 +21,7 @@ from anyio.abc import Process
 from campaigns_demo.app import install
 
 from helpers import (
+    BIN,
     TESTS,
     WORKER,
     frozen,
@@ -442,3 +445,32 @@ async def test_a_starting_worker_waits_for_a_usable_database_then_applies(
         events = [orjson.loads(line)["event"] for line in seen.splitlines()]
         assert events.count("database.waiting") == 1  # one line per transition, not per try
         assert events.index("database.available") < events.index("worker.started")
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_at_any_instant_of_start_up_ends_the_worker_cleanly(
+    dsn: str, signum: signal.Signals
+) -> None:
+    """A supervisor that starts and stops workers quickly signals them while they import (the
+    first half second and more), connect, check the schema or serve: at every instant the
+    installed `outbox-worker` ends with no traceback, a SIGTERM with exit 0, a SIGINT with 0
+    once serving (it finishes its batch) or 130 before. The instants are the
+    faults injected, chosen by a seeded generator from 0.1 s (the interpreter itself starts in
+    about 15 ms, before any of the program runs: the operating system's default action, as for
+    any program) to well past start-up."""
+    rng = random.Random(61 + signum)
+    instants = [0.1, 0.2, 0.3, *(rng.uniform(0.1, 1.5) for _ in range(5))]
+    for instant in instants:
+        proc = subprocess.Popen(
+            [str(BIN / "outbox-worker"), "--app", "worker_apps:shop"],
+            cwd=TESTS,
+            env=worker_env(dsn),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        time.sleep(instant)  # the fault's instant (not a wait for the process: see above)
+        proc.send_signal(signum)
+        _, err = proc.communicate(timeout=60)
+        allowed = {0} if signum == signal.SIGTERM else {0, 130}
+        assert proc.returncode in allowed, (instant, proc.returncode, err.decode())
+        assert b"Traceback" not in err, (instant, err.decode())

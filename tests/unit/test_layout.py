@@ -36,3 +36,23 @@ def test_the_public_api_is_exactly_what_init_exports() -> None:
     exported = {n for n in vars(outbox) if not n.startswith("_")}
     subpackages = {m.stem if m.name != "__init__.py" else m.parent.name for m in MODULES}
     assert exported - set(outbox.__all__) <= subpackages, "import what you export in __all__"
+
+
+def test_each_public_name_loads_on_first_use_and_append_stays_the_function() -> None:
+    """`import outbox` is light (the console scripts hold their signals before the tools'
+    imports, `outbox._entry`); a name loads on first use, and importing the append's own
+    modules (the subpackage `outbox.append`) never replaces `outbox.append`, the function."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys, outbox\n"
+        "assert 'asyncpg' not in sys.modules and 'outbox.db' not in sys.modules\n"
+        "import outbox.append.journal, outbox.cli.worker\n"
+        "from outbox import append\n"
+        "assert callable(outbox.append) and outbox.append is append, outbox.append\n"
+        "assert outbox.Event.__module__ == 'outbox.model' and outbox.db.__name__ == 'outbox.db'\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert callable(outbox.append)
