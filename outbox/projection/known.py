@@ -72,6 +72,11 @@ Q = KnownQueries
 
 _logger = log.get_logger("outbox.worker")
 
+# Times a worker records its projectors before a race with another worker's first record of
+# them (a unique key's violation) is its failure.
+RECORD_ATTEMPTS = 3
+UNIQUE_VIOLATION = "23505"
+
 
 @dataclass(frozen=True, slots=True)
 class KnownProjector:
@@ -156,9 +161,26 @@ async def record(executor: Executor, registry: Registry, worker_id: str) -> list
         )
     if not document:
         return []
+    text = orjson.dumps(document).decode()
+    for attempt in range(1, RECORD_ATTEMPTS + 1):
+        try:
+            return await _record_once(executor, text, len(document), registry, worker_id)
+        except Exception as exc:
+            # Two workers recording a new projector at once: the insert that came second met
+            # the first's row in the (base, version) key, which ON CONFLICT (its name) does not
+            # arbitrate. The first has committed: again, this one finds the record.
+            if attempt == RECORD_ATTEMPTS or db.sqlstate_of(exc) != UNIQUE_VIOLATION:
+                raise
+    raise AssertionError("unreachable")
+
+
+async def _record_once(
+    executor: Executor, document: str, count: int, registry: Registry, worker_id: str
+) -> list[str]:
+    """One try of `record`, in a transaction of its own."""
     async with db.acquire(executor) as conn, conn.transaction():
-        rows = await conn.fetch(Q.record_projectors, orjson.dumps(document).decode(), worker_id)
-        if len(rows) < len(document):  # a recorded definition differs: refuse, write nothing
+        rows = await conn.fetch(Q.record_projectors, document, worker_id)
+        if len(rows) < count:  # a recorded definition differs: refuse, write nothing
             raise drift(list(registry.projectors.values()), await list_known(conn))
     return sorted(r["projector"] for r in rows if r["new"])
 

@@ -113,3 +113,35 @@ async def test_the_command_lines_list_and_retire(pool: db.Pool, dsn: str) -> Non
     assert done.returncode == 0, done.stderr
     assert "retired old" in done.stdout
     assert set(await recorded(pool)) == {"roster"}
+
+
+async def test_workers_starting_together_record_a_new_projector_once(pool: db.Pool) -> None:
+    """Two workers that first record the same projectors at the same instant (a fleet started
+    together) both start: the second insert meets the first's row in the (base, version) key,
+    which its ON CONFLICT does not arbitrate, and records again, finding it (the fault tier's
+    postgres_restart met it as a worker's exit 1)."""
+    import anyio
+
+    from outbox.projection.known import record
+
+    for round_ in range(12):
+        app = Outbox()
+
+        @app.projector(f"together_{round_}", events=["t"])
+        async def together(conn: db.Connection, event: StoredEvent) -> None:
+            pass
+
+        @app.projector(f"together_{round_}", events=["t"], version=2)
+        async def together_v2(conn: db.Connection, event: StoredEvent) -> None:
+            pass
+
+        firsts: list[list[str]] = []
+
+        async def start(app: Outbox, worker: str, firsts: list[list[str]]) -> None:
+            firsts.append(await record(pool, app.registry, worker))
+
+        async with anyio.create_task_group() as tg:
+            for worker in ("w1", "w2", "w3"):
+                tg.start_soon(start, app, worker, firsts)
+        first_seen = sorted(name for names in firsts for name in names)
+        assert first_seen == sorted(app.registry.projectors)  # each by one worker, once
