@@ -312,6 +312,7 @@ async def _release(pool: Pool, conn: Connection, raised: BaseException | None) -
 
 # The settle's: a projector was recorded that the batch did not know (a rolling deploy).
 PROJECTORS_CHANGED = "OB024"
+UNIQUE_VIOLATION = "23505"
 # SQLSTATEs that say "try again" about the session or the moment, not about the statement's
 # data: the same statement can succeed on another attempt.
 _TRANSIENT_SQLSTATES = {

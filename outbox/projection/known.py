@@ -75,7 +75,6 @@ _logger = log.get_logger("outbox.worker")
 # Times a worker records its projectors before a race with another worker's first record of
 # them (a unique key's violation) is its failure.
 RECORD_ATTEMPTS = 3
-UNIQUE_VIOLATION = "23505"
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,16 +161,16 @@ async def record(executor: Executor, registry: Registry, worker_id: str) -> list
     if not document:
         return []
     text = orjson.dumps(document).decode()
-    for attempt in range(1, RECORD_ATTEMPTS + 1):
+    for _ in range(RECORD_ATTEMPTS - 1):
         try:
             return await _record_once(executor, text, len(document), registry, worker_id)
         except Exception as exc:
             # Two workers recording a new projector at once: the insert that came second met
             # the first's row in the (base, version) key, which ON CONFLICT (its name) does not
             # arbitrate. The first has committed: again, this one finds the record.
-            if attempt == RECORD_ATTEMPTS or db.sqlstate_of(exc) != UNIQUE_VIOLATION:
+            if db.sqlstate_of(exc) != db.UNIQUE_VIOLATION:
                 raise
-    raise AssertionError("unreachable")
+    return await _record_once(executor, text, len(document), registry, worker_id)
 
 
 async def _record_once(
