@@ -89,6 +89,10 @@ class Dispatch:
     durations: list[tuple[str, float]] = field(default_factory=list)
     # Events completed unsubscribed, per type (for the metric).
     skipped_types: Counter[str] = field(default_factory=Counter)
+    # Types a projector away from this batch subscribes to (paused, or run by other workers):
+    # an event of one that no projector here runs waits in their holds, so it is neither
+    # unsubscribed nor unknown (S8, S24).
+    awaited: frozenset[str] = frozenset()
 
     async def load(self, campaigns: Sequence[str], *, held: bool = False) -> None:
         """Lock and read the ordered projectors' checkpoints of `campaigns` (one statement).
@@ -278,7 +282,7 @@ class Dispatch:
         """The group's first failing event, the one to isolate: `found` (a gap), or before it,
         under OUTBOX_UNSUBSCRIBED=retry, a claimed event no projector subscribes to."""
         index = (
-            first_unknown(types, kinds, journal, self.registry.ignored)
+            first_unknown(types, kinds, journal, self.registry.ignored | self.awaited)
             if self.unsubscribed == "retry"
             else None
         )
@@ -309,6 +313,8 @@ class Dispatch:
                 by_type[t] = ApplyOutcome.DUPLICATE
             elif t in self.registry.ignored:
                 by_type[t] = ApplyOutcome.IGNORED
+            elif t in self.awaited:
+                by_type[t] = ApplyOutcome.HELD
             else:
                 by_type[t] = ApplyOutcome.UNSUBSCRIBED
                 self.skipped_types[t] += (

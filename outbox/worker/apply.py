@@ -81,6 +81,7 @@ class Apply:
         if not campaigns:
             return counts
         dispatch = Dispatch(conn, in_force, settings.unsubscribed, bucket)
+        dispatch.awaited = frozenset().union(*(a.events for a in away))
         done: list[Key] = []
         failures: list[Failure] = []
         if settings.ordered:  # the claim locked them

@@ -339,6 +339,40 @@ async def test_a_rolling_deploy_never_completes_a_new_projectors_share_on_the_ol
     assert await work_rows(pool) == []
 
 
+async def test_an_old_worker_leaves_a_new_types_events_to_its_projector_not_unapplied(
+    pool: db.Pool, dsn: str
+) -> None:
+    """Events of a type only another worker's projector takes are held for it, not completed
+    unsubscribed, nor failed as unknown under OUTBOX_UNSUBSCRIBED=retry (S8, S24)."""
+    settings = Settings(dsn=dsn, unsubscribed="retry")
+    old = tracked_app(settings, {}, ordered=["roster"])
+    new = tracked_app(settings, {}, ordered=["roster"])
+
+    @new.projector("bonus", events=["bonus"])
+    async def bonus(tx: db.Connection, event: StoredEvent) -> None:
+        await tx.execute(ADD, "bonus", event.campaign_id, event.payload["n"])
+
+    await record(pool, new.registry, "new-worker")
+    expected: Counter[str] = Counter()
+    for cid in CAMPAIGNS[:3]:
+        await add_events(pool, settings, expected, cid, [1])
+        await append(pool, cid, [Event("bonus", {"n": 5})], settings=settings)
+    worker = Worker(old, pool)
+    counts = await worker.drain()
+    assert (counts.applied, counts.held, counts.skipped, counts.failed) == (3, 3, 0, 0)
+    assert [(c, p, s) for c, p, s, _ in await holds(pool)] == [
+        (cid, "bonus", 2) for cid in CAMPAIGNS[:3]
+    ]
+    assert await sums(pool, "roster") == expected
+    clock = Clock()
+    clock.advance(HOUR)  # past the poll interval the old worker left the holds for
+    await Worker(new, pool, now=clock).drain()
+    assert await sums(pool, "bonus") == Counter({cid: 5 for cid in CAMPAIGNS[:3]})
+    assert await sums(pool, "roster") == expected
+    assert await holds(pool) == []
+    assert await work_rows(pool) == []
+
+
 async def test_a_retired_projector_owes_nothing_its_holds_and_their_rows_go(
     pool: db.Pool, dsn: str
 ) -> None:
