@@ -83,6 +83,7 @@ def render_report(report: Report, *, payload: bool = False) -> None:
             "waiting",
             "campaigns",
             "since",
+            "paused",
             title="projectors held (each alone: the others go on)",
         )
         for h in summary.holds:
@@ -93,6 +94,7 @@ def render_report(report: Report, *, payload: bool = False) -> None:
                 str(h.waiting),
                 str(h.campaigns),
                 when(h.since),
+                "paused: resume it to go on" if h.paused else "",
             )
         stdout.print(held)
     render_attention(summary.projectors, summary.stalled_campaigns)

@@ -8,7 +8,7 @@ options or writes.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import TYPE_CHECKING
 
@@ -17,6 +17,7 @@ from outbox.errors import ValidationError
 from outbox.ops.serving import ProjectorService, served
 from outbox.projection.builds import Build, list_builds
 from outbox.projection.known import list_known
+from outbox.projection.pauses import list_pauses
 from outbox.projection.sweep import CatchUp, catch_ups
 from outbox.queue import inspect
 from outbox.queue.holds import ProjectorHolds, count_holds
@@ -170,6 +171,9 @@ async def outbox_report(
         workers = await listed_workers(conn)
         shadow = await inspect.shadow_observations(conn, campaign_id)
         held = await count_holds(conn, campaign_id)
+        if held:
+            paused = {p.projector for p in await list_pauses(conn)}
+            held = [replace(h, paused=h.projector in paused) for h in held]
         caught = await catch_ups(conn) if campaign_id is None else []
         builds = await list_builds(conn) if campaign_id is None else []
         snapshot = await horizon_holder(conn)

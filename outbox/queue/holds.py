@@ -149,6 +149,7 @@ class ProjectorHolds:
     campaigns: int
     since: datetime
     held_seconds: float
+    paused: bool = False  # an operator paused it: its waiting holds are the pause's (S24)
 
 
 async def count_holds(conn: Connection, campaign_id: str | None = None) -> list[ProjectorHolds]:

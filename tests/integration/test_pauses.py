@@ -16,6 +16,7 @@ from helpers import TESTS, WORKER, campaigns_in_one_bucket, run_cli, worker_env
 from outbox import Event, Settings, db
 from outbox.model import StoredEvent
 from outbox.ops.pause import Pauses, list_paused, pause_projector, resume_projector
+from outbox.ops.report import outbox_report
 from outbox.projection.app import Outbox
 from outbox.worker.batch import Worker
 from outbox.worker.runtime import drain_now
@@ -108,6 +109,13 @@ async def test_a_paused_projector_holds_only_itself_and_a_resume_catches_it_up(
         c,
     )
     assert (await worker.run_once()).claimed == 0  # not looked at again before its time
+    # The report says why the hold waits: the pause, not a failure (issue 61).
+    assert [(h.projector, h.waiting, h.paused) for h in (await outbox_report(pool)).summary.holds] == [
+        ("mailer", 1, True)
+    ]
+    text = run_cli("maintenance", "outbox-report", dsn=dsn)
+    assert text.returncode == 0, text.stderr
+    assert "paused: resume it to go on" in text.stdout
     await come_due(pool)  # still paused: left again, still no attempt
     assert (await worker.run_once()).paused == 1
     assert await holds(pool) == [(c, "mailer", 2, "pending")]
