@@ -110,9 +110,8 @@ async def test_a_paused_projector_holds_only_itself_and_a_resume_catches_it_up(
     )
     assert (await worker.run_once()).claimed == 0  # not looked at again before its time
     # The report says why the hold waits: the pause, not a failure (issue 61).
-    assert [(h.projector, h.waiting, h.paused) for h in (await outbox_report(pool)).summary.holds] == [
-        ("mailer", 1, True)
-    ]
+    held = (await outbox_report(pool)).summary.holds
+    assert [(h.projector, h.waiting, h.paused) for h in held] == [("mailer", 1, True)]
     text = run_cli("maintenance", "outbox-report", dsn=dsn)
     assert text.returncode == 0, text.stderr
     assert "paused: resume it to go on" in text.stdout
