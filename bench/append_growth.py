@@ -55,6 +55,11 @@ DROP FUNCTION IF EXISTS bench_old_enqueued();
 """
 
 
+PARTITIONS = """
+SELECT i.inhrelid::regclass::text FROM pg_inherits i WHERE i.inhparent = $1::regclass
+"""
+
+
 async def empty_and_analyzed(dsn: str) -> None:
     """The drained state: empty queue tables, vacuumed and analyzed, autovacuum off for them."""
     conn = await asyncpg.connect(dsn)
@@ -62,7 +67,10 @@ async def empty_and_analyzed(dsn: str) -> None:
         await conn.execute(CLEAR)
         for table in QUEUE_TABLES:
             await conn.execute(f"VACUUM ANALYZE {table}")
-            await conn.execute(f"ALTER TABLE {table} SET (autovacuum_enabled = false)")
+            # A partitioned table (the queue's slots, S26) takes storage settings on its
+            # partitions alone.
+            for part in await conn.fetch(PARTITIONS, table) or [(table,)]:
+                await conn.execute(f"ALTER TABLE {part[0]} SET (autovacuum_enabled = false)")
     finally:
         await conn.close()
 

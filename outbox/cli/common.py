@@ -37,6 +37,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "AppOption",
     "DsnOption",
+    "Interrupted",
     "Invocation",
     "JsonOption",
     "LogFormatOption",
@@ -124,6 +125,8 @@ def _debug() -> bool:
 
 # The longest error line the CLIs write: an echoed argument never makes it longer.
 MAX_ERROR_LINE = 400
+# The exit code of an interrupted command (128 + SIGINT), as shells report it.
+INTERRUPTED = 130
 
 
 def _secrets_in_use(args: list[str]) -> set[str]:
@@ -146,6 +149,11 @@ def _fail(prog: str, message: str, code: int, args: list[str] | None = None) -> 
         line = line[: MAX_ERROR_LINE - 1] + "…"
     print(f"{prog}: error: {line}", file=sys.stderr)
     raise SystemExit(code)
+
+
+class Interrupted(Exception):
+    """Ctrl-C in a command that says how to go on (an interrupted build: how to resume):
+    `main` prints `interrupted: <this>` and exits 130."""
 
 
 class Invocation:
@@ -257,7 +265,9 @@ def main(
     except typer.Exit as exc:
         raise SystemExit(exc.exit_code) from None
     except (typer.Abort, KeyboardInterrupt):
-        _fail(prog, "interrupted", 130, args)
+        _fail(prog, "interrupted", INTERRUPTED, args)
+    except Interrupted as stopped:
+        _fail(prog, f"interrupted: {stopped}", INTERRUPTED, args)
     except typer.TyperException as exc:  # usage errors carry exit_code 2
         _fail(prog, exc.format_message(), exc.exit_code, args)
     except SystemExit:
@@ -275,4 +285,6 @@ def main(
             _fail(prog, f"{type(error).__name__}: {error}", 1, args)
         unexpected = f"unexpected {type(error).__name__}: {error} (set OUTBOX_LOG_LEVEL=debug)"
         _fail(prog, unexpected, 1, args)
+    if code == INTERRUPTED:  # typer turns a KeyboardInterrupt into a silent Exit(130)
+        _fail(prog, "interrupted", INTERRUPTED, args)
     raise SystemExit(code if isinstance(code, int) else 0)

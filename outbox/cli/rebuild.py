@@ -17,6 +17,7 @@ from outbox import db
 from outbox.cli.common import (
     AppOption,
     DsnOption,
+    Interrupted,
     JsonOption,
     JsonTicker,
     emit_json,
@@ -107,7 +108,7 @@ def projections_rebuild_command(
         if not yes:
             return plan
         applied = dict.fromkeys(plan.projectors, 0)
-        with _progress(as_json) as show:
+        with _progress(as_json, seen) as show:
             for p in engine:  # the catch-up engine, in place (a lease-mode one: replayed)
                 built = await build(
                     pool, p, connections=connections, max_rate=max_rate, progress=show,
@@ -124,7 +125,9 @@ def projections_rebuild_command(
 
     # The walkers' connections, the build's own, its count's, and as many as the walkers for a
     # lease-mode projector's calls.
-    result = app_run(app_path, dsn, body, connections=2 * connections + 2)
+    seen: dict[str, BuildProgress] = {}
+    with _resumable(seen):
+        result = app_run(app_path, dsn, body, connections=2 * connections + 2)
     if as_json:
         emit_json("projections-rebuild", result)
     elif result.rebuilt:
@@ -138,9 +141,12 @@ def projections_rebuild_command(
 
 
 @contextmanager
-def _progress(as_json: bool) -> Iterator[Callable[[BuildProgress], None]]:
+def _progress(
+    as_json: bool, seen: dict[str, BuildProgress]
+) -> Iterator[Callable[[BuildProgress], None]]:
     """The engine's progress as a rich bar on stderr (events done of total, rate, ETA), or,
-    with --json, a JSON line at most once a second: what `build` calls after each step."""
+    with --json, a JSON line at most once a second: what `build` calls after each step. A
+    resumed build says so once, with what it carried; `seen` keeps each projector's latest."""
     with Progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
@@ -155,6 +161,16 @@ def _progress(as_json: bool) -> Iterator[Callable[[BuildProgress], None]]:
         ticker = JsonTicker("projections-rebuild.progress") if as_json else None
 
         def show(p: BuildProgress) -> None:
+            if p.projector not in seen and p.resumed:
+                carried = (
+                    f"resuming {p.projector}'s {p.kind} build where it stopped: {p.events:,} "
+                    f"event(s) over {p.campaigns:,} campaign(s) carried"
+                )
+                if ticker is not None:
+                    emit_json("projections-rebuild.resumed", p.summary())
+                else:
+                    stderr.print(carried)
+            seen[p.projector] = p
             if p.projector not in tasks:
                 tasks[p.projector] = bar.add_task(p.projector, total=p.events_total, rate=0.0)
             bar.update(tasks[p.projector], completed=p.events, total=p.events_total, rate=p.rate)
@@ -185,14 +201,16 @@ def _build(
         )
         if not yes:
             return await planned(pool, chosen)
-        with _progress(as_json) as show:
+        with _progress(as_json, seen) as show:
             built = await build(
                 pool, chosen, connections=connections, max_rate=max_rate, progress=show
             )
         return built.progress
 
     # The walkers' connections, the build's own and its count's.
-    result = app_run(app_path, dsn, body, connections=connections + 2)
+    seen: dict[str, BuildProgress] = {}
+    with _resumable(seen):
+        result = app_run(app_path, dsn, body, connections=connections + 2)
     if as_json:
         emit_json("projections-rebuild", result.summary())
     elif not yes:
@@ -204,8 +222,25 @@ def _build(
         state = "built" if result.done else "stopped"
         resumed = " (resumed)" if result.resumed else ""
         stdout.print(
-            f"{result.projector}: {state}{resumed}, {result.events} event(s) over "
-            f"{result.campaigns} campaign(s) in {result.seconds:.1f} s ({result.rate:,.0f} "
-            f"ev/s); {result.skipped} campaign(s) held by batches and {result.failed} failing "
-            "left to the workers"
+            f"{result.projector}: {state}{resumed}, {result.events:,} of "
+            f"{result.events_total:,} event(s) over {result.campaigns:,} of "
+            f"{result.campaigns_total:,} campaign(s) in {result.seconds:.1f} s "
+            f"({result.rate:,.0f} ev/s); {result.left:,} event(s) on {result.skipped} "
+            f"campaign(s) held by batches and {result.failed} failing left to the workers"
         )
+
+
+@contextmanager
+def _resumable(seen: dict[str, BuildProgress]) -> Iterator[None]:
+    """An interrupted build (Ctrl-C) ends with one line: where each build stopped, and that
+    running the same command again resumes it (its committed steps are kept)."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        if not seen:
+            raise
+        where = "; ".join(
+            f"{p.projector} stopped after {p.events:,} of {p.events_total:,} event(s)"
+            for p in seen.values()
+        )
+        raise Interrupted(f"{where}: run the same command again to resume") from None

@@ -135,7 +135,12 @@ def render_report(report: Report, *, payload: bool = False) -> None:
                 one.projector,
                 one.kind,
                 one.state,
-                f"{one.events:,} of {one.events_total:,}",
+                f"{one.events:,} of {one.events_total:,}"
+                + (
+                    " (the rest left to the workers)"
+                    if one.state == "complete" and one.events < one.events_total
+                    else ""
+                ),
                 f"{one.campaigns:,} of {one.campaigns_total:,}",
                 f"{one.rate:,.0f}/s",
                 age(one.eta),

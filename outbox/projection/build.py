@@ -49,7 +49,6 @@ from outbox.projection.builds import (
     Part,
     Progress,
     Throttle,
-    add_counts,
     buildable,
     count_totals,
     open_build,
@@ -236,6 +235,10 @@ class _Walk:
             step = _Step(bucket, None, self.parts.setdefault(bucket, Part()))
             while await self.step(conn, step):
                 self.report()
+                # The cap counts the projector's events, as the progress does (not the journal
+                # positions walked past: a projector of sparse types would crawl), and waits
+                # between steps, outside their transactions (no lock held while it waits).
+                await self.throttle.take(step.applied)
                 if step.waiting:  # in place: a batch holds a campaign not reset yet
                     await anyio.sleep(WAIT_FOR_BATCH)
             self.report()
@@ -278,14 +281,13 @@ class _Walk:
                     cursor = campaign if last == head else before
                     break
             if ranges:
-                await self.throttle.take(sum(hi - lo + 1 for _, lo, hi, _, _ in ranges))
                 await self.isolated(conn, bucket, ranges, got)
             if ranges or got.skipped:
                 part.add(got)
                 part.after = max([c for c, *_, fresh in ranges if fresh], default=part.after)
                 await record_part(conn, name, bucket, part)
-        add_counts(self.state, got)  # committed: counted in the progress
-        step.after = cursor
+        self.state.count(got)  # committed: counted in the progress
+        step.after, step.applied = cursor, got.events
         return True
 
     async def redeliver(self, conn: db.Connection, step: _Step) -> bool:
@@ -300,7 +302,7 @@ class _Walk:
         got, part.after = given
         part.add(got)
         await record_part(conn, self.projector.name, step.bucket, part)
-        add_counts(self.state, got)
+        self.state.count(got)
         return True
 
     async def isolated(
@@ -359,12 +361,14 @@ class _Walk:
 @dataclass
 class _Step:
     """A bucket's walk: the campaign after which the next step looks, the build's part there
-    (in place: the last campaign reset), and whether the last step waited for a batch."""
+    (in place: the last campaign reset), whether the last step waited for a batch, and the
+    events it applied."""
 
     bucket: int
     after: str | None
     part: Part
     waiting: bool = False
+    applied: int = 0  # the projector's events the last step applied (a replay: capped itself)
 
 
 # A journal range a step applies: (campaign, first seq, last seq, whether that is the head,

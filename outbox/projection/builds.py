@@ -87,6 +87,25 @@ class Progress:
     resumed: bool = False
     counted: bool = False  # whether the totals are known (counted beside the first steps)
 
+    def count(self, got: Part) -> None:
+        """Count a committed step's events, campaigns, skips and failures in; the totals (once
+        counted) grow to what was done, which appends made since the count may pass."""
+        add_counts(self, got)
+        self.lift()
+
+    def lift(self) -> None:
+        """Totals never below what was done: the count is of what the projector lacked as
+        the build began, and it walks each campaign to the head it has when it gets there."""
+        if self.counted:
+            self.events_total = max(self.events_total, self.events)
+            self.campaigns_total = max(self.campaigns_total, self.campaigns)
+
+    @property
+    def left(self) -> int:
+        """Of its totals, the events it did not apply: the campaigns batches held (the workers
+        bring the projector up to date there) and those failing; until it is done, still to go."""
+        return max(self.events_total - self.events, 0)
+
     @property
     def rate(self) -> float:
         """Events applied per second so far."""
@@ -109,8 +128,9 @@ class Progress:
 
 @dataclass
 class Throttle:
-    """At most `rate` events per second over every task of a build (None: no limit): a task
-    waits before a step until the events applied so far fit the rate."""
+    """At most `rate` of the projector's events per second over every task of a build (None:
+    no limit): a task waits after a step (a replay: before its calls) until the events
+    applied so far fit the rate."""
 
     rate: float | None
     _started: float = field(default_factory=time.monotonic)
@@ -275,6 +295,7 @@ async def count_totals(conn: db.Connection, progress: Progress, lacking: Progres
     progress.events_total += lacking.events_total
     progress.campaigns_total += lacking.campaigns_total
     progress.counted = True
+    progress.lift()
     await conn.execute(
         Q.record_build_totals, progress.projector, progress.events_total, progress.campaigns_total
     )

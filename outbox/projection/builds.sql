@@ -35,12 +35,15 @@ SET state = $2::text, updated_at = clock_timestamp(), seconds = $3::float8
 WHERE b.projector = $1::text
 
 -- name: list_builds
--- Every projector's latest build with its counters, and whether a build of it holds its lock
+-- Every projector's latest build with its counters (its totals, counted as it began, never
+-- below what it did: appends since may pass them), and whether a build of it holds its lock
 -- now (a `running` one that does not was killed): the advisory lock of
 -- `outbox_lock_build_bucket`, bucket -1, as pg_locks shows a two-key lock (the keys as
 -- unsigned oids, objsubid 2).
-SELECT b.projector, b.kind, b.state, b.started_at, b.updated_at, b.events_total,
-       b.campaigns_total, c.events, c.campaigns, c.skipped, c.failed, b.seconds,
+SELECT b.projector, b.kind, b.state, b.started_at, b.updated_at,
+       greatest(b.events_total, c.events) AS events_total,
+       greatest(b.campaigns_total, c.campaigns) AS campaigns_total,
+       c.events, c.campaigns, c.skipped, c.failed, b.seconds,
        EXISTS (
            SELECT 1 FROM pg_catalog.pg_locks l
            WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2

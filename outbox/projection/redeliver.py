@@ -51,12 +51,12 @@ async def redeliver(
             break
     if not ranges:
         return None
-    await throttle.take(sum(hi for _, _, hi in ranges))
     rows = [
         r
         for r in await load_ranges(conn, ranges, bucket=bucket)
         if r["event_type"] in projector.events
     ]
+    await throttle.take(len(rows))  # the cap counts the projector's events, as the progress
     decoded, cut, keep = decode_bulk(rows), set[str](), list[int]()
     for i, r in enumerate(rows):  # up to an event that cannot be decoded (S8)
         if i in decoded.unavailable or r["campaign_id"] in cut:

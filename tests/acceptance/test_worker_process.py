@@ -474,3 +474,6 @@ def test_a_signal_at_any_instant_of_start_up_ends_the_worker_cleanly(
         allowed = {0} if signum == signal.SIGTERM else {0, 130}
         assert proc.returncode in allowed, (instant, proc.returncode, err.decode())
         assert b"Traceback" not in err, (instant, err.decode())
+        if proc.returncode == 130:  # one line, as docs/cli.md promises (typer's was silent)
+            lines = err.decode().strip().splitlines()
+            assert lines[-1:] == ["outbox-worker: error: interrupted"], (instant, lines)
