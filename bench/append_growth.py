@@ -69,8 +69,9 @@ async def empty_and_analyzed(dsn: str) -> None:
             await conn.execute(f"VACUUM ANALYZE {table}")
             # A partitioned table (the queue's slots, S26) takes storage settings on its
             # partitions alone.
-            for part in await conn.fetch(PARTITIONS, table) or [(table,)]:
-                await conn.execute(f"ALTER TABLE {part[0]} SET (autovacuum_enabled = false)")
+            parts = [r[0] for r in await conn.fetch(PARTITIONS, table)] or [table]
+            for part in parts:
+                await conn.execute(f"ALTER TABLE {part} SET (autovacuum_enabled = false)")
     finally:
         await conn.close()
 
