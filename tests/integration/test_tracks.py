@@ -364,9 +364,18 @@ async def test_an_old_worker_leaves_a_new_types_events_to_its_projector_not_unap
         (cid, "bonus", 2) for cid in CAMPAIGNS[:3]
     ]
     assert await sums(pool, "roster") == expected
+    # At rest `bonus` trails each head by the `add` the old worker applied (it does not run
+    # it), as docs/worker.md says; its next event passes it from the journal, unapplied.
+    checkpoint = (
+        "SELECT campaign_id, applied_seq FROM outbox.projection_checkpoints WHERE projector = $1"
+    )
+    assert await pool.fetch(checkpoint, "bonus") == []
     clock = Clock()
     clock.advance(HOUR)  # past the poll interval the old worker left the holds for
     await Worker(new, pool, now=clock).drain()
+    assert sorted(map(tuple, await pool.fetch(checkpoint, "bonus"))) == [
+        (cid, 2) for cid in CAMPAIGNS[:3]
+    ]
     assert await sums(pool, "bonus") == Counter({cid: 5 for cid in CAMPAIGNS[:3]})
     assert await sums(pool, "roster") == expected
     assert await holds(pool) == []
