@@ -43,6 +43,7 @@ if _typing.TYPE_CHECKING:
         SchemaNotReady,
         TransactionRequired,
         UnknownEventType,
+        UpcastFailed,
         ValidationError,
     )
     from outbox.model import AppendResult, BatchCounts, Event, EventBatch, StoredEvent
@@ -95,6 +96,7 @@ _HOMES: dict[str, str] = {
     "sync": "outbox.sync",
     "TransactionRequired": "outbox.errors",
     "UnknownEventType": "outbox.errors",
+    "UpcastFailed": "outbox.errors",
     "using_schema": "outbox.queries",
     "ValidationError": "outbox.errors",
     "wait_applied": "outbox.queue.applied",
@@ -163,6 +165,7 @@ __all__ = [
     "StoredEvent",
     "TransactionRequired",
     "UnknownEventType",
+    "UpcastFailed",
     "ValidationError",
     "append",
     "create_pool",

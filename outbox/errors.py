@@ -22,6 +22,7 @@
     │   ├── EventUnavailable     the row's journal event is missing or cannot be decoded
     │   ├── UnknownEventType     no projector subscribes to the type and the app does not
     │   │                        ignore it
+    │   ├── UpcastFailed         an upcaster raised on an event (the receiving projector's)
     │   ├── LeaseExpired         a leased row's lease ran out before its worker ended it
     │   └── PermanentError       raised by a projector: the row goes dead at once
     │       └── CheckpointGap    the journal lacks events an ordered projector must apply
@@ -200,6 +201,11 @@ class EventUnavailable(RowFailure):
 
 class UnknownEventType(RowFailure):
     """No projector subscribes to the type and the app did not declare it ignorable."""
+
+
+class UpcastFailed(RowFailure):
+    """An upcaster raised on an event (`app.upcaster`, issue 62): the event fails for the
+    projector that was to receive it (its track, S24), the upcaster named in `last_error`."""
 
 
 class LeaseExpired(RowFailure):

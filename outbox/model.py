@@ -44,16 +44,20 @@ Key = tuple[str, int]
 
 @dataclass(frozen=True, slots=True)
 class Event:
-    """An event to append: its type, a JSON payload, optional JSON-object metadata."""
+    """An event to append: its type, a JSON payload, optional JSON-object metadata, and the
+    version of its payload's schema (1 unless the event's shape changed: docs/projections.md,
+    "Events that evolve")."""
 
     type: str
     payload: Any
     metadata: Mapping[str, Any] | None = None
+    version: int = 1
 
 
 @dataclass(frozen=True, slots=True)
 class StoredEvent:
-    """A journaled event as projectors see it."""
+    """A journaled event as projectors see it: its payload at `version`, the newest the app's
+    upcasters reach from the version it was appended at."""
 
     campaign_id: str
     seq: int
@@ -61,11 +65,12 @@ class StoredEvent:
     payload: Any
     metadata: dict[str, Any]
     recorded_at: datetime
+    version: int = 1
 
 
 class EventBatch(Sequence[StoredEvent]):
     """A batch projector's events, as columns: `campaign_ids`, `seqs`, `types`, `payloads`,
-    `metadata` and `recorded_at` are lists whose i-th items are the i-th event's.
+    `metadata`, `recorded_at` and `versions` are lists whose i-th items are the i-th event's.
 
     It is a `Sequence[StoredEvent]` too: indexing or iterating it builds each event's
     `StoredEvent` on first use (once). A projector that reads only the columns it needs builds
@@ -73,7 +78,16 @@ class EventBatch(Sequence[StoredEvent]):
     the columns are the worker's, shared with the batch's other projectors.
     """
 
-    __slots__ = ("_built", "campaign_ids", "metadata", "payloads", "recorded_at", "seqs", "types")
+    __slots__ = (
+        "_built",
+        "campaign_ids",
+        "metadata",
+        "payloads",
+        "recorded_at",
+        "seqs",
+        "types",
+        "versions",
+    )
 
     def __init__(
         self,
@@ -83,6 +97,7 @@ class EventBatch(Sequence[StoredEvent]):
         payloads: list[Any],
         metadata: list[dict[str, Any]],
         recorded_at: list[datetime],
+        versions: list[int] | None = None,
     ) -> None:
         self.campaign_ids = campaign_ids
         self.seqs = seqs
@@ -90,6 +105,8 @@ class EventBatch(Sequence[StoredEvent]):
         self.payloads = payloads
         self.metadata = metadata
         self.recorded_at = recorded_at
+        # None: every event is version 1 (the list made once, here)
+        self.versions = versions if versions is not None else [1] * len(seqs)
         self._built: list[StoredEvent | None] | None = None
 
     @classmethod
@@ -105,6 +122,7 @@ class EventBatch(Sequence[StoredEvent]):
             [e.payload for e in built],
             [e.metadata for e in built],
             [e.recorded_at for e in built],
+            [e.version for e in built],
         )
         batch._built = list[StoredEvent | None](built)
         return batch
@@ -120,6 +138,7 @@ class EventBatch(Sequence[StoredEvent]):
             [self.payloads[i] for i in indexes],
             [self.metadata[i] for i in indexes],
             [self.recorded_at[i] for i in indexes],
+            [self.versions[i] for i in indexes],
         )
         if self._built is not None:
             batch._built = [self._built[i] for i in indexes]
@@ -149,6 +168,7 @@ class EventBatch(Sequence[StoredEvent]):
                 self.payloads[index],
                 self.metadata[index],
                 self.recorded_at[index],
+                self.versions[index],
             )
         return event
 
@@ -163,6 +183,7 @@ class EventBatch(Sequence[StoredEvent]):
                     self.payloads,
                     self.metadata,
                     self.recorded_at,
+                    self.versions,
                 )
             )
             self._built = cast(list[StoredEvent | None], events)

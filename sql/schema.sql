@@ -120,7 +120,9 @@ BEGIN
             n := coalesce(cardinality(given_seqs), 0);
             IF n > 0 THEN
                 EXECUTE outbox_function_call((p ->> 'function')::regprocedure, '$1')
-                    USING outbox_events_json(p_bucket, given_campaigns, given_seqs);
+                    USING outbox_upcast_events(
+                        outbox_events_json(p_bucket, given_campaigns, given_seqs),
+                        p -> 'upcasters');
                 per_projector := per_projector || jsonb_build_object(p ->> 'name', n);
             END IF;
         END LOOP;
@@ -402,7 +404,7 @@ BEGIN
 END
 $$;
 
-CREATE FUNCTION outbox.outbox_claim(p_bucket integer, p_campaigns integer, p_budget integer, p_projectors text[], p_now timestamp with time zone DEFAULT NULL::timestamp with time zone, p_take text DEFAULT 'all'::text) RETURNS TABLE(campaign_id text, due boolean, first_seq bigint, last_seq bigint, projectors text[], applied_seqs bigint[], holds text, seq bigint, status text, attempt_count integer, next_attempt_at timestamp with time zone, lease_owner text, claim_epoch bigint, event_type text, payload text, metadata text, recorded_at timestamp with time zone)
+CREATE FUNCTION outbox.outbox_claim(p_bucket integer, p_campaigns integer, p_budget integer, p_projectors text[], p_now timestamp with time zone DEFAULT NULL::timestamp with time zone, p_take text DEFAULT 'all'::text) RETURNS TABLE(campaign_id text, due boolean, first_seq bigint, last_seq bigint, projectors text[], applied_seqs bigint[], holds text, seq bigint, status text, attempt_count integer, next_attempt_at timestamp with time zone, lease_owner text, claim_epoch bigint, event_type text, payload text, metadata text, recorded_at timestamp with time zone, version integer)
     LANGUAGE plpgsql
     SET search_path TO 'outbox', 'pg_temp'
     SET enable_seqscan TO 'off'
@@ -445,7 +447,7 @@ BEGIN
            o.status IN ('pending', 'failed', 'processing') AND o.next_attempt_at <= v_now,
            p.first_seq, p.last_seq, k.projectors, k.applied_seqs, hd.holds,
            o.seq, o.status, o.attempt_count, o.next_attempt_at, o.lease_owner, o.claim_epoch,
-           j.event_type, j.payload::text, j.metadata::text, j.recorded_at
+           j.event_type, j.payload::text, j.metadata::text, j.recorded_at, j.version
     FROM (
         -- Per campaign, once (OFFSET 0: not again for each of its rows). The first seq leaves
         -- out a dead row that stands for dead holds alone (S24: each holds only its projector,
@@ -496,7 +498,7 @@ BEGIN
     LEFT JOIN LATERAL (
         -- One index probe per row. OFFSET 0 keeps it a probe: a generic plan guesses the
         -- rows per campaign high and would join the whole journal by hash.
-        SELECT e.event_type, e.payload, e.metadata, e.recorded_at
+        SELECT e.event_type, e.payload, e.metadata, e.recorded_at, e.version
         FROM event_journal e
         WHERE e.bucket = outbox_bucket_in(p_bucket, p.campaign_id) AND e.campaign_id = p.campaign_id
           AND e.seq = o.seq
@@ -630,7 +632,8 @@ BEGIN
     RETURN (SELECT coalesce(jsonb_agg(jsonb_build_object(
                        'campaign_id', j.campaign_id, 'seq', j.seq, 'type', j.event_type,
                        'payload', j.payload, 'metadata', j.metadata,
-                       'recorded_at', j.recorded_at) ORDER BY k.ord), '[]'::jsonb)
+                       'recorded_at', j.recorded_at, 'version', j.version) ORDER BY k.ord),
+                   '[]'::jsonb)
             FROM unnest(p_campaign_ids, p_seqs) WITH ORDINALITY AS k(campaign_id, seq, ord)
             JOIN event_journal j
                 ON j.bucket = outbox_bucket_in(p_bucket, k.campaign_id)
@@ -1190,7 +1193,7 @@ BEGIN
 END
 $_$;
 
-CREATE FUNCTION outbox.outbox_run_sql_projector(p_function regprocedure, p_campaign_ids text[], p_seqs bigint[]) RETURNS void
+CREATE FUNCTION outbox.outbox_run_sql_projector(p_function regprocedure, p_campaign_ids text[], p_seqs bigint[], p_upcasters jsonb DEFAULT NULL::jsonb) RETURNS void
     LANGUAGE plpgsql
     SET search_path TO 'outbox', 'pg_temp'
     AS $_$
@@ -1207,7 +1210,8 @@ BEGIN
             coalesce(cardinality(p_seqs), 0) - jsonb_array_length(events),
             coalesce(cardinality(p_seqs), 0);
     END IF;
-    EXECUTE outbox_function_call(p_function, '$1') USING events;
+    EXECUTE outbox_function_call(p_function, '$1')
+        USING outbox_upcast_events(events, p_upcasters);
 END
 $_$;
 
@@ -1697,6 +1701,8 @@ BEGIN
                        || CASE WHEN p_idempotency_key IS NULL THEN '{}'::jsonb
                                ELSE jsonb_build_object('idempotency_key', p_idempotency_key)
                           END)
+                   || CASE WHEN broken IS NULL AND coalesce(value -> 'version', '1') <> '1'
+                           THEN jsonb_build_array(value -> 'version') ELSE '[]' END
                    ORDER BY ord),
                (array_agg(format('events[%s]%s', ord - 1, broken[1]) ORDER BY ord)
                    FILTER (WHERE broken IS NOT NULL))[1],
@@ -1705,9 +1711,9 @@ BEGIN
         FROM (
             SELECT value, ord, CASE
                 WHEN jsonb_typeof(value) <> 'object' THEN ARRAY['',
-                    'expected an object with type, payload and optional metadata']
-                WHEN value - ARRAY['type', 'payload', 'metadata'] <> '{}'::jsonb
-                    THEN ARRAY['', 'expected only type, payload and metadata']
+                    'expected an object with type, payload and optional metadata and version']
+                WHEN value - ARRAY['type', 'payload', 'metadata', 'version'] <> '{}'::jsonb
+                    THEN ARRAY['', 'expected only type, payload, metadata and version']
                 WHEN jsonb_typeof(value -> 'type') IS DISTINCT FROM 'string'
                     THEN ARRAY['.type', 'expected a string']
                 WHEN btrim(value ->> 'type') = '' THEN ARRAY['.type', 'must not be empty']
@@ -1716,6 +1722,11 @@ BEGIN
                 WHEN NOT value ? 'payload' THEN ARRAY['.payload', 'is required (null is allowed)']
                 WHEN jsonb_typeof(value -> 'metadata') NOT IN ('object', 'null')
                     THEN ARRAY['.metadata', 'expected an object or null']
+                WHEN value ? 'version' AND (jsonb_typeof(value -> 'version') <> 'number'
+                     OR (value ->> 'version')::numeric NOT BETWEEN 1 AND 2147483647
+                     OR (value ->> 'version')::numeric % 1 <> 0)
+                    THEN ARRAY['.version', format('expected an integer from 1, got %s',
+                                                  value -> 'version')]
                 WHEN p_idempotency_key IS NOT NULL
                   AND value -> 'metadata' ? 'idempotency_key'
                   AND value -> 'metadata' -> 'idempotency_key' <> to_jsonb(p_idempotency_key)
@@ -1817,9 +1828,10 @@ BEGIN
     IF n <= 4 THEN  -- row by row by VALUES, which Citus routes to the shard (a plain COMMIT)
         FOR i IN 1 .. n LOOP
             INSERT INTO event_journal (bucket, campaign_id, seq, event_type, payload, metadata,
-                                       recorded_at)
+                                       recorded_at, version)
             VALUES (b, p_campaign_id, head - n + i, appended -> (i - 1) ->> 0,
-                    appended -> (i - 1) -> 1, appended -> (i - 1) -> 2, v_now)
+                    appended -> (i - 1) -> 1, appended -> (i - 1) -> 2, v_now,
+                    coalesce((appended -> (i - 1) ->> 3)::numeric::integer, 1))
             ON CONFLICT DO NOTHING;
             GET DIAGNOSTICS written = ROW_COUNT;
             IF written < 1 THEN
@@ -1835,9 +1847,9 @@ BEGIN
         END LOOP;
     ELSE  -- set-wise: one statement per table (on Citus, COPY and two-phase commit)
         INSERT INTO event_journal (bucket, campaign_id, seq, event_type, payload, metadata,
-                                   recorded_at)
+                                   recorded_at, version)
         SELECT b, p_campaign_id, head - n + e.ord, e.value ->> 0, e.value -> 1, e.value -> 2,
-               v_now
+               v_now, coalesce((e.value ->> 3)::numeric::integer, 1)
         FROM jsonb_array_elements(appended) WITH ORDINALITY AS e(value, ord)
         ON CONFLICT DO NOTHING;
         GET DIAGNOSTICS written = ROW_COUNT;
@@ -1906,6 +1918,48 @@ BEGIN
 END
 $_$;
 
+CREATE FUNCTION outbox.outbox_upcast_events(p_events jsonb, p_upcasters jsonb) RETURNS jsonb
+    LANGUAGE plpgsql
+    SET search_path TO 'outbox', 'pg_temp'
+    AS $_$
+DECLARE
+    e jsonb;
+    upcast jsonb := '[]';
+    payload jsonb;
+    v integer;
+    fn text;
+BEGIN
+    IF p_upcasters IS NULL OR NOT EXISTS (
+        SELECT 1 FROM jsonb_array_elements(p_events) x
+        WHERE p_upcasters -> (x ->> 'type') ? (x ->> 'version')
+    ) THEN
+        RETURN p_events;
+    END IF;
+    FOR e IN SELECT x FROM jsonb_array_elements(p_events) x LOOP
+        v := (e ->> 'version')::integer;
+        fn := p_upcasters -> (e ->> 'type') ->> v::text;
+        IF fn IS NOT NULL THEN
+            payload := e -> 'payload';
+            WHILE fn IS NOT NULL LOOP
+                BEGIN
+                    EXECUTE outbox_function_call(to_regprocedure(fn || '(jsonb)'), '$1')
+                        INTO payload USING payload;
+                EXCEPTION WHEN OTHERS THEN
+                    RAISE EXCEPTION 'upcaster % (% v% -> v%) failed on % seq %: %', fn,
+                        e ->> 'type', v, v + 1, e ->> 'campaign_id', e ->> 'seq', SQLERRM
+                        USING ERRCODE = SQLSTATE;
+                END;
+                v := v + 1;
+                fn := p_upcasters -> (e ->> 'type') ->> v::text;
+            END LOOP;
+            e := e || jsonb_build_object('payload', payload, 'version', v);
+        END IF;
+        upcast := upcast || jsonb_build_array(e);
+    END LOOP;
+    RETURN upcast;
+END
+$_$;
+
 CREATE TABLE outbox.append_idempotency_keys (
     campaign_id text NOT NULL,
     idem_key text NOT NULL,
@@ -1936,8 +1990,10 @@ CREATE TABLE outbox.event_journal (
     metadata jsonb DEFAULT '{}'::jsonb NOT NULL,
     recorded_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
     bucket integer NOT NULL,
+    version integer DEFAULT 1 NOT NULL,
     CONSTRAINT event_journal_bucket_check CHECK ((bucket = outbox.outbox_bucket(campaign_id))),
-    CONSTRAINT event_journal_seq_check CHECK ((seq >= 1))
+    CONSTRAINT event_journal_seq_check CHECK ((seq >= 1)),
+    CONSTRAINT event_journal_version_check CHECK ((version >= 1))
 );
 
 CREATE VIEW outbox.campaign_heads AS

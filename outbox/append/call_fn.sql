@@ -12,7 +12,8 @@
 --          so a caller inside its own transaction goes on after it (the Python API uses it).
 --
 -- `events` is a JSON array of {"type": string, "payload": any JSON (null included; the key is
--- required), "metadata": object or null (optional)}. These functions are the authority on
+-- required), "metadata": object or null (optional), "version": the payload's schema version,
+-- an integer from 1 (optional, default 1)}. These functions are the authority on
 -- what an append accepts, for every language: Python checks first only what cannot reach
 -- them as it is (docs/append.md, "Validation"). Enqueueing and the key TTL come from the
 -- arguments, else the settings `outbox.enqueue` (default on) and `outbox.append_key_ttl`
@@ -28,8 +29,10 @@
 -- NOTIFY that wakes the workers (channel `<schema>.outbox_work`, payload the bucket) is sent
 -- only then.
 
--- What a keyed append appended: [[type, payload, metadata], ...] as stored (jsonb renders
--- objects with their keys in one order, so the key order a client sent does not matter). A
+-- What a keyed append appended: [[type, payload, metadata], ...] as stored, an event of a
+-- version other than 1 with it as a fourth item (so a key taken before versions existed
+-- matches its retry), (jsonb renders objects with their keys in one order, so the key order a
+-- client sent does not matter). A
 -- SQL-standard body: its names are bound when it is created, whatever the caller's path.
 CREATE OR REPLACE FUNCTION outbox_fingerprint(events jsonb) RETURNS bytea
 LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
@@ -119,6 +122,8 @@ BEGIN
                        || CASE WHEN p_idempotency_key IS NULL THEN '{}'::jsonb
                                ELSE jsonb_build_object('idempotency_key', p_idempotency_key)
                           END)
+                   || CASE WHEN broken IS NULL AND coalesce(value -> 'version', '1') <> '1'
+                           THEN jsonb_build_array(value -> 'version') ELSE '[]' END
                    ORDER BY ord),
                (array_agg(format('events[%s]%s', ord - 1, broken[1]) ORDER BY ord)
                    FILTER (WHERE broken IS NOT NULL))[1],
@@ -127,9 +132,9 @@ BEGIN
         FROM (
             SELECT value, ord, CASE
                 WHEN jsonb_typeof(value) <> 'object' THEN ARRAY['',
-                    'expected an object with type, payload and optional metadata']
-                WHEN value - ARRAY['type', 'payload', 'metadata'] <> '{}'::jsonb
-                    THEN ARRAY['', 'expected only type, payload and metadata']
+                    'expected an object with type, payload and optional metadata and version']
+                WHEN value - ARRAY['type', 'payload', 'metadata', 'version'] <> '{}'::jsonb
+                    THEN ARRAY['', 'expected only type, payload, metadata and version']
                 WHEN jsonb_typeof(value -> 'type') IS DISTINCT FROM 'string'
                     THEN ARRAY['.type', 'expected a string']
                 WHEN btrim(value ->> 'type') = '' THEN ARRAY['.type', 'must not be empty']
@@ -138,6 +143,11 @@ BEGIN
                 WHEN NOT value ? 'payload' THEN ARRAY['.payload', 'is required (null is allowed)']
                 WHEN jsonb_typeof(value -> 'metadata') NOT IN ('object', 'null')
                     THEN ARRAY['.metadata', 'expected an object or null']
+                WHEN value ? 'version' AND (jsonb_typeof(value -> 'version') <> 'number'
+                     OR (value ->> 'version')::numeric NOT BETWEEN 1 AND 2147483647
+                     OR (value ->> 'version')::numeric % 1 <> 0)
+                    THEN ARRAY['.version', format('expected an integer from 1, got %s',
+                                                  value -> 'version')]
                 WHEN p_idempotency_key IS NOT NULL
                   AND value -> 'metadata' ? 'idempotency_key'
                   AND value -> 'metadata' -> 'idempotency_key' <> to_jsonb(p_idempotency_key)
@@ -239,9 +249,10 @@ BEGIN
     IF n <= 4 THEN  -- row by row by VALUES, which Citus routes to the shard (a plain COMMIT)
         FOR i IN 1 .. n LOOP
             INSERT INTO event_journal (bucket, campaign_id, seq, event_type, payload, metadata,
-                                       recorded_at)
+                                       recorded_at, version)
             VALUES (b, p_campaign_id, head - n + i, appended -> (i - 1) ->> 0,
-                    appended -> (i - 1) -> 1, appended -> (i - 1) -> 2, v_now)
+                    appended -> (i - 1) -> 1, appended -> (i - 1) -> 2, v_now,
+                    coalesce((appended -> (i - 1) ->> 3)::numeric::integer, 1))
             ON CONFLICT DO NOTHING;
             GET DIAGNOSTICS written = ROW_COUNT;
             IF written < 1 THEN
@@ -257,9 +268,9 @@ BEGIN
         END LOOP;
     ELSE  -- set-wise: one statement per table (on Citus, COPY and two-phase commit)
         INSERT INTO event_journal (bucket, campaign_id, seq, event_type, payload, metadata,
-                                   recorded_at)
+                                   recorded_at, version)
         SELECT b, p_campaign_id, head - n + e.ord, e.value ->> 0, e.value -> 1, e.value -> 2,
-               v_now
+               v_now, coalesce((e.value ->> 3)::numeric::integer, 1)
         FROM jsonb_array_elements(appended) WITH ORDINALITY AS e(value, ord)
         ON CONFLICT DO NOTHING;
         GET DIAGNOSTICS written = ROW_COUNT;

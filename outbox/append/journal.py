@@ -61,6 +61,7 @@ def decode_event(
     payload: str,
     metadata: str,
     recorded_at: datetime,
+    version: int = 1,
 ) -> StoredEvent:
     """A journal row (payload and metadata as jsonb text) as projectors see it.
 
@@ -78,7 +79,9 @@ def decode_event(
         raise EventUnavailable(
             f"journal event {campaign_id!r} seq {seq}: metadata is not a JSON object"
         )
-    return StoredEvent(campaign_id, seq, event_type, decoded_payload, decoded_metadata, recorded_at)
+    return StoredEvent(
+        campaign_id, seq, event_type, decoded_payload, decoded_metadata, recorded_at, version
+    )
 
 
 @dataclass(slots=True)
@@ -121,12 +124,12 @@ def batch_of(
     rows: Sequence[db.Record], payloads: list[Any], metadata: Sequence[dict[str, Any] | None]
 ) -> EventBatch:
     """Journal rows (`load_ranges`' columns, in its order: campaign, seq, type, payload,
-    metadata, recorded_at) with their decoded payloads and metadata as one batch: the columns
-    taken at once, not looked up by name per event."""
+    metadata, recorded_at, version) with their decoded payloads and metadata as one batch: the
+    columns taken at once, not looked up by name per event."""
     if not rows:
         return EventBatch([], [], [], [], [], [])
-    cids, seqs, types, _, _, recorded = (list(c) for c in zip(*rows, strict=True))
-    return EventBatch(cids, seqs, types, payloads, [m or {} for m in metadata], recorded)
+    cids, seqs, types, _, _, recorded, versions = (list(c) for c in zip(*rows, strict=True))
+    return EventBatch(cids, seqs, types, payloads, [m or {} for m in metadata], recorded, versions)
 
 
 def decode_record(r: db.Record, campaign_id: str | None = None) -> StoredEvent:
@@ -139,6 +142,7 @@ def decode_record(r: db.Record, campaign_id: str | None = None) -> StoredEvent:
         r["payload"],
         r["metadata"],
         r["recorded_at"],
+        r.get("version") or 1,  # a read without the column (a missing event's) reads 1
     )
 
 

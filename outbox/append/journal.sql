@@ -9,7 +9,8 @@ SELECT last_seq FROM @extschema@.campaign_heads WHERE bucket = $2::integer AND c
 -- A campaign's events from seq $2 to $3, as projectors see them (payload and metadata as
 -- text: `decode_event` decodes each one, so one undecodable event is that event's failure).
 -- $4: the campaign's bucket.
-SELECT seq, event_type, payload::text AS payload, metadata::text AS metadata, recorded_at
+SELECT seq, event_type, payload::text AS payload, metadata::text AS metadata, recorded_at,
+       version
 FROM @extschema@.event_journal
 WHERE bucket = $4::integer AND campaign_id = $1::text AND seq BETWEEN $2::bigint AND $3::bigint
 ORDER BY seq
@@ -19,7 +20,7 @@ ORDER BY seq
 -- `load_events` reads them: what an ordered projector behind a campaign's first claimed row
 -- applies first. $1: the bucket all the campaigns are in (-1: each its own, on one server).
 SELECT j.campaign_id, j.seq, j.event_type, j.payload::text AS payload,
-       j.metadata::text AS metadata, j.recorded_at
+       j.metadata::text AS metadata, j.recorded_at, j.version
 FROM unnest($2::text[], $3::bigint[], $4::bigint[]) AS r(campaign_id, lo, hi)
 JOIN @extschema@.event_journal j
     ON j.bucket = @extschema@.outbox_bucket_in($1::integer, r.campaign_id)
@@ -42,7 +43,7 @@ WITH head AS (
     WHERE bucket = $3::integer AND campaign_id = $1::text
 )
 SELECT h.last_seq, e.seq, e.event_type, e.payload::text AS payload,
-       e.metadata::text AS metadata, e.recorded_at
+       e.metadata::text AS metadata, e.recorded_at, e.version
 FROM head h
 LEFT JOIN @extschema@.event_journal e
     ON e.bucket = $3::integer AND e.campaign_id = $1::text AND e.event_type = ANY ($2::text[]) AND e.seq <= h.last_seq

@@ -39,7 +39,8 @@ KEY_METADATA = "idempotency_key"
 @dataclass(frozen=True, slots=True)
 class Batch:
     """An append, checked and encoded: the arguments of the append function
-    (`outbox_try_append`), the events as one JSON array of {type, payload, metadata}."""
+    (`outbox_try_append`), the events as one JSON array of {type, payload, metadata[,
+    version]}."""
 
     campaign_id: str
     events: str
@@ -131,7 +132,16 @@ def prepare(
             if traced is not None:
                 meta.setdefault(tracing.TRACE_METADATA, traced)
         metadata = _encode(f"events[{i}].metadata", meta)
+        version = event.version
+        if isinstance(version, bool) or not isinstance(version, int):
+            raise ValidationError(
+                f"events[{i}].version", f"expected an integer from 1, got {version!r}"
+            )
+        # A version other than 1 travels as a key (the append function checks its range);
+        # version 1, the default, as before versions existed.
+        tail = "" if version == 1 else f',"version":{version}'
         encoded.append(
-            f'{{"type":{orjson.dumps(kind).decode()},"payload":{payload},"metadata":{metadata}}}'
+            f'{{"type":{orjson.dumps(kind).decode()},"payload":{payload},"metadata":{metadata}'
+            f"{tail}}}"
         )
     return Batch(campaign, f"[{','.join(encoded)}]", len(encoded), expected, key)

@@ -30,6 +30,7 @@ from outbox.projection.registry import (
     track_name,
 )
 from outbox.projection.sql_projectors import SqlFunctions, function_name
+from outbox.projection.upcasting import Upcaster
 from outbox.projection.versions import SupersededVersions
 from outbox.queries import using_schema
 from outbox.retry import FailurePolicy
@@ -39,6 +40,8 @@ __all__ = ["Outbox"]
 F = TypeVar("F", bound=Callable[..., Awaitable[None]])
 # A statement projector's function: an event -> the statement's arguments (None: skip it).
 A = TypeVar("A", bound=Callable[[StoredEvent], Sequence[Any] | None])
+# An upcaster: a payload of one version made into the next's.
+U = TypeVar("U", bound=Callable[[Any], Any])
 
 
 def _check_events(name: str, events: object) -> None:
@@ -271,6 +274,31 @@ class Outbox:
     def ignore(self, types: Sequence[str]) -> None:
         """Declare event types that need no projection: completed and counted as skipped."""
         self.registry.ignore(types)
+
+    def upcaster(self, event_type: str, *, from_version: int) -> Callable[[U], U]:
+        """Register `fn(payload) -> payload`, which turns `event_type`'s payload from
+        `from_version` to the next version (docs/projections.md, "Events that evolve").
+        Chains compose: every projector receives each event at the newest version the
+        upcasters reach, on every path (live, inline, catch-up, builds, rebuilds, requeues,
+        replays, lease mode), with `StoredEvent.version` saying which. A SQL projector of the
+        type needs the same step as a SQL upcaster (`sql_upcaster`).
+
+        @app.upcaster("clicked", from_version=1)
+        def clicked_v2(payload): return {**payload, "source": payload.get("src", "web")}
+        """
+
+        def register(fn: U) -> U:
+            self.registry.upcasters.add(Upcaster(event_type, from_version, fn=fn))
+            return fn
+
+        return register
+
+    def sql_upcaster(self, event_type: str, *, from_version: int, function: str) -> None:
+        """Register a SQL function (`schema.fn(jsonb) -> jsonb`) that turns `event_type`'s
+        payload from `from_version` to the next, for SQL projectors: the server upcasts their
+        events in the call. The worker refuses to start when the function is missing."""
+        name = function_name(event_type, "an upcaster's function", function)
+        self.registry.upcasters.add(Upcaster(event_type, from_version, function=name))
 
     def validate(self) -> None:
         self.registry.validate(self.settings)

@@ -78,7 +78,13 @@ def _events(
         assert metadata is not None
         journal.setdefault(cid, []).append(
             StoredEvent(
-                cid, r["seq"], r["event_type"], decoded.payloads[i], metadata, r["recorded_at"]
+                cid,
+                r["seq"],
+                r["event_type"],
+                decoded.payloads[i],
+                metadata,
+                r["recorded_at"],
+                r["version"],
             )
         )
     return journal, unavailable

@@ -7,6 +7,7 @@ subscribes to this type" from an index built once. No I/O happens here.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING, Literal
 from outbox.config import Settings
 from outbox.errors import ConfigError
 from outbox.model import EventBatch, StoredEvent
+from outbox.projection.upcasting import Upcasters
 
 if TYPE_CHECKING:
     from outbox.db import Connection
@@ -108,6 +110,9 @@ class Projector:
     replay: bool = False
     # A SQL projector's functions (`fn` calls them); None: a Python projector.
     sql: SqlFunctions | None = None
+    # The app's upcasters (shared with its registry, so those registered later count too):
+    # each event is handed over at the newest version they reach. Not part of its definition.
+    upcast: Upcasters | None = field(default=None, compare=False, repr=False)
 
     @property
     def base(self) -> str:
@@ -126,6 +131,13 @@ class Projector:
         `running_projector()` is this projector meanwhile, and `replaying()` says whether the
         events are history given again (a build, a rebuild, a catch-up from the journal)."""
         with self._as_running(replaying):
+            upcast = self.upcast
+            if self.sql is not None:  # the server reads the events and upcasts them (SQL)
+                chains = upcast.sql_chains(self.events) if upcast is not None else {}
+                await self.sql.apply(conn, EventBatch.of(events), chains)
+                return
+            if upcast:
+                events = upcast.apply(EventBatch.of(events))
             if self.batch:
                 await self.fn(conn, EventBatch.of(events))  # type: ignore[arg-type]
                 return
@@ -161,6 +173,7 @@ _replaying: ContextVar[bool] = ContextVar("outbox_replaying", default=False)
 class Registry:
     projectors: dict[str, Projector] = field(default_factory=dict)
     ignored: set[str] = field(default_factory=set)
+    upcasters: Upcasters = field(default_factory=Upcasters)
     _by_type: dict[str, tuple[Projector, ...]] = field(default_factory=dict)
     _ordered: list[str] = field(default_factory=list)
     _now: list[str] = field(default_factory=list)
@@ -227,6 +240,8 @@ class Registry:
             raise ConfigError(
                 f"projector {projector.name!r} subscribes to ignored {sorted(overlap)}"
             )
+        if projector.upcast is None:  # one registered elsewhere keeps its app's upcasters
+            projector = dataclasses.replace(projector, upcast=self.upcasters)
         self.projectors[projector.name] = projector
         self._by_type.clear()  # the indexes are rebuilt on next use
 
@@ -235,7 +250,7 @@ class Registry:
         indexes built afresh; this one when none of them is here."""
         if not names & self.projectors.keys():
             return self
-        kept = Registry(ignored=set(self.ignored))
+        kept = Registry(ignored=set(self.ignored), upcasters=self.upcasters)
         kept.projectors = {n: p for n, p in self.projectors.items() if n not in names}
         return kept
 
@@ -285,6 +300,9 @@ class Registry:
             if projector.sql is not None:
                 for signature in projector.sql.signatures:
                     found.setdefault(signature, projector.name)
+                for chain in self.upcasters.sql_chains(projector.events).values():
+                    for function in chain.values():
+                        found.setdefault(f"{function}(jsonb)", projector.name)
         return found
 
     def leased_types(self) -> frozenset[str]:
@@ -316,6 +334,9 @@ class Registry:
 
     def validate(self, settings: Settings) -> None:
         """Refuse settings that contradict the registered projectors (one-line ConfigError)."""
+        for projector in self.projectors.values():
+            if projector.sql is not None:  # the server must upcast what a Python one would
+                self.upcasters.check_sql(projector.name, projector.events)
         ordered = self.ordered_names()
         if ordered and settings.ordering == "none":
             raise ConfigError(

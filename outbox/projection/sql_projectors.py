@@ -75,10 +75,20 @@ class SqlFunctions:
             found.append(f"{self.drop}()")
         return found
 
-    async def apply(self, conn: Connection, batch: EventBatch) -> None:
-        """The projector's function on `batch` (the events its guard let through)."""
+    async def apply(
+        self,
+        conn: Connection,
+        batch: EventBatch,
+        upcasters: Mapping[str, Mapping[str, str]] | None = None,
+    ) -> None:
+        """The projector's function on `batch` (the events its guard let through), each
+        event upcast by the server through `upcasters` ({type: {from version: function}})."""
         await conn.execute(
-            Q.apply_sql_projector, f"{self.function}(jsonb)", batch.campaign_ids, batch.seqs
+            Q.apply_sql_projector,
+            f"{self.function}(jsonb)",
+            batch.campaign_ids,
+            batch.seqs,
+            upcasters or None,
         )
 
     async def reset_campaign(self, conn: Connection, campaign_id: str) -> None:

@@ -2,9 +2,11 @@
 -- server functions of `sql_projectors_fn.sql`, and the check that they exist.
 
 -- name: apply_sql_projector
--- SQL projector $1 (`schema.fn(jsonb)`) on the events at keys ($2[i], $3[i]).
+-- SQL projector $1 (`schema.fn(jsonb)`) on the events at keys ($2[i], $3[i]), upcast by the
+-- SQL upcasters $4 ({type: {from version: function}}; null: none).
 SELECT @extschema@.outbox_run_sql_projector(
-    CAST(CAST($1 AS text) AS regprocedure), CAST($2 AS text[]), CAST($3 AS bigint[]))
+    CAST(CAST($1 AS text) AS regprocedure), CAST($2 AS text[]), CAST($3 AS bigint[]),
+    CAST($4 AS jsonb))
 
 -- name: apply_sql_hook
 -- A SQL projector's hook $1: a reset (`schema.fn(text)`) on campaign $2, or a drop

@@ -33,7 +33,8 @@ BEGIN
     RETURN (SELECT coalesce(jsonb_agg(jsonb_build_object(
                        'campaign_id', j.campaign_id, 'seq', j.seq, 'type', j.event_type,
                        'payload', j.payload, 'metadata', j.metadata,
-                       'recorded_at', j.recorded_at) ORDER BY k.ord), '[]'::jsonb)
+                       'recorded_at', j.recorded_at, 'version', j.version) ORDER BY k.ord),
+                   '[]'::jsonb)
             FROM unnest(p_campaign_ids, p_seqs) WITH ORDINALITY AS k(campaign_id, seq, ord)
             JOIN event_journal j
                 ON j.bucket = outbox_bucket_in(p_bucket, k.campaign_id)
@@ -41,11 +42,62 @@ BEGIN
 END
 $$;
 
+-- Events (as `outbox_events_json` makes them) each at the newest version the SQL upcasters
+-- `p_upcasters` reach ({type: {from version: function}}, each function `jsonb -> jsonb`, the
+-- payload of one version made into the next's): the same array when none is behind. Set-wise:
+-- one statement per step of a chain (its events upcast together), in version order, so an
+-- event goes through every step after its own. An upcaster that raises fails the call naming
+-- it, with its SQLSTATE (the worker's halving then fails the event alone, S6; issue 62).
+CREATE OR REPLACE FUNCTION outbox_upcast_events(p_events jsonb, p_upcasters jsonb)
+RETURNS jsonb
+LANGUAGE plpgsql VOLATILE
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    events jsonb := p_events;
+    step record;
+BEGIN
+    IF p_upcasters IS NULL OR NOT EXISTS (
+        SELECT 1 FROM jsonb_array_elements(p_events) x
+        WHERE p_upcasters -> (x ->> 'type') ? (x ->> 'version')
+    ) THEN
+        RETURN p_events;
+    END IF;
+    FOR step IN
+        SELECT t.key AS event_type, v.key::integer AS version, v.value #>> '{}' AS fn,
+               (SELECT format('%I.%I', n.nspname, p.proname)
+                FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+                WHERE p.oid = to_regprocedure((v.value #>> '{}') || '(jsonb)')) AS called
+        FROM jsonb_each(p_upcasters) t, jsonb_each(t.value) v
+        ORDER BY t.key, v.key::integer
+    LOOP
+        BEGIN
+            EXECUTE format(
+                'SELECT jsonb_agg(CASE WHEN x.e ->> ''type'' = $2 '
+                '                       AND (x.e ->> ''version'')::integer = $3 '
+                '                  THEN x.e || jsonb_build_object(''payload'', %s(x.e -> ''payload''), '
+                '                                                 ''version'', $3 + 1) '
+                '                  ELSE x.e END ORDER BY x.ord) '
+                'FROM jsonb_array_elements($1) WITH ORDINALITY AS x(e, ord)', step.called)
+                INTO events USING events, step.event_type, step.version;
+        EXCEPTION WHEN OTHERS THEN
+            RAISE EXCEPTION 'upcaster % (% v% -> v%) failed: %', step.fn, step.event_type,
+                step.version, step.version + 1, SQLERRM
+                USING ERRCODE = SQLSTATE;
+        END;
+    END LOOP;
+    RETURN events;
+END
+$$;
+
 -- Run SQL projector `p_function` (an `fn(jsonb)`) on the events at the keys given: one
 -- bucket's (a batch's on Citus, a build step's, a campaign's), or, on one server, a batch's
--- across buckets.
+-- across buckets; each event upcast by `p_upcasters` first (`outbox_upcast_events`; null:
+-- none). (The release before took no upcasters: that signature goes.)
+DROP FUNCTION IF EXISTS outbox_run_sql_projector(regprocedure, text[], bigint[]);
 CREATE OR REPLACE FUNCTION outbox_run_sql_projector(
-    p_function regprocedure, p_campaign_ids text[], p_seqs bigint[]
+    p_function regprocedure, p_campaign_ids text[], p_seqs bigint[],
+    p_upcasters jsonb DEFAULT NULL
 )
 RETURNS void
 LANGUAGE plpgsql VOLATILE
@@ -64,7 +116,8 @@ BEGIN
             coalesce(cardinality(p_seqs), 0) - jsonb_array_length(events),
             coalesce(cardinality(p_seqs), 0);
     END IF;
-    EXECUTE outbox_function_call(p_function, '$1') USING events;
+    EXECUTE outbox_function_call(p_function, '$1')
+        USING outbox_upcast_events(events, p_upcasters);
 END
 $$;
 

@@ -73,6 +73,7 @@ class ClaimedRow:
     unavailable: EventUnavailable | None = None
     lease_owner: str | None = None  # lease mode: who last claimed it, and that claim's epoch
     claim_epoch: int | None = None
+    version: int = 1  # the version its event was appended at (issue 62)
 
     @property
     def key(self) -> Key:
@@ -91,6 +92,7 @@ class ClaimedRow:
             self.payload,
             self.metadata,
             self.recorded_at,
+            self.version,
         )
 
 
@@ -104,6 +106,7 @@ def event_batch(rows: Sequence[ClaimedRow]) -> EventBatch:
         [r.payload for r in rows],
         cast(list[dict[str, Any]], [r.metadata for r in rows]),
         cast(list[datetime], [r.recorded_at for r in rows]),
+        [r.version for r in rows],
     )
 
 
@@ -211,6 +214,7 @@ def _claimed_rows(records: Sequence[db.Record]) -> list[ClaimedRow]:
                 error,
                 r["lease_owner"],
                 r["claim_epoch"],
+                r["version"] or 1,  # null: the event is missing
             )
         )
     return rows

@@ -10,7 +10,8 @@
 -- metadata as text, so the worker decodes each row on its own and an undecodable event fails
 -- its row, never the claim.
 o.seq, o.status, o.attempt_count, o.next_attempt_at, o.lease_owner, o.claim_epoch,
-j.event_type, j.payload::text AS payload, j.metadata::text AS metadata, j.recorded_at
+j.event_type, j.payload::text AS payload, j.metadata::text AS metadata, j.recorded_at,
+j.version
 
 -- name: claim_batch
 -- Ordering `campaign`, in bucket $1: up to $2 due campaigns locked (oldest due first, skipping
@@ -55,7 +56,7 @@ CROSS JOIN LATERAL (
 LEFT JOIN LATERAL (
     -- One index probe per claimed row. OFFSET 0 keeps this a probe: a generic plan guesses
     -- the claim's LIMIT at a tenth of the queue and would join the whole journal by hash.
-    SELECT e.event_type, e.payload, e.metadata, e.recorded_at
+    SELECT e.event_type, e.payload, e.metadata, e.recorded_at, e.version
     FROM @extschema@.event_journal e
     WHERE e.bucket = $3::integer AND e.campaign_id = o.campaign_id AND e.seq = o.seq
     OFFSET 0

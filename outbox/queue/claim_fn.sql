@@ -82,8 +82,22 @@ $$;
 -- 'live' (a batch that serves appends first: a campaign that waits for holds alone, head_seq 0,
 -- a projector catching up or a hold's retry, is left for a background batch), or 'holds' (a
 -- background worker's batch: those alone).
--- (The release before took no p_take: that signature goes, so one function answers.)
+-- (The release before took no p_take: that signature goes, so one function answers. Each
+-- row's event version (issue 62) is a column of its result: the result's type changed, so the
+-- function is made again.)
 DROP FUNCTION IF EXISTS outbox_claim(integer, integer, integer, text[], timestamptz);
+DO $$
+BEGIN
+    IF EXISTS (
+        SELECT 1 FROM pg_catalog.pg_proc p
+        WHERE p.oid = to_regprocedure(
+                  'outbox_claim(integer, integer, integer, text[], timestamptz, text)')
+          AND NOT 'version' = ANY (p.proargnames)
+    ) THEN
+        DROP FUNCTION outbox_claim(integer, integer, integer, text[], timestamptz, text);
+    END IF;
+END
+$$;
 
 CREATE OR REPLACE FUNCTION outbox_claim(
     p_bucket integer,
@@ -110,7 +124,8 @@ RETURNS TABLE (
     event_type text,
     payload text,
     metadata text,
-    recorded_at timestamptz
+    recorded_at timestamptz,
+    version integer
 )
 LANGUAGE plpgsql VOLATILE
 SET search_path FROM CURRENT
@@ -154,7 +169,7 @@ BEGIN
            o.status IN ('pending', 'failed', 'processing') AND o.next_attempt_at <= v_now,
            p.first_seq, p.last_seq, k.projectors, k.applied_seqs, hd.holds,
            o.seq, o.status, o.attempt_count, o.next_attempt_at, o.lease_owner, o.claim_epoch,
-           j.event_type, j.payload::text, j.metadata::text, j.recorded_at
+           j.event_type, j.payload::text, j.metadata::text, j.recorded_at, j.version
     FROM (
         -- Per campaign, once (OFFSET 0: not again for each of its rows). The first seq leaves
         -- out a dead row that stands for dead holds alone (S24: each holds only its projector,
@@ -205,7 +220,7 @@ BEGIN
     LEFT JOIN LATERAL (
         -- One index probe per row. OFFSET 0 keeps it a probe: a generic plan guesses the
         -- rows per campaign high and would join the whole journal by hash.
-        SELECT e.event_type, e.payload, e.metadata, e.recorded_at
+        SELECT e.event_type, e.payload, e.metadata, e.recorded_at, e.version
         FROM event_journal e
         WHERE e.bucket = outbox_bucket_in(p_bucket, p.campaign_id) AND e.campaign_id = p.campaign_id
           AND e.seq = o.seq

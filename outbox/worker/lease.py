@@ -135,7 +135,8 @@ class LeaseRunner:
             attributes = {"outbox.projector": projector.name, "outbox.events": 1}
             try:
                 with tracing.span("outbox.project", attributes=attributes, events=[event]):
-                    await projector.fn(self.pool, event)  # type: ignore[arg-type]
+                    # run(): upcast as every path does, `running_projector()` set
+                    await projector.run(self.pool, [event])  # type: ignore[arg-type]
             except Exception as exc:
                 self._record({(projector.name, "failed"): 1}, projector.name, started)
                 return GroupFailed(exc, 0, projector.name)

@@ -77,6 +77,7 @@ class OneCall:
                     "ordered": p.ordered,
                     "markers": not p.ordered and p.idempotent,
                     "start": p.start,
+                    "upcasters": registry.upcasters.sql_chains(p.events) or None,
                 }
                 for p in sorted(projectors, key=lambda p: p.name)
                 if p.sql is not None

@@ -200,7 +200,9 @@ BEGIN
             n := coalesce(cardinality(given_seqs), 0);
             IF n > 0 THEN
                 EXECUTE outbox_function_call((p ->> 'function')::regprocedure, '$1')
-                    USING outbox_events_json(p_bucket, given_campaigns, given_seqs);
+                    USING outbox_upcast_events(
+                        outbox_events_json(p_bucket, given_campaigns, given_seqs),
+                        p -> 'upcasters');
                 per_projector := per_projector || jsonb_build_object(p ->> 'name', n);
             END IF;
         END LOOP;

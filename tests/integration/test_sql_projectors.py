@@ -162,7 +162,15 @@ async def test_a_sql_projector_gets_each_event_once_in_order_as_json(
         "SELECT event FROM app.given WHERE campaign_id = 's-00' ORDER BY seq LIMIT 1"
     )
     shape = orjson.loads(event) if isinstance(event, str) else event
-    assert set(shape) == {"campaign_id", "seq", "type", "payload", "metadata", "recorded_at"}
+    assert set(shape) == {
+        "campaign_id",
+        "seq",
+        "type",
+        "payload",
+        "metadata",
+        "recorded_at",
+        "version",
+    }
     assert (shape["type"], shape["payload"]) == ("add", {"n": 1})
     assert shape["metadata"]["idempotency_key"].startswith("s-00")
 

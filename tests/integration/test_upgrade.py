@@ -147,7 +147,8 @@ async def _rows(conn: db.Connection, schema: str) -> dict[str, list[tuple[Any, .
             "WHERE attrelid = $1::regclass AND attnum > 0 AND NOT attisdropped "
             "AND attname NOT IN ('bucket', 'fingerprint', 'source_topic', 'source_partition', "
             "'source_offset', 'lease_owner', 'claim_epoch', 'leased_at', 'lease_expires_at', "
-            "'action', 'projector', 'projectors', 'slot') AND NOT attname = ANY ($2::text[])",
+            "'action', 'projector', 'projectors', 'slot', 'version') "
+            "AND NOT attname = ANY ($2::text[])",
             f"{schema}.{table}",
             queue,
         )
@@ -182,6 +183,9 @@ async def test_an_upgrade_keeps_every_row_and_reaches_the_fresh_catalog(
             "WHERE bucket <> public.outbox_bucket(campaign_id)"
         )
         assert wrong == 0
+        # Every event journaled before versions existed is version 1 (issue 62).
+        versions = await conn.fetch("SELECT DISTINCT version FROM public.event_journal")
+        assert [r["version"] for r in versions] == [1]
         action = await conn.fetchval("SELECT action FROM public.outbox_requeue_audit")
         assert action == "requeue"
         assert await migrate(conn, schema="public") == []

@@ -149,9 +149,21 @@ SQL_ONLY: list[tuple[Any, str]] = [
     ([{"type": "t"}], "events[0].payload: is required (null is allowed)"),
     (
         [{"type": "t", "payload": {}, "extra": 1}],
-        "events[0]: expected only type, payload and metadata",
+        "events[0]: expected only type, payload, metadata and version",
     ),
-    (["t"], "events[0]: expected an object with type, payload and optional metadata"),
+    (["t"], "events[0]: expected an object with type, payload and optional metadata and version"),
+    (
+        [{"type": "t", "payload": {}, "version": 0}],
+        "events[0].version: expected an integer from 1, got 0",
+    ),
+    (
+        [{"type": "t", "payload": {}, "version": 1.5}],
+        "events[0].version: expected an integer from 1, got 1.5",
+    ),
+    (
+        [{"type": "t", "payload": {}, "version": "2"}],
+        'events[0].version: expected an integer from 1, got "2"',
+    ),
     ({"type": "t"}, "events: expected a JSON array of events"),
     ([{"payload": {}}], "events[0].type: expected a string"),
     ([{"type": 7, "payload": {}}], "events[0].type: expected a string"),
