@@ -1923,11 +1923,8 @@ CREATE FUNCTION outbox.outbox_upcast_events(p_events jsonb, p_upcasters jsonb) R
     SET search_path TO 'outbox', 'pg_temp'
     AS $_$
 DECLARE
-    e jsonb;
-    upcast jsonb := '[]';
-    payload jsonb;
-    v integer;
-    fn text;
+    events jsonb := p_events;
+    step record;
 BEGIN
     IF p_upcasters IS NULL OR NOT EXISTS (
         SELECT 1 FROM jsonb_array_elements(p_events) x
@@ -1935,28 +1932,30 @@ BEGIN
     ) THEN
         RETURN p_events;
     END IF;
-    FOR e IN SELECT x FROM jsonb_array_elements(p_events) x LOOP
-        v := (e ->> 'version')::integer;
-        fn := p_upcasters -> (e ->> 'type') ->> v::text;
-        IF fn IS NOT NULL THEN
-            payload := e -> 'payload';
-            WHILE fn IS NOT NULL LOOP
-                BEGIN
-                    EXECUTE outbox_function_call(to_regprocedure(fn || '(jsonb)'), '$1')
-                        INTO payload USING payload;
-                EXCEPTION WHEN OTHERS THEN
-                    RAISE EXCEPTION 'upcaster % (% v% -> v%) failed on % seq %: %', fn,
-                        e ->> 'type', v, v + 1, e ->> 'campaign_id', e ->> 'seq', SQLERRM
-                        USING ERRCODE = SQLSTATE;
-                END;
-                v := v + 1;
-                fn := p_upcasters -> (e ->> 'type') ->> v::text;
-            END LOOP;
-            e := e || jsonb_build_object('payload', payload, 'version', v);
-        END IF;
-        upcast := upcast || jsonb_build_array(e);
+    FOR step IN
+        SELECT t.key AS event_type, v.key::integer AS version, v.value #>> '{}' AS fn,
+               (SELECT format('%I.%I', n.nspname, p.proname)
+                FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+                WHERE p.oid = to_regprocedure((v.value #>> '{}') || '(jsonb)')) AS called
+        FROM jsonb_each(p_upcasters) t, jsonb_each(t.value) v
+        ORDER BY t.key, v.key::integer
+    LOOP
+        BEGIN
+            EXECUTE format(
+                'SELECT jsonb_agg(CASE WHEN x.e ->> ''type'' = $2 '
+                '                       AND (x.e ->> ''version'')::integer = $3 '
+                '                  THEN x.e || jsonb_build_object(''payload'', %s(x.e -> ''payload''), '
+                '                                                 ''version'', $3 + 1) '
+                '                  ELSE x.e END ORDER BY x.ord) '
+                'FROM jsonb_array_elements($1) WITH ORDINALITY AS x(e, ord)', step.called)
+                INTO events USING events, step.event_type, step.version;
+        EXCEPTION WHEN OTHERS THEN
+            RAISE EXCEPTION 'upcaster % (% v% -> v%) failed: %', step.fn, step.event_type,
+                step.version, step.version + 1, SQLERRM
+                USING ERRCODE = SQLSTATE;
+        END;
     END LOOP;
-    RETURN upcast;
+    RETURN events;
 END
 $_$;
 

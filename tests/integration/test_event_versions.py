@@ -14,9 +14,11 @@ import pytest
 from outbox import Event, EventBatch, Settings, StoredEvent, append, db
 from outbox.errors import ConfigError, ValidationError
 from outbox.ops.replay import replay
+from outbox.ops.requeue import retry_failed
 from outbox.projection.app import Outbox
 from outbox.projection.build import build
 from outbox.projection.rebuild import rebuild, registered
+from outbox.projection.upcasting import Upcaster
 from outbox.worker.runtime import drain_now
 
 SEEN = """
@@ -285,3 +287,15 @@ async def test_an_upcaster_that_raises_fails_the_event_for_its_projector_alone(
     )
     (sql,) = [h["last_error"] for h in holds if h["projector"] == "sql"]
     assert "upcaster public.clicked_2_3 (clicked v2 -> v3) failed: no such source" in sql
+    # The fix deployed (the upcasters take the poison), the operator retries now: each
+    # projector gets the event upcast, and goes on.
+    app.registry.upcasters.python["clicked"][2] = Upcaster("clicked", 2, fn=lambda p: {**p, "n": 0})
+    await pool.execute(
+        "CREATE OR REPLACE FUNCTION public.clicked_2_3(payload jsonb) RETURNS jsonb "
+        "LANGUAGE sql AS $$ SELECT payload || jsonb_build_object('n', 0) $$"
+    )
+    await retry_failed(pool, limit=10)
+    await drain_now(app, pool)
+    assert await pool.fetch("SELECT * FROM outbox.projection_holds") == []
+    for projector in ("clicks", "sql"):
+        assert (await seen(pool, projector))[("c1", 1)] == (3, {"source": "poison", "n": 0})
