@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 
 from outbox.errors import UnknownEventType
 from outbox.model import EventBatch, StoredEvent, Unsubscribed
-from outbox.obs import log, tracing
+from outbox.obs import tracing
 from outbox.projection.guards import (
     CheckpointKey,
     lock_checkpoints,
@@ -43,7 +43,7 @@ from outbox.projection.guards import (
     undo_group,
 )
 from outbox.projection.heal import HEAL_EVENTS, journal_tail, widen
-from outbox.projection.outcome import ApplyOutcome, GroupFailed
+from outbox.projection.outcome import ApplyOutcome, GroupFailed, announce_unsubscribed
 from outbox.projection.plan import Run, Skips, first_unknown, pass_checkpoints, plan_runs
 from outbox.projection.registry import Projector, Registry
 from outbox.queue.settle import settle
@@ -52,18 +52,6 @@ if TYPE_CHECKING:
     from outbox.db import Connection
 
 __all__ = ["ApplyOutcome", "Dispatch", "GroupFailed", "apply_event"]
-
-_logger = log.get_logger("outbox.worker")
-# Event types this process completed unsubscribed and said so (once per type).
-_announced: set[str] = set()
-
-
-def _announce(event_type: str) -> None:
-    if event_type not in _announced:
-        _announced.add(event_type)
-        hint = "no projector subscribes: its events complete unapplied (OUTBOX_UNSUBSCRIBED="
-        hint += "skip); a projector added later rebuilds from the journal"
-        _logger.info("apply.unsubscribed", extra={"event_type": event_type, "hint": hint})
 
 
 @dataclass
@@ -322,7 +310,7 @@ class Dispatch:
                     if journal
                     else types.count(t)
                 )
-                _announce(t)
+                announce_unsubscribed(t)
         outcomes = [by_type[t] for t in types]
         if journal or held or any(len(run.indexes) < run.subscribed for run in plan):  # a guard
             # or a hold kept some back (a widened group's count says nothing: its journal

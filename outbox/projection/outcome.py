@@ -9,9 +9,23 @@ from __future__ import annotations
 import enum
 
 from outbox.model import Key
+from outbox.obs import log
 from outbox.retry import describe_error
 
-__all__ = ["ApplyOutcome", "GroupFailed"]
+__all__ = ["ApplyOutcome", "GroupFailed", "announce_unsubscribed"]
+
+_logger = log.get_logger("outbox.worker")
+# Event types this process completed unsubscribed and said so (once per type).
+_announced: set[str] = set()
+
+
+def announce_unsubscribed(event_type: str) -> None:
+    """Log, once per type per process, that `event_type`'s events complete unapplied (S8)."""
+    if event_type not in _announced:
+        _announced.add(event_type)
+        hint = "no projector subscribes: its events complete unapplied (OUTBOX_UNSUBSCRIBED="
+        hint += "skip); a projector added later rebuilds from the journal"
+        _logger.info("apply.unsubscribed", extra={"event_type": event_type, "hint": hint})
 
 
 class ApplyOutcome(enum.Enum):
