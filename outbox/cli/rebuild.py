@@ -240,7 +240,9 @@ def _resumable(seen: dict[str, BuildProgress]) -> Iterator[None]:
         if not seen:
             raise
         where = "; ".join(
-            f"{p.projector} stopped after {p.events:,} of {p.events_total:,} event(s)"
+            f"{p.projector} stopped after {p.events:,}"
+            + (f" of {p.events_total:,}" if p.counted else "")
+            + " event(s)"
             for p in seen.values()
         )
         raise Interrupted(f"{where}: run the same command again to resume") from None
