@@ -46,6 +46,7 @@ from outbox.errors import ConfigError, Conflict
 from outbox.projection.builds import (
     Built,
     Kind,
+    LivePace,
     Part,
     Progress,
     Throttle,
@@ -160,6 +161,7 @@ class _Walk:
     progress: Callable[[Progress], None] | None
     parts: dict[int, Part]  # by bucket: its counters and, in place, the last campaign reset
     kind: Kind
+    pace: LivePace = field(default_factory=LivePace)
     _started: float = field(default_factory=time.monotonic)
 
     def report(self) -> None:
@@ -237,7 +239,9 @@ class _Walk:
                 self.report()
                 # The cap counts the projector's events, as the progress does (not the journal
                 # positions walked past: a projector of sparse types would crawl), and waits
-                # between steps, outside their transactions (no lock held while it waits).
+                # between steps, outside their transactions (no lock held while it waits);
+                # the live path's wait paces it first (live first, `LivePace`).
+                await self.pace.step_done(conn, step.applied)
                 await self.throttle.take(step.applied)
                 if step.waiting:  # in place: a batch holds a campaign not reset yet
                     await anyio.sleep(WAIT_FOR_BATCH)

@@ -24,7 +24,7 @@ from outbox.ops.versions import promote_version
 from outbox.projection import build as engine
 from outbox.projection.app import Outbox
 from outbox.projection.build import build, planned
-from outbox.projection.builds import Part, Progress, Throttle, list_builds
+from outbox.projection.builds import LivePace, Part, Progress, Throttle, list_builds
 from outbox.projection.rebuild import versioned
 from outbox.worker.runtime import drain_now
 
@@ -389,3 +389,28 @@ async def test_an_interrupted_build_says_how_to_resume_and_the_next_run_resumes_
     assert lines[-1]["done"] is True
     assert lines[-1]["events"] == sum(map(len, journal.values()))
     assert await sums(pool, "tally@v2") == totals(journal, 2)
+
+
+async def test_the_engine_yields_to_a_live_path_that_falls_behind(pool: db.Pool) -> None:
+    """Live first (issue 60): while the live path's oldest due campaign waits past its target,
+    a step halves the engine's pace and waits; once the live path keeps up, the pace rises
+    again, back to none past its ceiling."""
+    pace = LivePace(every=0.0, longest=0.01, ceiling=1e9)
+    async with pool.acquire() as conn:
+        await pace.step_done(conn, 1000)
+        assert (pace.rate, pace.paced) == (None, 0)  # nothing waits: unpaced
+        await append(pool, "live", [Event("add", {"n": 1})])
+        # Its campaign due for a minute: the live workers fell behind.
+        minute_ago = await conn.fetchval("SELECT clock_timestamp() - interval '1 minute'")
+        await conn.execute("UPDATE outbox.projection_apply_campaigns SET due_at = $1", minute_ago)
+        await pace.step_done(conn, 1000)
+        assert pace.rate is not None
+        assert pace.rate >= pace.floor
+        assert pace.paced >= 1
+        slowed = pace.rate
+        await conn.execute("DELETE FROM outbox.projection_apply_campaigns")
+        await pace.step_done(conn, 1000)
+        assert pace.rate == slowed * 1.25
+        pace.rate = pace.ceiling
+        await pace.step_done(conn, 0)
+        assert pace.rate is None
