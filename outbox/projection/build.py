@@ -46,7 +46,6 @@ from outbox.errors import ConfigError, Conflict
 from outbox.projection.builds import (
     Built,
     Kind,
-    LivePace,
     Part,
     Progress,
     Throttle,
@@ -60,6 +59,7 @@ from outbox.projection.builds import (
 )
 from outbox.projection.builds import Q as BuildsQ
 from outbox.projection.known import check_recorded
+from outbox.projection.pace import LivePace
 from outbox.projection.redeliver import redeliver
 from outbox.projection.registry import Projector
 from outbox.queries import Queries

@@ -24,7 +24,8 @@ from outbox.ops.versions import promote_version
 from outbox.projection import build as engine
 from outbox.projection.app import Outbox
 from outbox.projection.build import build, planned
-from outbox.projection.builds import LivePace, Part, Progress, Throttle, list_builds
+from outbox.projection.builds import Part, Progress, Throttle, list_builds
+from outbox.projection.pace import LivePace
 from outbox.projection.rebuild import versioned
 from outbox.worker.runtime import drain_now
 
