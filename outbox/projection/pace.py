@@ -49,7 +49,7 @@ class LivePace:
     async def step_done(self, conn: db.Connection, events: int) -> None:
         """After a step of `events`: wait as the live path and the pace say."""
         now = time.monotonic()
-        took, self._step_at = now - self._step_at, now
+        took = now - self._step_at  # the step's time (the pace's own waits excluded)
         if now - self._read_at >= self.every:
             self._read_at = now
             waited = float(await conn.fetchval(Q.get_live_wait) or 0.0)

@@ -318,9 +318,8 @@ class ProjectorScenario(Generic[T]):
         await self.install.drain(self.app)
 
     async def when(self, *events: tuple[str, Event]) -> None:
-        """What happens now: appended and applied."""
-        await self.install.append(events)
-        await self.install.drain(self.app)
+        """What happens now: appended and applied, as history was."""
+        await self.given(*events)
 
     async def then(self, read: Read[T]) -> T:
         """The read model, for the test to assert on."""
