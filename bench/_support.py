@@ -204,6 +204,52 @@ def machine() -> dict[str, Any]:
     }
 
 
+def verdict(value: float, bar: float, *, at_most: bool) -> str:
+    """`value` against an issue's bar: "<= 5 met" / ">= 0.75 missed"."""
+    met = value <= bar if at_most else value >= bar
+    return f"{'<=' if at_most else '>='} {bar:g} {'met' if met else 'MISSED'}"
+
+
+class CpuWindow:
+    """The machine's busy share and chosen processes' CPU seconds over a window (Linux
+    /proc; elsewhere it reads nothing): what says whether a figure is bound by a saturated
+    machine, beside its baseline's."""
+
+    def __init__(self, pids: Sequence[int] = ()) -> None:
+        self.pids = list(pids)
+        self._start = self._read()
+        self.busy: float | None = None
+        self.cpu_s: dict[int, float] = {}
+
+    @staticmethod
+    def _machine() -> tuple[int, int] | None:
+        try:
+            with open("/proc/stat") as f:
+                ticks = [int(t) for t in f.readline().split()[1:]]
+        except OSError:
+            return None
+        return sum(ticks), ticks[3] + ticks[4]  # idle + iowait
+
+    def _read(self) -> tuple[tuple[int, int] | None, dict[int, int]]:
+        per: dict[int, int] = {}
+        for pid in self.pids:
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                per[pid] = int(fields[11]) + int(fields[12])  # utime + stime
+            except OSError:
+                continue
+        return self._machine(), per
+
+    def close(self) -> CpuWindow:
+        (m0, p0), (m1, p1) = self._start, self._read()
+        if m0 and m1 and m1[0] > m0[0]:
+            self.busy = 1 - (m1[1] - m0[1]) / (m1[0] - m0[0])
+        hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+        self.cpu_s = {pid: (p1[pid] - p0[pid]) / hz for pid in p1 if pid in p0}
+        return self
+
+
 def print_json(bench: str, figures: dict[str, Any]) -> None:
     """The one JSON line of a bench script's figures."""
     print(orjson.dumps({"bench": bench, **machine(), **figures}).decode(), flush=True)

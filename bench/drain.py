@@ -38,12 +38,15 @@ from _support import (
     decode_amounts,
     load_backlog,
     print_json,
+    verdict,
 )
 
 from outbox import Settings
 from outbox.worker.runtime import drain_now, open_pool
 
 BATCHES = (10, 100)
+# Issue 59's bars: (kind, batch size) -> the least ratio to the raw loop.
+BARS = {("batch", 100): 0.75, ("sql", 100): 0.9, ("batch", 10): 0.5, ("sql", 10): 0.8}
 LOOPS = (1, 2, 4)
 RAW_CONNECTIONS = 4
 
@@ -199,7 +202,9 @@ async def main(
         for kind in kinds:
             best = max(results[f"outbox {kind} batch={batch} loops={n}"] for n in LOOPS)
             ratios[f"{kind}_vs_raw_batch{batch}"] = best / ceiling
-            print(f"  outbox {kind:<9} batch={batch:<3} / raw      {best / ceiling:5.2f}x")
+            bar = BARS.get((kind, batch))
+            target = f"  target {verdict(best / ceiling, bar, at_most=False)}" if bar else ""
+            print(f"  outbox {kind:<9} batch={batch:<3} / raw      {best / ceiling:5.2f}x{target}")
             for handler in ("upsert", "no-op"):
                 other = results.get(f"pgqueuer {handler} batch={batch}")
                 if other:

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import asyncpg
 from _apps import VISIBLE, visible_sql_app
-from _support import EVENT_TYPE, bench_database, percentiles, print_json
+from _support import EVENT_TYPE, CpuWindow, bench_database, percentiles, print_json, verdict
 
 from outbox import Event, Settings, append, db, wait_applied
 from outbox.ops.redefine import redefine_projector
@@ -68,6 +68,8 @@ SELECT w.returned_at - extract(epoch FROM pg_xact_commit_timestamp(v.xmin))::flo
 FROM unnest($1::text[], $2::bigint[], $3::float8[]) AS w(campaign_id, seq, returned_at)
 JOIN bench_visible v USING (campaign_id, seq)
 """
+# The live path's bars (issue 59): the Python batch and the SQL projector, at every spread.
+P50_BAR, P99_BAR = 5.0, 25.0
 WAIT_EVERY = int(os.environ.get("BENCH_WAIT_EVERY", "10"))
 RAW_LATENCY = """
 SELECT extract(
@@ -181,10 +183,13 @@ async def spread_case(rate: int, seconds: float, spread: int) -> dict[str, dict[
                 waited.clear()
                 worker = start([str(WORKER), "--app", app, "--concurrency", "2"], dsn)
                 await asyncio.sleep(2)  # connected and listening (a bench may wait; tests never)
+                window = CpuWindow([worker.pid])
                 await paced(rate, seconds, send_outbox)
                 await wait_until(conn, "SELECT count(*) FROM bench_visible", total, 60)
+                window.close()
                 stop(worker)
                 figures[name] = percentiles([r[0] for r in await conn.fetch(OUTBOX_LATENCY)])
+                figures[name].update(_cpu(window, worker.pid, total))
                 columns = [list(c) for c in zip(*waited, strict=True)] or [[], [], []]
                 if waited and name == "outbox":
                     waits = await conn.fetch(WAIT_LATENCY, *columns)
@@ -192,14 +197,17 @@ async def spread_case(rate: int, seconds: float, spread: int) -> dict[str, dict[
 
             raw = start([sys.executable, str(HERE / "latency.py"), "--raw-listener", dsn], dsn)
             await asyncio.sleep(2)
+            window = CpuWindow([raw.pid])
 
             async def send_raw(i: int) -> object:
                 return await pool.fetchval(RAW_ENQUEUE, f"c-{i % spread}", i)
 
             await paced(rate, seconds, send_raw)
             await wait_until(conn, "SELECT count(*) FROM raw_visible", total, 60)
+            window.close()
             stop(raw)
             figures["raw_listen"] = percentiles([r[0] for r in await conn.fetch(RAW_LATENCY)])
+            figures["raw_listen"].update(_cpu(window, raw.pid, total))
         finally:
             await pool.close()
             await waiters.close()
@@ -216,8 +224,28 @@ async def spread_case(rate: int, seconds: float, spread: int) -> dict[str, dict[
     }
     for name, f in figures.items():
         p50, p95, p99 = f["p50_ms"], f["p95_ms"], f["p99_ms"]
-        print(f"  {labels[name]:<52} p50 {p50:6.2f}  p95 {p95:6.2f}  p99 {p99:6.2f} ms")
+        line = f"  {labels[name]:<52} p50 {p50:6.2f}  p95 {p95:6.2f}  p99 {p99:6.2f} ms"
+        if "busy_pct" in f:  # the machine, and the consumer's own CPU, while it ran
+            line += f"  machine busy {f['busy_pct']:3.0f}%"
+            line += f", consumer {f['consumer_cpu_ms_per_event']:.2f} ms CPU/event"
+        print(line)
+    for name in ("outbox", "outbox_sql"):  # issue 59's targets, on this machine
+        f = figures[name]
+        print(
+            f"  target {labels[name]:<45} p50 {verdict(f['p50_ms'], P50_BAR, at_most=True)}"
+            f", p99 {verdict(f['p99_ms'], P99_BAR, at_most=True)} ms"
+        )
     return figures
+
+
+def _cpu(window: CpuWindow, pid: int, events: int) -> dict[str, float]:
+    """The machine's busy share and the consumer process's CPU per event over a case."""
+    if window.busy is None or pid not in window.cpu_s:
+        return {}
+    return {
+        "busy_pct": round(100 * window.busy, 1),
+        "consumer_cpu_ms_per_event": round(1e3 * window.cpu_s[pid] / events, 3),
+    }
 
 
 if __name__ == "__main__":
