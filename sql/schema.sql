@@ -627,6 +627,8 @@ CREATE FUNCTION outbox.outbox_error_shape(error text) RETURNS text
 CREATE FUNCTION outbox.outbox_events_json(p_bucket integer, p_campaign_ids text[], p_seqs bigint[]) RETURNS jsonb
     LANGUAGE plpgsql STABLE
     SET search_path TO 'outbox', 'pg_temp'
+    SET enable_seqscan TO 'off'
+    SET plan_cache_mode TO 'force_generic_plan'
     AS $$
 BEGIN
     RETURN (SELECT coalesce(jsonb_agg(jsonb_build_object(
@@ -1645,7 +1647,10 @@ $$;
 CREATE FUNCTION outbox.outbox_try_append(p_campaign_id text, p_events jsonb, p_expected_seq bigint DEFAULT NULL::bigint, p_idempotency_key text DEFAULT NULL::text, p_enqueue boolean DEFAULT NULL::boolean, p_key_ttl double precision DEFAULT NULL::double precision) RETURNS TABLE(first_seq bigint, last_seq bigint, duplicate boolean, refusal text, field text, message text)
     LANGUAGE plpgsql
     SET search_path TO 'outbox', 'pg_temp'
-    AS $_$
+    SET enable_seqscan TO 'off'
+    SET plan_cache_mode TO 'force_generic_plan'
+    SET jit TO 'off'
+    AS $$
 #variable_conflict use_column
 DECLARE
     n integer;
@@ -1870,17 +1875,15 @@ BEGIN
         -- the head, under which alone a campaign row is created; the look waits for no
         -- worker). A new one goes to the current period's slot and starts at the campaign's
         -- first row: rows from before (dead rows stepped over, rows a tool inserted) come
-        -- first. That lookup is planned afresh (EXECUTE): a cached plan from an empty queue
-        -- would scan a grown one.
+        -- first (an index probe: sequential scans are off in this function).
         PERFORM FROM projection_apply_campaigns c
         WHERE c.bucket = b AND c.campaign_id = p_campaign_id;
         IF NOT FOUND THEN
             INSERT INTO projection_apply_campaigns (bucket, campaign_id, head_seq, due_at,
                                                     updated_at, slot)
             VALUES (b, p_campaign_id, head - n + 1, v_now, v_now, v_slot);
-            EXECUTE 'SELECT min(o.seq) FROM projection_apply_outbox o '
-                    'WHERE o.bucket = $1 AND o.campaign_id = $2 AND o.seq < $3'
-                INTO earliest USING b, p_campaign_id, head - n + 1;
+            SELECT min(o.seq) INTO earliest FROM projection_apply_outbox o
+            WHERE o.bucket = b AND o.campaign_id = p_campaign_id AND o.seq < head - n + 1;
             IF earliest IS NOT NULL THEN
                 UPDATE projection_apply_campaigns c SET head_seq = earliest
                 WHERE c.bucket = b AND c.campaign_id = p_campaign_id;
@@ -1916,7 +1919,7 @@ BEGIN
     END IF;
     RETURN QUERY SELECT head - n + 1, head, false, NULL::text, NULL::text, NULL::text;
 END
-$_$;
+$$;
 
 CREATE FUNCTION outbox.outbox_upcast_events(p_events jsonb, p_upcasters jsonb) RETURNS jsonb
     LANGUAGE plpgsql

@@ -28,6 +28,7 @@
 -- (docs/performance.md). The campaign's queue row is created only when it has none, and the
 -- NOTIFY that wakes the workers (channel `<schema>.outbox_work`, payload the bucket) is sent
 -- only then.
+-- requires: buckets/distribution_fn.sql
 
 -- What a keyed append appended: [[type, payload, metadata], ...] as stored, an event of a
 -- version other than 1 with it as a fourth item (so a key taken before versions existed
@@ -66,6 +67,14 @@ CREATE OR REPLACE FUNCTION outbox_try_append(
 )
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
+-- Every statement here reads or writes by a key (a campaign, its bucket): a plan made once per
+-- session and kept (generic), an index probe whatever the statistics say, also on tables
+-- analyzed while empty. With the default plan choice each call planned most of its
+-- statements again (their custom plans looked cheaper than the generic one): 2.0-2.7x the
+-- server time of an append (docs/performance.md, "Appending").
+SET enable_seqscan = off
+SET plan_cache_mode = force_generic_plan
+SET jit = off
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -291,17 +300,15 @@ BEGIN
         -- the head, under which alone a campaign row is created; the look waits for no
         -- worker). A new one goes to the current period's slot and starts at the campaign's
         -- first row: rows from before (dead rows stepped over, rows a tool inserted) come
-        -- first. That lookup is planned afresh (EXECUTE): a cached plan from an empty queue
-        -- would scan a grown one.
+        -- first (an index probe: sequential scans are off in this function).
         PERFORM FROM projection_apply_campaigns c
         WHERE c.bucket = b AND c.campaign_id = p_campaign_id;
         IF NOT FOUND THEN
             INSERT INTO projection_apply_campaigns (bucket, campaign_id, head_seq, due_at,
                                                     updated_at, slot)
             VALUES (b, p_campaign_id, head - n + 1, v_now, v_now, v_slot);
-            EXECUTE 'SELECT min(o.seq) FROM projection_apply_outbox o '
-                    'WHERE o.bucket = $1 AND o.campaign_id = $2 AND o.seq < $3'
-                INTO earliest USING b, p_campaign_id, head - n + 1;
+            SELECT min(o.seq) INTO earliest FROM projection_apply_outbox o
+            WHERE o.bucket = b AND o.campaign_id = p_campaign_id AND o.seq < head - n + 1;
             IF earliest IS NOT NULL THEN
                 UPDATE projection_apply_campaigns c SET head_seq = earliest
                 WHERE c.bucket = b AND c.campaign_id = p_campaign_id;
@@ -370,3 +377,6 @@ COMMENT ON FUNCTION outbox_append(text, jsonb, bigint, text) IS
     'Append events to a campaign and enqueue their work rows, in the caller''s transaction. '
     'SQLSTATE OB001 invalid input, OB002 expected_seq mismatch, OB003 idempotency key reused '
     'for other events.';
+
+-- Back to the default plans on Citus (buckets/distribution_fn.sql).
+SELECT outbox_plans_for_citus();

@@ -18,6 +18,8 @@ WHERE p.pronamespace = 'outbox'::regnamespace
 ORDER BY 1
 """
 HOT = {
+    "outbox_try_append",
+    "outbox_events_json",
     "outbox_claim",
     "outbox_settle",
     "outbox_refresh_campaigns",
