@@ -14,6 +14,9 @@ checked against the generator's own sums after every case (exactly once). Conten
   per event, the same upsert as a statement projector (`app.statement`: the batch's statements
   pipelined), or as a SQL projector (`app.sql_projector`: a function given the batch's events
   as one JSON array), at batch 10 and 100 with 1, 2 and 4 claim loops;
+- the worker process as an operator runs it, `outbox-worker --drain-now` with every default
+  (batch 100, one loop that grows while batches come back full), the batch projector, its
+  process's start included;
 - pgqueuer (the `bench` extra) with the per-event upsert in each job, and with a no-op job, on
   fewer events (it is slower; rates are per second either way).
 Prints a table, ratios against the raw ceiling at the same batch size, the bench process's peak
@@ -24,8 +27,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import resource
+import subprocess
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -45,6 +52,9 @@ from outbox import Settings
 from outbox.worker.runtime import drain_now, open_pool
 
 BATCHES = (10, 100)
+HERE = Path(__file__).resolve().parent
+WORKER = Path(sys.executable).parent / "outbox-worker"
+DEFAULTS = "outbox-worker defaults batch=100"
 # Issue 59's bars: (kind, batch size) -> the least ratio to the raw loop.
 BARS = {("batch", 100): 0.75, ("sql", 100): 0.9, ("batch", 10): 0.5, ("sql", 10): 0.8}
 LOOPS = (1, 2, 4)
@@ -74,6 +84,23 @@ DELETE FROM outbox.projection_apply_outbox o
 USING unnest($1::text[], $2::bigint[], $3::integer[]) AS d(campaign_id, seq, bucket)
 WHERE o.bucket = d.bucket AND o.campaign_id = d.campaign_id AND o.seq = d.seq
 """
+
+
+async def worker_process(dsn: str) -> None:
+    """`outbox-worker --drain-now` with every default, as a process of its own."""
+    env = {**os.environ, "OUTBOX_DSN": dsn, "PYTHONPATH": str(HERE)}
+    proc = await asyncio.create_subprocess_exec(
+        str(WORKER),
+        "--app",
+        "_apps:batch_app",
+        "--drain-now",
+        cwd=HERE,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    if await proc.wait() != 0:
+        raise SystemExit(f"bench: outbox-worker --drain-now exited {proc.returncode}")
 
 
 async def raw_drain(dsn: str, batch: int) -> None:
@@ -185,6 +212,8 @@ async def main(
                 for kind in kinds:
                     run = outbox_drain(dsn, batch, loops, kind=kind)
                     await case(f"outbox {kind} batch={batch} loops={loops}", run)
+        if "batch" in kinds:
+            await case(DEFAULTS, worker_process(dsn))
         rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         await conn.close()
         if not skip_pgqueuer:
@@ -214,6 +243,10 @@ async def main(
                         f"  outbox {kind:<9} batch={batch:<3} / pgqueuer {handler:<6} "
                         f"{best / other:5.2f}x"
                     )
+    if DEFAULTS in results:
+        ratio = results[DEFAULTS] / results["raw batch=100"]
+        ratios["worker_defaults_vs_raw_batch100"] = ratio
+        print(f"  outbox-worker, defaults, batch=100 / raw {ratio:5.2f}x")
     print(f"  peak RSS of the bench process (worker in-process): {rss_mb:,.0f} MB")
     print_json(
         "drain",

@@ -185,10 +185,15 @@ def worker(
                 worker_id=worker_id,
                 until_idle=drain_only,
                 wait_out_backoff=drain_all,
+                own_pool=True,
             )
             logger.info(
                 "worker.started",
-                extra={"concurrency": resolved.concurrency, "mode": resolution.mode},
+                extra={
+                    "concurrency": resolved.concurrency,
+                    "max_concurrency": service.loops.ceiling,
+                    "mode": resolution.mode,
+                },
             )
             counts = await serve(service)
             left = await leftovers(pool, park=resolved.park) if drain_only else None

@@ -314,6 +314,15 @@ FIELDS: dict[str, FieldSpec] = {
     "concurrency": FieldSpec(
         "OUTBOX_CONCURRENCY", _parse_int, "claim loops of the worker", low=1, high=256
     ),
+    "max_concurrency": FieldSpec(
+        "OUTBOX_MAX_CONCURRENCY",
+        _parse_int,
+        "the most claim loops the worker grows to while a backlog lasts (unset: 4 for "
+        "`outbox-worker`, or its concurrency when larger; an embedded worker: its concurrency)",
+        low=1,
+        high=256,
+        optional=True,
+    ),
     "mode": FieldSpec(
         "OUTBOX_MODE",
         _parse_word,

@@ -63,6 +63,7 @@ class Settings:
     lock_timeout: float | None = None
     idle_in_transaction_timeout: float | None = None
     concurrency: int = 1
+    max_concurrency: int | None = None
     mode: WorkerMode | None = None
     shutdown_timeout: float = 30.0
     metrics_port: int | None = None
@@ -169,6 +170,11 @@ class Settings:
                 spec.check(value)
             except ValueError as exc:
                 raise ConfigError(f"{spec.named}: {exc}, got {shorten(value)}") from None
+        if self.max_concurrency is not None and self.max_concurrency < self.concurrency:
+            raise ConfigError(
+                f"OUTBOX_MAX_CONCURRENCY ({self.max_concurrency}) must not be below "
+                f"OUTBOX_CONCURRENCY ({self.concurrency})"
+            )
         if self.backoff_cap < self.backoff_base:
             raise ConfigError(
                 f"OUTBOX_BACKOFF_CAP ({self.backoff_cap}) must not be below "

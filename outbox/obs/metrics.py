@@ -15,14 +15,7 @@ from socketserver import ThreadingMixIn
 from typing import TYPE_CHECKING, Any, Protocol
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import (
-    REGISTRY,
-    CollectorRegistry,
-    Counter,
-    Gauge,
-    Histogram,
-    make_wsgi_app,
-)
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
 from prometheus_client.metrics_core import HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
@@ -174,6 +167,7 @@ class Metrics:
         self.listener_connected = Gauge(
             "outbox_listener_connected", "1 while the LISTEN connection is up.", registry=r
         )
+        self.claim_loops = Gauge("outbox_claim_loops", "Claim loops running now.", registry=r)
         self.queue_rows = Gauge("outbox_queue_rows", "Work rows by status.", ["status"], registry=r)
         self.oldest_age = Gauge(
             "outbox_oldest_claimable_age_seconds",

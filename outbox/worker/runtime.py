@@ -38,6 +38,7 @@ from outbox.retry import backoff_delay, describe_error, sole_error
 from outbox.schema import check_current
 from outbox.worker.apply import Apply
 from outbox.worker.batch import Worker
+from outbox.worker.loops import ceiling_of
 from outbox.worker.registration import new_worker_id
 from outbox.worker.service import Service, ServiceConfig
 from outbox.worker.shadow import Shadow
@@ -54,13 +55,14 @@ _logger = log.get_logger("outbox.worker")
 async def open_pool(
     settings: Settings, *, max_size: int | None = None, application_name: str = "outbox-worker"
 ) -> Pool:
-    """A pool of worker sessions for `settings.dsn`, one connection per claim loop and one to
-    spare unless `max_size` says otherwise (timeouts per `Settings.session_timeouts`)."""
+    """A pool of worker sessions for `settings.dsn`, one connection per claim loop the worker
+    may run (`loops.ceiling_of`) and one to spare unless `max_size` says otherwise (timeouts
+    per `Settings.session_timeouts`)."""
     sent, fallback = settings.session_settings(application_name)
     return await db.create_pool(
         settings.dsn,
         min_size=1,
-        max_size=max_size if max_size is not None else settings.concurrency + 1,
+        max_size=max_size if max_size is not None else ceiling_of(settings, own_pool=True) + 1,
         server_settings=sent,
         session_defaults=fallback,
     )
@@ -129,11 +131,14 @@ def build_service(
     worker_id: str | None = None,
     until_idle: bool = False,
     wait_out_backoff: bool = False,
+    own_pool: bool = False,
 ) -> Service:
     """The worker service for `app` on `pool`. `settings` (default: the app's) give the
     process's knobs; `mode` (default: OUTBOX_MODE, else the worker flags) chooses apply or
     shadow; `until_idle` makes it a drain (no LISTEN, registry or metrics), which with
-    `wait_out_backoff` waits out backoffs until nothing left can come due by itself."""
+    `wait_out_backoff` waits out backoffs until nothing left can come due by itself;
+    `own_pool`: the pool is the worker's alone (`open_pool`), so its loops may grow past the
+    concurrency while a backlog lasts without OUTBOX_MAX_CONCURRENCY (`loops.ceiling_of`)."""
     settings = settings if settings is not None else app.settings
     if mode is None:
         mode = resolve_worker_mode(settings).mode
@@ -142,6 +147,7 @@ def build_service(
     config = ServiceConfig(
         dsn=dsn,
         concurrency=settings.concurrency,
+        max_concurrency=ceiling_of(settings, own_pool=own_pool),
         mode=mode,
         shutdown_timeout=settings.shutdown_timeout,
         metrics_port=settings.metrics_port,

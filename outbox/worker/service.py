@@ -1,6 +1,7 @@
 """The long-running worker service: claim loops, LISTEN, heartbeat, metrics, shutdown.
 
-`Service.run()` owns one task group: N claim loops around `Worker.run_once()`, the LISTEN
+`Service.run()` owns one task group: claim loops around `Worker.run_once()` (`concurrency` of
+them, more while a backlog lasts: `loops.Loops`), the LISTEN
 connection that rings them (naming the bucket that got work), the registry heartbeat, the
 campaign queue's rotation and the metrics refresh. Nothing the database does ends it: a lost
 connection anywhere or any other failure of a batch is logged, backed off and retried; the
@@ -36,6 +37,7 @@ from outbox.retry import backoff_delay, describe_error
 from outbox.worker.batch import Worker
 from outbox.worker.gauges import refresh_gauges
 from outbox.worker.listener import Listener, listen
+from outbox.worker.loops import Loops, backlog
 from outbox.worker.registration import (
     HEARTBEAT_INTERVAL,
     Registration,
@@ -86,6 +88,7 @@ class ServiceConfig:
 
     dsn: str = ""
     concurrency: int = 1
+    max_concurrency: int = 0  # the most loops while a backlog lasts (0: `concurrency`)
     mode: WorkerMode = "apply"
     shutdown_timeout: float = 30.0  # seconds the loops get to finish their batch on stop()
     metrics_port: int | None = None  # serve /metrics (and refresh the queue gauges) when set
@@ -111,9 +114,13 @@ class Service:
     metrics_address: tuple[str, int] | None = None  # where /metrics serves, once it does
     link: Link = field(default_factory=Link)
     listener: Listener = field(init=False)
+    loops: Loops = field(init=False)
 
     def __post_init__(self) -> None:
         self.listener = Listener(self.config.dsn, self.metrics, self.signals)
+        floor = self.config.concurrency
+        self.loops = Loops(floor, max(floor, self.config.max_concurrency))
+        self.loops.on_change = self.metrics.claim_loops.set
         self.worker.metrics = self.metrics  # per-projector figures after each commit
         self.metrics.register_projectors(self.worker.app.registry.projectors)
 
@@ -135,7 +142,9 @@ class Service:
             attempt, base=RECONNECT_BASE, cap=RECONNECT_CAP, rand=self.worker.policy.rand
         )
 
-    async def claim_loop(self) -> None:
+    async def claim_loop(self, *, elastic: bool = False) -> None:
+        """Batches until the service stops (a drain: until nothing is left to take); an
+        `elastic` loop, started for a backlog, ends at its first batch that finds none."""
         settings = self.worker.app.settings
         failures = 0
         while not self.stopping.is_set():
@@ -179,8 +188,10 @@ class Service:
                 until_idle=self.config.until_idle,
                 wait_out_backoff=self.config.wait_out_backoff,
             )
-            if step is Step.END:
+            if step is Step.END or (elastic and step is not Step.CLAIM):
                 return
+            if backlog(counts, batch_size=settings.batch_size):
+                self.loops.grow()
             if step is Step.DUE:
                 wait = await self._due_in()
                 if wait is None:
@@ -326,25 +337,31 @@ class Service:
                     _logger.warning("registry.stop_failed", extra={"error": describe_error(exc)})
 
     async def _loops(self, shutdown_timeout: float, task_status: TaskStatus[None]) -> None:
-        running = self.config.concurrency
-
-        async def loop() -> None:
-            nonlocal running
+        async def loop(elastic: bool) -> None:
             try:
-                await self.claim_loop()
+                await self.claim_loop(elastic=elastic)
             finally:
-                running -= 1
-                if running == 0:  # a drain's loops all found nothing due
+                if self.loops.ended() == 0:  # a drain's loops all found nothing due
                     self.stop()
 
         async with anyio.create_task_group() as loops:
-            for _ in range(self.config.concurrency):
-                loops.start_soon(loop)
+            for _ in range(self.loops.floor):
+                self.loops.started()
+                loops.start_soon(loop, False)
+
+            def grow() -> None:
+                if self.stopping.is_set():
+                    self.loops.ended()
+                    return
+                loops.start_soon(loop, True)
+
+            self.loops.start = grow
             task_status.started()
             await self.stopping.wait()
             # Loops finish their batch; past the deadline the batch is cancelled, and its
             # transaction, never committed, leaves every row as it was.
             loops.cancel_scope.deadline = anyio.current_time() + shutdown_timeout
+        self.loops.start = None
 
 
 async def serve(service: Service) -> BatchCounts:
