@@ -12,6 +12,8 @@ traceback. Once imported, each tool's own `main` takes over with the handlers it
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
 import sys
 from types import FrameType
@@ -21,17 +23,28 @@ __all__ = ["maintenance", "worker"]
 
 
 def _hold(prog: str) -> None:
-    """SIGTERM: exit 0 at once; SIGINT: one line, exit 130; until the tool's main takes over."""
+    """SIGTERM: exit 0 at once; SIGINT: one line, exit 130; until the tool's main takes over.
+    By `os._exit`, not SystemExit: a signal that lands while the import machinery runs a
+    weakref callback (`_get_module_lock`'s) would have its exception printed as "Exception
+    ignored" and dropped, and the process would go on to serve. Nothing is open yet to close."""
 
     def terminated(_signum: int, _frame: FrameType | None) -> None:
-        raise SystemExit(0)
+        _exit_now(0)
 
     def interrupted(_signum: int, _frame: FrameType | None) -> None:
         sys.stderr.write(f"{prog}: error: interrupted\n")  # as each main says it
-        raise SystemExit(130)
+        _exit_now(130)
 
     signal.signal(signal.SIGTERM, terminated)
     signal.signal(signal.SIGINT, interrupted)
+
+
+def _exit_now(code: int) -> NoReturn:
+    """End the process now, with what it wrote so far flushed."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
 
 
 def _release(*, sigterm: bool) -> None:

@@ -8,9 +8,12 @@ by each spec's own parser, so an option and its variable accept the same text; t
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
+import os
 import signal
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import FrameType
@@ -227,8 +230,13 @@ def _leftovers(left: Leftovers) -> str:
 
 
 def _stopped_before_serving(signum: int, _frame: FrameType | None) -> None:
-    # Until the service installs its own handler nothing is claimed: stop at once, cleanly.
-    raise SystemExit(0)
+    # Until the service installs its own handler nothing is claimed: stop at once, cleanly. By
+    # os._exit: an exception raised while an import runs a weakref callback (the app's module,
+    # its stack) is printed as "ignored" and dropped, and the worker would go on to serve.
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(0)
 
 
 def main(argv: list[str] | None = None, prog: str = "outbox-worker") -> NoReturn:
