@@ -8,11 +8,19 @@ knows, per bucket, when its earliest work falls due; `take()` hands out the next
 after the last one taken, so concurrent claim loops and a backlog spread over the buckets are
 served in turn, and no claim scans buckets that have nothing. The knowledge comes from
 `outbox_due_buckets` (one index probe per bucket), read again when it is older than the poll
-interval or when no bucket is known to be due, and from wake-ups: an append's NOTIFY names its
+interval, when a retry an idle loop looked up falls due (`expect`) or (a drain's ring, not
+`live`) when no bucket is known to be due, and from wake-ups: an append's NOTIFY names its
 bucket (`wake`), and a batch reports what it left (`found`). Being wrong costs little either
 way: a bucket wrongly thought due yields an empty claim and is dropped; one wrongly thought idle
 is found at the next refresh, within a poll interval. A bucket whose batch failed is dropped too
 and comes back with the next read that finds it due.
+
+A wake-up is news until a claim in its bucket is taken after it: that claim's statement, sent
+later, sees the append the NOTIFY announced (it commits before it notifies), and takes it or
+reports more. So a loop rung for news that a later take covered neither claims (its claim would
+find the campaign held by the batch in flight, and come back empty) nor reads the buckets (the
+read would see that campaign due and send it to claim all the same); and a batch that reports
+nothing left does not drop news that came after its take: the loop rung for it claims at once.
 """
 
 from __future__ import annotations
@@ -29,7 +37,7 @@ from outbox.buckets.key import SPAN
 from outbox.db import Executor
 from outbox.queries import Queries
 
-__all__ = ["SPAN_RECHECK", "BucketRing", "due_buckets", "spans"]
+__all__ = ["SPAN_RECHECK", "BucketRing", "due_buckets", "install_due_in", "spans"]
 
 # Seconds between reads of whether the install is distributed (`BucketRing.span`).
 SPAN_RECHECK = 60.0
@@ -51,12 +59,23 @@ async def due_buckets(
     bucket with work: campaign rows, or live work rows (`rows`, ordering `none`). One index
     probe per bucket (`outbox_due_buckets`, ring_fn.sql); with `span` (campaign rows, one
     server) one probe of the install's due-order index, answered as `SPAN`."""
+    if span and not rows:
+        due_in = await install_due_in(executor, now=now)
+        return [] if due_in is None else [(SPAN, due_in)]
     async with db.acquire(executor) as conn:
-        if span and not rows:
-            due_in: float | None = await conn.fetchval(Q.get_install_due_in, now)
-            return [] if due_in is None else [(SPAN, due_in)]
         records = await conn.fetch(Q.list_due_buckets, rows, now)
     return [(r["bucket"], r["due_in"]) for r in records]
+
+
+async def install_due_in(
+    executor: Executor, *, now: datetime | None = None, later: bool = False
+) -> float | None:
+    """Seconds until the install's earliest unblocked campaign is due (None: none), by one
+    probe of its due-order index (one server: a ring that spans); `later`: of those not due
+    yet."""
+    async with db.acquire(executor) as conn:
+        due_in: float | None = await conn.fetchval(Q.get_install_due_in, now, later)
+    return due_in
 
 
 async def spans(executor: Executor) -> bool:
@@ -79,6 +98,9 @@ class BucketRing:
     last: int = -1
     _lock: anyio.Lock = field(default_factory=anyio.Lock, repr=False)
     _told: dict[int, float] = field(default_factory=dict, repr=False)  # wake-ups, batches' news
+    _news: dict[int, float] = field(default_factory=dict, repr=False)  # the latest wake-up
+    _taken: dict[int, float] = field(default_factory=dict, repr=False)  # the latest take
+    _read_by: float | None = field(default=None, repr=False)  # `expect`: read again from then
     # Buckets a wake-up named, oldest first: an append's new work is taken before work the
     # ring knew of (catch-up holds, retries), so a backlog elsewhere never delays it a round.
     woken: list[int] = field(default_factory=list, repr=False)
@@ -89,11 +111,33 @@ class BucketRing:
     _span_read: float | None = field(default=None, repr=False)
     # False: one bucket a batch even on one server (tests of the bucket-by-bucket ring, Citus's).
     may_span: bool = True
+    # A live service's loops (woken by NOTIFY, and at least every poll interval): between reads
+    # the ring goes by the news, the batches' reports and the last read, and reads again only
+    # when stale or older than the poll interval. A read made while batches are in flight
+    # finds their campaigns due (a read cannot tell a held campaign from a free one) and sends
+    # the loop to claim them, empty. False (a drain, `Worker.drain`): it also reads whenever
+    # nothing is known due, and after a claim that found nothing, so that "nothing is due"
+    # comes from a read.
+    live: bool = False
 
     def due_now(self) -> bool:
-        """Whether some bucket is known to have work due now."""
+        """Whether some bucket is known to have work due now (news a later take covered is
+        not: that claim is taking it)."""
         now = self.clock()
-        return any(at <= now for at in self.due.values())
+        return any(at <= now and not self._covered(b) for b, at in self.due.items())
+
+    def _covered(self, bucket: int) -> bool:
+        """Whether `bucket` is due by a wake-up alone that a take since covered."""
+        news = self._news.get(bucket)
+        return (
+            news is not None
+            and self.due.get(bucket) == news
+            and news <= self._taken.get(bucket, float("-inf"))
+        )
+
+    def _unserved(self, bucket: int) -> bool:
+        """Whether a wake-up came to `bucket` after its latest take."""
+        return self._news.get(bucket, float("-inf")) > self._taken.get(bucket, float("-inf"))
 
     async def take(self, executor: Executor, now: datetime | None = None) -> int | None:
         """The next bucket due now (`take_next`'s, without how it was found)."""
@@ -108,20 +152,30 @@ class BucketRing:
         what is known is stale or shows nothing due (`woken_first=False`: in turn, whatever
         woke them). `now`: the database's time instead of its clock (tests move time
         forward)."""
-        if self.stale or not self.due_now() or self._old():
+        covered = self.live or any(self._covered(b) for b in self.due)
+        if self.stale or self._old() or not (self.due_now() or covered):
             await self.refresh(executor, now)
         at = self.clock()
         while woken_first and self.woken:
             bucket = self.woken.pop(0)
-            if self.due.get(bucket, at + 1) <= at:
-                self.last = bucket
-                return bucket, True
-        ready = sorted(b for b, due in self.due.items() if due <= at)
+            if self.due.get(bucket, at + 1) <= at and not self._covered(bucket):
+                return self._take(bucket), True
+        ready = sorted(b for b, due in self.due.items() if due <= at and not self._covered(b))
         if not ready:
             return None
-        bucket = next((b for b in ready if b > self.last), ready[0])
+        return self._take(next((b for b in ready if b > self.last), ready[0])), False
+
+    def _take(self, bucket: int) -> int:
         self.last = bucket
-        return bucket, False
+        self.claiming(bucket)
+        return bucket
+
+    def claiming(self, bucket: int) -> None:
+        """A claim in `bucket` is about to be sent (and was taken): it serves every wake-up
+        received until now."""
+        self._taken[bucket] = self.clock()
+        if bucket in self.woken:
+            self.woken.remove(bucket)
 
     async def refresh(self, executor: Executor, now: datetime | None = None) -> None:
         """Read which buckets have work and when it is due (one call; concurrent callers
@@ -133,6 +187,8 @@ class BucketRing:
                 return  # another loop's read began after this one asked: it is as fresh
             self.read_from = began = self.clock()
             self.stale = False
+            if self._read_by is not None and self._read_by <= began:
+                self._read_by = None
             if (
                 not self.rows
                 and self.may_span
@@ -142,6 +198,7 @@ class BucketRing:
                 if self.span:  # what woke it before it knew: every bucket is one now
                     self.woken = [SPAN] if self.woken else []
                     self._told = {SPAN: max(self._told.values())} if self._told else {}
+                    self._news = {SPAN: max(self._news.values())} if self._news else {}
             found = await due_buckets(executor, rows=self.rows, now=now, span=self.span)
             at = self.clock()
             self._told = {b: t for b, t in self._told.items() if t >= began}
@@ -154,6 +211,7 @@ class BucketRing:
         if self.span or payload.isdigit():
             bucket = SPAN if self.span else int(payload)
             self._due_now(bucket)
+            self._news[bucket] = self.due[bucket]
             if bucket not in self.woken:
                 self.woken.append(bucket)
         if not payload.isdigit():
@@ -175,9 +233,9 @@ class BucketRing:
         a claim found nothing (another batch may have emptied what it believed)."""
         if more:
             self._due_now(bucket)
-        else:
+        elif not self._unserved(bucket):  # news since the take: a loop was rung for it
             self.drop(bucket)
-        if empty and not self.due_now():
+        if empty and not self.live and not self.due_now():
             await self.refresh(executor, now)
 
     def drop(self, bucket: int) -> None:
@@ -186,9 +244,21 @@ class BucketRing:
         out while it cannot be reached, so the other nodes' buckets are served meanwhile)."""
         self.due.pop(bucket, None)
         self._told.pop(bucket, None)
+        self._news.pop(bucket, None)
 
     def _due_now(self, bucket: int) -> None:
         self.due[bucket] = self._told[bucket] = self.clock()
 
+    def expect(self, seconds: float) -> None:
+        """Work falls due by time in `seconds` (a retry, a lease's expiry, looked up by an idle
+        loop): the ring reads every bucket again from then on."""
+        at = self.clock() + seconds
+        self._read_by = at if self._read_by is None else min(self._read_by, at)
+
     def _old(self) -> bool:
-        return self.read_from is None or self.clock() - self.read_from >= self.poll_interval
+        now = self.clock()
+        return (
+            self.read_from is None
+            or now - self.read_from >= self.poll_interval
+            or (self._read_by is not None and now >= self._read_by)
+        )

@@ -18,7 +18,10 @@ SELECT NOT @extschema@.outbox_distributed('projection_apply_campaigns')
 -- name: get_install_due_in
 -- Seconds until the install's earliest unblocked campaign row is due by the database clock or
 -- $1 (zero or less: due now; null: none), for a ring over every bucket (one server): one probe
--- of the due-order index per slot.
+-- of the due-order index per slot. With $2, only rows not due yet count (a loop that took all
+-- it could waits for them by time).
 SELECT extract(epoch FROM min(c.due_at) - coalesce($1::timestamptz, clock_timestamp()))::double precision
 FROM @extschema@.projection_apply_campaigns c
 WHERE NOT c.blocked
+  AND c.due_at > CASE WHEN $2::boolean THEN coalesce($1::timestamptz, statement_timestamp())
+                      ELSE '-infinity'::timestamptz END

@@ -171,7 +171,7 @@ class Worker:
             await self.ring.found(
                 self.pool,
                 bucket,
-                more=bool(counts.more_due) or full or not self.took_all,
+                more=bool(counts.more_due) or full or not after.took_all,
                 empty=not counts.claimed,
                 now=self.now(),
             )
@@ -187,7 +187,7 @@ class Worker:
                 raise
             raise transient from exc
         # What is due now in other buckets is this worker's to claim next.
-        self.took_all = self.took_all and not self.ring.due_now()
+        self.took_all = after.took_all and not self.ring.due_now()
         self.tally.update(after.tally)
         if self.metrics is not None:
             self.metrics.record_apply(after.tally, after.durations, after.ages)
@@ -244,6 +244,7 @@ class Worker:
                 registry = await self.app.in_force(conn)
                 after.registry = registry
                 wanted = self._campaigns_to_claim()
+                self.ring.claiming(bucket)
                 campaigns = await claim(
                     conn,
                     bucket=bucket,
@@ -254,7 +255,7 @@ class Worker:
                     now=now,
                     take=take,
                 )
-                self.took_all = not self._claim_ordered() or len(campaigns) < wanted
+                after.took_all = not self._claim_ordered() or len(campaigns) < wanted
                 self._observe(campaigns)
                 batch = Batch(
                     self.app,
@@ -291,6 +292,7 @@ class Worker:
             if await self.app.absent.of(conn, registry):
                 return None
             wanted = self._campaigns_to_claim()
+            self.ring.claiming(bucket)
             with tracing.span("outbox.batch"):
                 result = await plan.run(
                     conn,
@@ -302,7 +304,7 @@ class Worker:
                 )
         if result is None:
             return None
-        self.took_all = result.campaigns < wanted
+        after.took_all = result.campaigns < wanted
         if result.campaigns:
             self._learn_depth(result.depth_rows / result.campaigns)
         after.registry = registry

@@ -25,6 +25,7 @@ from functools import partial
 import anyio
 from anyio.abc import TaskStatus
 
+from outbox.buckets.ring import install_due_in
 from outbox.errors import TransientBatchError
 from outbox.model import BatchCounts, WorkerMode
 from outbox.obs import log
@@ -122,6 +123,7 @@ class Service:
         self.loops = Loops(floor, max(floor, self.config.max_concurrency))
         self.loops.on_change = self.metrics.claim_loops.set
         self.worker.metrics = self.metrics  # per-projector figures after each commit
+        self.worker.ring.live = not self.config.until_idle
         self.metrics.register_projectors(self.worker.app.registry.projectors)
 
     @property
@@ -207,10 +209,12 @@ class Service:
         interval; None when no claimable work is left (a failed lookup counts as "look again
         after a poll")."""
         poll = self.worker.app.settings.poll_interval
+        worker = self.worker
         try:
-            due_in = await inspect.next_due_in(
-                self.worker.pool, ordered=self.worker.ordered, later=later
-            )
+            if worker.ordered and worker.ring.span:  # one probe of the install's due order
+                due_in = await install_due_in(worker.pool, later=later)
+            else:
+                due_in = await inspect.next_due_in(worker.pool, ordered=worker.ordered, later=later)
         except Exception as exc:  # the next batch meets the same problem and reports it
             _logger.debug("idle.lookup_failed", extra={"error": describe_error(exc)})
             return poll
@@ -227,7 +231,10 @@ class Service:
         due_in = await self._due_in(later=True)
         if due_in is None and counts.failed:  # the retry it scheduled may be due already
             due_in = await self._due_in()
-        return poll if due_in is None else due_in
+        if due_in is None:
+            return poll
+        self.worker.ring.expect(due_in)  # no NOTIFY comes for it: the ring reads then
+        return due_in
 
     async def listen(self) -> None:
         """Keep the LISTEN connection that rings the loops (`listener.listen`)."""

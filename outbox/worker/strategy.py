@@ -41,6 +41,9 @@ class AfterCommit:
     unsubscribed: Counter[str] = field(default_factory=Counter)  # completed unapplied, per type
     # The projectors in force when the batch ran (S29): its leases end with them.
     registry: Registry | None = None
+    # Whether its claim took all it could (an ordered claim that met its campaign limit did
+    # not): the batch's own, whatever the worker's other loops claimed meanwhile.
+    took_all: bool = True
 
 
 class Isolate(Exception):

@@ -5,12 +5,14 @@ over by tests/integration/test_upgrade.py.)"""
 
 from __future__ import annotations
 
+from datetime import datetime
+
 import asyncpg
 import pytest
 
 from helpers import campaigns_in_one_bucket, run_cli
 from outbox import Event, Outbox, Settings, append, db
-from outbox.buckets import DEFAULT_COUNT, bucket_count, bucket_of, due_buckets
+from outbox.buckets import DEFAULT_COUNT, SPAN, bucket_count, bucket_of, due_buckets
 from outbox.buckets.distribution import PLAN
 from outbox.buckets.ring import BucketRing
 from outbox.errors import MigrationError, TransientBatchError
@@ -118,6 +120,57 @@ async def test_the_ring_moves_over_due_buckets_and_follows_wakeups(
         await notify_work(conn)
     ring.wake("")  # a requeue's NOTIFY names none: read every bucket again
     assert await ring.take(pool) == wanted[0]
+
+
+async def test_a_wake_up_is_claimed_once_and_a_batch_never_drops_a_later_one(
+    pool: db.Pool, settings: Settings
+) -> None:
+    """A live ring (a service's loops): a wake-up that a later take covered sends no second
+    loop to claim, nor to read the buckets (both would find the first claim's campaign); one
+    that came after the take outlives the batch's report; between reads only news, reports
+    and `expect` move it."""
+    await append(pool, "w-a", [Event("t", {})], settings=settings)
+    clock = [0.0]
+    ring = BucketRing(rows=False, poll_interval=3600, clock=lambda: clock[0], live=True)
+    reads: list[float] = []
+    read = ring.refresh
+
+    async def counted(executor: db.Executor, now: datetime | None = None) -> None:
+        reads.append(clock[0])
+        await read(executor, now)
+
+    ring.refresh = counted  # type: ignore[method-assign]
+    assert await ring.take(pool) == SPAN  # the first read finds w-a due
+    assert reads == [0.0]
+    clock[0] = 1.0
+    await ring.found(pool, SPAN, more=False, empty=False)  # the batch took all it could
+    assert not ring.due_now()
+
+    clock[0] = 2.0
+    ring.wake("7")  # an append's NOTIFY: loop A is rung, loop B takes first
+    clock[0] = 3.0
+    assert await ring.take_next(pool) == (SPAN, True)  # B's claim serves it
+    assert not ring.due_now()
+    assert await ring.take(pool) is None  # A, rung for it: no claim, no read
+    assert reads == [0.0]
+
+    clock[0] = 4.0
+    ring.wake("7")  # news after B's take, while B's batch runs
+    clock[0] = 5.0
+    await ring.found(pool, SPAN, more=False, empty=False)  # B's report keeps it
+    assert ring.due_now()
+    assert await ring.take(pool) == SPAN  # A claims it at once, without a read
+    await ring.found(pool, SPAN, more=False, empty=True)  # empty: a live ring does not read
+    assert reads == [0.0]
+    assert await ring.take(pool) is None
+
+    ring.expect(2.0)  # an idle loop looked up a retry due at 7.0
+    clock[0] = 6.0
+    assert await ring.take(pool) is None
+    assert reads == [0.0]
+    clock[0] = 7.0
+    assert await ring.take(pool) == SPAN  # the read it owed finds w-a still due
+    assert reads == [0.0, 7.0]
 
 
 async def test_a_bucket_whose_batch_failed_waits_for_the_next_read(
