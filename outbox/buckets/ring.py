@@ -37,7 +37,7 @@ from outbox.buckets.key import SPAN
 from outbox.db import Executor
 from outbox.queries import Queries
 
-__all__ = ["SPAN_RECHECK", "BucketRing", "due_buckets", "install_due_in", "spans"]
+__all__ = ["SPAN_RECHECK", "BucketRing", "due_buckets", "spans"]
 
 # Seconds between reads of whether the install is distributed (`BucketRing.span`).
 SPAN_RECHECK = 60.0
@@ -53,29 +53,24 @@ Q = RingQueries
 
 
 async def due_buckets(
-    executor: Executor, *, rows: bool, now: datetime | None = None, span: bool = False
+    executor: Executor,
+    *,
+    rows: bool,
+    now: datetime | None = None,
+    span: bool = False,
+    later: bool = False,
 ) -> list[tuple[int, float]]:
     """(bucket, seconds until due by the database clock or `now`; <= 0: due now) for every
     bucket with work: campaign rows, or live work rows (`rows`, ordering `none`). One index
     probe per bucket (`outbox_due_buckets`, ring_fn.sql); with `span` (campaign rows, one
-    server) one probe of the install's due-order index, answered as `SPAN`."""
-    if span and not rows:
-        due_in = await install_due_in(executor, now=now)
-        return [] if due_in is None else [(SPAN, due_in)]
+    server) one probe of the install's due-order index, answered as `SPAN`. `later`: only
+    work not due yet counts."""
     async with db.acquire(executor) as conn:
-        records = await conn.fetch(Q.list_due_buckets, rows, now)
+        if span and not rows:
+            due_in: float | None = await conn.fetchval(Q.get_install_due_in, now, later)
+            return [] if due_in is None else [(SPAN, due_in)]
+        records = await conn.fetch(Q.list_due_buckets, rows, now, later)
     return [(r["bucket"], r["due_in"]) for r in records]
-
-
-async def install_due_in(
-    executor: Executor, *, now: datetime | None = None, later: bool = False
-) -> float | None:
-    """Seconds until the install's earliest unblocked campaign is due (None: none), by one
-    probe of its due-order index (one server: a ring that spans); `later`: of those not due
-    yet."""
-    async with db.acquire(executor) as conn:
-        due_in: float | None = await conn.fetchval(Q.get_install_due_in, now, later)
-    return due_in
 
 
 async def spans(executor: Executor) -> bool:
@@ -129,11 +124,7 @@ class BucketRing:
     def _covered(self, bucket: int) -> bool:
         """Whether `bucket` is due by a wake-up alone that a take since covered."""
         news = self._news.get(bucket)
-        return (
-            news is not None
-            and self.due.get(bucket) == news
-            and news <= self._taken.get(bucket, float("-inf"))
-        )
+        return news is not None and self.due.get(bucket) == news and not self._unserved(bucket)
 
     def _unserved(self, bucket: int) -> bool:
         """Whether a wake-up came to `bucket` after its latest take."""
@@ -152,8 +143,10 @@ class BucketRing:
         what is known is stale or shows nothing due (`woken_first=False`: in turn, whatever
         woke them). `now`: the database's time instead of its clock (tests move time
         forward)."""
-        covered = self.live or any(self._covered(b) for b in self.due)
-        if self.stale or self._old() or not (self.due_now() or covered):
+        # A live ring reads only when stale or old; a drain's also when nothing is known due
+        # (news a later take covered is known: that claim is taking it).
+        known = self.live or self.due_now() or any(map(self._covered, self.due))
+        if self.stale or self._old() or not known:
             await self.refresh(executor, now)
         at = self.clock()
         while woken_first and self.woken:

@@ -2,12 +2,17 @@
 
 -- name: list_due_buckets
 -- Buckets with work and the seconds until it is due by the database clock or $2 (zero or less:
--- due now): campaign rows, or live work rows under ordering `none` ($1). One index probe per
+-- due now): campaign rows, or live work rows under ordering `none` ($1). With $3, only work not
+-- due yet counts (a loop that took all it could waits for it by time). One index probe per
 -- bucket (`outbox_due_buckets`, ring_fn.sql).
 SELECT d.bucket,
        extract(epoch FROM d.due_at - coalesce($2::timestamptz, clock_timestamp()))::double precision
            AS due_in
-FROM @extschema@.outbox_due_buckets($1::boolean, '-infinity') d
+FROM @extschema@.outbox_due_buckets(
+    $1::boolean,
+    CASE WHEN $3::boolean THEN coalesce($2::timestamptz, statement_timestamp())
+         ELSE '-infinity'::timestamptz END
+) d
 ORDER BY d.bucket
 
 -- name: get_spans

@@ -42,7 +42,6 @@ __all__ = [
     "list_leases",
     "list_parked",
     "list_rows",
-    "next_due_in",
     "oldest_claimable",
     "shadow_observations",
 ]
@@ -61,7 +60,6 @@ class InspectQueries(Queries):
     list_rows: str
     list_leases: str
     get_shadow_observations: str
-    get_next_due: str
 
 
 Q = InspectQueries
@@ -313,11 +311,3 @@ async def shadow_observations(
     )
     assert r is not None  # an aggregate always returns its row
     return _of(ShadowObservations, r)
-
-
-async def next_due_in(executor: Executor, *, ordered: bool, later: bool = False) -> float | None:
-    """Seconds until the next claimable work is due (negative: already due); None: none
-    waits. `later`: only work not due yet counts."""
-    async with db.acquire(executor) as conn:
-        value: float | None = await conn.fetchval(Q.get_next_due, not ordered, later)
-    return value

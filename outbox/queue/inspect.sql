@@ -145,15 +145,3 @@ SELECT count(*) FILTER (WHERE seen_count > 0) AS rows_seen,
        max(extract(epoch FROM first_seen_at - enqueued_at))::double precision AS max_lag_seconds
 FROM @extschema@.projection_apply_outbox
 WHERE $1::text IS NULL OR (bucket = $2::integer AND campaign_id = $1::text)
-
--- name: get_next_due
--- Seconds until the earliest claimable work is due, by the database clock (null: nothing
--- waits): the first unblocked campaign under ordering `campaign`, the first live row under
--- ordering `none` ($1). With $2, only work not due yet counts: a worker whose claim took all it
--- could waits for the rest by time (what is due now is another batch's, or its NOTIFY rings).
--- One probe per bucket (`outbox_due_buckets`).
-SELECT extract(epoch FROM min(d.due_at) - clock_timestamp())::double precision
-FROM @extschema@.outbox_due_buckets(
-    $1::boolean,
-    CASE WHEN $2::boolean THEN statement_timestamp() ELSE '-infinity'::timestamptz END
-) d

@@ -25,13 +25,12 @@ from functools import partial
 import anyio
 from anyio.abc import TaskStatus
 
-from outbox.buckets.ring import install_due_in
+from outbox.buckets.ring import due_buckets
 from outbox.errors import TransientBatchError
 from outbox.model import BatchCounts, WorkerMode
 from outbox.obs import log
 from outbox.obs.metrics import REFRESH_INTERVAL, Metrics
 from outbox.projection import known
-from outbox.queue import inspect
 from outbox.queue.rotation import keep_rotating
 from outbox.queue.settle import unblock_campaigns
 from outbox.retry import backoff_delay, describe_error
@@ -211,10 +210,10 @@ class Service:
         poll = self.worker.app.settings.poll_interval
         worker = self.worker
         try:
-            if worker.ordered and worker.ring.span:  # one probe of the install's due order
-                due_in = await install_due_in(worker.pool, later=later)
-            else:
-                due_in = await inspect.next_due_in(worker.pool, ordered=worker.ordered, later=later)
+            found = await due_buckets(
+                worker.pool, rows=not worker.ordered, span=worker.ring.span, later=later
+            )
+            due_in = min((d for _, d in found), default=None)
         except Exception as exc:  # the next batch meets the same problem and reports it
             _logger.debug("idle.lookup_failed", extra={"error": describe_error(exc)})
             return poll
