@@ -98,6 +98,8 @@ class BuildQueries(Queries):
     create_build_keys: str
     lock_build_step: str
     lock_build_bucket: str
+    hold_failed_campaigns: str
+    list_queued_campaigns: str
 
 
 Q = BuildQueries
@@ -111,6 +113,7 @@ async def build(
     max_rate: float | None = None,
     progress: Callable[[Progress], None] | None = None,
     in_place: bool = False,
+    leave_queued: bool = False,
 ) -> Built:
     """Build `projector`'s track from the journal to every campaign's head (see the module
     docstring), or, `in_place`, rebuild it: each campaign reset and re-applied from its first
@@ -119,7 +122,9 @@ async def build(
     projector's replay calls it with the pool too), at most `max_rate` events per second;
     `progress` after every step. A build of the projector that did not complete is resumed.
     Cancelling the caller's scope stops it between steps or rolls the one in flight back.
-    Another build of the projector running is a Conflict."""
+    Another build of the projector running is a Conflict. `leave_queued` (a catch-up the
+    workers run, S25): a campaign with work rows is left to their claim, which heals the
+    projector from the journal before its rows (S17), counted skipped."""
     if connections < 1:
         raise ConfigError(f"connections must be at least 1, not {connections}")
     if max_rate is not None and max_rate <= 0:
@@ -134,6 +139,7 @@ async def build(
             if not state.resumed:
                 parts = {}
             walk = _Walk(pool, projector, state, Throttle(max_rate), progress, parts, kind)
+            walk.leave_queued = leave_queued and kind == "catch-up"
             return await walk.run(whole, connections)
         finally:
             with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
@@ -162,6 +168,7 @@ class _Walk:
     parts: dict[int, Part]  # by bucket: its counters and, in place, the last campaign reset
     kind: Kind
     pace: LivePace = field(default_factory=LivePace)
+    leave_queued: bool = False  # campaigns with work rows left to the workers' claim
     _started: float = field(default_factory=time.monotonic)
 
     def report(self) -> None:
@@ -260,10 +267,14 @@ class _Walk:
         if not campaigns:
             return False
         step.waiting, got = False, Part()
+        looked, queued = campaigns, set[str]()
+        if self.leave_queued:  # left to the workers' claim
+            queued = {r[0] for r in await conn.fetch(Q.list_queued_campaigns, bucket, campaigns)}
+            campaigns = [c for c in looked if c not in queued]
         async with conn.transaction():
-            rows = await conn.fetch(Q.lock_build_step, name, bucket, campaigns)
+            rows = await conn.fetch(Q.lock_build_step, name, bucket, campaigns) if campaigns else []
             ranges: list[Range] = []
-            cursor, budget = rows[-1]["campaign_id"], EVENTS
+            cursor, budget = looked[-1], EVENTS
             for i, r in enumerate(rows):
                 campaign = r["campaign_id"]
                 fresh = self.kind == "in-place" and (part.after is None or campaign > part.after)
@@ -284,8 +295,17 @@ class _Walk:
                     # Cut here: a campaign cut short and those after it are looked at again.
                     cursor = campaign if last == head else before
                     break
+            # The campaigns left to the workers up to where the next step looks again.
+            upto = looked.index(cursor) + 1 if cursor in looked else 0
+            got.skipped += sum(c in queued for c in looked[:upto])
             if ranges:
                 await self.isolated(conn, bucket, ranges, got)
+            if got.failing and self.kind == "catch-up":
+                # Left where its checkpoint stands: a catch-up hold has the workers go on from
+                # there, their holds counting its attempts (S24), dormant campaign or not.
+                await conn.fetchval(
+                    Q.hold_failed_campaigns, name, [bucket] * len(got.failing), got.failing
+                )
             if ranges or got.skipped:
                 part.add(got)
                 part.after = max([c for c, *_, fresh in ranges if fresh], default=part.after)
@@ -324,6 +344,7 @@ class _Walk:
                 raise
             if len(ranges) == 1:
                 got.failed += 1
+                got.failing.append(ranges[0][0])
                 return
         for one in ranges:
             await self.isolated(conn, bucket, [one], got)
@@ -351,6 +372,7 @@ class _Walk:
                 if hi >= seq:
                     ends[cid] = (lo, seq - 1, False)
                     got.failed += 1
+                    got.failing.append(cid)
             keep = [i for i, r in enumerate(rows) if r["seq"] <= ends[r["campaign_id"]][1]]
             rows = [rows[i] for i in keep]
             payloads, metadata = [payloads[i] for i in keep], [metadata[i] for i in keep]

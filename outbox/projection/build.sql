@@ -15,3 +15,16 @@ FROM @extschema@.outbox_build_step($1::text, $2::integer, $3::text[])
 -- Hold ($3 true) or let go of bucket $2 of projector $1's build, for this session: whether it
 -- was had (outbox_lock_build_bucket).
 SELECT @extschema@.outbox_lock_build_bucket($1::text, $2::integer, $3::boolean)
+
+-- name: hold_failed_campaigns
+-- Catch-up holds of projector $1 on campaigns $3 (each in its bucket of $2), left where their
+-- checkpoints stand by a failing event, for the workers (outbox_hold_catch_ups): the holds
+-- placed.
+SELECT @extschema@.outbox_hold_catch_ups($1::text, $2::integer[], $3::text[])
+
+-- name: list_queued_campaigns
+-- Which of campaigns $2 (all in bucket $1) have work rows: a catch-up the workers run leaves
+-- them to their claim.
+SELECT DISTINCT o.campaign_id
+FROM @extschema@.projection_apply_outbox o
+WHERE o.bucket = $1::integer AND o.campaign_id = ANY ($2::text[])

@@ -167,6 +167,9 @@ class Part:
     campaigns: int = 0
     skipped: int = 0
     failed: int = 0
+    # A step's campaigns left where their checkpoints stand by a failure (not recorded, not
+    # added up: the step gives each a catch-up hold).
+    failing: list[str] = field(default_factory=list, compare=False, repr=False)
 
     def add(self, step: Part) -> None:
         """Count a step's events, campaigns, skips and failures in."""

@@ -122,9 +122,9 @@ class Sweeps:
 
     @classmethod
     def of(cls, registry: Registry, interval: float, *, applies: bool) -> Sweeps:
-        """The sweeps of `registry`'s projectors, for a worker that `applies` (a shadow
-        worker steps none)."""
-        names = {p.name for p in registry.projectors.values() if p.sweeps}
+        """The sweeps of `registry`'s unordered projectors, for a worker that `applies` (a
+        shadow worker steps none; the engine catches up the ordered ones, `worker.catch_ups`)."""
+        names = {p.name for p in registry.projectors.values() if p.sweeps and not p.ordered}
         return cls(interval, names if applies else set())
 
     async def step(self, executor: Executor, *, idle: bool) -> tuple[int, bool]:

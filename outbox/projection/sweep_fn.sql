@@ -2,6 +2,65 @@
 -- beginning reaches every campaign of the journal, dormant ones too.
 -- requires: projection/build_fn.sql
 
+-- Catch-up holds (S24: seq 0, pending, due now) of projector `p_projector` on campaigns
+-- `p_campaigns` (each in its bucket of `p_buckets`), and a campaign row due now for each that
+-- has none (one it has already is left as it is: the campaign is claimed when it comes due,
+-- the hold with it): a worker's batch takes the projector on from its checkpoint through the
+-- journal. The sweep seeds them (below), and the engine for a campaign it left where its
+-- checkpoint stands (a failing event, build.py), so the workers' holds count its attempts.
+-- The workers are woken when any was placed. Returns the holds placed.
+CREATE OR REPLACE FUNCTION outbox_hold_catch_ups(
+    p_projector text,
+    p_buckets integer[],
+    p_campaigns text[]
+)
+RETURNS integer
+LANGUAGE plpgsql VOLATILE
+SET search_path FROM CURRENT
+SET jit = off
+AS $$
+DECLARE
+    placed integer;
+    lock_b integer;
+    lock_cs text[];
+    v_now timestamptz := statement_timestamp();
+BEGIN
+    INSERT INTO projection_holds AS y
+        (bucket, campaign_id, projector, seq, status, attempt_count, next_attempt_at,
+         created_at, updated_at)
+    SELECT t.bucket, t.campaign_id, p_projector, 0, 'pending', 0, v_now, v_now, v_now
+    FROM unnest(p_buckets, p_campaigns) AS t(bucket, campaign_id)
+    ORDER BY t.bucket, t.campaign_id
+    ON CONFLICT DO NOTHING;
+    GET DIAGNOSTICS placed = ROW_COUNT;
+    -- A campaign row for each that has none, made only under the campaign's append head
+    -- (S26): one an append holds now is skipped (the append queues the campaign itself), and
+    -- the look for an existing row comes after the heads are held. Bucket by bucket: Citus
+    -- locks rows only in a statement that names one.
+    FOR lock_b IN SELECT DISTINCT x.b FROM unnest(p_buckets) AS x(b) ORDER BY 1 LOOP
+        lock_cs := ARRAY(
+            SELECT h.campaign_id FROM campaign_head_keys h
+            WHERE h.bucket = lock_b AND h.campaign_id = ANY (p_campaigns)
+            ORDER BY h.campaign_id
+            FOR NO KEY UPDATE SKIP LOCKED
+        );
+        INSERT INTO projection_apply_campaigns
+            (bucket, campaign_id, head_seq, due_at, updated_at, slot)
+        SELECT lock_b, t.campaign_id, 0, v_now, v_now, outbox_queue_slot(v_now)
+        FROM unnest(lock_cs) AS t(campaign_id)
+        WHERE NOT EXISTS (
+            SELECT 1 FROM projection_apply_campaigns c
+            WHERE c.bucket = lock_b AND c.campaign_id = t.campaign_id
+        )
+        ORDER BY t.campaign_id;
+    END LOOP;
+    IF placed > 0 THEN
+        PERFORM pg_notify(current_schema() || '.outbox_work', '');
+    END IF;
+    RETURN placed;
+END
+$$;
+
 -- One step of projector `p_projector`'s sweep: the next `p_campaigns` campaigns of
 -- `campaign_heads` after its cursor, in key order, each that holds an event of its types and
 -- that it is behind on (its checkpoint below the head, no hold of its own there, and, for an
@@ -33,11 +92,8 @@ DECLARE
     cs text[];
     heads bigint[];
     skip text[];
-    lock_b integer;
-    lock_cs text[];
     v_reached integer;
     placed integer;
-    v_now timestamptz := statement_timestamp();
 BEGIN
     SELECT p.sweep_bucket, p.sweep_campaign, p.ordered, p.events
     INTO cursor_bucket, cursor_campaign, v_ordered, v_events
@@ -112,45 +168,15 @@ BEGIN
         SELECT DISTINCT o.campaign_id FROM projection_apply_outbox o
         WHERE v_ordered AND o.bucket = ANY (bs) AND o.campaign_id = ANY (cs)
     ) x;
-    INSERT INTO projection_holds AS y
-        (bucket, campaign_id, projector, seq, status, attempt_count, next_attempt_at,
-         created_at, updated_at)
-    SELECT t.bucket, t.campaign_id, p_projector, 0, 'pending', 0, v_now, v_now, v_now
-    FROM unnest(bs, cs) AS t(bucket, campaign_id)
-    WHERE NOT t.campaign_id = ANY (skip)
-    ORDER BY t.bucket, t.campaign_id
-    ON CONFLICT DO NOTHING;
-    GET DIAGNOSTICS placed = ROW_COUNT;
-    -- A campaign row for each that has none, made only under the campaign's append head
-    -- (S26): one an append holds now is skipped (the append queues the campaign itself), and
-    -- the look for an existing row comes after the heads are held. Bucket by bucket: Citus
-    -- locks rows only in a statement that names one.
-    FOR lock_b IN SELECT DISTINCT x.b FROM unnest(bs) AS x(b) ORDER BY 1 LOOP
-        lock_cs := ARRAY(
-            SELECT h.campaign_id FROM campaign_head_keys h
-            WHERE h.bucket = lock_b AND h.campaign_id = ANY (cs)
-              AND NOT h.campaign_id = ANY (skip)
-            ORDER BY h.campaign_id
-            FOR NO KEY UPDATE SKIP LOCKED
-        );
-        INSERT INTO projection_apply_campaigns
-            (bucket, campaign_id, head_seq, due_at, updated_at, slot)
-        SELECT lock_b, t.campaign_id, 0, v_now, v_now, outbox_queue_slot(v_now)
-        FROM unnest(lock_cs) AS t(campaign_id)
-        WHERE NOT EXISTS (
-            SELECT 1 FROM projection_apply_campaigns c
-            WHERE c.bucket = lock_b AND c.campaign_id = t.campaign_id
-        )
-        ORDER BY t.campaign_id;
-    END LOOP;
+    placed := outbox_hold_catch_ups(
+        p_projector,
+        ARRAY(SELECT t.b FROM unnest(bs, cs) AS t(b, c) WHERE NOT t.c = ANY (skip)),
+        ARRAY(SELECT t.c FROM unnest(bs, cs) AS t(b, c) WHERE NOT t.c = ANY (skip)));
     UPDATE outbox_projectors p
     SET sweep_bucket = coalesce(bs[v_reached], p.sweep_bucket),
         sweep_campaign = coalesce(cs[v_reached], p.sweep_campaign),
         swept_at = CASE WHEN v_reached < p_campaigns THEN clock_timestamp() END
     WHERE p.projector = p_projector;
-    IF placed > 0 THEN
-        PERFORM pg_notify(current_schema() || '.outbox_work', '');
-    END IF;
     RETURN QUERY SELECT placed, v_reached, v_reached < p_campaigns;
 END
 $$;

@@ -133,17 +133,17 @@ class _Install:
             await append(self.pool, campaign_id, [event], settings=settings)
 
     async def drain(self, app: Outbox) -> None:
-        """Batches until nothing is due; a transient failure (the check's own) tried again."""
+        """Batches until nothing is due (and a catch-up by the engine to its end, S25); a
+        transient failure (the check's own) tried again."""
         with using_schema(self.schema):
             await record(self.pool, app.registry, "check")
             worker = Worker(app, self.pool)
             while True:
                 try:
-                    counts = await worker.run_once()
+                    await worker.drain()
                 except TransientBatchError:
                     continue
-                if counts.claimed == 0 and counts.more_due == 0 and not worker.ring.due_now():
-                    return
+                return
 
     def bystander(self) -> Outbox:
         """An app that runs no projector: it completes the events (the history a projector

@@ -23,6 +23,8 @@ from datetime import datetime
 from time import monotonic
 from typing import TYPE_CHECKING
 
+import anyio
+
 from outbox import db
 from outbox.buckets.ring import BucketRing
 from outbox.model import BatchCounts, Take
@@ -32,8 +34,9 @@ from outbox.projection.app import Outbox
 from outbox.projection.sweep import Sweeps
 from outbox.projection.versions import AutoPromotions
 from outbox.queue.claim import ClaimedCampaign, claim
-from outbox.retry import FailurePolicy
+from outbox.retry import FailurePolicy, leaves
 from outbox.worker.apply import Apply
+from outbox.worker.catch_ups import CatchUps
 from outbox.worker.lease import LeaseRunner
 from outbox.worker.registration import new_worker_id
 from outbox.worker.sql_batch import OneCall
@@ -85,8 +88,10 @@ class Worker:
     strategy: Strategy = field(default_factory=Apply)
     # Which bucket the next batch claims from.
     ring: BucketRing = field(init=False, repr=False)
-    # The catch-up sweeps of this worker's projectors that start at the beginning (S25).
+    # The catch-up sweeps of this worker's unordered projectors that start at the beginning
+    # (S25), and the engine's catch-ups of its ordered ones (S30).
     sweeps: Sweeps = field(init=False, repr=False)
+    catch_ups: CatchUps = field(init=False, repr=False)
     # Its versions registered promote="auto" not yet live (S29).
     promotions: AutoPromotions = field(init=False, repr=False)
     # Batches served in a row for buckets an append woke (see `run_once`).
@@ -106,6 +111,7 @@ class Worker:
         self.ring = BucketRing(rows=not self._claim_ordered(), poll_interval=poll)
         applies = isinstance(self.strategy, Apply) and self.ordered
         self.sweeps = Sweeps.of(self.app.registry, min(poll, SWEEP_INTERVAL), applies=applies)
+        self.catch_ups = CatchUps.of(self.app.registry, self.app.settings, applies=applies)
         self.promotions = AutoPromotions.of(self.app.registry, applies=applies)
         self._all_sql = applies and OneCall.of(self.app.registry) is not None
 
@@ -341,10 +347,26 @@ class Worker:
         return self.strategy.claims_in_order(self.app.settings)
 
     async def drain(self) -> BatchCounts:
-        """Run batches until one claims nothing and leaves nothing due; return the totals."""
+        """Run batches until one claims nothing and leaves nothing due, and the engine's
+        catch-ups (beside them) to their end; return the totals."""
+        if not self.catch_ups.pending:
+            return await self._drain_batches()
+        try:
+            async with anyio.create_task_group() as tasks:
+                self.catch_ups.launch(tasks, self.pool, until_done=True)
+                total = await self._drain_batches()
+        except BaseExceptionGroup as group:  # one task's failure, as it was raised
+            raise leaves(group)[0] from None
+        return total
+
+    async def _drain_batches(self) -> BatchCounts:
         total = BatchCounts()
         while True:
             counts = await self.run_once()
             total.add(counts)
             if counts.claimed == 0 and counts.more_due == 0 and not self.ring.due_now():
-                return total
+                if not self.catch_ups.running:
+                    return total
+                # The batches go on beside the engine (it yields to them), then take the
+                # holds it leaves.
+                await self.catch_ups.wait(self.app.settings.poll_interval)

@@ -39,6 +39,7 @@ from outbox.schema import check_current
 from outbox.worker.apply import Apply
 from outbox.worker.batch import Worker
 from outbox.worker.loops import ceiling_of
+from outbox.worker.pools import open_pool
 from outbox.worker.registration import new_worker_id
 from outbox.worker.service import Service, ServiceConfig
 from outbox.worker.shadow import Shadow
@@ -50,22 +51,6 @@ if TYPE_CHECKING:
 __all__ = ["build_service", "drain_now", "open_pool", "open_pool_when_up", "running_worker"]
 
 _logger = log.get_logger("outbox.worker")
-
-
-async def open_pool(
-    settings: Settings, *, max_size: int | None = None, application_name: str = "outbox-worker"
-) -> Pool:
-    """A pool of worker sessions for `settings.dsn`, one connection per claim loop the worker
-    may run (`loops.ceiling_of`) and one to spare unless `max_size` says otherwise (timeouts
-    per `Settings.session_timeouts`)."""
-    sent, fallback = settings.session_settings(application_name)
-    return await db.create_pool(
-        settings.dsn,
-        min_size=1,
-        max_size=max_size if max_size is not None else ceiling_of(settings, own_pool=True) + 1,
-        server_settings=sent,
-        session_defaults=fallback,
-    )
 
 
 async def open_pool_when_up(

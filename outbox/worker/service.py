@@ -189,6 +189,8 @@ class Service:
                 until_idle=self.config.until_idle,
                 wait_out_backoff=self.config.wait_out_backoff,
             )
+            if step is Step.END and self.worker.catch_ups.running:
+                step = Step.IDLE  # a drain's loops serve the engine's holds once it ends
             if step is Step.END or (elastic and step is not Step.CLAIM):
                 return
             if backlog(counts, batch_size=settings.batch_size):
@@ -303,8 +305,13 @@ class Service:
             unblocked = await unblock_campaigns(self.worker.pool)
             if unblocked:
                 _logger.info("campaigns.unblocked", extra={"campaigns": unblocked})
-        if config.until_idle:
-            await self._loops(shutdown_timeout, task_status)
+        if config.until_idle:  # a drain: the engine's catch-ups beside the loops, to their end
+            async with anyio.create_task_group() as drain:
+                if self.worker.catch_ups.pending:
+                    self.worker.catch_ups.launch(
+                        drain, self.worker.pool, until_done=True, ended=self.doorbell.ring_all
+                    )
+                await self._loops(shutdown_timeout, task_status)
             return
         registration = Registration(
             self.worker.pool, self.worker_id, config.mode, config.concurrency, self._running()
@@ -324,6 +331,8 @@ class Service:
                     service.start_soon(self.listen)
                 service.start_soon(self.heartbeat, registration)
                 service.start_soon(keep_rotating, self.worker.pool, self.metrics)
+                if self.worker.catch_ups.pending:  # beside the loops, yielding to them
+                    self.worker.catch_ups.launch(service, self.worker.pool, until_done=False)
                 if config.metrics_port is not None:
                     self.metrics_address = self.metrics.serve(
                         config.metrics_port, config.metrics_host

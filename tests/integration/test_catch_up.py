@@ -47,6 +47,15 @@ def app_of(
     return app
 
 
+async def seed_holds(pool: db.Pool, projector: str, campaigns: int = 500) -> int:
+    """One step of the sweep in SQL: catch-up holds on the next `campaigns` campaigns behind
+    (as workers from before the engine's catch-ups, or a batch, leave them); the holds placed."""
+    seeded: int = await pool.fetchval(
+        "SELECT seeded FROM outbox.outbox_sweep($1, $2, 1024)", projector, campaigns
+    )
+    return seeded
+
+
 async def progress(pool: db.Pool, projector: str) -> sweep.CatchUp:
     [found] = [c for c in await sweep.catch_ups(pool) if c.projector == projector]
     return found
@@ -107,6 +116,10 @@ async def test_a_new_projector_catches_up_on_every_campaign_and_the_others_apply
     stats = await progress(pool, "stats")
     assert stats.swept_at is not None
     assert not stats.catching_up
+    # The engine caught it up (S30), run by the worker: its build is recorded complete.
+    build = await pool.fetchrow("SELECT kind, state FROM outbox.outbox_builds")
+    assert build is not None
+    assert tuple(build) == ("catch-up", "complete")
     heads = await pool.fetch(
         "SELECT h.last_seq, k.applied_seq FROM outbox.campaign_heads h "
         "JOIN outbox.projection_checkpoints k USING (bucket, campaign_id) "
@@ -191,9 +204,8 @@ async def test_cleanup_keeps_the_markers_of_a_projector_catching_up(
 
 @pytest.mark.usefixtures("table")
 async def test_catch_up_progress_is_reported_and_resumes_from_the_checkpoints(
-    pool: db.Pool, dsn: str, monkeypatch: pytest.MonkeyPatch
+    pool: db.Pool, dsn: str
 ) -> None:
-    monkeypatch.setattr(sweep, "CAMPAIGNS", 5)
     _, _, expected = await dormant(pool, dsn, "d", 12, seed=7)
     new = app_of(dsn, "roster", "stats")
     await record(pool, new.registry, "deploy")
@@ -202,11 +214,13 @@ async def test_catch_up_progress_is_reported_and_resumes_from_the_checkpoints(
     assert (before.campaigns, before.done, before.events_behind) == (12, 0, total)
     assert before.catching_up
     assert before.swept_at is None
-    # One worker steps the sweep once and applies one batch, then stops (a SIGKILL's effect:
+    # Catch-up holds on five campaigns (as a worker from before the engine's catch-ups left
+    # them), one batch applied, five more holds, then the worker stops (a SIGKILL's effect:
     # whatever it committed stays, the rest waits in holds).
     worker = Worker(new, pool)
-    assert await worker.sweeps.step(pool, idle=True) == (5, False)
-    await worker.run_once()
+    assert await seed_holds(pool, "stats", 5) == 5
+    assert (await worker.run_once()).applied > 0
+    assert await seed_holds(pool, "stats", 5) == 5
     during = await progress(pool, "stats")
     assert during.catching_up
     assert during.holds > 0
@@ -232,6 +246,52 @@ async def test_catch_up_progress_is_reported_and_resumes_from_the_checkpoints(
     after = await progress(pool, "stats")
     assert not after.catching_up
     assert after.events_behind is None
+
+
+@pytest.mark.usefixtures("table")
+async def test_a_dormant_campaign_the_engine_cannot_apply_is_left_to_the_workers_holds(
+    pool: db.Pool, dsn: str
+) -> None:
+    """The engine leaves a campaign whose event fails where its checkpoint stands, with a
+    catch-up hold: the workers' batches count its attempts, dead-letter it, and a requeue after
+    the fix takes it on; the other campaigns and projectors are exact throughout."""
+    campaigns, _, expected = await dormant(pool, dsn, "f", 10, seed=61)
+    sick = campaigns[3]
+    fixed: list[bool] = []
+    new = app_of(dsn, "roster")
+
+    async def add(tx: db.Connection, event: StoredEvent) -> None:
+        if event.campaign_id == sick and event.seq == 1 and not fixed:
+            raise RuntimeError("not yet")
+        await tx.execute(ADD, "stats", event.campaign_id, event.payload["n"])
+
+    new.projector("stats", events=["add"], start="beginning")(add)
+    await record(pool, new.registry, "deploy")
+    await Worker(new, pool).drain()
+    healthy = Counter({c: n for c, n in expected.items() if c != sick})
+    assert await sums(pool, "stats") == healthy
+    assert await sums(pool, "roster") == expected
+    hold = await pool.fetchrow(
+        "SELECT campaign_id, seq, status, attempt_count FROM outbox.projection_holds"
+    )
+    assert hold is not None
+    # At the event it fails on now, the workers' first try (the engine charges none).
+    assert (hold["campaign_id"], hold["seq"], hold["status"]) == (sick, 1, "failed")
+    assert hold["attempt_count"] == 1
+    clock = Clock()
+    worker = Worker(new, pool, now=clock)
+    for _ in range(new.settings.max_attempts):  # each retry as it falls due, until dead
+        clock.advance(3600.0)
+        await worker.drain()
+    assert await pool.fetchval("SELECT status FROM outbox.projection_holds") == "dead"
+    assert await sums(pool, "stats") == healthy
+    fixed.append(True)
+    await requeue_one(pool, sick, 1, projector="stats")
+    await worker.drain()
+    assert await sums(pool, "stats") == expected
+    assert await sums(pool, "roster") == expected
+    assert await pool.fetchval("SELECT count(*) FROM outbox.projection_holds") == 0
+    assert not (await progress(pool, "stats")).catching_up
 
 
 @pytest.mark.usefixtures("table")
@@ -362,7 +422,7 @@ async def test_appends_are_served_first_and_a_long_catch_up_waits_for_the_backgr
     new = app_of(dsn, "roster", "stats")
     await record(pool, new.registry, "deploy")
     worker = Worker(new, pool)
-    await worker.sweeps.step(pool, idle=True)  # c1, c2, c3 dormant: catch-up holds
+    await seed_holds(pool, "stats")  # c1, c2, c3 dormant: catch-up holds
     await pool.execute("DELETE FROM outbox.projection_holds WHERE campaign_id = $1", c1)
     await pool.execute("DELETE FROM outbox.projection_apply_campaigns WHERE campaign_id = $1", c1)
     await append(pool, c1, [Event("add", {"n": 100})], settings=new.settings)
@@ -393,7 +453,7 @@ async def test_a_catch_up_worker_and_an_appends_worker_split_the_work(
     await drain_now(old, pool)
     new = app_of(dsn, "roster", "stats")
     await record(pool, new.registry, "deploy")
-    await Worker(new, pool).sweeps.step(pool, idle=True)  # both dormant: catch-up holds
+    await seed_holds(pool, "stats")  # both dormant: catch-up holds
     await append(pool, c1, [Event("add", {"n": 5})], settings=new.settings)
     appends = Worker(app_of(dsn, "roster", "stats", background="never"), pool)
     assert (await appends.run_once()).claimed == 1  # c1's row, not c2's catch-up

@@ -318,9 +318,11 @@ async def test_the_engine_refuses_to_build_a_changed_definition(pool: db.Pool, d
     await add_events(pool, dsn, expected, 1)
     await drain_now(roster_app(dsn), pool)
     changed = roster_app(dsn, events=["add", "x"]).registry.projectors["roster"]
+    # The drain's catch-up by the engine is recorded; the refused build records nothing.
+    recorded = "SELECT count(*) FROM outbox.outbox_builds WHERE state <> 'complete'"
     with pytest.raises(DefinitionDrift, match=r"events \[add\] -> \[add, x\]"):
         await build(pool, changed)
-    assert await pool.fetchval("SELECT count(*) FROM outbox.outbox_builds") == 0
+    assert await pool.fetchval(recorded) == 0
 
 
 async def test_an_embedded_worker_with_a_changed_definition_raises_the_drift(
