@@ -11,9 +11,8 @@ it a catch-up hold, S25), reads the journal from each checkpoint to the campaign
 most `EVENTS` events a transaction, runs the projector on them (a batch projector in one call,
 `replaying()` true), and moves the checkpoints in the same transaction. `connections` tasks
 take the buckets in turn, each bucket held by one build at a time (a session advisory lock per
-bucket), and `max_rate` caps the events applied per second over all. While a build runs (its
-lock on the whole, one build of a projector at a time), the workers' sweep of the projector
-seeds no catch-up hold: the build takes the campaigns on itself.
+bucket), and `max_rate` caps the events applied per second over all. One build of a
+projector runs at a time (its lock on the whole); the workers run it too (`worker.catch_ups`).
 
 In place (`projections-rebuild`, the repair, S19), each campaign is first reset (the
 projector's reset hook) and re-applied from its first event, in the same transaction as its
@@ -25,9 +24,9 @@ cancelled or cut off by a server restart leaves every committed step in place, e
 part of the progress (`builds`), and the next build goes on from them.
 
 A failing event fails its step; the step runs again campaign by campaign, and a campaign that
-fails alone is left where its checkpoint stands (in place: not reset), for the workers, whose
-holds count its attempts (S24). It owns the engine; the statements it runs are the
-checkpoints' (guards), the journal's (append.journal), the settle's and the record's (builds).
+fails alone is left where its checkpoint stands (in place: not reset; a catch-up gives it a
+catch-up hold, S24). It owns the engine; the statements it runs are the checkpoints'
+(guards), the journal's (append.journal), the settle's and the record's (builds).
 """
 
 from __future__ import annotations
@@ -301,8 +300,7 @@ class _Walk:
             if ranges:
                 await self.isolated(conn, bucket, ranges, got)
             if got.failing and self.kind == "catch-up":
-                # Left where its checkpoint stands: a catch-up hold has the workers go on from
-                # there, their holds counting its attempts (S24), dormant campaign or not.
+                # Left where its checkpoint stands: the workers' holds count its attempts.
                 await conn.fetchval(
                     Q.hold_failed_campaigns, name, [bucket] * len(got.failing), got.failing
                 )

@@ -367,6 +367,4 @@ class Worker:
             if counts.claimed == 0 and counts.more_due == 0 and not self.ring.due_now():
                 if not self.catch_ups.running:
                     return total
-                # The batches go on beside the engine (it yields to them), then take the
-                # holds it leaves.
-                await self.catch_ups.wait(self.app.settings.poll_interval)
+                await self.catch_ups.wait()  # then the holds it left, if any

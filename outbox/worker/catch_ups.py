@@ -17,7 +17,6 @@ It owns when and where a worker runs the engine; the engine owns the walk.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from time import monotonic
 from typing import TYPE_CHECKING
@@ -94,15 +93,8 @@ class CatchUps:
         self.done = set(self.projectors) - {r["projector"] for r in rows}
         return [self.projectors[r["projector"]] for r in rows if not r["paused"]]
 
-    def launch(
-        self,
-        tasks: TaskGroup,
-        pool: db.Pool,
-        *,
-        until_done: bool,
-        ended: Callable[[], None] | None = None,
-    ) -> None:
-        """Run the catch-ups in `tasks` (`running` from now on), then call `ended`."""
+    def launch(self, tasks: TaskGroup, pool: db.Pool, *, until_done: bool) -> None:
+        """Run the catch-ups in `tasks` (`running` from now on)."""
         self.running, self._ended = True, anyio.Event()
 
         async def run() -> None:
@@ -112,16 +104,13 @@ class CatchUps:
                 self.running = False
                 if self._ended is not None:
                     self._ended.set()
-                if ended is not None:
-                    ended()
 
         tasks.start_soon(run)
 
-    async def wait(self, seconds: float) -> None:
-        """Until the run under way ends, at most `seconds`."""
+    async def wait(self) -> None:
+        """Until the run under way ends."""
         if self._ended is not None:
-            with anyio.move_on_after(seconds):
-                await self._ended.wait()
+            await self._ended.wait()
 
     async def run(self, pool: db.Pool, *, until_done: bool) -> None:
         """Build each projector still to catch up, until none is left (a paused one is waited

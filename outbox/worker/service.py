@@ -190,7 +190,8 @@ class Service:
                 wait_out_backoff=self.config.wait_out_backoff,
             )
             if step is Step.END and self.worker.catch_ups.running:
-                step = Step.IDLE  # a drain's loops serve the engine's holds once it ends
+                await self.worker.catch_ups.wait()  # a drain: then the holds it left, if any
+                continue
             if step is Step.END or (elastic and step is not Step.CLAIM):
                 return
             if backlog(counts, batch_size=settings.batch_size):
@@ -308,10 +309,9 @@ class Service:
         if config.until_idle:  # a drain: the engine's catch-ups beside the loops, to their end
             async with anyio.create_task_group() as drain:
                 if self.worker.catch_ups.pending:
-                    self.worker.catch_ups.launch(
-                        drain, self.worker.pool, until_done=True, ended=self.doorbell.ring_all
-                    )
+                    self.worker.catch_ups.launch(drain, self.worker.pool, until_done=True)
                 await self._loops(shutdown_timeout, task_status)
+                drain.cancel_scope.cancel()  # stopped: a build in flight resumes next time
             return
         registration = Registration(
             self.worker.pool, self.worker_id, config.mode, config.concurrency, self._running()
