@@ -235,7 +235,7 @@ async def run(
     print(f"  raw set-based INSERT ... SELECT:          {set_rate:9.0f} events/s")
     print(
         f"  outbox catch-up: {applied} events in {elapsed:.1f}s = {rate_catch_up:9.0f} events/s"
-        f" = {rate_catch_up / raw_rate:.2f}x the raw loop (target >= 0.5x), "
+        f" = {rate_catch_up / raw_rate:.2f}x the raw loop (target >= 0.7x), "
         f"{rate_catch_up / set_rate:.2f}x the set-based pass"
     )
     for label, f in (("before", before), ("during", during)):
