@@ -198,6 +198,9 @@ class Service:
                 self.loops.grow()
             if step is Step.DUE:
                 wait = await self._due_in()
+                if wait is None and self.worker.catch_ups.running:
+                    await self.worker.catch_ups.wait()  # a drain: then the holds it left
+                    continue
                 if wait is None:
                     return  # what is left never comes due by itself: dead or blocked rows
                 await self._pause(wait)

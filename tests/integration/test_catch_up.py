@@ -9,6 +9,7 @@ import contextlib
 import random
 from collections import Counter
 
+import anyio
 import pytest
 
 from helpers import ADD, SUMS, Clock, campaigns_in_one_bucket, run_cli, sums
@@ -23,8 +24,9 @@ from outbox.projection import sweep
 from outbox.projection.app import Outbox
 from outbox.projection.guards import projector_lag
 from outbox.projection.known import list_known, record
-from outbox.projection.pauses import pause
+from outbox.projection.pauses import pause, resume
 from outbox.projection.registry import Start
+from outbox.worker import catch_ups
 from outbox.worker.apply import LIVE_HEAL
 from outbox.worker.batch import Worker
 from outbox.worker.gauges import refresh_gauges
@@ -117,7 +119,9 @@ async def test_a_new_projector_catches_up_on_every_campaign_and_the_others_apply
     assert stats.swept_at is not None
     assert not stats.catching_up
     # The engine caught it up (S30), run by the worker: its build is recorded complete.
-    build = await pool.fetchrow("SELECT kind, state FROM outbox.outbox_builds")
+    build = await pool.fetchrow(
+        "SELECT kind, state FROM outbox.outbox_builds WHERE projector = 'stats'"
+    )
     assert build is not None
     assert tuple(build) == ("catch-up", "complete")
     heads = await pool.fetch(
@@ -292,6 +296,45 @@ async def test_a_dormant_campaign_the_engine_cannot_apply_is_left_to_the_workers
     assert await sums(pool, "roster") == expected
     assert await pool.fetchval("SELECT count(*) FROM outbox.projection_holds") == 0
     assert not (await progress(pool, "stats")).catching_up
+
+
+@pytest.mark.usefixtures("table")
+async def test_a_pause_stops_the_engines_catch_up_and_a_resume_finishes_it(
+    pool: db.Pool, dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A projector paused while the engine catches it up: the step in flight rolls back, the
+    build stops, the drain ends without it; resumed, the next drain finishes it exactly."""
+    monkeypatch.setattr(catch_ups, "RETRY", 0.01)
+    _, _, expected = await dormant(pool, dsn, "p", 8, seed=63)
+    entered, paused = anyio.Event(), list[bool]()
+    new = app_of(dsn, "roster")
+
+    async def add(tx: db.Connection, event: StoredEvent) -> None:
+        if not paused:  # the first step waits here until the pause cancels it
+            entered.set()
+            await anyio.sleep_forever()
+        await tx.execute(ADD, "stats", event.campaign_id, event.payload["n"])
+
+    new.projector("stats", events=["add"], start="beginning")(add)
+    await record(pool, new.registry, "deploy")
+    with anyio.fail_after(60):  # unpaused, the step would wait for ever
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(Worker(new, pool).drain)
+            await entered.wait()
+            await pause(pool, "stats", actor="test", reason="mid-build")
+            # The drain ends: the watcher saw the pause and stopped the build.
+    assert await sums(pool, "stats") == Counter()
+    build = await pool.fetchrow(
+        "SELECT kind, state FROM outbox.outbox_builds WHERE projector = 'stats'"
+    )
+    assert build is not None
+    assert tuple(build) == ("catch-up", "stopped")
+    assert (await progress(pool, "stats")).swept_at is None
+    paused.append(True)
+    await resume(pool, "stats", actor="test", reason="fixed")
+    await Worker(new, pool).drain()
+    assert await sums(pool, "stats") == expected
+    assert (await progress(pool, "stats")).swept_at is not None
 
 
 @pytest.mark.usefixtures("table")
