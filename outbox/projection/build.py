@@ -138,7 +138,7 @@ async def build(
             if not state.resumed:
                 parts = {}
             walk = _Walk(pool, projector, state, Throttle(max_rate), progress, parts, kind)
-            walk.leave_queued = leave_queued and kind == "catch-up"
+            walk.leave_queued = leave_queued and kind == "catch-up"  # never in place
             return await walk.run(whole, connections)
         finally:
             with anyio.CancelScope(shield=True), contextlib.suppress(Exception):

@@ -9,8 +9,8 @@ over (resumed from the checkpoints and the record) when its builder is gone. The
 to the live path by itself (`LivePace`) and runs on a small pool of its own, so the claim loops
 keep their connections. A build that walked every bucket marks the projector's sweep done;
 a campaign it left where its checkpoint stands (a failing event) has a catch-up hold, which
-the workers' batches take on (S24). A service runs this beside its claim loops; a drain runs
-it to the end first.
+the workers' batches take on (S24). A service runs this beside its claim loops; a drain too,
+and waits for its end before it takes what it left and returns.
 
 It owns when and where a worker runs the engine; the engine owns the walk.
 """
@@ -64,8 +64,7 @@ class CatchUps:
     settings: Settings
     projectors: dict[str, Projector]
     done: set[str] = field(default_factory=set)
-    # Whether a run is under way (`launch`), and its end, which a drain waits for.
-    running: bool = field(default=False, init=False)
+    # The end of the run `launch` started (a drain waits for it); None: none started.
     _ended: anyio.Event | None = field(default=None, init=False, repr=False)
 
     @classmethod
@@ -85,6 +84,11 @@ class CatchUps:
     def pending(self) -> bool:
         return len(self.done) < len(self.projectors)
 
+    @property
+    def running(self) -> bool:
+        """Whether the run `launch` started is under way."""
+        return self._ended is not None and not self._ended.is_set()
+
     async def unswept(self, executor: db.Executor) -> list[Projector]:
         """Those to catch up now, as the record says: not caught up, not superseded (S29),
         not paused (a paused one waits for its resume)."""
@@ -95,15 +99,13 @@ class CatchUps:
 
     def launch(self, tasks: TaskGroup, pool: db.Pool, *, until_done: bool) -> None:
         """Run the catch-ups in `tasks` (`running` from now on)."""
-        self.running, self._ended = True, anyio.Event()
+        ended = self._ended = anyio.Event()
 
         async def run() -> None:
             try:
                 await self.run(pool, until_done=until_done)
             finally:
-                self.running = False
-                if self._ended is not None:
-                    self._ended.set()
+                ended.set()
 
         tasks.start_soon(run)
 
@@ -170,12 +172,10 @@ class CatchUps:
         try:
             async with anyio.create_task_group() as tasks:
 
-                async def watch() -> None:
+                async def watch() -> None:  # the record, polled: no event says it changed
                     while True:
                         await anyio.sleep(RETRY)
-                        async with db.acquire(pool) as conn:
-                            rows = await conn.fetch(Q.list_unswept, [projector.name])
-                        if not rows or rows[0]["paused"]:
+                        if projector not in await self.unswept(pool):
                             tasks.cancel_scope.cancel()
                             return
 

@@ -189,6 +189,9 @@ class Service:
                 until_idle=self.config.until_idle,
                 wait_out_backoff=self.config.wait_out_backoff,
             )
+            wait = await self._due_in() if step is Step.DUE and not elastic else None
+            if step is Step.DUE and wait is None:
+                step = Step.END  # what is left never comes due by itself: dead or blocked rows
             if step is Step.END and self.worker.catch_ups.running:
                 await self.worker.catch_ups.wait()  # a drain: then the holds it left, if any
                 continue
@@ -196,13 +199,7 @@ class Service:
                 return
             if backlog(counts, batch_size=settings.batch_size):
                 self.loops.grow()
-            if step is Step.DUE:
-                wait = await self._due_in()
-                if wait is None and self.worker.catch_ups.running:
-                    await self.worker.catch_ups.wait()  # a drain: then the holds it left
-                    continue
-                if wait is None:
-                    return  # what is left never comes due by itself: dead or blocked rows
+            if wait is not None:  # Step.DUE
                 await self._pause(wait)
             elif step is Step.RECHECK:
                 await self._pause(RECHECK_DELAY)
