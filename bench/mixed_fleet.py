@@ -1,11 +1,14 @@
 #!/usr/bin/env python3
 """A mixed fleet: each projector's append commit -> applied, beside the same projector alone.
 
-Usage: python bench/mixed_fleet.py [--rate 200] [--seconds 10]
+Usage: python bench/mixed_fleet.py [--rate 200] [--seconds 10] [--grouped visible]
 A team runs a Python service's projector (`visible`, a batch projector: `_apps:visible`) and a
 SQL projector (`visible_sql`: `_apps:mixed_sql`), each on workers of its own. A paced producer
 appends one-event appends over 1,000 campaigns at `rate` events/s, three times, each on a fresh
-database: the Python worker alone, the SQL worker alone, then both workers at once. An event's
+database: the Python worker alone, the SQL worker alone, then both workers at once, the
+`--grouped` one's in a worker group of its own (S35: `--group`; default `visible`, the other in
+the default group, whose SQL batches run in one call; `none`: both in the default group, as
+before groups). An event's
 latency per projector is the commit timestamp of its row in the projector's table minus the
 commit timestamp of its append (track_commit_timestamp). Prints each projector's p50/p95/p99
 alone and in the mixed fleet, the mixed/alone ratio of the p50s (issue 58's bar: 1.5x), and
@@ -43,11 +46,15 @@ TABLES = {"visible": "bench_visible", "visible_sql": "bench_visible_sql"}
 APPS = {"visible": "_apps:visible", "visible_sql": "_apps:mixed_sql"}
 
 
+GROUPS = {"visible": "python", "visible_sql": "sql"}
+
+
 async def run(
-    rate: int, seconds: float, projectors: list[str]
+    rate: int, seconds: float, projectors: list[str], grouped: str = "none"
 ) -> tuple[dict[str, dict[str, float]], float]:
-    """`projectors` each on a worker of its own (2 loops) under the paced appends; each one's
-    latency, and the holds written per event appended."""
+    """`projectors` each on a worker of its own (2 loops) under the paced appends, `grouped`'s
+    in a worker group of its own; each one's latency, and the holds written per event
+    appended."""
     total = int(rate * seconds)
     async with bench_database(commit_timestamps=True) as dsn:
         conn = await asyncpg.connect(dsn)
@@ -56,7 +63,12 @@ async def run(
         pool = await asyncpg.create_pool(dsn, min_size=8, max_size=16)
         settings = Settings(dsn=dsn)
         workers = [
-            start([str(WORKER), "--app", APPS[p], "--concurrency", "2"], dsn) for p in projectors
+            start(
+                [str(WORKER), "--app", APPS[p], "--concurrency", "2"]
+                + (["--group", GROUPS[p]] if p == grouped else []),
+                dsn,
+            )
+            for p in projectors
         ]
         try:
             await asyncio.sleep(2)  # connected and listening (a bench may wait; tests never)
@@ -85,10 +97,12 @@ async def run(
             await conn.close()
 
 
-async def main(rate: int, seconds: float) -> None:
+async def main(rate: int, seconds: float, grouped: str) -> None:
     alone = {p: (await run(rate, seconds, [p]))[0][p] for p in TABLES}
-    mixed, holds = await run(rate, seconds, list(TABLES))
+    mixed, holds = await run(rate, seconds, list(TABLES), grouped)
     print(f"mixed fleet: append commit -> applied at {rate} events/s for {seconds:g}s, durable")
+    if grouped != "none":
+        print(f"  {grouped} in worker group {GROUPS[grouped]!r}, the other in the default group")
     ratios = {}
     for p in TABLES:
         for label, f in (("alone", alone[p]), ("mixed", mixed[p])):
@@ -108,6 +122,7 @@ async def main(rate: int, seconds: float) -> None:
             "mixed": mixed,
             "p50_ratio": ratios,
             "holds_per_event": holds,
+            "grouped": grouped,
         },
     )
 
@@ -116,5 +131,6 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rate", type=int, default=200)
     parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--grouped", choices=[*TABLES, "none"], default="visible")
     args = parser.parse_args()
-    asyncio.run(main(args.rate, args.seconds))
+    asyncio.run(main(args.rate, args.seconds, args.grouped))

@@ -144,7 +144,8 @@ BEGIN
                      FROM unnest(cids, seqs) AS x(c, s)),
             'failed', '[]'::jsonb, 'holds', '[]'::jsonb, 'released', '[]'::jsonb,
             'touched', '[]'::jsonb, 'campaigns', writes, 'checkpoints', moves,
-            'projectors', p_plan -> 'known', 'now', p_plan -> 'now', 'notify', true,
+            'projectors', p_plan -> 'known', 'group', 'default', 'now', p_plan -> 'now',
+            'notify', true,
             'channel', p_plan -> 'channel')) s;
         claimed := cardinality(seqs);
         due := settled.due;
@@ -330,11 +331,20 @@ DECLARE
     ks bigint[];
     hc text[];
     hs bigint[];
+    owing text[];
+    free text[];
 BEGIN
     PERFORM outbox_require_read_committed();
     queued := ARRAY(
         SELECT q.campaign_id FROM projection_apply_campaigns q
         WHERE q.bucket = p_bucket AND q.campaign_id = ANY (p_campaigns)
+    );
+    -- The projector's own holds at seq 0 (a worker group's queue, S35, or a catch-up hold): a
+    -- worker group's batch holds the hold row as a default batch holds the campaign row.
+    owing := ARRAY(
+        SELECT h.campaign_id FROM projection_holds h
+        WHERE h.bucket = p_bucket AND h.campaign_id = ANY (p_campaigns)
+          AND h.projector = p_projector AND h.seq = 0
     );
     -- A probe, not a hold: the rows are locked in a subtransaction rolled back at once, which
     -- lets go of them (the variable keeps what it found). A batch that held one from before
@@ -348,6 +358,13 @@ BEGIN
             ORDER BY q.campaign_id
             FOR UPDATE SKIP LOCKED
         );
+        free := ARRAY(
+            SELECT h.campaign_id FROM projection_holds h
+            WHERE h.bucket = p_bucket AND h.campaign_id = ANY (owing)
+              AND h.projector = p_projector AND h.seq = 0
+            ORDER BY h.campaign_id
+            FOR UPDATE SKIP LOCKED
+        );
         RAISE EXCEPTION USING ERRCODE = 'OB900';  -- never escapes: the probe's end
     EXCEPTION WHEN SQLSTATE 'OB900' THEN
         NULL;
@@ -358,6 +375,7 @@ BEGIN
         WHERE k.bucket = p_bucket AND k.campaign_id = ANY (p_campaigns)
           AND k.projector = p_projector
           AND (NOT k.campaign_id = ANY (queued) OR k.campaign_id = ANY (taken))
+          AND (NOT k.campaign_id = ANY (owing) OR k.campaign_id = ANY (free))
         ORDER BY k.campaign_id
         FOR UPDATE SKIP LOCKED
     );
@@ -480,7 +498,8 @@ BEGIN
         SELECT jsonb_agg(jsonb_build_object(
                    'projector', h.projector, 'seq', h.seq, 'status', h.status,
                    'attempts', h.attempt_count, 'next', h.next_attempt_at,
-                   'due', h.status <> 'dead' AND h.next_attempt_at <= v_now)
+                   'due', h.status <> 'dead' AND h.next_attempt_at <= v_now,
+                   'from', h.from_seq)
                    ORDER BY h.projector, h.seq)::text AS holds
         FROM projection_holds h
         WHERE h.bucket = outbox_bucket_in(p_bucket, p.campaign_id)
@@ -508,11 +527,72 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION outbox.outbox_claim_holds(p_projectors text[], p_limit integer, p_now timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS TABLE(campaign_id text, due boolean, first_seq bigint, last_seq bigint, projectors text[], applied_seqs bigint[], holds text, seq bigint, status text, attempt_count integer, next_attempt_at timestamp with time zone, lease_owner text, claim_epoch bigint, event_type text, payload text, metadata text, recorded_at timestamp with time zone, version integer)
+    LANGUAGE plpgsql
+    SET search_path TO 'outbox', 'pg_temp'
+    SET enable_seqscan TO 'off'
+    SET plan_cache_mode TO 'force_generic_plan'
+    SET jit TO 'off'
+    AS $$
+#variable_conflict use_column
+DECLARE
+    taken jsonb;
+    ids text[];
+    v_now timestamptz := coalesce(p_now, statement_timestamp());
+BEGIN
+    SELECT jsonb_agg(jsonb_build_object(
+               'campaign_id', x.campaign_id, 'projector', x.projector, 'seq', x.seq,
+               'status', x.status, 'attempts', x.attempt_count, 'next', x.next_attempt_at,
+               'due', true, 'from', x.from_seq)),
+           array_agg(DISTINCT x.campaign_id)
+    INTO taken, ids
+    FROM (
+        SELECT h.*
+        FROM unnest(p_projectors) AS p(name)
+        CROSS JOIN LATERAL (
+            SELECT h.campaign_id, h.projector, h.seq, h.status, h.attempt_count,
+                   h.next_attempt_at, h.from_seq
+            FROM projection_holds h
+            WHERE h.projector = p.name AND h.status <> 'dead' AND h.next_attempt_at <= v_now
+            ORDER BY h.next_attempt_at
+            LIMIT p_limit
+            FOR UPDATE SKIP LOCKED
+        ) h
+    ) x;
+    IF ids IS NULL THEN
+        RETURN;
+    END IF;
+    RETURN QUERY
+    SELECT t.campaign_id, NULL::boolean, NULL::bigint, NULL::bigint, k.projectors,
+           k.applied_seqs, hd.holds, NULL::bigint, NULL::text, NULL::integer,
+           NULL::timestamptz, NULL::text, NULL::bigint, NULL::text, NULL::text, NULL::text,
+           NULL::timestamptz, NULL::integer
+    FROM unnest(ids) AS t(campaign_id)
+    CROSS JOIN LATERAL (
+        SELECT jsonb_agg(c.value - 'campaign_id' ORDER BY c.value ->> 'projector')::text AS holds
+        FROM jsonb_array_elements(taken) AS c(value)
+        WHERE c.value ->> 'campaign_id' = t.campaign_id
+    ) hd
+    LEFT JOIN (
+        SELECT c.campaign_id, array_agg(c.projector) AS projectors,
+               array_agg(c.applied_seq) AS applied_seqs
+        FROM outbox_lock_checkpoints(-1, ids, p_projectors) c
+        GROUP BY c.campaign_id
+    ) k ON k.campaign_id = t.campaign_id
+    ORDER BY t.campaign_id;
+END
+$$;
+
 CREATE FUNCTION outbox.outbox_claim_plain(p_bucket integer, p_campaigns integer, p_budget integer, p_ordered text[], p_starts_now text[], p_known_types text[], p_now timestamp with time zone, p_take text, OUT campaign_ids text[], OUT seqs bigint[], OUT event_types text[], OUT last_seqs bigint[], OUT why text) RETURNS record
     LANGUAGE plpgsql
     SET search_path TO 'outbox', 'pg_temp'
     SET plan_cache_mode TO 'force_generic_plan'
     AS $$
+DECLARE
+    -- The projectors other worker groups serve (S35): their holds are their groups' queue,
+    -- nothing this batch owes or waits for.
+    others text[] := ARRAY(
+        SELECT g.projector FROM outbox_projectors g WHERE g.group_name <> 'default');
 BEGIN
     SELECT coalesce(array_agg(c.campaign_id ORDER BY c.ord), '{}'),
            coalesce(array_agg(c.seq ORDER BY c.ord), '{}'),
@@ -522,7 +602,10 @@ BEGIN
     INTO campaign_ids, seqs, event_types, last_seqs, why
     FROM (
         SELECT x.campaign_id, x.seq, x.event_type, x.last_seq, x.ord, CASE
-            WHEN x.seq IS NULL OR x.holds IS NOT NULL OR NOT x.due
+            WHEN x.seq IS NULL OR NOT x.due
+              OR (x.holds IS NOT NULL AND EXISTS (
+                  SELECT 1 FROM jsonb_array_elements(x.holds::jsonb) AS h(value)
+                  WHERE NOT (h.value ->> 'projector') = ANY (others)))
               OR x.status NOT IN ('pending', 'failed') OR x.event_type IS NULL
               OR NOT x.event_type = ANY (p_known_types)
                 THEN format('not a plain batch: campaign %s seq %s', x.campaign_id, x.seq)
@@ -980,6 +1063,51 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION outbox.outbox_owe_groups(p_bucket integer, p_campaign_id text, p_first bigint, p_events jsonb) RETURNS void
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'outbox', 'pg_temp'
+    SET enable_seqscan TO 'off'
+    SET plan_cache_mode TO 'force_generic_plan'
+    SET jit TO 'off'
+    AS $$
+DECLARE
+    v_group text;
+    v_now timestamptz := clock_timestamp();
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM outbox_projectors g WHERE g.group_name <> 'default') THEN
+        RETURN;
+    END IF;
+    FOR v_group IN
+        WITH owed AS (
+            INSERT INTO projection_holds AS h (bucket, campaign_id, projector, seq, status,
+                                               next_attempt_at, created_at, updated_at,
+                                               from_seq)
+            SELECT p_bucket, p_campaign_id, g.projector, 0, 'pending', v_now, v_now, v_now,
+                   p_first
+            FROM outbox_projectors g
+            WHERE g.group_name <> 'default'
+              AND g.events && ARRAY(SELECT e.value ->> 0
+                                    FROM jsonb_array_elements(p_events) AS e(value))
+              AND NOT EXISTS (  -- a version promoted past is owed nothing (S29)
+                  SELECT 1 FROM outbox_projector_live l
+                  WHERE l.projector = g.base AND l.version > g.version)
+              AND NOT EXISTS (
+                  SELECT 1 FROM projection_holds x
+                  WHERE x.bucket = p_bucket AND x.campaign_id = p_campaign_id
+                    AND x.projector = g.projector)
+            ORDER BY g.projector
+            ON CONFLICT DO NOTHING
+            RETURNING h.projector
+        )
+        SELECT DISTINCT g.group_name
+        FROM outbox_projectors g
+        WHERE g.projector IN (SELECT o.projector FROM owed o)
+    LOOP
+        PERFORM pg_notify(current_schema() || '.outbox_group', v_group);
+    END LOOP;
+END
+$$;
+
 CREATE FUNCTION outbox.outbox_plans_for_citus() RETURNS integer
     LANGUAGE plpgsql
     SET search_path TO 'outbox', 'pg_temp'
@@ -1281,7 +1409,7 @@ CREATE FUNCTION outbox.outbox_settle(p_bucket integer, p_batch jsonb, OUT due bi
     SET enable_seqscan TO 'off'
     SET plan_cache_mode TO 'force_generic_plan'
     SET jit TO 'off'
-    AS $$
+    AS $_$
 #variable_conflict use_column
 DECLARE
     held text[] := '{}';
@@ -1296,6 +1424,9 @@ DECLARE
     campaigns jsonb := '[]';
     m record;
     v_bucket integer;  -- the bucket of the campaign at hand (`outbox_bucket_in`)
+    released jsonb := coalesce(p_batch -> 'released', '[]');
+    owed jsonb;
+    heads text[];
 BEGIN
     IF ran THEN
         PERFORM outbox_lock_versions(false);
@@ -1307,6 +1438,7 @@ BEGIN
         -- or held work for; the batch runs again without it.
         SELECT string_agg(k.projector, ', ' ORDER BY k.projector) FILTER (
                    WHERE p_batch ? 'projectors' AND p.transactional AND k.state <> 'superseded'
+                     AND (NOT p_batch ? 'group' OR p.group_name = p_batch ->> 'group')
                      AND NOT k.projector = ANY (
                          ARRAY(SELECT jsonb_array_elements_text(p_batch -> 'projectors')))),
                string_agg(k.projector, ', ' ORDER BY k.projector) FILTER (
@@ -1356,9 +1488,38 @@ BEGIN
         INTO campaigns
         FROM jsonb_array_elements(p_batch -> 'campaigns') WITH ORDINALITY AS c(value, ord);
     END IF;
-    IF jsonb_array_length(coalesce(p_batch -> 'released', '[]')) > 0 THEN
+    IF released @? '$[*].upto' THEN
+        -- A group's holds its batch took to the journal's end (S35): an append holds a head
+        -- it skips, or one committed before it held the head, is owed too. Those stay, due
+        -- now, at the event after `upto`; an append that comes later finds none and writes one.
+        SELECT coalesce(array_agg(h.campaign_id), '{}') INTO heads
+        FROM outbox_lock_heads(p_bucket, ARRAY(
+            SELECT DISTINCT r.campaign_id
+            FROM jsonb_to_recordset(released) AS r(campaign_id text, upto bigint)
+            WHERE r.upto IS NOT NULL)) h;
+        SELECT coalesce(jsonb_agg(r.value) FILTER (WHERE r.owed), '[]'),
+               coalesce(jsonb_agg(r.value) FILTER (WHERE NOT r.owed), '[]')
+        INTO owed, released
+        FROM (
+            SELECT e.value, e.value ? 'upto' AND (
+                       NOT (e.value ->> 'campaign_id') = ANY (heads) OR EXISTS (
+                           SELECT 1 FROM event_journal j
+                           WHERE j.bucket = outbox_bucket_in(p_bucket, e.value ->> 'campaign_id')
+                             AND j.campaign_id = e.value ->> 'campaign_id'
+                             AND j.seq > (e.value ->> 'upto')::bigint)) AS owed
+            FROM jsonb_array_elements(released) AS e(value)
+        ) r;
+        UPDATE projection_holds h
+        SET status = 'pending', attempt_count = 0, next_attempt_at = v_now, last_error = NULL,
+            from_seq = r.upto + 1, updated_at = v_now
+        FROM jsonb_to_recordset(owed) AS r(campaign_id text, projector text, seq bigint,
+                                           upto bigint)
+        WHERE h.bucket = outbox_bucket_in(p_bucket, r.campaign_id)
+          AND h.campaign_id = r.campaign_id AND h.projector = r.projector AND h.seq = r.seq;
+    END IF;
+    IF jsonb_array_length(released) > 0 THEN
         DELETE FROM projection_holds h
-        USING jsonb_to_recordset(p_batch -> 'released')
+        USING jsonb_to_recordset(released)
             AS r(campaign_id text, projector text, seq bigint)
         WHERE h.bucket = outbox_bucket_in(p_bucket, r.campaign_id)
           AND h.campaign_id = r.campaign_id AND h.projector = r.projector AND h.seq = r.seq;
@@ -1366,10 +1527,10 @@ BEGIN
     IF jsonb_array_length(coalesce(p_batch -> 'holds', '[]')) > 0 THEN
         FOR m IN
             SELECT x.campaign_id, x.projector, x.seq, x.status, x.attempts, x.error,
-                   x.event_type, v_now + make_interval(secs => x.delay) AS next
+                   x.event_type, v_now + make_interval(secs => x.delay) AS next, x."from"
             FROM jsonb_to_recordset(p_batch -> 'holds')
                 AS x(campaign_id text, projector text, seq bigint, status text, attempts integer,
-                     delay double precision, error text, event_type text)
+                     delay double precision, error text, event_type text, "from" bigint)
             ORDER BY x.campaign_id, x.projector, x.seq
         LOOP
             v_bucket := outbox_bucket_in(p_bucket, m.campaign_id);
@@ -1391,21 +1552,22 @@ BEGIN
             END IF;
             INSERT INTO projection_holds AS h (bucket, campaign_id, projector, seq, status,
                                                attempt_count, next_attempt_at, last_error,
-                                               created_at, updated_at)
+                                               created_at, updated_at, from_seq)
             VALUES (v_bucket, m.campaign_id, m.projector, m.seq, m.status, m.attempts, m.next,
-                    m.error, v_now, v_now)
+                    m.error, v_now, v_now, m."from")
             ON CONFLICT (bucket, campaign_id, projector, seq) DO UPDATE
             SET status = excluded.status, attempt_count = excluded.attempt_count,
                 next_attempt_at = excluded.next_attempt_at,
                 last_error = coalesce(excluded.last_error, h.last_error),
-                updated_at = excluded.updated_at;
+                updated_at = excluded.updated_at,
+                from_seq = coalesce(excluded.from_seq, h.from_seq);
         END LOOP;
     END IF;
-    IF jsonb_array_length(coalesce(p_batch -> 'released', '[]')) > 0 THEN
+    IF jsonb_array_length(released) > 0 THEN
         -- A row that stood for holds alone goes with the last of them: its other projectors
         -- had applied it.
         DELETE FROM projection_apply_outbox o
-        USING jsonb_to_recordset(p_batch -> 'released')
+        USING jsonb_to_recordset(released)
             AS r(campaign_id text, projector text, seq bigint)
         WHERE o.bucket = outbox_bucket_in(p_bucket, r.campaign_id)
           AND o.campaign_id = r.campaign_id AND o.seq = r.seq AND r.seq > 0
@@ -1552,7 +1714,7 @@ BEGIN
                           CASE WHEN p_bucket >= 0 THEN p_bucket::text ELSE '' END);
     END IF;
 END
-$$;
+$_$;
 
 CREATE FUNCTION outbox.outbox_sweep(p_projector text, p_campaigns integer, p_outstanding integer) RETURNS TABLE(seeded integer, reached integer, swept boolean)
     LANGUAGE plpgsql
@@ -1931,6 +2093,10 @@ BEGIN
         END IF;
     END IF;
 
+    IF enqueue THEN  -- what the worker groups' projectors are owed (S35)
+        PERFORM outbox_owe_groups(b, p_campaign_id, head - n + 1, appended);
+    END IF;
+
     IF p_idempotency_key IS NOT NULL THEN
         UPDATE append_idempotency_keys k
         SET first_seq = head - n + 1, last_seq = head
@@ -2116,6 +2282,7 @@ CREATE TABLE outbox.outbox_projectors (
     version integer GENERATED ALWAYS AS (COALESCE(("substring"(projector, '@v([0-9]+)$'::text))::integer, 1)) STORED NOT NULL,
     definition jsonb,
     fingerprint text,
+    group_name text DEFAULT 'default'::text NOT NULL,
     CONSTRAINT outbox_projectors_start_check CHECK ((start = ANY (ARRAY['beginning'::text, 'now'::text]))),
     CONSTRAINT outbox_projectors_version_check CHECK ((version >= 1))
 );
@@ -2438,6 +2605,7 @@ CREATE TABLE outbox.projection_holds (
     last_error text,
     created_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
     updated_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    from_seq bigint,
     CONSTRAINT projection_holds_bucket_check CHECK ((bucket = outbox.outbox_bucket(campaign_id))),
     CONSTRAINT projection_holds_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'failed'::text, 'dead'::text])))
 );
@@ -2554,6 +2722,8 @@ CREATE INDEX append_idempotency_keys_expires_at_idx ON outbox.append_idempotency
 
 CREATE INDEX consumer_claims_bucket_idx ON outbox.consumer_claims USING btree (bucket);
 
+CREATE INDEX outbox_projectors_grouped_idx ON outbox.outbox_projectors USING btree (projector) WHERE (group_name <> 'default'::text);
+
 CREATE INDEX outbox_requeue_audit_at_idx ON outbox.outbox_requeue_audit USING btree (at);
 
 CREATE INDEX outbox_workers_heartbeat_at_idx ON outbox.outbox_workers USING btree (heartbeat_at);
@@ -2593,6 +2763,8 @@ CREATE INDEX projection_apply_outbox_2_bucket_campaign_id_seq_status_idx ON outb
 CREATE INDEX projection_apply_outbox_2_bucket_next_attempt_at_seq_idx ON outbox.projection_apply_outbox_2 USING btree (bucket, next_attempt_at, seq) WHERE (status = ANY (ARRAY['pending'::text, 'failed'::text]));
 
 CREATE INDEX projection_checkpoint_keys_projector_idx ON outbox.projection_checkpoint_keys USING btree (projector);
+
+CREATE INDEX projection_holds_due_idx ON outbox.projection_holds USING btree (projector, next_attempt_at) WHERE (status <> 'dead'::text);
 
 CREATE INDEX projection_holds_projector_idx ON outbox.projection_holds USING btree (projector, status);
 

@@ -54,6 +54,67 @@ BEGIN
 END
 $$;
 
+-- What the projectors of worker groups other than the default one (S35) are owed by an append
+-- of `p_events` (the append's stored form: [type, payload, metadata, ...]) to campaign
+-- `p_campaign_id` (bucket `p_bucket`) from seq `p_first`: each such projector subscribed to an
+-- appended type gets its hold, its group's queue, on the campaign where it has none (seq 0,
+-- `from_seq` the first event it owes), and its group's workers are woken (the payload names
+-- the group). The append calls it holding the campaign's head, so two appends never both
+-- write one, and a group's batch releases one only under the head (`outbox_settle`). In an
+-- install without groups, one probe of an empty index range. SECURITY DEFINER (its path
+-- pinned): an appender's role reads no projector record and writes no hold
+-- (docs/operations.md), and it does nothing a caller could choose but for whom.
+CREATE OR REPLACE FUNCTION outbox_owe_groups(
+    p_bucket integer,
+    p_campaign_id text,
+    p_first bigint,
+    p_events jsonb
+) RETURNS void
+LANGUAGE plpgsql VOLATILE
+SECURITY DEFINER
+SET search_path FROM CURRENT
+SET enable_seqscan = off
+SET plan_cache_mode = force_generic_plan
+SET jit = off
+AS $$
+DECLARE
+    v_group text;
+    v_now timestamptz := clock_timestamp();
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM outbox_projectors g WHERE g.group_name <> 'default') THEN
+        RETURN;
+    END IF;
+    FOR v_group IN
+        WITH owed AS (
+            INSERT INTO projection_holds AS h (bucket, campaign_id, projector, seq, status,
+                                               next_attempt_at, created_at, updated_at,
+                                               from_seq)
+            SELECT p_bucket, p_campaign_id, g.projector, 0, 'pending', v_now, v_now, v_now,
+                   p_first
+            FROM outbox_projectors g
+            WHERE g.group_name <> 'default'
+              AND g.events && ARRAY(SELECT e.value ->> 0
+                                    FROM jsonb_array_elements(p_events) AS e(value))
+              AND NOT EXISTS (  -- a version promoted past is owed nothing (S29)
+                  SELECT 1 FROM outbox_projector_live l
+                  WHERE l.projector = g.base AND l.version > g.version)
+              AND NOT EXISTS (
+                  SELECT 1 FROM projection_holds x
+                  WHERE x.bucket = p_bucket AND x.campaign_id = p_campaign_id
+                    AND x.projector = g.projector)
+            ORDER BY g.projector
+            ON CONFLICT DO NOTHING
+            RETURNING h.projector
+        )
+        SELECT DISTINCT g.group_name
+        FROM outbox_projectors g
+        WHERE g.projector IN (SELECT o.projector FROM owed o)
+    LOOP
+        PERFORM pg_notify(current_schema() || '.outbox_group', v_group);
+    END LOOP;
+END
+$$;
+
 CREATE OR REPLACE FUNCTION outbox_try_append(
     p_campaign_id text,
     p_events jsonb,
@@ -340,6 +401,10 @@ BEGIN
                 PERFORM pg_notify(current_schema() || '.outbox_work', b::text);
             END IF;
         END IF;
+    END IF;
+
+    IF enqueue THEN  -- what the worker groups' projectors are owed (S35)
+        PERFORM outbox_owe_groups(b, p_campaign_id, head - n + 1, appended);
     END IF;
 
     IF p_idempotency_key IS NOT NULL THEN

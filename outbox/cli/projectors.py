@@ -115,8 +115,9 @@ def projector_pauses_command(dsn: DsnOption = None, as_json: JsonOption = False)
 @app.command("projectors")
 def projectors_command(dsn: DsnOption = None, as_json: JsonOption = False) -> None:
     """The projectors the database knows: recorded by the workers that run them (their types,
-    ordered or not, the fingerprint of their definition, when first and last seen, by which
-    worker), until retired; each version with its state (live, building, superseded)."""
+    ordered or not, the worker group that serves them (S35), the fingerprint of their
+    definition, when first and last seen, by which worker), until retired; each version with
+    its state (live, building, superseded)."""
     found = pool_run(dsn, list_projectors)
     if as_json:
         emit_json("projectors", {"projectors": found})
@@ -129,6 +130,7 @@ def projectors_command(dsn: DsnOption = None, as_json: JsonOption = False) -> No
         "ordered",
         "transactional",
         "start",
+        "group",
         "fingerprint",
         "first seen",
         "last seen",
@@ -145,6 +147,7 @@ def projectors_command(dsn: DsnOption = None, as_json: JsonOption = False) -> No
             "yes" if p.ordered else "no",
             "yes" if p.transactional else "no (lease)",
             p.start,
+            p.group,
             p.fingerprint or "-",
             when(p.first_seen_at),
             when(p.last_seen_at),

@@ -100,6 +100,25 @@ def _parse_schema(raw: str) -> str:
     return check_schema_name(raw.strip())
 
 
+# A worker group's name (S35): the same plain identifier, so that it reads the same in a
+# setting, the record and a NOTIFY's payload.
+DEFAULT_GROUP = "default"
+
+
+def check_group_name(name: object) -> str:
+    """`name` if a worker group may be called so; else ValueError."""
+    if not isinstance(name, str) or not SCHEMA_NAME.fullmatch(name):
+        raise ValueError(
+            "expected a lower-case identifier of at most 48 characters (a-z, 0-9, _; not "
+            "starting with a digit)"
+        )
+    return name
+
+
+def _parse_group(raw: str) -> str:
+    return check_group_name(raw.strip())
+
+
 @dataclass(frozen=True, slots=True)
 class FieldSpec:
     """How one setting is read and checked; also the source of the docs' configuration table."""
@@ -147,6 +166,8 @@ class FieldSpec:
             raise ValueError(f"expected one of {'/'.join(self.choices)}")
         if self.parse is _parse_schema:
             check_schema_name(value)
+        if self.parse is _parse_group:
+            check_group_name(value)
         if self.parse is parse_bool and not isinstance(value, bool):
             raise ValueError("expected a boolean")
         if self.parse in (_parse_int, _parse_float):
@@ -229,6 +250,13 @@ FIELDS: dict[str, FieldSpec] = {
         "background work (catch-ups, hold-only campaigns; S25): `share` (appends first, then "
         "the rest), `only` (a catch-up worker: nothing else), `never` (appends' work alone)",
         choices=("share", "only", "never"),
+    ),
+    "group": FieldSpec(
+        "OUTBOX_GROUP",
+        _parse_group,
+        "the worker group this worker serves its projectors in (S35): `default` claims the "
+        "work rows; any other name serves its projectors' own queue, written by the append, "
+        "so that a group's projectors keep their latency beside another group's",
     ),
     "dead_policy": FieldSpec(
         "OUTBOX_DEAD_POLICY",

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from outbox.config.fields import DSN_SCHEMES, FIELDS, SESSION_TIMEOUTS, shorten
+from outbox.config.fields import DEFAULT_GROUP, DSN_SCHEMES, FIELDS, SESSION_TIMEOUTS, shorten
 from outbox.errors import ConfigError
 from outbox.model import Background, DeadPolicy, Ordering, Unsubscribed, WorkerMode
 from outbox.redact import redact_dsn
@@ -53,6 +53,7 @@ class Settings:
     ordering: Ordering = "campaign"
     dead_policy: DeadPolicy = "block"
     background: Background = "share"
+    group: str = DEFAULT_GROUP
     unsubscribed: Unsubscribed = "skip"
     append_key_ttl: int = 86_400
     lease_seconds: float = 120.0
@@ -104,6 +105,12 @@ class Settings:
     def park(self) -> bool:
         """Whether a dead row steps aside (`park`) rather than block its campaign."""
         return self.dead_policy == "park"
+
+    @property
+    def grouped(self) -> bool:
+        """Whether the worker serves a group of its own (S35): its projectors' holds, not the
+        work rows."""
+        return self.group != DEFAULT_GROUP
 
     @property
     def ordered(self) -> bool:

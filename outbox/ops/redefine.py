@@ -17,7 +17,6 @@ from outbox.errors import NotFound, ValidationError
 from outbox.ops.requeue import current_actor
 from outbox.ops.versions import check_version
 from outbox.projection import known
-from outbox.projection.definition import definition, fingerprint
 from outbox.projection.registry import track_name
 
 if TYPE_CHECKING:
@@ -70,4 +69,5 @@ async def redefine_projector(
         raise NotFound(
             f"projector {key!r} is not recorded: a worker records its definition as it starts"
         )
-    return Redefined(key, [c.describe() for c in found], fingerprint(definition(registered)))
+    recorded = await known.require_recorded(executor, key)
+    return Redefined(key, [c.describe() for c in found], recorded.fingerprint or "")

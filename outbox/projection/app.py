@@ -76,6 +76,7 @@ class Outbox:
         """The projectors this process runs now: the app's, less the versions superseded by a
         promoted one (S29) and those an operator redefined since it started (S33)."""
         registry = await self.superseded.registry(conn, self.registry)
+        self.absent.group = self.settings.group  # settings may be replaced after construction
         return await self.absent.in_force(conn, registry)
 
     def projector(

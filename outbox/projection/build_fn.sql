@@ -71,11 +71,20 @@ DECLARE
     ks bigint[];
     hc text[];
     hs bigint[];
+    owing text[];
+    free text[];
 BEGIN
     PERFORM outbox_require_read_committed();
     queued := ARRAY(
         SELECT q.campaign_id FROM projection_apply_campaigns q
         WHERE q.bucket = p_bucket AND q.campaign_id = ANY (p_campaigns)
+    );
+    -- The projector's own holds at seq 0 (a worker group's queue, S35, or a catch-up hold): a
+    -- worker group's batch holds the hold row as a default batch holds the campaign row.
+    owing := ARRAY(
+        SELECT h.campaign_id FROM projection_holds h
+        WHERE h.bucket = p_bucket AND h.campaign_id = ANY (p_campaigns)
+          AND h.projector = p_projector AND h.seq = 0
     );
     -- A probe, not a hold: the rows are locked in a subtransaction rolled back at once, which
     -- lets go of them (the variable keeps what it found). A batch that held one from before
@@ -89,6 +98,13 @@ BEGIN
             ORDER BY q.campaign_id
             FOR UPDATE SKIP LOCKED
         );
+        free := ARRAY(
+            SELECT h.campaign_id FROM projection_holds h
+            WHERE h.bucket = p_bucket AND h.campaign_id = ANY (owing)
+              AND h.projector = p_projector AND h.seq = 0
+            ORDER BY h.campaign_id
+            FOR UPDATE SKIP LOCKED
+        );
         RAISE EXCEPTION USING ERRCODE = 'OB900';  -- never escapes: the probe's end
     EXCEPTION WHEN SQLSTATE 'OB900' THEN
         NULL;
@@ -99,6 +115,7 @@ BEGIN
         WHERE k.bucket = p_bucket AND k.campaign_id = ANY (p_campaigns)
           AND k.projector = p_projector
           AND (NOT k.campaign_id = ANY (queued) OR k.campaign_id = ANY (taken))
+          AND (NOT k.campaign_id = ANY (owing) OR k.campaign_id = ANY (free))
         ORDER BY k.campaign_id
         FOR UPDATE SKIP LOCKED
     );

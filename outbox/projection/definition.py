@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from outbox.config.fields import DEFAULT_GROUP
 from outbox.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -41,7 +42,19 @@ __all__ = [
 ]
 
 # The definition's fields, in the order a drift names them.
-FIELDS = ("events", "ordered", "idempotent", "kind", "transactional", "start", "function")
+FIELDS = (
+    "events",
+    "ordered",
+    "idempotent",
+    "kind",
+    "transactional",
+    "start",
+    "function",
+    "group",
+)
+# The worker group that serves a projector (S35) is part of its definition only outside the
+# default group: every record made before groups, and every projector served in the default
+# group, keeps its fingerprint. A record without it is the default group's (DEFAULT_GROUP).
 # The fields a change of which leaves what the projector owes and its guard as they are: where
 # it starts counts once, when it is first recorded (S25); per event, batch and SQL are three
 # ways of calling a transactional projector under the same guard on the same track, and the
@@ -55,15 +68,15 @@ _TRANSACTIONAL_KINDS = frozenset({"event", "batch", "sql"})
 Definition = dict[str, Any]
 
 
-def definition(projector: Projector) -> Definition:
-    """`projector`'s definition, as recorded."""
+def definition(projector: Projector, group: str = DEFAULT_GROUP) -> Definition:
+    """`projector`'s definition, as recorded, served in worker group `group` (S35)."""
     if not projector.transactional:
         kind = "lease"
     elif projector.sql is not None:
         kind = "sql"
     else:
         kind = "batch" if projector.batch else "event"
-    return {
+    found: Definition = {
         "events": sorted(projector.events),
         "ordered": projector.ordered,
         # Markers guard an unordered projector only: an ordered one has its checkpoint.
@@ -73,6 +86,9 @@ def definition(projector: Projector) -> Definition:
         "start": projector.start,
         "function": None if projector.sql is None else f"{projector.sql.function}(jsonb)",
     }
+    if group != DEFAULT_GROUP:
+        found["group"] = group
+    return found
 
 
 def fingerprint(document: Mapping[str, Any]) -> str:
@@ -109,12 +125,17 @@ class Change:
 
 def changes(recorded: Mapping[str, Any], mine: Mapping[str, Any]) -> list[Change]:
     """The fields whose values differ, in `FIELDS` order; a field the record lacks (a record
-    from before definitions) is not compared."""
-    return [
+    from before definitions) is not compared, but for the group, which is the default one
+    where a definition does not name it."""
+    found = [
         Change(name, recorded[name], mine.get(name))
         for name in FIELDS
-        if name in recorded and recorded[name] != mine.get(name)
+        if name != "group" and name in recorded and recorded[name] != mine.get(name)
     ]
+    groups = recorded.get("group", DEFAULT_GROUP), mine.get("group", DEFAULT_GROUP)
+    if groups[0] != groups[1]:
+        found.append(Change("group", *groups))
+    return found
 
 
 class DefinitionDrift(ConfigError):

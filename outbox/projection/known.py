@@ -16,12 +16,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import partial
 from time import monotonic
 from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from outbox import db
+from outbox.config.fields import DEFAULT_GROUP
 from outbox.errors import NotFound
 from outbox.obs import log
 from outbox.projection.definition import (
@@ -100,6 +102,8 @@ class KnownProjector:
     # by a worker of a release before definitions (the fields it kept are `recorded`).
     definition: dict[str, Any] | None = None
     fingerprint: str | None = None
+    # The worker group that serves it (S35).
+    group: str = DEFAULT_GROUP
 
     @property
     def recorded(self) -> dict[str, Any]:
@@ -137,16 +141,20 @@ def _known(r: db.Record) -> KnownProjector:
         r["state"],
         r["definition"],
         r["fingerprint"],
+        r["group_name"],
     )
 
 
-async def record(executor: Executor, registry: Registry, worker_id: str) -> list[str]:
-    """Record `registry`'s projectors as run by `worker_id`; the names seen for the first time.
-    A recorded projector whose definition differs from this worker's refuses the whole record
-    (`DefinitionDrift`, naming each field) and nothing is written."""
+async def record(
+    executor: Executor, registry: Registry, worker_id: str, group: str = DEFAULT_GROUP
+) -> list[str]:
+    """Record `registry`'s projectors as run by `worker_id` in worker group `group` (S35); the
+    names seen for the first time. A recorded projector whose definition differs from this
+    worker's (its group included) refuses the whole record (`DefinitionDrift`, naming each
+    field) and nothing is written."""
     document = []
     for p in registry.projectors.values():
-        mine = definition(p)
+        mine = definition(p, group)
         document.append(
             {
                 "projector": p.name,
@@ -161,36 +169,41 @@ async def record(executor: Executor, registry: Registry, worker_id: str) -> list
     if not document:
         return []
     text = orjson.dumps(document).decode()
+    once = partial(_record_once, executor, text, len(document), registry, worker_id, group)
     for _ in range(RECORD_ATTEMPTS - 1):
         try:
-            return await _record_once(executor, text, len(document), registry, worker_id)
+            return await once()
         except Exception as exc:
             # Two workers recording a new projector at once: the insert that came second met
             # the first's row in the (base, version) key, which ON CONFLICT (its name) does not
             # arbitrate. The first has committed: again, this one finds the record.
             if db.sqlstate_of(exc) != db.UNIQUE_VIOLATION:
                 raise
-    return await _record_once(executor, text, len(document), registry, worker_id)
+    return await once()
 
 
 async def _record_once(
-    executor: Executor, document: str, count: int, registry: Registry, worker_id: str
+    executor: Executor, text: str, count: int, registry: Registry, worker_id: str, group: str
 ) -> list[str]:
     """One try of `record`, in a transaction of its own."""
     async with db.acquire(executor) as conn, conn.transaction():
-        rows = await conn.fetch(Q.record_projectors, document, worker_id)
+        rows = await conn.fetch(Q.record_projectors, text, worker_id)
         if len(rows) < count:  # a recorded definition differs: refuse, write nothing
-            raise drift(list(registry.projectors.values()), await list_known(conn))
+            raise drift(list(registry.projectors.values()), await list_known(conn), group)
     return sorted(r["projector"] for r in rows if r["new"])
 
 
-def drift(projectors: Sequence[Projector], known: Sequence[KnownProjector]) -> DefinitionDrift:
-    """The refusal of code whose `projectors` are defined otherwise than recorded."""
+def drift(
+    projectors: Sequence[Projector], known: Sequence[KnownProjector], group: str | None = None
+) -> DefinitionDrift:
+    """The refusal of code whose `projectors` (served in `group`; None: wherever each is
+    recorded) are defined otherwise than recorded."""
     mine = {p.name: p for p in projectors}
     found: list[tuple[str, int, int, list[Change]]] = []
     for k in known:
         p = mine.get(k.projector)
-        if p is not None and (diff := changes(k.recorded, definition(p))):
+        served = k.group if group is None else group
+        if p is not None and (diff := changes(k.recorded, definition(p, served))):
             versions = [x.version for x in known if x.base == k.base]
             versions += [x.version for x in projectors if x.base == k.base]
             found.append((k.projector, k.version, max(versions) + 1, diff))
@@ -199,8 +212,9 @@ def drift(projectors: Sequence[Projector], known: Sequence[KnownProjector]) -> D
 
 async def check_recorded(executor: Executor, projectors: Sequence[Projector]) -> None:
     """Refuse (`DefinitionDrift`) `projectors` whose recorded definition differs from theirs:
-    a build or a rebuild applies what the record says a projector owes, under its guard. One
-    not recorded yet passes (a version built before any worker runs it)."""
+    a build or a rebuild applies what the record says a projector owes, under its guard,
+    whichever worker group serves it (S35). One not recorded yet passes (a version built
+    before any worker runs it)."""
     known = await list_known(executor)
     refusal = drift(projectors, known)
     if refusal.drifts:
@@ -221,7 +235,7 @@ async def redefine(
         if row["definition"] is None
         else row["definition"]
     )
-    mine = definition(projector)
+    mine = definition(projector, row["group_name"])  # a group changes by a version alone
     found = check(projector.name, recorded, mine)
     if found or row["definition"] is None:
         change = "; ".join(c.describe() for c in found) or "definition recorded"
@@ -306,6 +320,7 @@ class AbsentProjectors:
     recorded (S24), never completed on their behalf. Read at most once per `interval`."""
 
     interval: float
+    group: str = DEFAULT_GROUP  # this applier's worker group (S35): others' are not its own
     known: tuple[KnownProjector, ...] = ()
     _read_at: float = field(default=float("-inf"), repr=False)
     # The registry last asked about, its fingerprints, the names redefined, and the registry
@@ -329,7 +344,9 @@ class AbsentProjectors:
         them no more (logged once each)."""
         await self._read(conn)
         if self._mine is None or self._mine[0] is not registry:
-            mine = {n: fingerprint(definition(p)) for n, p in registry.projectors.items()}
+            mine = {
+                n: fingerprint(definition(p, self.group)) for n, p in registry.projectors.items()
+            }
             self._mine = (registry, mine)
         mine = self._mine[1]
         names = frozenset(
@@ -359,17 +376,24 @@ class AbsentProjectors:
     def running(self, registry: Registry) -> dict[str, str]:
         """What this worker runs of `registry` now, each with its fingerprint: less what an
         operator redefined since it started (the worker registry's `projectors`)."""
-        mine = {n: fingerprint(definition(p)) for n, p in registry.projectors.items()}
+        mine = {n: fingerprint(definition(p, self.group)) for n, p in registry.projectors.items()}
         return {n: f for n, f in mine.items() if n not in self._redefined}
 
     async def of(self, conn: Connection, registry: Registry) -> tuple[KnownProjector, ...]:
-        """The recorded transactional projectors `registry` lacks (lease-mode ones are
-        leased by the workers that run them), superseded versions aside (owed nothing)."""
+        """The recorded transactional projectors of this worker's group that `registry` lacks
+        (lease-mode ones are leased by the workers that run them), superseded versions aside
+        (owed nothing)."""
         await self._read(conn)
         return tuple(
             k
             for k in self.known
             if k.transactional
+            and k.group == self.group
             and k.state != "superseded"
             and k.projector not in registry.projectors
         )
+
+    async def others(self, conn: Connection) -> frozenset[str]:
+        """The projectors recorded in other worker groups (S35): their holds are not its."""
+        await self._read(conn)
+        return frozenset(k.projector for k in self.known if k.group != self.group)

@@ -6,7 +6,8 @@
 -- transactional, start, definition, fingerprint}; by worker $2; the declared name and version
 -- are read off the projector's key by the table): new ones first seen now, known ones
 -- refreshed when their recorded definition is this worker's (S33; a record from before
--- definitions when its types, guard and transactional agree, and the definition is filled in).
+-- definitions when its types, guard and transactional agree, and the definition is filled in;
+-- the worker group that serves it, S35, is part of the definition outside the default group).
 -- A known one whose definition differs is left as it was and does not come back: the caller
 -- refuses the worker and rolls back. A new one that starts at the beginning has its sweep under
 -- way (S25); where a projector starts counts once, when it is first seen. A projector none of
@@ -15,9 +16,10 @@
 WITH recorded AS (
     INSERT INTO @extschema@.outbox_projectors AS p
         (projector, events, ordered, transactional, start, first_seen_at, last_seen_at,
-         last_seen_by, swept_at, definition, fingerprint)
+         last_seen_by, swept_at, definition, fingerprint, group_name)
     SELECT r.projector, r.events, r.ordered, r.transactional, r.start, c.at, c.at, $2::text,
-           CASE WHEN r.start = 'now' THEN c.at END, r.definition, r.fingerprint
+           CASE WHEN r.start = 'now' THEN c.at END, r.definition, r.fingerprint,
+           coalesce(r.definition ->> 'group', 'default')
     FROM jsonb_to_recordset($1::text::jsonb)
         AS r(projector text, events text[], ordered boolean, transactional boolean, start text,
              definition jsonb, fingerprint text),
@@ -28,7 +30,7 @@ WITH recorded AS (
         last_seen_at = excluded.last_seen_at, last_seen_by = excluded.last_seen_by
     WHERE p.definition = excluded.definition
        OR (p.definition IS NULL AND p.events = excluded.events AND p.ordered = excluded.ordered
-           AND p.transactional = excluded.transactional)
+           AND p.transactional = excluded.transactional AND excluded.group_name = 'default')
     RETURNING p.projector, p.base, p.version, p.first_seen_at = p.last_seen_at AS new
 ), live AS (
     INSERT INTO @extschema@.outbox_projector_live (projector, version, promoted_by)
@@ -45,7 +47,7 @@ SELECT projector, new FROM recorded
 -- its definition and fingerprint (S33; NULL: recorded before definitions).
 SELECT p.projector, p.events, p.ordered, p.transactional, p.start, p.first_seen_at,
        p.last_seen_at, p.last_seen_by, s.projector IS NOT NULL AS paused, p.base, p.version,
-       v.state, p.definition, p.fingerprint
+       v.state, p.definition, p.fingerprint, p.group_name
 FROM @extschema@.outbox_projectors p
 JOIN @extschema@.outbox_projector_versions v ON v.projector = p.projector
 LEFT JOIN @extschema@.outbox_projector_pauses s ON s.projector = p.projector
@@ -58,7 +60,7 @@ WITH retired AS (
     DELETE FROM @extschema@.outbox_projectors
     WHERE projector = $1::text
     RETURNING projector, events, ordered, transactional, start, first_seen_at, last_seen_at,
-              last_seen_by, base, version, definition, fingerprint
+              last_seen_by, base, version, definition, fingerprint, group_name
 ), unpaused AS (
     DELETE FROM @extschema@.outbox_projector_pauses
     WHERE projector IN (SELECT projector FROM retired)
@@ -68,7 +70,7 @@ WITH retired AS (
 )
 SELECT r.projector, r.events, r.ordered, r.transactional, r.start, r.first_seen_at,
        r.last_seen_at, r.last_seen_by, false AS paused, r.base, r.version, v.state,
-       r.definition, r.fingerprint
+       r.definition, r.fingerprint, r.group_name
 FROM retired r
 JOIN @extschema@.outbox_projector_versions v ON v.projector = r.projector  -- as it was
 
@@ -90,7 +92,8 @@ SELECT count(*) FROM redefined
 
 -- name: lock_projector
 -- Projector $1's record, locked for an operator's change (no row: not recorded).
-SELECT p.projector, p.events, p.ordered, p.transactional, p.definition, p.fingerprint, p.version
+SELECT p.projector, p.events, p.ordered, p.transactional, p.definition, p.fingerprint, p.version,
+       p.group_name
 FROM @extschema@.outbox_projectors p
 WHERE p.projector = $1::text
 FOR UPDATE

@@ -362,3 +362,12 @@ class Registry:
                 f"OUTBOX_DEAD_POLICY=park would skip events that ordered projectors must see "
                 f"({', '.join(ordered)}); use dead_policy=block or ordered=False"
             )
+        others = sorted(
+            p.name for p in self.projectors.values() if not (p.ordered and p.transactional)
+        )
+        if settings.grouped and others:
+            raise ConfigError(
+                f"worker group {settings.group!r} (OUTBOX_GROUP, --group) serves ordered, "
+                f"transactional projectors, each from its checkpoint: {', '.join(others)} "
+                "is not one; run it in the default group"
+            )

@@ -32,8 +32,10 @@ __all__ = [
     "ClaimedCampaign",
     "ClaimedRow",
     "claim",
+    "claim_holds",
     "claim_one",
     "event_batch",
+    "group_due_in",
     "hold_campaign",
     "lock_campaign_rows",
     "lock_heads",
@@ -42,6 +44,8 @@ __all__ = [
 
 class ClaimQueries(Queries):
     claim_batch: str
+    claim_holds: str
+    get_group_due: str
     claim_due_rows: str
     claim_one: str
     lock_heads: str
@@ -156,6 +160,30 @@ async def claim(
         )
     else:
         records = await conn.fetch(Q.claim_due_rows, limit, now, bucket)
+    return _campaigns(records, ordered=ordered)
+
+
+async def claim_holds(
+    conn: Connection, *, projectors: Sequence[str], limit: int, now: datetime | None = None
+) -> list[ClaimedCampaign]:
+    """A worker group's claim (S35): up to `limit` due holds of its `projectors` per projector,
+    each campaign they stand on with no rows and its checkpoints of `projectors` locked; the
+    campaigns sorted by id."""
+    records = await conn.fetch(Q.claim_holds, list(projectors), limit, now)
+    return _campaigns(records, ordered=True)
+
+
+async def group_due_in(
+    conn: Connection, projectors: Sequence[str], *, later: bool = False
+) -> float | None:
+    """Seconds until a hold of `projectors` that is not dead is due (`later`: of those not due
+    yet); None when there is none: a worker group's wait (S35)."""
+    due: float | None = await conn.fetchval(Q.get_group_due, list(projectors), later)
+    return due
+
+
+def _campaigns(records: Sequence[db.Record], *, ordered: bool) -> list[ClaimedCampaign]:
+    """A claim's records as campaigns, each with its rows (decoded in bulk)."""
     rows = iter(_claimed_rows([r for r in records if r["seq"] is not None]))
     claimed: list[ClaimedCampaign] = []
     for r in records:

@@ -25,6 +25,26 @@ SELECT *
 FROM @extschema@.outbox_claim($1::integer, $2::integer, $3::integer, $4::text[], $5::timestamptz,
                               $6::text)
 
+-- name: claim_holds
+-- A worker group's claim (S35): up to $2 due holds of its projectors ($1), with their
+-- campaigns' checkpoints of them locked; $3 = now. Columns as `claim_batch` (no work rows).
+SELECT *
+FROM @extschema@.outbox_claim_holds($1::text[], $2::integer, $3::timestamptz)
+
+-- name: get_group_due
+-- Seconds until the earliest hold of projectors $1 that is not dead is due (at most 0: due
+-- now; null: none), counting only those not due yet with $2: a worker group's loop's wait.
+SELECT extract(epoch FROM min(h.next_attempt_at) - statement_timestamp())::double precision
+FROM unnest($1::text[]) AS p(name)
+CROSS JOIN LATERAL (
+    SELECT x.next_attempt_at
+    FROM @extschema@.projection_holds x
+    WHERE x.projector = p.name AND x.status <> 'dead'
+      AND (NOT $2::boolean OR x.next_attempt_at > statement_timestamp())
+    ORDER BY x.next_attempt_at
+    LIMIT 1
+) h
+
 -- name: claim_due_rows
 -- Ordering `none`, in bucket $3: claim up to $1 due rows, oldest first, skipping rows other
 -- workers hold. The locked rows come out of the claim itself (no second visit of the queue).

@@ -202,7 +202,8 @@ BEGIN
         SELECT jsonb_agg(jsonb_build_object(
                    'projector', h.projector, 'seq', h.seq, 'status', h.status,
                    'attempts', h.attempt_count, 'next', h.next_attempt_at,
-                   'due', h.status <> 'dead' AND h.next_attempt_at <= v_now)
+                   'due', h.status <> 'dead' AND h.next_attempt_at <= v_now,
+                   'from', h.from_seq)
                    ORDER BY h.projector, h.seq)::text AS holds
         FROM projection_holds h
         WHERE h.bucket = outbox_bucket_in(p_bucket, p.campaign_id)
@@ -227,6 +228,93 @@ BEGIN
         OFFSET 0
     ) j ON true
     ORDER BY p.campaign_id, o.seq;
+END
+$$;
+
+-- A worker group's claim (S35), on one server: up to p_limit due holds of its projectors
+-- (`p_projectors`, each ordered), oldest due first per projector, skipping holds other
+-- batches hold (the hold is the group's unit of work, as a campaign is the default group's),
+-- then, in a statement after those locks, the checkpoints of those projectors on the holds'
+-- campaigns, locked in a fixed order (`outbox_lock_checkpoints`). In `outbox_claim`'s columns,
+-- one row per campaign with no work row (a group's projectors go on from their checkpoints
+-- through the journal), its holds the claimed ones (as JSON, each due).
+CREATE OR REPLACE FUNCTION outbox_claim_holds(
+    p_projectors text[],
+    p_limit integer,
+    p_now timestamptz DEFAULT NULL
+)
+RETURNS TABLE (
+    campaign_id text,
+    due boolean,
+    first_seq bigint,
+    last_seq bigint,
+    projectors text[],
+    applied_seqs bigint[],
+    holds text,
+    seq bigint,
+    status text,
+    attempt_count integer,
+    next_attempt_at timestamptz,
+    lease_owner text,
+    claim_epoch bigint,
+    event_type text,
+    payload text,
+    metadata text,
+    recorded_at timestamptz,
+    version integer
+)
+LANGUAGE plpgsql VOLATILE
+SET search_path FROM CURRENT
+SET enable_seqscan = off
+SET plan_cache_mode = force_generic_plan
+SET jit = off
+AS $$
+#variable_conflict use_column
+DECLARE
+    taken jsonb;
+    ids text[];
+    v_now timestamptz := coalesce(p_now, statement_timestamp());
+BEGIN
+    SELECT jsonb_agg(jsonb_build_object(
+               'campaign_id', x.campaign_id, 'projector', x.projector, 'seq', x.seq,
+               'status', x.status, 'attempts', x.attempt_count, 'next', x.next_attempt_at,
+               'due', true, 'from', x.from_seq)),
+           array_agg(DISTINCT x.campaign_id)
+    INTO taken, ids
+    FROM (
+        SELECT h.*
+        FROM unnest(p_projectors) AS p(name)
+        CROSS JOIN LATERAL (
+            SELECT h.campaign_id, h.projector, h.seq, h.status, h.attempt_count,
+                   h.next_attempt_at, h.from_seq
+            FROM projection_holds h
+            WHERE h.projector = p.name AND h.status <> 'dead' AND h.next_attempt_at <= v_now
+            ORDER BY h.next_attempt_at
+            LIMIT p_limit
+            FOR UPDATE SKIP LOCKED
+        ) h
+    ) x;
+    IF ids IS NULL THEN
+        RETURN;
+    END IF;
+    RETURN QUERY
+    SELECT t.campaign_id, NULL::boolean, NULL::bigint, NULL::bigint, k.projectors,
+           k.applied_seqs, hd.holds, NULL::bigint, NULL::text, NULL::integer,
+           NULL::timestamptz, NULL::text, NULL::bigint, NULL::text, NULL::text, NULL::text,
+           NULL::timestamptz, NULL::integer
+    FROM unnest(ids) AS t(campaign_id)
+    CROSS JOIN LATERAL (
+        SELECT jsonb_agg(c.value - 'campaign_id' ORDER BY c.value ->> 'projector')::text AS holds
+        FROM jsonb_array_elements(taken) AS c(value)
+        WHERE c.value ->> 'campaign_id' = t.campaign_id
+    ) hd
+    LEFT JOIN (
+        SELECT c.campaign_id, array_agg(c.projector) AS projectors,
+               array_agg(c.applied_seq) AS applied_seqs
+        FROM outbox_lock_checkpoints(-1, ids, p_projectors) c
+        GROUP BY c.campaign_id
+    ) k ON k.campaign_id = t.campaign_id
+    ORDER BY t.campaign_id;
 END
 $$;
 

@@ -77,6 +77,9 @@ class Hold:
     attempts: int
     next_attempt_at: datetime
     due: bool
+    # A worker group's hold (S35, always at seq 0): the event it stands at, the first it owes
+    # or the one it failed on; None for the default group's holds.
+    from_seq: int | None = None
 
 
 def parse_holds(text: str | None) -> tuple[Hold, ...]:
@@ -91,6 +94,7 @@ def parse_holds(text: str | None) -> tuple[Hold, ...]:
             h["attempts"],
             datetime.fromisoformat(h["next"]),
             h["due"],
+            h.get("from"),
         )
         for h in orjson.loads(text)
     )
@@ -113,6 +117,7 @@ class HoldWrite:
     error: str | None
     row: bool
     event_type: str | None = None
+    from_seq: int | None = None  # a worker group's hold (S35): the event it stands at
 
     @property
     def key(self) -> HoldKey:

@@ -17,7 +17,7 @@ from datetime import datetime
 from operator import attrgetter, itemgetter
 from typing import TYPE_CHECKING, Literal
 
-from outbox import buckets
+from outbox import buckets, db
 from outbox.queries import Queries
 from outbox.queue.holds import RowHold, refresh_held_rows
 from outbox.queue.settle import refresh_campaigns
@@ -50,6 +50,8 @@ class RepairQueries(Queries):
     get_database_time: str
     repair_rows: str
     repair_holds: str
+    repair_group_holds: str
+    list_repair_group_holds: str
     insert_requeue_audit: str
     list_unqueued_events: str
     lock_heads_exclusively: str
@@ -99,8 +101,7 @@ async def repair(
     their status by then (a preview's `database_time`). `dry_run`: change nothing."""
     status = _STATUS[action]
     named = one[0] if one else campaign_id
-    listed = await conn.fetch(
-        Q.list_repair_rows,
+    arguments = (
         limit,
         campaign_id,
         event_type,
@@ -112,13 +113,28 @@ async def repair(
         died_by,
         status,
     )
+    listed = await conn.fetch(Q.list_repair_rows, *arguments)
+    listed += await conn.fetch(Q.list_repair_group_holds, *arguments)  # S35: no work row
+    listed = sorted(listed, key=itemgetter("next_attempt_at", "seq"))[:limit]
     if dry_run:
         return [_dead(r) for r in listed]
-    rows = []
+    rows: list[db.Record] = []
+    held: list[db.Record] = []  # work rows, whose campaigns' rows are refreshed
     # The locking statement stays in one bucket: one per bucket the listed rows are in.
     by_bucket = itemgetter("bucket")
     for bucket, part in itertools.groupby(sorted(listed, key=by_bucket), key=by_bucket):
         keys = list(part)
+        grouped = [k for k in keys if k["grouped"]]  # a worker group's holds (S35): no row
+        if grouped:
+            rows += await conn.fetch(
+                Q.repair_group_holds,
+                bucket,
+                [k["campaign_id"] for k in grouped],
+                [k["seq"] for k in grouped],
+                projector,
+                status,
+            )
+            keys = [k for k in keys if not k["grouped"]]
         moved = await conn.fetch(
             Q.repair_rows,
             bucket,
@@ -130,6 +146,7 @@ async def repair(
         await conn.execute(Q.repair_holds, bucket, cids, seqs, projector, status)
         await refresh_held_rows(conn, bucket, cids, seqs)
         rows += moved
+        held += moved
     if rows:
         columns = ("campaign_id", "seq", "status", "attempt_count", "last_error", "next_attempt_at")
         await conn.execute(
@@ -143,7 +160,7 @@ async def repair(
     # Live again: their campaigns are claimable at once. The dead policy is the workers' to
     # know; never marking a campaign blocked is the safe side (a block worker's next claim of
     # it marks it again if a dead row still precedes).
-    await refresh_campaigns(conn, sorted({r["campaign_id"] for r in rows}), park=True, removable=())
+    await refresh_campaigns(conn, sorted({r["campaign_id"] for r in held}), park=True, removable=())
     return sorted(map(_dead, rows), key=attrgetter("next_attempt_at", "seq"))
 
 

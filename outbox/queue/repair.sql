@@ -10,7 +10,7 @@
 -- since). A read: `repair_rows` takes them, bucket by bucket (a
 -- statement that locks rows stays in one bucket).
 SELECT o.bucket, o.campaign_id, o.seq, o.event_type, o.attempt_count, o.last_error,
-       o.next_attempt_at
+       o.next_attempt_at, false AS grouped
 FROM @extschema@.projection_apply_outbox o
 WHERE o.status = $10::text AND ($7::integer IS NULL OR o.bucket = $7::integer)
   AND ($2::text IS NULL OR o.campaign_id = $2::text)
@@ -26,6 +26,27 @@ WHERE o.status = $10::text AND ($7::integer IS NULL OR o.bucket = $7::integer)
   ))
   AND ($9::timestamptz IS NULL OR o.updated_at <= $9::timestamptz)
 ORDER BY o.next_attempt_at, o.seq
+LIMIT $1::integer
+
+-- name: list_repair_group_holds
+-- A worker group's holds (S35), which stand for no work row, as `list_repair_rows` lists rows
+-- (the same parameters), each at the event it failed on (`from_seq`).
+SELECT h.bucket, h.campaign_id, h.from_seq AS seq, j.event_type, h.attempt_count, h.last_error,
+       h.next_attempt_at, true AS grouped
+FROM @extschema@.projection_holds h
+LEFT JOIN @extschema@.event_journal j
+    ON j.bucket = h.bucket AND j.campaign_id = h.campaign_id AND j.seq = h.from_seq
+WHERE h.seq = 0 AND h.from_seq IS NOT NULL AND h.status = $10::text
+  AND ($7::integer IS NULL OR h.bucket = $7::integer)
+  AND ($2::text IS NULL OR h.campaign_id = $2::text)
+  AND ($3::text IS NULL OR j.event_type = $3::text)
+  AND ($4::text IS NULL OR (h.campaign_id = $4::text AND h.from_seq = $5::bigint))
+  AND ($6::text IS NULL OR @extschema@.outbox_error_fingerprint(
+           @extschema@.outbox_error_projector(h.last_error),
+           @extschema@.outbox_error_shape(h.last_error)) = $6::text)
+  AND ($8::text IS NULL OR h.projector = $8::text)
+  AND ($9::timestamptz IS NULL OR h.updated_at <= $9::timestamptz)
+ORDER BY h.next_attempt_at, h.from_seq
 LIMIT $1::integer
 
 -- name: get_database_time
@@ -44,6 +65,34 @@ SET status = CASE WHEN $5::text = 'dead' THEN 'pending' ELSE h.status END,
 FROM unnest($2::text[], $3::bigint[]) AS k(campaign_id, seq)
 WHERE h.bucket = $1::integer AND h.campaign_id = k.campaign_id AND h.seq = k.seq
   AND h.status = $5::text AND ($4::text IS NULL OR h.projector = $4::text)
+
+-- name: repair_group_holds
+-- A worker group's holds (S35) of status $5 on campaigns $2 at events $3, all in bucket $1,
+-- due now: projector $4's, or any projector's (null); as `repair_holds` does. Holds other
+-- transactions hold are skipped. Returns each as it was, for its audit row.
+WITH target AS (
+    SELECT h.campaign_id, h.projector, h.from_seq, h.status, h.attempt_count, h.last_error,
+           h.next_attempt_at
+    FROM @extschema@.projection_holds h
+    JOIN unnest($2::text[], $3::bigint[]) AS k(campaign_id, seq)
+        ON h.campaign_id = k.campaign_id AND h.from_seq = k.seq
+    WHERE h.bucket = $1::integer AND h.seq = 0 AND h.status = $5::text
+      AND ($4::text IS NULL OR h.projector = $4::text)
+    FOR UPDATE OF h SKIP LOCKED
+), moved AS (
+    UPDATE @extschema@.projection_holds h
+    SET status = CASE WHEN $5::text = 'dead' THEN 'pending' ELSE h.status END,
+        attempt_count = CASE WHEN $5::text = 'dead' THEN 0 ELSE h.attempt_count END,
+        next_attempt_at = statement_timestamp(), updated_at = statement_timestamp()
+    FROM target t
+    WHERE h.bucket = $1::integer AND h.campaign_id = t.campaign_id
+      AND h.projector = t.projector AND h.seq = 0
+)
+SELECT t.campaign_id, t.from_seq AS seq, t.status, t.attempt_count, t.last_error,
+       t.next_attempt_at, j.event_type
+FROM target t
+LEFT JOIN @extschema@.event_journal j
+    ON j.bucket = $1::integer AND j.campaign_id = t.campaign_id AND j.seq = t.from_seq
 
 -- name: repair_rows
 -- Rows ($2, $3) of status $4, all in bucket $1, due now: 'dead' (a requeue) back to pending

@@ -12,7 +12,7 @@ Every function runs on the caller's connection, inside the caller's transaction.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from operator import itemgetter
@@ -34,6 +34,7 @@ __all__ = [
     "Settled",
     "applied_channel",
     "defer",
+    "group_channel",
     "notify_work",
     "record_observations",
     "refresh_campaigns",
@@ -49,6 +50,12 @@ def work_channel() -> str:
     queued work (`call_fn.sql`). Each install's channels carry its schema's name, so two
     installs in one database never wake each other."""
     return f"{current_schema()}.outbox_work"
+
+
+def group_channel() -> str:
+    """The channel that wakes a worker group's workers (S35): its payload is the group whose
+    projectors the append gave holds (`call_fn.sql`)."""
+    return f"{current_schema()}.outbox_group"
 
 
 def applied_channel() -> str:
@@ -110,6 +117,8 @@ async def settle(
     projectors: Collection[str] | None = None,
     now: datetime | None = None,
     notify_applied: bool = True,
+    group: str | None = None,
+    upto: Mapping[tuple[str, str], int] | None = None,
 ) -> Settled:
     """Delete `done`, record `failures`, place `holds` and delete the `released` ones, write
     `campaigns` and move `checkpoints` (campaign, projector, applied_seq; sorted) in one call
@@ -120,7 +129,10 @@ async def settle(
     deleted, wake the readers waiting for their writes (inline apply needs not: its append
     has not returned yet). `projectors`: those the batch knew (ran, or left holds for); a
     projector the database records beyond them fails the call (`db.PROJECTORS_CHANGED`,
-    transient)."""
+    transient); `group`: the batch's worker group, whose recorded projectors alone it must
+    know (S35). `upto`: a worker group's batch, (campaign, projector) -> the checkpoint it left
+    for each released hold, which goes only when nothing is journaled past it (else it stays,
+    due now)."""
     if not (done or failures or campaigns or checkpoints or holds or released):
         return Settled()
     parts: dict[int, _Part] = {}
@@ -164,13 +176,16 @@ async def settle(
                 "delay": h.delay,
                 "error": h.error,
                 "event_type": h.event_type,
+                **({} if h.from_seq is None else {"from": h.from_seq}),
             }
         )
         if h.row:
             touched.add((h.campaign_id, h.seq))
     for cid, projector, seq in sorted(released):
+        left = None if upto is None else upto.get((cid, projector))
         parts.setdefault(where(cid), _Part()).released.append(
             {"campaign_id": cid, "projector": projector, "seq": seq}
+            | ({} if left is None else {"upto": left})
         )
         if seq:
             touched.add((cid, seq))
@@ -193,6 +208,7 @@ async def settle(
                 "released": part.released,
                 "touched": part.touched,
                 **({} if projectors is None else {"projectors": sorted(projectors)}),
+                **({} if group is None else {"group": group}),
                 "now": now,
                 "notify": notify_applied,
                 "channel": channel,

@@ -29,12 +29,20 @@ $$;
 --   done         [{campaign_id, seq}]                            completed rows, deleted
 --   failed       [{campaign_id, seq, attempts, delay, error, dead}] a row's own failures (no
 --                                                                  projector to hold: S8)
---   holds        [{campaign_id, projector, seq, status, attempts, delay, error, event_type}]
+--   holds        [{campaign_id, projector, seq, status, attempts, delay, error, event_type,
+--                  from}]
 --                                                                  holds placed (S24); with an
 --                                                                  event type, its row is made
 --                                                                  when it is not there
---   released     [{campaign_id, projector, seq}]                 holds gone; a row left with
---                                                                  no hold goes with them
+--   released     [{campaign_id, projector, seq, upto}]           holds gone; a row left with
+--                                                                  no hold goes with them; with
+--                                                                  `upto` (a group's hold, S35:
+--                                                                  the checkpoint the batch left)
+--                                                                  gone only under the append
+--                                                                  head with nothing journaled
+--                                                                  past `upto`, else kept due now
+--   group        the worker group of the batch (S35): the projectors recorded in it are
+--                 those it must know (absent: every one, a worker of a release before groups)
 --   touched      [{campaign_id, seq}]                            rows whose holds changed: their
 --                                                                  status, attempts, next attempt
 --                                                                  and error follow their holds
@@ -90,6 +98,9 @@ DECLARE
     campaigns jsonb := '[]';
     m record;
     v_bucket integer;  -- the bucket of the campaign at hand (`outbox_bucket_in`)
+    released jsonb := coalesce(p_batch -> 'released', '[]');
+    owed jsonb;
+    heads text[];
 BEGIN
     IF ran THEN
         PERFORM outbox_lock_versions(false);
@@ -101,6 +112,7 @@ BEGIN
         -- or held work for; the batch runs again without it.
         SELECT string_agg(k.projector, ', ' ORDER BY k.projector) FILTER (
                    WHERE p_batch ? 'projectors' AND p.transactional AND k.state <> 'superseded'
+                     AND (NOT p_batch ? 'group' OR p.group_name = p_batch ->> 'group')
                      AND NOT k.projector = ANY (
                          ARRAY(SELECT jsonb_array_elements_text(p_batch -> 'projectors')))),
                string_agg(k.projector, ', ' ORDER BY k.projector) FILTER (
@@ -150,9 +162,38 @@ BEGIN
         INTO campaigns
         FROM jsonb_array_elements(p_batch -> 'campaigns') WITH ORDINALITY AS c(value, ord);
     END IF;
-    IF jsonb_array_length(coalesce(p_batch -> 'released', '[]')) > 0 THEN
+    IF released @? '$[*].upto' THEN
+        -- A group's holds its batch took to the journal's end (S35): an append holds a head
+        -- it skips, or one committed before it held the head, is owed too. Those stay, due
+        -- now, at the event after `upto`; an append that comes later finds none and writes one.
+        SELECT coalesce(array_agg(h.campaign_id), '{}') INTO heads
+        FROM outbox_lock_heads(p_bucket, ARRAY(
+            SELECT DISTINCT r.campaign_id
+            FROM jsonb_to_recordset(released) AS r(campaign_id text, upto bigint)
+            WHERE r.upto IS NOT NULL)) h;
+        SELECT coalesce(jsonb_agg(r.value) FILTER (WHERE r.owed), '[]'),
+               coalesce(jsonb_agg(r.value) FILTER (WHERE NOT r.owed), '[]')
+        INTO owed, released
+        FROM (
+            SELECT e.value, e.value ? 'upto' AND (
+                       NOT (e.value ->> 'campaign_id') = ANY (heads) OR EXISTS (
+                           SELECT 1 FROM event_journal j
+                           WHERE j.bucket = outbox_bucket_in(p_bucket, e.value ->> 'campaign_id')
+                             AND j.campaign_id = e.value ->> 'campaign_id'
+                             AND j.seq > (e.value ->> 'upto')::bigint)) AS owed
+            FROM jsonb_array_elements(released) AS e(value)
+        ) r;
+        UPDATE projection_holds h
+        SET status = 'pending', attempt_count = 0, next_attempt_at = v_now, last_error = NULL,
+            from_seq = r.upto + 1, updated_at = v_now
+        FROM jsonb_to_recordset(owed) AS r(campaign_id text, projector text, seq bigint,
+                                           upto bigint)
+        WHERE h.bucket = outbox_bucket_in(p_bucket, r.campaign_id)
+          AND h.campaign_id = r.campaign_id AND h.projector = r.projector AND h.seq = r.seq;
+    END IF;
+    IF jsonb_array_length(released) > 0 THEN
         DELETE FROM projection_holds h
-        USING jsonb_to_recordset(p_batch -> 'released')
+        USING jsonb_to_recordset(released)
             AS r(campaign_id text, projector text, seq bigint)
         WHERE h.bucket = outbox_bucket_in(p_bucket, r.campaign_id)
           AND h.campaign_id = r.campaign_id AND h.projector = r.projector AND h.seq = r.seq;
@@ -160,10 +201,10 @@ BEGIN
     IF jsonb_array_length(coalesce(p_batch -> 'holds', '[]')) > 0 THEN
         FOR m IN
             SELECT x.campaign_id, x.projector, x.seq, x.status, x.attempts, x.error,
-                   x.event_type, v_now + make_interval(secs => x.delay) AS next
+                   x.event_type, v_now + make_interval(secs => x.delay) AS next, x."from"
             FROM jsonb_to_recordset(p_batch -> 'holds')
                 AS x(campaign_id text, projector text, seq bigint, status text, attempts integer,
-                     delay double precision, error text, event_type text)
+                     delay double precision, error text, event_type text, "from" bigint)
             ORDER BY x.campaign_id, x.projector, x.seq
         LOOP
             v_bucket := outbox_bucket_in(p_bucket, m.campaign_id);
@@ -185,21 +226,22 @@ BEGIN
             END IF;
             INSERT INTO projection_holds AS h (bucket, campaign_id, projector, seq, status,
                                                attempt_count, next_attempt_at, last_error,
-                                               created_at, updated_at)
+                                               created_at, updated_at, from_seq)
             VALUES (v_bucket, m.campaign_id, m.projector, m.seq, m.status, m.attempts, m.next,
-                    m.error, v_now, v_now)
+                    m.error, v_now, v_now, m."from")
             ON CONFLICT (bucket, campaign_id, projector, seq) DO UPDATE
             SET status = excluded.status, attempt_count = excluded.attempt_count,
                 next_attempt_at = excluded.next_attempt_at,
                 last_error = coalesce(excluded.last_error, h.last_error),
-                updated_at = excluded.updated_at;
+                updated_at = excluded.updated_at,
+                from_seq = coalesce(excluded.from_seq, h.from_seq);
         END LOOP;
     END IF;
-    IF jsonb_array_length(coalesce(p_batch -> 'released', '[]')) > 0 THEN
+    IF jsonb_array_length(released) > 0 THEN
         -- A row that stood for holds alone goes with the last of them: its other projectors
         -- had applied it.
         DELETE FROM projection_apply_outbox o
-        USING jsonb_to_recordset(p_batch -> 'released')
+        USING jsonb_to_recordset(released)
             AS r(campaign_id text, projector text, seq bigint)
         WHERE o.bucket = outbox_bucket_in(p_bucket, r.campaign_id)
           AND o.campaign_id = r.campaign_id AND o.seq = r.seq AND r.seq > 0

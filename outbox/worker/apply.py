@@ -20,6 +20,7 @@ from outbox.queue.claim import ClaimedCampaign, ClaimedRow, event_batch
 from outbox.queue.lease import Lease, lease_rows
 from outbox.queue.settle import settle
 from outbox.retry import FailurePolicy, log_failure
+from outbox.worker.groups import group_holds
 from outbox.worker.leasing import choose_leases, leasing_types, plan_leases
 from outbox.worker.strategy import Batch, Isolate
 from outbox.worker.tracks import Away, Tracks
@@ -60,8 +61,9 @@ class Apply:
                 Away(k.projector, frozenset(k.events), k.ordered)
                 for k in await app.absent.of(conn, in_force)
             ]
+        others = await app.absent.others(conn) if campaigns else frozenset()
         tracks = Tracks(in_force, settings.poll_interval)
-        tracks.read(campaigns, stopping, away, go_on=batch.background)
+        tracks.read(campaigns, stopping, away, go_on=batch.background, others=others)
         work = walk(
             campaigns,
             limit=settings.batch_size,
@@ -73,7 +75,9 @@ class Apply:
         )
         if away:
             tracks.wait_for(work, away)
-        counts = BatchCounts(claimed=len(work))
+        # A worker group's batch claims holds, not rows (S35): they are what it took.
+        taken = sum(len(c.holds) for c in campaigns) if settings.grouped else len(work)
+        counts = BatchCounts(claimed=taken)
         to_lease, holders = plan_leases(in_force, work, leased_types, tracks)
         if to_lease:
             leasing = {r.key for r in to_lease}
@@ -107,19 +111,24 @@ class Apply:
             done = [key for key in done if not tracks.holds_row(key)]
         if to_lease:
             await _lease(batch, to_lease, holders, failures, counts, tracks)
-        writes = (
-            await campaign_writes(
-                conn,
-                campaigns,
-                set(done),
-                failures,
-                park=settings.park,
-                leased={lease.key: lease.expires_at for lease in after.leases},
-                tracks=tracks,
+        if settings.grouped:  # a worker group's holds (S35): no work row, no campaign row
+            holds, released, upto = group_holds(tracks, dispatch.checkpoints)
+            writes = []
+        else:
+            holds, released, upto = list(tracks.placed.values()), tracks.released, None
+            writes = (
+                await campaign_writes(
+                    conn,
+                    campaigns,
+                    set(done),
+                    failures,
+                    park=settings.park,
+                    leased={lease.key: lease.expires_at for lease in after.leases},
+                    tracks=tracks,
+                )
+                if settings.ordered  # under ordering `none` the claim reads the rows directly
+                else []
             )
-            if settings.ordered  # under ordering `none` the claim reads the work rows directly
-            else []
-        )
         settled = await settle(
             conn,
             bucket=bucket,
@@ -127,12 +136,16 @@ class Apply:
             failures=failures,
             campaigns=writes,
             checkpoints=dispatch.moves(),
-            holds=list(tracks.placed.values()),
-            released=tracks.released,
+            holds=holds,
+            released=released,
             projectors=[*registry, *(a.name for a in away)],
             now=now,
+            group=settings.group,
+            upto=upto,
         )
         counts.more_due, after.ages = settled.due, settled.ages
+        if settings.grouped:  # holds taken on that have further to go: the loop goes on
+            counts.more_due += sum(1 for h in holds if h.status == "pending" and not h.delay)
         counts.paused += tracks.waiting
         counts.elsewhere += tracks.elsewhere
         return counts

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 import anyio
 
-from outbox import db
+from outbox import buckets, db
 from outbox.buckets.ring import BucketRing
 from outbox.model import BatchCounts, Take
 from outbox.obs import log, tracing
@@ -33,7 +33,7 @@ from outbox.obs.metrics import Metrics
 from outbox.projection.app import Outbox
 from outbox.projection.sweep import Sweeps
 from outbox.projection.versions import AutoPromotions
-from outbox.queue.claim import ClaimedCampaign, claim
+from outbox.queue.claim import ClaimedCampaign, claim, claim_holds
 from outbox.retry import FailurePolicy, leaves
 from outbox.worker.apply import Apply
 from outbox.worker.catch_ups import CatchUps
@@ -149,14 +149,24 @@ class Worker:
             woken_first = share == "never" or (
                 share == "share" and self._woken_streak < APPENDS_FIRST
             )
-            taken = await self.ring.take_next(self.pool, self.now(), woken_first=woken_first)
+            # A worker group's batches claim its projectors' holds across every bucket (S35).
+            grouped = self.app.settings.grouped
+            taken = (
+                (buckets.SPAN, False)
+                if grouped
+                else await self.ring.take_next(self.pool, self.now(), woken_first=woken_first)
+            )
             if taken is None:
                 self.took_all = True
                 # Nothing due: a sweep under way steps now, and has the loop look again.
                 return BatchCounts(more_due=int(await self._sweep(idle=True)))
             bucket, woken = taken
             take: Take = (
-                "holds" if share == "only" else "live" if share == "never" or woken else "all"
+                "holds"
+                if share == "only" or grouped
+                else "live"
+                if share == "never" or woken
+                else "all"
             )
             self._woken_streak = self._woken_streak + 1 if woken else 0
             careful = monotonic() < self._careful_until
@@ -174,6 +184,8 @@ class Worker:
             if not (counts.claimed or counts.more_due) and await self._sweep(idle=True):
                 counts.more_due = 1
             full = counts.claimed >= self.app.settings.batch_size
+            if grouped:
+                return counts
             await self.ring.found(
                 self.pool,
                 bucket,
@@ -250,17 +262,21 @@ class Worker:
                 registry = await self.app.in_force(conn)
                 after.registry = registry
                 wanted = self._campaigns_to_claim()
-                self.ring.claiming(bucket)
-                campaigns = await claim(
-                    conn,
-                    bucket=bucket,
-                    limit=self.app.settings.batch_size,
-                    ordered=self._claim_ordered(),
-                    campaigns=wanted,
-                    projectors=registry.checkpointed_names(),
-                    now=now,
-                    take=take,
-                )
+                if self.app.settings.grouped:
+                    campaigns = await self._claim_holds(conn, registry, now)
+                    wanted = self.app.settings.batch_size
+                else:
+                    self.ring.claiming(bucket)
+                    campaigns = await claim(
+                        conn,
+                        bucket=bucket,
+                        limit=self.app.settings.batch_size,
+                        ordered=self._claim_ordered(),
+                        campaigns=wanted,
+                        projectors=registry.checkpointed_names(),
+                        now=now,
+                        take=take,
+                    )
                 after.took_all = not self._claim_ordered() or len(campaigns) < wanted
                 self._observe(campaigns)
                 batch = Batch(
@@ -277,13 +293,26 @@ class Worker:
                 )
                 return await self.strategy.handle(batch, campaigns)
 
+    async def _claim_holds(
+        self, conn: db.Connection, registry: Registry, now: datetime | None
+    ) -> list[ClaimedCampaign]:
+        """A worker group's claim (S35): the due holds of its projectors that are not paused,
+        each campaign with no rows."""
+        paused = await self.app.pauses.projectors(conn, registry)
+        names = [n for n in registry.checkpointed_names() if n not in paused]
+        if not names:
+            return []
+        return await claim_holds(
+            conn, projectors=names, limit=self.app.settings.batch_size, now=now
+        )
+
     async def _batch_in_one_call(
         self, after: AfterCommit, bucket: int, take: Take
     ) -> BatchCounts | None:
         """The batch in one call of the server (`sql_batch`) when every projector in force is
         a SQL projector it can run and none is paused or missing from this code; None when
         the batch is left to `_batch` (nothing of it was written)."""
-        if take == "holds" or not self._all_sql:
+        if take == "holds" or not self._all_sql or self.app.settings.grouped:
             return None  # a background worker's batches are holds' work: the worker's own
         settings = self.app.settings
         async with db.acquire(self.pool, session=settings.worker_session()) as conn:

@@ -30,6 +30,7 @@ from outbox.projection.build import build
 from outbox.projection.builds import Built
 from outbox.queries import Queries
 from outbox.retry import describe_error, leaves
+from outbox.worker.groups import wait_older_appends
 from outbox.worker.pools import open_pool
 
 if TYPE_CHECKING:
@@ -180,7 +181,12 @@ class CatchUps:
                             return
 
                 tasks.start_soon(watch)
-                built = await build(owner or pool, projector, leave_queued=True)
+                # A worker group's projector (S35) is owed nothing by the claim of work rows:
+                # the engine walks every campaign for it.
+                queued = not self.settings.grouped
+                if not queued:
+                    await wait_older_appends(owner or pool)
+                built = await build(owner or pool, projector, leave_queued=queued)
                 tasks.cancel_scope.cancel()
         except BaseExceptionGroup as group:  # the build's failure, as it was raised
             raise leaves(group)[0] from None

@@ -20,7 +20,7 @@ import anyio
 from outbox import db
 from outbox.obs import log
 from outbox.obs.metrics import Metrics
-from outbox.queue.settle import work_channel
+from outbox.queue.settle import group_channel, work_channel
 from outbox.retry import describe_error
 from outbox.worker.batch import Worker
 from outbox.worker.signals import Doorbell, Signals
@@ -75,6 +75,9 @@ async def listen(
     """Keep a LISTEN connection, reconnecting after `backoff(attempt)` seconds; any failure of
     it is logged and retried."""
     attempt = 0
+    # A worker group's workers (S35) are woken for their group's holds alone.
+    group = worker.app.settings.group if worker.app.settings.grouped else None
+    channel = work_channel() if group is None else group_channel()
     while True:
         error = "connection closed"
         connected = False
@@ -87,11 +90,14 @@ async def listen(
                     lost.set()
 
                 def on_work(_c: object, _pid: object, _ch: object, payload: object) -> None:
-                    worker.ring.wake(str(payload))  # the bucket that got work
+                    if group is None:
+                        worker.ring.wake(str(payload))  # the bucket that got work
+                    elif payload != group:
+                        return  # another worker group's holds
                     doorbell.ring()  # one loop: one append, one campaign
 
                 conn.add_termination_listener(on_lost)
-                await conn.add_listener(work_channel(), on_work)
+                await conn.add_listener(channel, on_work)
                 try:
                     attempt = 0
                     listener.up()
@@ -100,7 +106,7 @@ async def listen(
                     await _watch(conn, lost, worker.app.settings.poll_interval)
                 finally:
                     if not listener.dsn:  # borrowed from the application's pool: back clean
-                        await _unlisten(conn, on_work, on_lost)
+                        await _unlisten(conn, channel, on_work, on_lost)
         except Exception as exc:  # could not connect, lost before LISTEN, or while watching
             error = describe_error(exc)
             if not connected:
@@ -127,10 +133,13 @@ async def _watch(conn: db.Connection, lost: anyio.Event, poll_interval: float) -
 
 
 async def _unlisten(
-    conn: db.Connection, on_work: Callable[..., None], on_lost: Callable[[object], None]
+    conn: db.Connection,
+    channel: str,
+    on_work: Callable[..., None],
+    on_lost: Callable[[object], None],
 ) -> None:
     """Take the listener's callbacks and LISTEN off a borrowed connection before it goes back
     (also at shutdown); one gone or slow to answer is left as it is (the pool discards it)."""
     conn.remove_termination_listener(on_lost)
     with anyio.move_on_after(1, shield=True), contextlib.suppress(Exception):
-        await conn.remove_listener(work_channel(), on_work)
+        await conn.remove_listener(channel, on_work)

@@ -25,7 +25,6 @@ from functools import partial
 import anyio
 from anyio.abc import TaskStatus
 
-from outbox.buckets.ring import due_buckets
 from outbox.errors import TransientBatchError
 from outbox.model import BatchCounts, WorkerMode
 from outbox.obs import log
@@ -34,6 +33,7 @@ from outbox.projection import known
 from outbox.queue.rotation import keep_rotating
 from outbox.queue.settle import unblock_campaigns
 from outbox.retry import backoff_delay, describe_error
+from outbox.worker import groups
 from outbox.worker.batch import Worker
 from outbox.worker.gauges import refresh_gauges
 from outbox.worker.listener import Listener, listen
@@ -213,10 +213,9 @@ class Service:
         poll = self.worker.app.settings.poll_interval
         worker = self.worker
         try:
-            found = await due_buckets(
-                worker.pool, rows=not worker.ordered, span=worker.ring.span, later=later
+            due_in = await groups.due_in(
+                worker.pool, worker.app, span=worker.ring.span, later=later
             )
-            due_in = min((d for _, d in found), default=None)
         except Exception as exc:  # the next batch meets the same problem and reports it
             _logger.debug("idle.lookup_failed", extra={"error": describe_error(exc)})
             return poll
@@ -245,7 +244,9 @@ class Service:
     async def _record_projectors(self) -> None:
         """Record the projectors this worker runs, so the database knows them (new ones
         logged once, by the first worker that runs them)."""
-        write = partial(known.record, self.worker.pool, self.worker.app.registry, self.worker_id)
+        app, pool = self.worker.app, self.worker.pool
+        await groups.require_one_server(pool, app.settings)
+        write = partial(known.record, pool, app.registry, self.worker_id, app.settings.group)
         new = await at_start(write, self.stopping)
         for name in new:
             _logger.info("projector.first_seen", extra={"projector": name})

@@ -29,6 +29,11 @@ LANGUAGE plpgsql VOLATILE
 SET search_path FROM CURRENT
 SET plan_cache_mode = force_generic_plan
 AS $$
+DECLARE
+    -- The projectors other worker groups serve (S35): their holds are their groups' queue,
+    -- nothing this batch owes or waits for.
+    others text[] := ARRAY(
+        SELECT g.projector FROM outbox_projectors g WHERE g.group_name <> 'default');
 BEGIN
     SELECT coalesce(array_agg(c.campaign_id ORDER BY c.ord), '{}'),
            coalesce(array_agg(c.seq ORDER BY c.ord), '{}'),
@@ -38,7 +43,10 @@ BEGIN
     INTO campaign_ids, seqs, event_types, last_seqs, why
     FROM (
         SELECT x.campaign_id, x.seq, x.event_type, x.last_seq, x.ord, CASE
-            WHEN x.seq IS NULL OR x.holds IS NOT NULL OR NOT x.due
+            WHEN x.seq IS NULL OR NOT x.due
+              OR (x.holds IS NOT NULL AND EXISTS (
+                  SELECT 1 FROM jsonb_array_elements(x.holds::jsonb) AS h(value)
+                  WHERE NOT (h.value ->> 'projector') = ANY (others)))
               OR x.status NOT IN ('pending', 'failed') OR x.event_type IS NULL
               OR NOT x.event_type = ANY (p_known_types)
                 THEN format('not a plain batch: campaign %s seq %s', x.campaign_id, x.seq)
@@ -224,7 +232,8 @@ BEGIN
                      FROM unnest(cids, seqs) AS x(c, s)),
             'failed', '[]'::jsonb, 'holds', '[]'::jsonb, 'released', '[]'::jsonb,
             'touched', '[]'::jsonb, 'campaigns', writes, 'checkpoints', moves,
-            'projectors', p_plan -> 'known', 'now', p_plan -> 'now', 'notify', true,
+            'projectors', p_plan -> 'known', 'group', 'default', 'now', p_plan -> 'now',
+            'notify', true,
             'channel', p_plan -> 'channel')) s;
         claimed := cardinality(seqs);
         due := settled.due;

@@ -63,12 +63,14 @@ class Tracks:
         absent: Sequence[Away],
         *,
         go_on: bool = True,
+        others: Collection[str] = (),
     ) -> None:
         """Learn the claimed campaigns' holds: who is stopped, which rows wait for whom. A due
         hold of a projector `paused` or `absent` (not in this worker's code) is looked at again
         in a poll interval. Without `go_on` (a batch that serves appends first, S25) an ordered
         projector's due hold stays as it is, stopping it, for a background batch to go on
-        from."""
+        from. The holds of projectors `others` (served by another worker group, S35) are that
+        group's queue: not read."""
         projectors = self.registry.projectors
         away = {a.name: a for a in absent}
         for campaign in campaigns:
@@ -78,6 +80,8 @@ class Tracks:
             # Rows under a live lease (a retry's): their holds are that lease's until it ends.
             leased = {r.seq for r in campaign.rows if r.status == "processing" and not r.due}
             for hold in campaign.holds:
+                if hold.projector in others:
+                    continue
                 self.found[(cid, hold.projector, hold.seq)] = hold
                 due = hold.due and hold.seq not in leased
                 p = projectors.get(hold.projector)
@@ -203,17 +207,22 @@ class Tracks:
 
     def first_holds(self) -> dict[tuple[str, str], int]:
         """(campaign, projector) -> the first event a hold the claim read stands at (catch-up
-        holds aside)."""
+        holds aside, but a worker group's, which says where, S35)."""
         firsts: dict[tuple[str, str], int] = {}
-        for cid, name, seq in self.found:
-            if seq != CATCHING_UP:
-                firsts[(cid, name)] = min(seq, firsts.get((cid, name), seq))
+        for (cid, name, seq), hold in self.found.items():
+            at = seq if seq != CATCHING_UP else hold.from_seq
+            if at is not None:
+                firsts[(cid, name)] = min(at, firsts.get((cid, name), at))
         return firsts
 
     def attempts(self, campaign_id: str, projector: str, seq: int) -> int:
         """Attempts `projector` made at the event so far (its hold's, 0 for none)."""
         hold = self.found.get((campaign_id, projector, seq))
-        return hold.attempts if hold is not None else 0
+        if hold is None:  # a worker group's hold stands at seq 0 and says at which event (S35)
+            hold = self.found.get((campaign_id, projector, CATCHING_UP))
+            if hold is None or hold.from_seq != seq or hold.status == "pending":
+                return 0
+        return hold.attempts
 
     def caught_up(self, campaign_id: str, projector: str, *, done: bool) -> None:
         """A retried hold went on through the journal: released when the projector reached the
