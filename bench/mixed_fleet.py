@@ -24,7 +24,7 @@ from pathlib import Path
 
 import asyncpg
 from _apps import MIXED, VISIBLE
-from _support import EVENT_TYPE, bench_database, percentiles, print_json
+from _support import EVENT_TYPE, CpuWindow, bench_database, percentiles, print_json
 from latency import paced, start, stop, wait_until
 
 from outbox import Event, Settings, append
@@ -77,11 +77,14 @@ async def run(
                 event = Event(EVENT_TYPE, {"amount": i % 7})
                 return await append(pool, f"c-{i % 1000}", [event], settings=settings)
 
+            window = CpuWindow()
             await paced(rate, seconds, send)
+            busy = window.close().busy
             for p in projectors:
                 await wait_until(conn, f"SELECT count(*) FROM {TABLES[p]}", total, 120)
             figures = {
                 p: percentiles([r[0] for r in await conn.fetch(LATENCY.format(table=TABLES[p]))])
+                | ({} if busy is None else {"busy_pct": round(100 * busy, 1)})
                 for p in projectors
             }
             for worker in workers:
@@ -108,7 +111,7 @@ async def main(rate: int, seconds: float, grouped: str) -> None:
         for label, f in (("alone", alone[p]), ("mixed", mixed[p])):
             print(
                 f"  {p:<12} {label:<6} p50 {f['p50_ms']:8.2f}  p95 {f['p95_ms']:8.2f}  "
-                f"p99 {f['p99_ms']:8.2f} ms"
+                f"p99 {f['p99_ms']:8.2f} ms  machine busy {f.get('busy_pct', 0):3.0f}%"
             )
         ratios[p] = mixed[p]["p50_ms"] / alone[p]["p50_ms"]
         print(f"  {p:<12} mixed/alone p50 {ratios[p]:5.2f}x (bar: 1.5x)")

@@ -180,3 +180,9 @@ drifted_app.registry.add(app.registry.projectors["witness"])
 @drifted_app.projector("ledger", events=["step"], ordered=False)
 async def ledger_unordered(tx: db.Connection, event: StoredEvent) -> None:
     await _track(tx, "ledger", event)
+
+
+# A worker group's app (S35): `ledger` alone, run with `--group fast` beside workers of `app`
+# (the default group, `witness`).
+group_app = Outbox()
+group_app.registry.add(tracks_app.registry.projectors["ledger"])

@@ -55,6 +55,9 @@ class Fleet:
     log_of: dict[str, Path] = field(default_factory=dict)
     unplanned: list[str] = field(default_factory=list)
     started: int = 0
+    # Workers that serve a worker group of their own (S35): name -> (app, group), whatever
+    # `app` says, at every start and restart.
+    groups: dict[str, tuple[str, str]] = field(default_factory=dict)
 
     def start(self, name: str, *args: str) -> None:
         self.started += 1
@@ -64,8 +67,10 @@ class Fleet:
         environ |= {"OUTBOX_DSN": self.dsn, "OUTBOX_LOG_LEVEL": "info", **self.env}
         environ |= code_path(self.code)
         worker = [sys.executable, str(self.code / "cmd" / "outbox-worker.py")]
+        app, group = self.groups.get(name, (self.app, None))
+        serves = ("--group", group) if group is not None else ()
         self.procs[name] = subprocess.Popen(
-            [*worker, "--app", self.app, *args],
+            [*worker, "--app", app, *args, *serves],
             cwd=HERE,
             env=environ,
             stdin=subprocess.DEVNULL,

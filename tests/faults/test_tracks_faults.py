@@ -130,3 +130,36 @@ async def test_a_projector_catching_up_under_sigkills(
         projectors=("late",),
         notes=f"{len(names) - 8} of {len(names)} campaigns dormant",
     )
+
+
+async def test_two_worker_groups_under_sigkills(pool: db.Pool, dsn: str, fleet: Fleet) -> None:
+    """S35: `witness` served by the default group (w1, w2), `ledger` by group `fast` (w3, w4),
+    each from its own queue, while workers of both are killed at random."""
+    fleet.env |= FAST
+    names = campaigns("groups", 12)
+    for worker in WORKERS[:2]:
+        fleet.start(worker, "--concurrency", "2")
+    for worker in ("w3", "w4"):
+        fleet.groups[worker] = ("faults_app:group_app", "fast")
+        fleet.start(worker, "--concurrency", "2")
+    generator = Generator(pool, Settings(dsn=dsn), names, pause=0.02)
+    kills = scaled(30)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(generator.run)
+        await kill_at_random(fleet, (*WORKERS[:2], "w3", "w4"), random.Random(35), kills)
+        generator.stop()
+
+    async def group_drained() -> bool:  # its queue: the holds the appends wrote for `ledger`
+        owed = "SELECT count(*) FROM outbox.projection_holds WHERE projector = 'ledger'"
+        return not await pool.fetchval(owed)
+
+    await wait_for(group_drained, within=180)
+    await finish(
+        "worker_groups",
+        pool,
+        fleet,
+        generator,
+        faults=kills,
+        projectors=("ledger",),
+        notes="witness in the default group, ledger in group fast",
+    )
