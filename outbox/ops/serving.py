@@ -42,6 +42,7 @@ class ProjectorService:
     workers: int
     unknown_workers: int
     other_definitions: list[str] = field(default_factory=list)
+    group: str = "default"  # the worker group that serves it (S35)
 
     @property
     def unserved(self) -> bool:
@@ -52,9 +53,11 @@ class ProjectorService:
         """What an operator should look at, one line each (empty: nothing)."""
         found = []
         if self.unserved:
+            grouped = "" if self.group == "default" else f" --group {self.group}"
             found.append(
                 f"projector {self.projector!r}: no live worker runs it (recorded definition "
-                f"{self.fingerprint or 'not recorded'}); start a worker with it, or retire it"
+                f"{self.fingerprint or 'not recorded'}); start a worker with it{grouped}, or "
+                "retire it"
             )
         if self.other_definitions:
             found.append(
@@ -82,7 +85,9 @@ def served(
         ]
         same = sum(1 for _, f in running if k.fingerprint is None or f == k.fingerprint)
         other = [f"{w} {f}" for w, f in running if k.fingerprint is not None and f != k.fingerprint]
-        found.append(ProjectorService(k.projector, k.fingerprint, k.paused, same, unknown, other))
+        found.append(
+            ProjectorService(k.projector, k.fingerprint, k.paused, same, unknown, other, k.group)
+        )
     return found
 
 

@@ -33,8 +33,9 @@ from outbox.obs.metrics import Metrics
 from outbox.projection.app import Outbox
 from outbox.projection.sweep import Sweeps
 from outbox.projection.versions import AutoPromotions
-from outbox.queue.claim import ClaimedCampaign, claim, claim_holds
+from outbox.queue.claim import ClaimedCampaign, claim
 from outbox.retry import FailurePolicy, leaves
+from outbox.worker import groups
 from outbox.worker.apply import Apply
 from outbox.worker.catch_ups import CatchUps
 from outbox.worker.lease import LeaseRunner
@@ -263,7 +264,7 @@ class Worker:
                 after.registry = registry
                 wanted = self._campaigns_to_claim()
                 if self.app.settings.grouped:
-                    campaigns = await self._claim_holds(conn, registry, now)
+                    campaigns = await groups.claim(conn, self.app, registry, now)
                     wanted = self.app.settings.batch_size
                 else:
                     self.ring.claiming(bucket)
@@ -293,28 +294,15 @@ class Worker:
                 )
                 return await self.strategy.handle(batch, campaigns)
 
-    async def _claim_holds(
-        self, conn: db.Connection, registry: Registry, now: datetime | None
-    ) -> list[ClaimedCampaign]:
-        """A worker group's claim (S35): the due holds of its projectors that are not paused,
-        each campaign with no rows."""
-        paused = await self.app.pauses.projectors(conn, registry)
-        names = [n for n in registry.checkpointed_names() if n not in paused]
-        if not names:
-            return []
-        return await claim_holds(
-            conn, projectors=names, limit=self.app.settings.batch_size, now=now
-        )
-
     async def _batch_in_one_call(
         self, after: AfterCommit, bucket: int, take: Take
     ) -> BatchCounts | None:
         """The batch in one call of the server (`sql_batch`) when every projector in force is
         a SQL projector it can run and none is paused or missing from this code; None when
         the batch is left to `_batch` (nothing of it was written)."""
-        if take == "holds" or not self._all_sql or self.app.settings.grouped:
-            return None  # a background worker's batches are holds' work: the worker's own
         settings = self.app.settings
+        if not self._all_sql or (take == "holds" and not settings.grouped):
+            return None  # a background worker's batches are holds' work: the worker's own
         async with db.acquire(self.pool, session=settings.worker_session()) as conn:
             registry = await self.app.in_force(conn)
             if self._one_call is None or self._one_call[0] is not registry:
@@ -327,16 +315,19 @@ class Worker:
             if await self.app.absent.of(conn, registry):
                 return None
             wanted = self._campaigns_to_claim()
-            self.ring.claiming(bucket)
             with tracing.span("outbox.batch"):
-                result = await plan.run(
-                    conn,
-                    bucket=bucket,
-                    campaigns=wanted,
-                    budget=settings.batch_size,
-                    now=self.now(),
-                    take=take,
-                )
+                if settings.grouped:  # a worker group's holds (S35)
+                    result = await groups.one_call(conn, plan, settings, self.now())
+                else:
+                    self.ring.claiming(bucket)
+                    result = await plan.run(
+                        conn,
+                        bucket=bucket,
+                        campaigns=wanted,
+                        budget=settings.batch_size,
+                        now=self.now(),
+                        take=take,
+                    )
         if result is None:
             return None
         after.took_all = result.campaigns < wanted

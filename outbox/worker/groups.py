@@ -20,17 +20,29 @@ import anyio
 from outbox import db
 from outbox.buckets.ring import due_buckets, spans
 from outbox.errors import ConfigError
+from outbox.projection.heal import HEAL_EVENTS
 from outbox.queries import Queries
-from outbox.queue.claim import group_due_in
+from outbox.queue.claim import ClaimedCampaign, claim_holds, group_due_in
 from outbox.queue.holds import CATCHING_UP, HoldKey, HoldWrite
 
 if TYPE_CHECKING:
+    from datetime import datetime
+
     from outbox.config import Settings
-    from outbox.db import Pool
+    from outbox.db import Connection, Pool
     from outbox.projection.app import Outbox
+    from outbox.projection.registry import Registry
+    from outbox.worker.sql_batch import OneCall, Result
     from outbox.worker.tracks import Tracks
 
-__all__ = ["due_in", "group_holds", "require_one_server", "wait_older_appends"]
+__all__ = [
+    "claim",
+    "due_in",
+    "group_holds",
+    "one_call",
+    "require_one_server",
+    "wait_older_appends",
+]
 
 # Seconds between looks for transactions older than a group's engine (`wait_older_appends`).
 OLDER_POLL = 0.05
@@ -98,3 +110,27 @@ async def wait_older_appends(pool: Pool) -> None:
             if not await conn.fetchval(Q.get_older_running, end):
                 return
             await anyio.sleep(OLDER_POLL)
+
+
+async def claim(
+    conn: Connection, app: Outbox, registry: Registry, now: datetime | None
+) -> list[ClaimedCampaign]:
+    """A worker group's claim: the due holds of its projectors that are not paused, each
+    campaign with no rows."""
+    paused = await app.pauses.projectors(conn, registry)
+    names = [n for n in registry.checkpointed_names() if n not in paused]
+    if not names:
+        return []
+    return await claim_holds(conn, projectors=names, limit=app.settings.batch_size, now=now)
+
+
+async def one_call(
+    conn: Connection, plan: OneCall, settings: Settings, now: datetime | None
+) -> Result | None:
+    """A worker group's batch of SQL projectors in one call (`outbox_apply_sql_holds`): up to
+    a batch's worth of holds per projector, each taken on by its share of the journal events a
+    batch of the worker's own path would read."""
+    budget = max(1, HEAL_EVENTS // settings.batch_size)
+    return await plan.run_holds(
+        conn, group=settings.group, limit=settings.batch_size, budget=budget, now=now
+    )

@@ -24,7 +24,7 @@ from outbox.queries import Queries
 from outbox.queue.settle import applied_channel
 
 if TYPE_CHECKING:
-    from outbox.db import Connection
+    from outbox.db import Connection, Record
     from outbox.projection.registry import Registry
 
 __all__ = ["OneCall", "Result"]
@@ -32,6 +32,7 @@ __all__ = ["OneCall", "Result"]
 
 class SqlBatchQueries(Queries):
     apply_sql_batch: str
+    apply_sql_holds: str
 
 
 Q = SqlBatchQueries
@@ -85,9 +86,10 @@ class OneCall:
             tuple(sorted(registry.ignored)),
         )
 
-    def plan(self, now: datetime | None, take: str) -> str:
+    def plan(self, now: datetime | None, take: str, group: str | None = None) -> str:
         """The function's `p_plan` (JSON): the projectors, the types ignored, the projectors
-        the batch knows, the instant, the claim's take and the applied channel."""
+        the batch knows, the instant, the claim's take, the applied channel and the worker
+        group (S35)."""
         plan = {
             "projectors": self.projectors,
             "ignored": self.ignored,
@@ -95,6 +97,7 @@ class OneCall:
             "now": now,
             "take": take,
             "channel": applied_channel(),
+            "group": group,
         }
         return orjson.dumps(plan).decode()
 
@@ -113,19 +116,33 @@ class OneCall:
         row = await conn.fetchrow(
             Q.apply_sql_batch, bucket, campaigns, budget, self.plan(now, take)
         )
-        if row is None or not row["handled"]:
-            _logger.debug("batch.one_call_declined", extra={"reason": row and row["reason"]})
-            return None
-        counts = BatchCounts(
-            claimed=row["claimed"],
-            applied=row["applied"],
-            skipped=row["skipped"],
-            more_due=row["due"],
-        )
-        return Result(
-            counts,
-            row["campaigns"],
-            row["depth_rows"],
-            orjson.loads(row["per_projector"]),
-            list(row["ages"] or ()),
-        )
+        return _result(row)
+
+    async def run_holds(
+        self, conn: Connection, *, group: str, limit: int, budget: int, now: datetime | None
+    ) -> Result | None:
+        """A worker group's batch (S35): up to `limit` due holds per projector, at most
+        `budget` journal events each, in one call (autocommit); None when the function left
+        it to the worker's own path (nothing of it written)."""
+        plan = self.plan(now, "holds", group)
+        return _result(await conn.fetchrow(Q.apply_sql_holds, limit, budget, plan))
+
+
+def _result(row: Record | None) -> Result | None:
+    """What the one call did: a Result, or None when it left the batch to the worker."""
+    if row is None or not row["handled"]:
+        _logger.debug("batch.one_call_declined", extra={"reason": row and row["reason"]})
+        return None
+    counts = BatchCounts(
+        claimed=row["claimed"],
+        applied=row["applied"],
+        skipped=row["skipped"],
+        more_due=row["due"],
+    )
+    return Result(
+        counts,
+        row["campaigns"],
+        row["depth_rows"],
+        orjson.loads(row["per_projector"]),
+        list(row["ages"] or ()),
+    )

@@ -8,3 +8,11 @@ SELECT handled, reason, campaigns, claimed, applied, skipped, depth_rows, per_pr
        due, ages
 FROM @extschema@.outbox_apply_sql_batch(
     CAST($1 AS integer), CAST($2 AS integer), CAST($3 AS integer), CAST(CAST($4 AS text) AS jsonb))
+
+-- name: apply_sql_holds
+-- A worker group's batch (S35): up to $1 due holds per projector, at most $2 journal events
+-- each, by plan $3 (JSON, with the group); the same columns.
+SELECT handled, reason, campaigns, claimed, applied, skipped, depth_rows, per_projector::text,
+       due, ages
+FROM @extschema@.outbox_apply_sql_holds(
+    CAST($1 AS integer), CAST($2 AS integer), CAST(CAST($3 AS text) AS jsonb))

@@ -254,5 +254,193 @@ BEGIN
 END
 $$;
 
+-- A worker group's batch of SQL projectors in one call (S35), on one server: up to `p_limit`
+-- due holds per projector claimed (`outbox_claim_holds`), each projector taken on from its
+-- checkpoint (one that starts now, with none, from its hold's `from_seq`) through the journal,
+-- at most `p_budget` events per hold, and settled by `outbox_settle`: a hold that reached the
+-- campaign's end released with the checkpoint it left (`upto`), one that did not kept due now.
+-- `p_plan` as `outbox_apply_sql_batch`'s, with `group`. It handles the common batch alone:
+-- every hold pending at seq 0, no gap in the journal, every function returning; any other
+-- batch, and any error on the way, undoes the whole call (`handled` false and the reason), and
+-- the worker runs the batch its own way. `claimed`: the holds taken; `campaigns`: theirs.
+CREATE OR REPLACE FUNCTION outbox_apply_sql_holds(
+    p_limit integer,
+    p_budget integer,
+    p_plan jsonb,
+    OUT handled boolean,
+    OUT reason text,
+    OUT campaigns integer,
+    OUT claimed integer,
+    OUT applied integer,
+    OUT skipped integer,
+    OUT depth_rows integer,
+    OUT per_projector jsonb,
+    OUT due bigint,
+    OUT ages double precision[]
+)
+LANGUAGE plpgsql VOLATILE
+SET search_path FROM CURRENT
+SET enable_seqscan = off
+SET plan_cache_mode = force_generic_plan
+SET jit = off
+AS $$
+DECLARE
+    v_now timestamptz := (p_plan ->> 'now')::timestamptz;
+    names text[] := ARRAY(
+        SELECT p ->> 'name' FROM jsonb_array_elements(p_plan -> 'projectors') p ORDER BY 1);
+    starts_now text[] := ARRAY(
+        SELECT p ->> 'name' FROM jsonb_array_elements(p_plan -> 'projectors') p
+        WHERE p ->> 'start' = 'now');
+    held jsonb;
+    read jsonb;
+    p jsonb;
+    given_campaigns text[];
+    given_seqs bigint[];
+    n integer;
+    settled record;
+BEGIN
+    handled := false;
+    campaigns := 0;
+    claimed := 0;
+    applied := 0;
+    skipped := 0;
+    depth_rows := 0;
+    due := 0;
+    per_projector := '{}';
+    BEGIN
+        -- The holds taken, each with where its projector stands (`at`) and its checkpoint.
+        SELECT coalesce(jsonb_agg(jsonb_build_object(
+                   'campaign_id', c.campaign_id, 'projector', h.value ->> 'projector',
+                   'seq', (h.value ->> 'seq')::bigint, 'status', h.value ->> 'status',
+                   'cp', c.applied_seqs[array_position(c.projectors, h.value ->> 'projector')],
+                   'at', coalesce(
+                       c.applied_seqs[array_position(c.projectors, h.value ->> 'projector')],
+                       CASE WHEN h.value ->> 'projector' = ANY (starts_now)
+                            THEN (h.value ->> 'from')::bigint - 1 END,
+                       0))), '[]')
+        INTO held
+        FROM outbox_claim_holds(names, p_limit, v_now) c
+        CROSS JOIN LATERAL jsonb_array_elements(c.holds::jsonb) AS h(value);
+        IF jsonb_array_length(held) = 0 THEN
+            handled := true;
+            RETURN;
+        END IF;
+        IF held @? '$[*] ? (@.status != "pending" || @.seq != 0)' THEN
+            RAISE EXCEPTION 'a hold to retry: the worker''s own path' USING ERRCODE = 'OB901';
+        END IF;
+        -- What each hold owes: the journal after `at`, at most p_budget events, by key.
+        SELECT coalesce(jsonb_agg(jsonb_build_object(
+                   'campaign_id', h.campaign_id, 'projector', h.projector, 'seq', e.seq,
+                   'type', e.event_type, 'at', h.at) ORDER BY h.campaign_id, e.seq), '[]')
+        INTO read
+        FROM jsonb_to_recordset(held) AS h(campaign_id text, projector text, at bigint)
+        CROSS JOIN LATERAL (
+            SELECT e.seq, e.event_type FROM event_journal e
+            WHERE e.bucket = outbox_bucket(h.campaign_id) AND e.campaign_id = h.campaign_id
+              AND e.seq > h.at
+            ORDER BY e.seq
+            LIMIT p_budget
+        ) e;
+        IF EXISTS (  -- a gap: CheckpointGap is the worker's to record
+            SELECT 1 FROM jsonb_to_recordset(read)
+                AS r(campaign_id text, projector text, seq bigint, at bigint)
+            GROUP BY r.campaign_id, r.projector, r.at
+            HAVING max(r.seq) - r.at <> count(*)
+        ) THEN
+            RAISE EXCEPTION 'a gap in the journal: the worker''s own path' USING ERRCODE = 'OB901';
+        END IF;
+        FOR p IN SELECT x FROM jsonb_array_elements(p_plan -> 'projectors') x LOOP
+            SELECT array_agg(r.campaign_id ORDER BY r.campaign_id, r.seq),
+                   array_agg(r.seq ORDER BY r.campaign_id, r.seq)
+            INTO given_campaigns, given_seqs
+            FROM jsonb_to_recordset(read) AS r(campaign_id text, projector text, seq bigint,
+                                               type text)
+            WHERE r.projector = p ->> 'name'
+              AND r.type IN (SELECT jsonb_array_elements_text(p -> 'types'));
+            n := coalesce(cardinality(given_seqs), 0);
+            IF n > 0 THEN
+                EXECUTE outbox_function_call((p ->> 'function')::regprocedure, '$1')
+                    USING outbox_upcast_events(
+                        outbox_events_json(-1, given_campaigns, given_seqs), p -> 'upcasters');
+                per_projector := per_projector || jsonb_build_object(p ->> 'name', n);
+                applied := applied + n;
+            END IF;
+        END LOOP;
+        skipped := jsonb_array_length(read) - applied;
+        SELECT s.due, s.ages INTO settled
+        FROM outbox_settle(-1, jsonb_build_object(
+            'done', '[]'::jsonb, 'failed', '[]'::jsonb, 'touched', '[]'::jsonb,
+            'campaigns', '[]'::jsonb,
+            -- Each checkpoint passes every event read (S17), in lock order.
+            'checkpoints', (
+                SELECT coalesce(jsonb_agg(jsonb_build_object(
+                           'campaign_id', t.campaign_id, 'projector', t.projector,
+                           'applied_seq', t.upto)
+                           ORDER BY t.campaign_id COLLATE "C", t.projector COLLATE "C"), '[]')
+                FROM (
+                    SELECT h.campaign_id, h.projector, h.cp,
+                           greatest(h.at, max(r.seq)) AS upto
+                    FROM jsonb_to_recordset(held)
+                        AS h(campaign_id text, projector text, cp bigint, at bigint)
+                    LEFT JOIN jsonb_to_recordset(read)
+                        AS r(campaign_id text, projector text, seq bigint)
+                        USING (campaign_id, projector)
+                    GROUP BY h.campaign_id, h.projector, h.cp, h.at
+                ) t
+                WHERE t.cp IS DISTINCT FROM t.upto),
+            -- A hold whose projector read fewer than the budget reached the end: released
+            -- with the checkpoint it left; the others stay, due now.
+            'released', (
+                SELECT coalesce(jsonb_agg(jsonb_build_object(
+                           'campaign_id', t.campaign_id, 'projector', t.projector, 'seq', 0,
+                           'upto', t.upto)), '[]')
+                FROM (
+                    SELECT h.campaign_id, h.projector, greatest(h.at, max(r.seq)) AS upto,
+                           count(r.seq) AS n
+                    FROM jsonb_to_recordset(held)
+                        AS h(campaign_id text, projector text, at bigint)
+                    LEFT JOIN jsonb_to_recordset(read)
+                        AS r(campaign_id text, projector text, seq bigint)
+                        USING (campaign_id, projector)
+                    GROUP BY h.campaign_id, h.projector, h.at
+                ) t
+                WHERE t.n < p_budget),
+            'holds', (
+                SELECT coalesce(jsonb_agg(jsonb_build_object(
+                           'campaign_id', t.campaign_id, 'projector', t.projector, 'seq', 0,
+                           'status', 'pending', 'attempts', 0, 'delay', 0.0)), '[]')
+                FROM (
+                    SELECT r.campaign_id, r.projector
+                    FROM jsonb_to_recordset(read)
+                        AS r(campaign_id text, projector text, seq bigint)
+                    GROUP BY r.campaign_id, r.projector
+                    HAVING count(*) >= p_budget
+                ) t),
+            'projectors', p_plan -> 'known', 'group', p_plan -> 'group', 'now', p_plan -> 'now',
+            'notify', false)) s;
+        claimed := jsonb_array_length(held);
+        campaigns := (SELECT count(DISTINCT h.value ->> 'campaign_id')
+                      FROM jsonb_array_elements(held) AS h(value));
+        due := settled.due + (
+            SELECT count(*) FROM (
+                SELECT 1 FROM jsonb_to_recordset(read)
+                    AS r(campaign_id text, projector text, seq bigint)
+                GROUP BY r.campaign_id, r.projector
+                HAVING count(*) >= p_budget) x);
+        handled := true;
+    EXCEPTION WHEN OTHERS THEN
+        handled := false;
+        reason := SQLERRM;
+        campaigns := 0;
+        claimed := 0;
+        applied := 0;
+        skipped := 0;
+        due := 0;
+        ages := NULL;
+        per_projector := '{}';
+    END;
+END
+$$;
+
 -- Back to the default plans on Citus (buckets/distribution_fn.sql).
 SELECT outbox_plans_for_citus();

@@ -234,3 +234,47 @@ async def test_a_worker_in_a_group_records_its_projectors_there_and_serves_them(
     await service.run(shutdown_timeout=0)
     assert await sums(pool, "stats") == appended
     assert service.totals.applied == sum(1 for _ in range(25))
+
+
+ADD_SQL = """
+CREATE SCHEMA grp;
+CREATE FUNCTION grp.add(events jsonb) RETURNS void LANGUAGE sql AS $$
+    INSERT INTO public.sums
+    SELECT 'stats_sql', e ->> 'campaign_id', sum((e -> 'payload' ->> 'n')::bigint)
+    FROM jsonb_array_elements(events) AS e GROUP BY 2
+    ON CONFLICT (projector, campaign_id) DO UPDATE SET n = sums.n + excluded.n
+$$;
+"""
+
+
+async def test_a_group_of_sql_projectors_runs_its_batches_in_one_call(
+    pool: db.Pool, dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The one-call path works per group (S35): the default group's SQL batches beside another
+    group's holds, and a named group's SQL batches on its holds; neither runs a batch of the
+    worker's own path (`Worker._batch`, which fails the test here)."""
+    await pool.execute(SUMS)
+    await pool.execute(ADD_SQL)
+    default = Outbox(Settings(dsn=dsn))
+    default.sql_projector("roster_sql", events=["add"], function="grp.add_roster", start="now")
+    await pool.execute(
+        ADD_SQL.replace("CREATE SCHEMA grp;", "")
+        .replace("grp.add(", "grp.add_roster(")
+        .replace("'stats_sql'", "'roster_sql'")
+    )
+    grouped = Outbox(Settings(dsn=dsn, group=GROUP))
+    grouped.sql_projector("stats_sql", events=["add"], function="grp.add", start="now")
+    await record(pool, default.registry, "w1")
+    await record(pool, grouped.registry, "w2", GROUP)
+    appended = await append_adds(pool, 150, 20, random.Random(9))
+
+    async def own_path(*_args: object, **_kw: object) -> None:
+        raise AssertionError("a batch of the worker's own path")
+
+    monkeypatch.setattr(Worker, "_batch", own_path)
+    await Worker(grouped, pool).drain()
+    await Worker(default, pool).drain()
+    assert await sums(pool, "stats_sql") == appended
+    assert await sums(pool, "roster_sql") == appended
+    assert await pool.fetchval("SELECT count(*) FROM outbox.projection_holds") == 0
+    assert await pool.fetchval("SELECT count(*) FROM outbox.projection_apply_outbox") == 0
