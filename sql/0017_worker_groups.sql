@@ -4,6 +4,13 @@
 -- that has none, at the first event it owes, and the group's workers claim them, so that a
 -- projector served by a Python group and one served by a SQL group each apply at their own
 -- pace, neither waiting for the other.
+--
+-- Run under the previous release's processes (a rolling upgrade): the two tables are locked
+-- first, in the order a worker's batch takes them (its claim reads the holds, its settle reads
+-- the record and then writes holds), so that no batch holds one while waiting for the other.
+LOCK TABLE projection_holds IN ACCESS EXCLUSIVE MODE;
+LOCK TABLE outbox_projectors IN ACCESS EXCLUSIVE MODE;
+
 ALTER TABLE outbox_projectors ADD COLUMN group_name text NOT NULL DEFAULT 'default';
 
 -- The append's look for projectors served outside the default group: an empty index range

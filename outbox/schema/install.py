@@ -38,6 +38,9 @@ __all__ = [
 ]
 
 MIN_SERVER_VERSION = 13
+# Tries of one migration that loses a deadlock against running processes (each rolled back).
+MIGRATION_ATTEMPTS = 5
+DEADLOCK = "40P01"
 # Advisory lock key of the migrators ('outbox' in ASCII).
 _LOCK_KEY = 0x6F7574626F78
 
@@ -252,12 +255,21 @@ async def _migrate(
     for m in migrations:
         if m.name not in pending:
             continue
-        async with conn.transaction():
-            await conn.execute(Q.set_install_path)
-            if buckets is not None:
-                await conn.fetchval(Q.set_migration_buckets, str(buckets))
-            await conn.execute(m.sql)
-            await conn.execute(Q.record_migration, m.name, m.checksum)
+        for attempt in range(1, MIGRATION_ATTEMPTS + 1):
+            try:
+                async with conn.transaction():
+                    await conn.execute(Q.set_install_path)
+                    if buckets is not None:
+                        await conn.fetchval(Q.set_migration_buckets, str(buckets))
+                    await conn.execute(m.sql)
+                    await conn.execute(Q.record_migration, m.name, m.checksum)
+                break
+            except Exception as exc:
+                # Migrated under running processes (a rolling upgrade), its DDL may lose a
+                # deadlock against a batch: rolled back whole, it runs again.
+                if db.sqlstate_of(exc) != DEADLOCK or attempt == MIGRATION_ATTEMPTS:
+                    raise
+                _logger.warning("migration.retried", extra={"migration": m.name})
         _logger.info("migration.applied", extra={"migration": m.name, "schema": schema})
         done.append(m.name)
     for d in _definition_states(definitions, await _applied_definitions(conn)):
