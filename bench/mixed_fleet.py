@@ -1,14 +1,14 @@
 #!/usr/bin/env python3
 """A mixed fleet: each projector's append commit -> applied, beside the same projector alone.
 
-Usage: python bench/mixed_fleet.py [--rate 200] [--seconds 10] [--grouped visible]
+Usage: python bench/mixed_fleet.py [--rate 200] [--seconds 10] [--grouped visible_sql]
 A team runs a Python service's projector (`visible`, a batch projector: `_apps:visible`) and a
 SQL projector (`visible_sql`: `_apps:mixed_sql`), each on workers of its own. A paced producer
 appends one-event appends over 1,000 campaigns at `rate` events/s, three times, each on a fresh
 database: the Python worker alone, the SQL worker alone, then both workers at once, the
-`--grouped` one's in a worker group of its own (S35: `--group`; default `visible`, the other in
-the default group, whose SQL batches run in one call; `none`: both in the default group, as
-before groups). An event's
+`--grouped` one's in a worker group of its own (S35: `--group`; default `visible_sql`, whose
+batches run in one call on its group's holds, the other in the default group; `none`: both in
+the default group, as before groups). An event's
 latency per projector is the commit timestamp of its row in the projector's table minus the
 commit timestamp of its append (track_commit_timestamp). Prints each projector's p50/p95/p99
 alone and in the mixed fleet, the mixed/alone ratio of the p50s (issue 58's bar: 1.5x), and
@@ -134,6 +134,6 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rate", type=int, default=200)
     parser.add_argument("--seconds", type=float, default=10.0)
-    parser.add_argument("--grouped", choices=[*TABLES, "none"], default="visible")
+    parser.add_argument("--grouped", choices=[*TABLES, "none"], default="visible_sql")
     args = parser.parse_args()
     asyncio.run(main(args.rate, args.seconds, args.grouped))
