@@ -170,7 +170,10 @@ async def claim_holds(
     each campaign they stand on with no rows and its checkpoints of `projectors` locked; the
     campaigns sorted by id."""
     records = await conn.fetch(Q.claim_holds, list(projectors), limit, now)
-    return _campaigns(records, ordered=True)
+    return [
+        ClaimedCampaign(r["campaign_id"], [], None, None, _checkpoints(r), parse_holds(r["holds"]))
+        for r in records
+    ]
 
 
 async def group_due_in(
@@ -182,20 +185,24 @@ async def group_due_in(
     return due
 
 
+def _checkpoints(r: db.Record) -> dict[str, int]:
+    """A claimed campaign's checkpoints: ordered projector -> applied_seq (missing: 0)."""
+    return dict(zip(r["projectors"] or (), r["applied_seqs"] or (), strict=True))
+
+
 def _campaigns(records: Sequence[db.Record], *, ordered: bool) -> list[ClaimedCampaign]:
     """A claim's records as campaigns, each with its rows (decoded in bulk)."""
     rows = iter(_claimed_rows([r for r in records if r["seq"] is not None]))
     claimed: list[ClaimedCampaign] = []
     for r in records:
         if not claimed or claimed[-1].campaign_id != r["campaign_id"]:
-            checkpoints = dict(zip(r["projectors"] or (), r["applied_seqs"] or (), strict=True))
             claimed.append(
                 ClaimedCampaign(
                     r["campaign_id"],
                     [],
                     r["first_seq"],
                     r["last_seq"],
-                    checkpoints,
+                    _checkpoints(r),
                     parse_holds(r["holds"]),
                 )
             )

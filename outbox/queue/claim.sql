@@ -27,8 +27,8 @@ FROM @extschema@.outbox_claim($1::integer, $2::integer, $3::integer, $4::text[],
 
 -- name: claim_holds
 -- A worker group's claim (S35): up to $2 due holds of its projectors ($1), with their
--- campaigns' checkpoints of them locked; $3 = now. Columns as `claim_batch` (no work rows).
-SELECT *
+-- campaigns' checkpoints of them locked; $3 = now. Each campaign's checkpoints and holds.
+SELECT campaign_id, projectors, applied_seqs, holds
 FROM @extschema@.outbox_claim_holds($1::text[], $2::integer, $3::timestamptz)
 
 -- name: get_group_due

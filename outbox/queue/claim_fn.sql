@@ -235,34 +235,15 @@ $$;
 -- (`p_projectors`, each ordered), oldest due first per projector, skipping holds other
 -- batches hold (the hold is the group's unit of work, as a campaign is the default group's),
 -- then, in a statement after those locks, the checkpoints of those projectors on the holds'
--- campaigns, locked in a fixed order (`outbox_lock_checkpoints`). In `outbox_claim`'s columns,
--- one row per campaign with no work row (a group's projectors go on from their checkpoints
--- through the journal), its holds the claimed ones (as JSON, each due).
+-- campaigns, locked in a fixed order (`outbox_lock_checkpoints`). One row per campaign: the
+-- checkpoints (as `outbox_claim` returns them) and the claimed holds (as JSON, each due); no
+-- work row (a group's projectors go on from their checkpoints through the journal).
 CREATE OR REPLACE FUNCTION outbox_claim_holds(
     p_projectors text[],
     p_limit integer,
     p_now timestamptz DEFAULT NULL
 )
-RETURNS TABLE (
-    campaign_id text,
-    due boolean,
-    first_seq bigint,
-    last_seq bigint,
-    projectors text[],
-    applied_seqs bigint[],
-    holds text,
-    seq bigint,
-    status text,
-    attempt_count integer,
-    next_attempt_at timestamptz,
-    lease_owner text,
-    claim_epoch bigint,
-    event_type text,
-    payload text,
-    metadata text,
-    recorded_at timestamptz,
-    version integer
-)
+RETURNS TABLE (campaign_id text, projectors text[], applied_seqs bigint[], holds text)
 LANGUAGE plpgsql VOLATILE
 SET search_path FROM CURRENT
 SET enable_seqscan = off
@@ -298,10 +279,7 @@ BEGIN
         RETURN;
     END IF;
     RETURN QUERY
-    SELECT t.campaign_id, NULL::boolean, NULL::bigint, NULL::bigint, k.projectors,
-           k.applied_seqs, hd.holds, NULL::bigint, NULL::text, NULL::integer,
-           NULL::timestamptz, NULL::text, NULL::bigint, NULL::text, NULL::text, NULL::text,
-           NULL::timestamptz, NULL::integer
+    SELECT t.campaign_id, k.projectors, k.applied_seqs, hd.holds
     FROM unnest(ids) AS t(campaign_id)
     CROSS JOIN LATERAL (
         SELECT jsonb_agg(c.value - 'campaign_id' ORDER BY c.value ->> 'projector')::text AS holds

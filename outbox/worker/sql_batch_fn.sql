@@ -293,6 +293,7 @@ DECLARE
         WHERE p ->> 'start' = 'now');
     held jsonb;
     read jsonb;
+    tally jsonb;
     p jsonb;
     given_campaigns text[];
     given_seqs bigint[];
@@ -331,7 +332,7 @@ BEGIN
         -- What each hold owes: the journal after `at`, at most p_budget events, by key.
         SELECT coalesce(jsonb_agg(jsonb_build_object(
                    'campaign_id', h.campaign_id, 'projector', h.projector, 'seq', e.seq,
-                   'type', e.event_type, 'at', h.at) ORDER BY h.campaign_id, e.seq), '[]')
+                   'type', e.event_type) ORDER BY h.campaign_id, e.seq), '[]')
         INTO read
         FROM jsonb_to_recordset(held) AS h(campaign_id text, projector text, at bigint)
         CROSS JOIN LATERAL (
@@ -341,12 +342,22 @@ BEGIN
             ORDER BY e.seq
             LIMIT p_budget
         ) e;
-        IF EXISTS (  -- a gap: CheckpointGap is the worker's to record
-            SELECT 1 FROM jsonb_to_recordset(read)
-                AS r(campaign_id text, projector text, seq bigint, at bigint)
-            GROUP BY r.campaign_id, r.projector, r.at
-            HAVING max(r.seq) - r.at <> count(*)
-        ) THEN
+        -- Per hold, once: the checkpoint it leaves (each passes every event read, S17), how
+        -- many events it read (fewer than the budget: it reached the campaign's end), and
+        -- whether they skip a seq (a gap: CheckpointGap is the worker's to record).
+        SELECT coalesce(jsonb_agg(jsonb_build_object(
+                   'campaign_id', h.campaign_id, 'projector', h.projector, 'cp', h.cp,
+                   'upto', greatest(h.at, r.last), 'n', coalesce(r.n, 0),
+                   'gap', coalesce(r.last - h.at <> r.n, false))), '[]')
+        INTO tally
+        FROM jsonb_to_recordset(held)
+            AS h(campaign_id text, projector text, cp bigint, at bigint)
+        LEFT JOIN (
+            SELECT r.campaign_id, r.projector, max(r.seq) AS last, count(*) AS n
+            FROM jsonb_to_recordset(read) AS r(campaign_id text, projector text, seq bigint)
+            GROUP BY r.campaign_id, r.projector
+        ) r USING (campaign_id, projector);
+        IF tally @? '$[*] ? (@.gap == true)' THEN
             RAISE EXCEPTION 'a gap in the journal: the worker''s own path' USING ERRCODE = 'OB901';
         END IF;
         FOR p IN SELECT x FROM jsonb_array_elements(p_plan -> 'projectors') x LOOP
@@ -371,62 +382,37 @@ BEGIN
         FROM outbox_settle(-1, jsonb_build_object(
             'done', '[]'::jsonb, 'failed', '[]'::jsonb, 'touched', '[]'::jsonb,
             'campaigns', '[]'::jsonb,
-            -- Each checkpoint passes every event read (S17), in lock order.
-            'checkpoints', (
+            'checkpoints', (  -- in lock order
                 SELECT coalesce(jsonb_agg(jsonb_build_object(
                            'campaign_id', t.campaign_id, 'projector', t.projector,
                            'applied_seq', t.upto)
                            ORDER BY t.campaign_id COLLATE "C", t.projector COLLATE "C"), '[]')
-                FROM (
-                    SELECT h.campaign_id, h.projector, h.cp,
-                           greatest(h.at, max(r.seq)) AS upto
-                    FROM jsonb_to_recordset(held)
-                        AS h(campaign_id text, projector text, cp bigint, at bigint)
-                    LEFT JOIN jsonb_to_recordset(read)
-                        AS r(campaign_id text, projector text, seq bigint)
-                        USING (campaign_id, projector)
-                    GROUP BY h.campaign_id, h.projector, h.cp, h.at
-                ) t
+                FROM jsonb_to_recordset(tally)
+                    AS t(campaign_id text, projector text, cp bigint, upto bigint)
                 WHERE t.cp IS DISTINCT FROM t.upto),
-            -- A hold whose projector read fewer than the budget reached the end: released
-            -- with the checkpoint it left; the others stay, due now.
+            -- A hold that reached the campaign's end is released with the checkpoint it left;
+            -- the others stay, due now.
             'released', (
                 SELECT coalesce(jsonb_agg(jsonb_build_object(
                            'campaign_id', t.campaign_id, 'projector', t.projector, 'seq', 0,
                            'upto', t.upto)), '[]')
-                FROM (
-                    SELECT h.campaign_id, h.projector, greatest(h.at, max(r.seq)) AS upto,
-                           count(r.seq) AS n
-                    FROM jsonb_to_recordset(held)
-                        AS h(campaign_id text, projector text, at bigint)
-                    LEFT JOIN jsonb_to_recordset(read)
-                        AS r(campaign_id text, projector text, seq bigint)
-                        USING (campaign_id, projector)
-                    GROUP BY h.campaign_id, h.projector, h.at
-                ) t
+                FROM jsonb_to_recordset(tally)
+                    AS t(campaign_id text, projector text, upto bigint, n integer)
                 WHERE t.n < p_budget),
             'holds', (
                 SELECT coalesce(jsonb_agg(jsonb_build_object(
                            'campaign_id', t.campaign_id, 'projector', t.projector, 'seq', 0,
                            'status', 'pending', 'attempts', 0, 'delay', 0.0)), '[]')
-                FROM (
-                    SELECT r.campaign_id, r.projector
-                    FROM jsonb_to_recordset(read)
-                        AS r(campaign_id text, projector text, seq bigint)
-                    GROUP BY r.campaign_id, r.projector
-                    HAVING count(*) >= p_budget
-                ) t),
+                FROM jsonb_to_recordset(tally)
+                    AS t(campaign_id text, projector text, n integer)
+                WHERE t.n >= p_budget),
             'projectors', p_plan -> 'known', 'group', p_plan -> 'group', 'now', p_plan -> 'now',
             'notify', false)) s;
         claimed := jsonb_array_length(held);
         campaigns := (SELECT count(DISTINCT h.value ->> 'campaign_id')
                       FROM jsonb_array_elements(held) AS h(value));
-        due := settled.due + (
-            SELECT count(*) FROM (
-                SELECT 1 FROM jsonb_to_recordset(read)
-                    AS r(campaign_id text, projector text, seq bigint)
-                GROUP BY r.campaign_id, r.projector
-                HAVING count(*) >= p_budget) x);
+        due := settled.due + jsonb_array_length(jsonb_path_query_array(
+            tally, '$[*] ? (@.n >= $budget)', jsonb_build_object('budget', p_budget)));
         handled := true;
     EXCEPTION WHEN OTHERS THEN
         handled := false;
