@@ -2870,6 +2870,8 @@ CREATE INDEX append_idempotency_keys_expires_at_idx ON outbox.append_idempotency
 
 CREATE INDEX consumer_claims_bucket_idx ON outbox.consumer_claims USING btree (bucket);
 
+CREATE INDEX event_journal_type_idx ON outbox.event_journal USING btree (bucket, event_type, campaign_id, seq);
+
 CREATE INDEX outbox_projectors_grouped_idx ON outbox.outbox_projectors USING btree (projector) WHERE (group_name <> 'default'::text);
 
 CREATE INDEX outbox_requeue_audit_at_idx ON outbox.outbox_requeue_audit USING btree (at);
@@ -2910,7 +2912,7 @@ CREATE INDEX projection_apply_outbox_2_bucket_campaign_id_seq_status_idx ON outb
 
 CREATE INDEX projection_apply_outbox_2_bucket_next_attempt_at_seq_idx ON outbox.projection_apply_outbox_2 USING btree (bucket, next_attempt_at, seq) WHERE (status = ANY (ARRAY['pending'::text, 'failed'::text]));
 
-CREATE INDEX projection_checkpoint_keys_projector_idx ON outbox.projection_checkpoint_keys USING btree (projector);
+CREATE INDEX projection_checkpoint_keys_projector_key_idx ON outbox.projection_checkpoint_keys USING btree (projector, bucket, campaign_id);
 
 CREATE INDEX projection_holds_due_idx ON outbox.projection_holds USING btree (projector, next_attempt_at) WHERE (status <> 'dead'::text);
 

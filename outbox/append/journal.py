@@ -9,7 +9,7 @@ runs projectors.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Collection, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -28,6 +28,7 @@ __all__ = [
     "Decoded",
     "JournalEntry",
     "batch_of",
+    "count_typed",
     "decode_bulk",
     "decode_event",
     "decode_record",
@@ -45,6 +46,8 @@ class JournalQueries(Queries):
     get_campaign_head: str
     load_events: str
     load_ranges: str
+    load_typed_ranges: str
+    count_typed_ranges: str
     list_campaigns: str
     load_rebuild_events: str
     prune_append_keys: str
@@ -156,19 +159,50 @@ async def load_events(
 
 
 async def load_ranges(
-    conn: Connection, ranges: Sequence[tuple[str, int, int]], *, bucket: int | None = None
+    conn: Connection,
+    ranges: Sequence[tuple[str, int, int]],
+    *,
+    bucket: int | None = None,
+    types: Collection[str] | None = None,
 ) -> list[db.Record]:
     """The journal rows of each (campaign_id, first, last) range, in campaign and seq order
     (columns as `decode_record` reads them), one statement per bucket: `bucket` when the caller
-    knows every campaign is in it, else each campaign's."""
-    parts = await buckets.grouped(conn, ranges, lambda r: r[0], bucket=bucket, span=True)
+    knows every campaign is in it, else each campaign's. `types`: only the events of those
+    types, read by the journal's type index (a projector's own)."""
     rows: list[db.Record] = []
-    for part_bucket, part in parts.items():
-        cids, firsts, lasts = (list(column) for column in zip(*part, strict=True))
-        rows.extend(await conn.fetch(Q.load_ranges, part_bucket, cids, firsts, lasts))
+    parts = await _by_bucket(conn, ranges, bucket)
+    for part_bucket, args in parts:
+        if types is None:
+            rows.extend(await conn.fetch(Q.load_ranges, part_bucket, *args))
+        else:
+            rows.extend(await conn.fetch(Q.load_typed_ranges, part_bucket, *args, sorted(types)))
     if len(parts) > 1:
         rows.sort(key=lambda r: (r["campaign_id"], r["seq"]))
     return rows
+
+
+async def count_typed(
+    conn: Connection, ranges: Sequence[tuple[str, int, int]], types: Collection[str], *, bucket: int
+) -> dict[str, int]:
+    """How many events of `types` each (campaign_id, first, last) range holds (all in
+    `bucket`), from the type index alone: a campaign with none is left out."""
+    counts: dict[str, int] = {}
+    for part_bucket, args in await _by_bucket(conn, ranges, bucket):
+        for r in await conn.fetch(Q.count_typed_ranges, part_bucket, *args, sorted(types)):
+            counts[r["campaign_id"]] = r["events"]
+    return counts
+
+
+async def _by_bucket(
+    conn: Connection, ranges: Sequence[tuple[str, int, int]], bucket: int | None
+) -> list[tuple[int, tuple[list[str], list[int], list[int]]]]:
+    """`ranges` as the range statements take them, one group per bucket (see `load_ranges`)."""
+    parts = await buckets.grouped(conn, ranges, lambda r: r[0], bucket=bucket, span=True)
+    grouped = []
+    for part_bucket, part in parts.items():
+        cids, firsts, lasts = (list(column) for column in zip(*part, strict=True))
+        grouped.append((part_bucket, (cids, firsts, lasts)))
+    return grouped
 
 
 async def rebuild_events(

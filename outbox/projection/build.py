@@ -7,12 +7,14 @@ batch claiming one of them afterwards waits for the build's lock rather than rea
 missing; then each step locks, `FOR UPDATE SKIP LOCKED` and in the claim's order, the campaign
 rows of those that have one, then the keys (`outbox_build_step`: a campaign whose row or key a
 batch holds is skipped, never waited for: the batch heals the projector itself, S17, or leaves
-it a catch-up hold, S25), reads the journal from each checkpoint to the campaign's head, at
-most `EVENTS` events a transaction, runs the projector on them (a batch projector in one call,
-`replaying()` true), and moves the checkpoints in the same transaction. `connections` tasks
-take the buckets in turn, each bucket held by one build at a time (a session advisory lock per
-bucket), and `max_rate` caps the events applied per second over all. One build of a
-projector runs at a time (its lock on the whole); the workers run it too (`worker.catch_ups`).
+it a catch-up hold, S25), reads the projector's events from each checkpoint to the campaign's
+head by the journal's type index, at most `EVENTS` of them a transaction (`span`: the
+positions a step spans follow the projector's share of the journal), runs the projector on
+them (a batch projector in one call, `replaying()` true), and moves the checkpoints in the
+same transaction. `connections` tasks take the buckets in turn, each bucket held by one build
+at a time (a session advisory lock per bucket), and `max_rate` caps the events applied per
+second over all. One build of a projector runs at a time (its lock on the whole); the workers
+run it too (`worker.catch_ups`).
 
 In place (`projections-rebuild`, the repair, S19), each campaign is first reset (the
 projector's reset hook) and re-applied from its first event, in the same transaction as its
@@ -33,13 +35,13 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import anyio
 
 from outbox import db
-from outbox.append.journal import batch_of, decode_bulk, load_ranges
+from outbox.append.journal import batch_of, count_typed, decode_bulk, load_ranges
 from outbox.buckets import bucket_count
 from outbox.errors import ConfigError, Conflict
 from outbox.projection.builds import (
@@ -61,6 +63,7 @@ from outbox.projection.known import check_recorded
 from outbox.projection.pace import LivePace
 from outbox.projection.redeliver import redeliver
 from outbox.projection.registry import Projector
+from outbox.projection.span import Count, Range, Span, plan, trim
 from outbox.queries import Queries
 from outbox.queue.settle import settle
 from outbox.retry import leaves
@@ -76,7 +79,7 @@ __all__ = [
     "planned",
 ]
 
-# Campaigns one step looks at, and journal events one step applies at most.
+# Campaigns one step looks at, and the projector's events one step applies at most.
 CAMPAIGNS = 500
 EVENTS = 5000
 # A build's connections unless told: two, which on a small server leaves the live workers
@@ -95,6 +98,7 @@ WAIT_FOR_BATCH = 0.02
 
 class BuildQueries(Queries):
     create_build_keys: str
+    set_step_plans: str
     lock_build_step: str
     lock_build_bucket: str
     hold_failed_campaigns: str
@@ -168,6 +172,7 @@ class _Walk:
     kind: Kind
     pace: LivePace = field(default_factory=LivePace)
     leave_queued: bool = False  # campaigns with work rows left to the workers' claim
+    span: Span = field(default_factory=lambda: Span(EVENTS))  # positions a step spans
     _started: float = field(default_factory=time.monotonic)
 
     def report(self) -> None:
@@ -265,40 +270,29 @@ class _Walk:
         campaigns = await conn.fetchval(Q.create_build_keys, name, bucket, step.after, CAMPAIGNS)
         if not campaigns:
             return False
-        step.waiting, got = False, Part()
+        got = Part()
         looked, queued = campaigns, set[str]()
         if self.leave_queued:  # left to the workers' claim
             queued = {r[0] for r in await conn.fetch(Q.list_queued_campaigns, bucket, campaigns)}
             campaigns = [c for c in looked if c not in queued]
         async with conn.transaction():
+            await conn.execute(Q.set_step_plans)
             rows = await conn.fetch(Q.lock_build_step, name, bucket, campaigns) if campaigns else []
-            ranges: list[Range] = []
-            cursor, budget = looked[-1], EVENTS
-            for i, r in enumerate(rows):
-                campaign = r["campaign_id"]
-                fresh = self.kind == "in-place" and (part.after is None or campaign > part.after)
-                before = rows[i - 1]["campaign_id"] if i else step.after
-                if not r["locked"]:
-                    if fresh:  # reset every campaign: wait for the batch that holds this one
-                        cursor, step.waiting = before, True
-                        break
-                    got.skipped += 1
-                    continue
-                applied, head = (0 if fresh else r["applied_seq"]), r["last_seq"] or 0
-                if applied >= head and not fresh:
-                    continue
-                last = min(head, applied + budget)
-                ranges.append((campaign, applied + 1, last, last == head, fresh))
-                budget -= last - applied
-                if budget <= 0:
-                    # Cut here: a campaign cut short and those after it are looked at again.
-                    cursor = campaign if last == head else before
-                    break
+            in_place = self.kind == "in-place"
+            p = plan(rows, in_place=in_place, reset_after=part.after, span=self.span.positions)
+            if p.positions() > EVENTS:  # wider than the budget: counted in its events
+                await trim(p, self._counter(conn, bucket), EVENTS)
+            cursor = looked[-1]
+            if p.stop is not None:
+                cursor = rows[p.stop - 1]["campaign_id"] if p.stop else step.after
+            step.waiting, got.skipped = p.waiting, len(p.skipped)
             # The campaigns left to the workers up to where the next step looks again.
             upto = looked.index(cursor) + 1 if cursor in looked else 0
             got.skipped += sum(c in queued for c in looked[:upto])
+            ranges = p.ranges
             if ranges:
                 await self.isolated(conn, bucket, ranges, got)
+                self.span.found(p.positions(), got.events, EVENTS)
             if got.failing and self.kind == "catch-up":
                 # Left where its checkpoint stands: the workers' holds count its attempts.
                 await conn.fetchval(
@@ -311,6 +305,15 @@ class _Walk:
         self.state.count(got)  # committed: counted in the progress
         step.after, step.applied = cursor, got.events
         return True
+
+    def _counter(self, conn: db.Connection, bucket: int) -> Count:
+        """How many of the projector's events each range holds (`trim`)."""
+        types = self.projector.events
+
+        async def count(ranges: Sequence[Range]) -> dict[str, int]:
+            return await count_typed(conn, [r[:3] for r in ranges], types, bucket=bucket)
+
+        return count
 
     async def redeliver(self, conn: db.Connection, step: _Step) -> bool:
         """One step of a lease-mode projector's replay (`redeliver`): whether the bucket has
@@ -356,10 +359,12 @@ class _Walk:
         for campaign, _, _, _, fresh in ranges:
             if fresh:
                 await projector.reset_campaign(conn, campaign)
-        journal = await load_ranges(
-            conn, [(c, lo, hi) for c, lo, hi, _, _ in ranges if hi >= lo], bucket=bucket
+        rows = await load_ranges(
+            conn,
+            [(c, lo, hi) for c, lo, hi, _, _ in ranges if hi >= lo],
+            bucket=bucket,
+            types=projector.events,
         )
-        rows = [r for r in journal if r["event_type"] in projector.events]
         decoded = decode_bulk(rows)
         payloads, metadata = decoded.payloads, decoded.metadata
         ends = {c: (lo, hi, whole) for c, lo, hi, whole, _ in ranges}
@@ -393,8 +398,3 @@ class _Step:
     part: Part
     waiting: bool = False
     applied: int = 0  # the projector's events the last step applied (a replay: capped itself)
-
-
-# A journal range a step applies: (campaign, first seq, last seq, whether that is the head,
-# whether an in-place rebuild resets the campaign first).
-Range = tuple[str, int, int, bool, bool]

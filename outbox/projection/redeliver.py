@@ -51,11 +51,7 @@ async def redeliver(
             break
     if not ranges:
         return None
-    rows = [
-        r
-        for r in await load_ranges(conn, ranges, bucket=bucket)
-        if r["event_type"] in projector.events
-    ]
+    rows = await load_ranges(conn, ranges, bucket=bucket, types=projector.events)
     await throttle.take(len(rows))  # the cap counts the projector's events, as the progress
     decoded, cut, keep = decode_bulk(rows), set[str](), list[int]()
     for i, r in enumerate(rows):  # up to an event that cannot be decoded (S8)
