@@ -35,7 +35,7 @@ test-faults: $(STAMP) ## Run the fault tier: real faults against worker processe
 CITUS_CORE := $(patsubst %,tests/integration/test_%.py,append append_keys worker batch_apply \
 	lease dedup repair discard reconcile projectors heal known_projectors tracks failure_reports modes \
 	pauses queries_prepare catch_up checkpoint_moves append_heads plans versions build \
-	rebuild_engine sql_projectors definitions event_versions)
+	rebuild_engine sql_projectors definitions event_versions sparse_types)
 test-citus: $(STAMP) ## Run the Citus tier (~17 min): Citus found, or built from CITUS_SRC
 	@bindir="$$($(PY) -c 'from outbox.testing.localpg import find_bindir; print(find_bindir())')"; \
 	rc=0; bash tests/citus/ensure-citus.sh "$$bindir" || rc=$$?; \
