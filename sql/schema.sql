@@ -2254,6 +2254,45 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION outbox.outbox_typed_counts(p_bucket integer, p_campaigns text[], p_firsts bigint[], p_lasts bigint[], p_types text[]) RETURNS TABLE(campaign_id text, events bigint)
+    LANGUAGE plpgsql STABLE
+    SET search_path TO 'outbox', 'pg_temp'
+    SET plan_cache_mode TO 'force_custom_plan'
+    SET jit TO 'off'
+    AS $$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+    SELECT j.campaign_id, count(*)
+    FROM unnest(p_campaigns, p_firsts, p_lasts) AS r(campaign_id, lo, hi)
+    JOIN event_journal j
+        ON j.bucket = outbox_bucket_in(p_bucket, r.campaign_id)
+       AND j.event_type = ANY (p_types)
+       AND j.campaign_id = r.campaign_id AND j.seq BETWEEN r.lo AND r.hi
+    GROUP BY j.campaign_id;
+END
+$$;
+
+CREATE FUNCTION outbox.outbox_typed_events(p_bucket integer, p_campaigns text[], p_firsts bigint[], p_lasts bigint[], p_types text[]) RETURNS TABLE(campaign_id text, seq bigint, event_type text, payload text, metadata text, recorded_at timestamp with time zone, version integer)
+    LANGUAGE plpgsql STABLE
+    SET search_path TO 'outbox', 'pg_temp'
+    SET plan_cache_mode TO 'force_custom_plan'
+    SET jit TO 'off'
+    AS $$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+    SELECT j.campaign_id, j.seq, j.event_type, j.payload::text, j.metadata::text, j.recorded_at,
+           j.version
+    FROM unnest(p_campaigns, p_firsts, p_lasts) AS r(campaign_id, lo, hi)
+    JOIN event_journal j
+        ON j.bucket = outbox_bucket_in(p_bucket, r.campaign_id)
+       AND j.event_type = ANY (p_types)
+       AND j.campaign_id = r.campaign_id AND j.seq BETWEEN r.lo AND r.hi
+    ORDER BY j.campaign_id, j.seq;
+END
+$$;
+
 CREATE FUNCTION outbox.outbox_upcast_events(p_events jsonb, p_upcasters jsonb) RETURNS jsonb
     LANGUAGE plpgsql
     SET search_path TO 'outbox', 'pg_temp'

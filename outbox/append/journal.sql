@@ -29,26 +29,18 @@ ORDER BY j.campaign_id, j.seq
 
 -- name: load_typed_ranges
 -- `load_ranges` of the events of types $5 alone, read by the journal's type index: what a
--- projector of those types applies of the ranges, however few of their positions they are.
-SELECT j.campaign_id, j.seq, j.event_type, j.payload::text AS payload,
-       j.metadata::text AS metadata, j.recorded_at, j.version
-FROM unnest($2::text[], $3::bigint[], $4::bigint[]) AS r(campaign_id, lo, hi)
-JOIN @extschema@.event_journal j
-    ON j.bucket = @extschema@.outbox_bucket_in($1::integer, r.campaign_id)
-   AND j.event_type = ANY ($5::text[])
-   AND j.campaign_id = r.campaign_id AND j.seq BETWEEN r.lo AND r.hi
-ORDER BY j.campaign_id, j.seq
+-- projector of those types applies of the ranges, however few of their positions they are
+-- (outbox_typed_events).
+SELECT campaign_id, seq, event_type, payload, metadata, recorded_at, version
+FROM @extschema@.outbox_typed_events($1::integer, $2::text[], $3::bigint[], $4::bigint[],
+                                     $5::text[])
 
 -- name: count_typed_ranges
 -- How many events of types $5 each range of `load_typed_ranges` holds (a campaign with none
--- left out), from the type index alone.
-SELECT j.campaign_id, count(*) AS events
-FROM unnest($2::text[], $3::bigint[], $4::bigint[]) AS r(campaign_id, lo, hi)
-JOIN @extschema@.event_journal j
-    ON j.bucket = @extschema@.outbox_bucket_in($1::integer, r.campaign_id)
-   AND j.event_type = ANY ($5::text[])
-   AND j.campaign_id = r.campaign_id AND j.seq BETWEEN r.lo AND r.hi
-GROUP BY j.campaign_id
+-- left out), from the type index alone (outbox_typed_counts).
+SELECT campaign_id, events
+FROM @extschema@.outbox_typed_counts($1::integer, $2::text[], $3::bigint[], $4::bigint[],
+                                     $5::text[])
 
 -- name: list_campaigns
 -- Campaigns with events, one ($1, in bucket $2) or all, in id order.

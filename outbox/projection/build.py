@@ -98,7 +98,6 @@ WAIT_FOR_BATCH = 0.02
 
 class BuildQueries(Queries):
     create_build_keys: str
-    set_step_plans: str
     lock_build_step: str
     lock_build_bucket: str
     hold_failed_campaigns: str
@@ -276,7 +275,6 @@ class _Walk:
             queued = {r[0] for r in await conn.fetch(Q.list_queued_campaigns, bucket, campaigns)}
             campaigns = [c for c in looked if c not in queued]
         async with conn.transaction():
-            await conn.execute(Q.set_step_plans)
             rows = await conn.fetch(Q.lock_build_step, name, bucket, campaigns) if campaigns else []
             in_place = self.kind == "in-place"
             p = plan(rows, in_place=in_place, reset_after=part.after, span=self.span.positions)

@@ -5,12 +5,6 @@
 -- checkpoint keys made (outbox_build_keys): run alone, committed before the step.
 SELECT @extschema@.outbox_build_keys($1::text, $2::integer, $3::text, $4::integer)
 
--- name: set_step_plans
--- A step's statements planned for their arguments, for the rest of its transaction: the read
--- of a projector's events goes by the journal's type index only when its plan knows how few
--- of the journal's events its types are (a generic plan reads every position by the key).
-SELECT set_config('plan_cache_mode', 'force_custom_plan', true)
-
 -- name: lock_build_step
 -- One step of projector $1's build in bucket $2 over campaigns $3 (outbox_build_step): each
 -- campaign, whether the build holds its checkpoint now, its checkpoint and its head.

@@ -14,7 +14,6 @@ from helpers import sums
 from outbox import Event, Settings, append, db
 from outbox.append.journal import Q
 from outbox.projection.app import Outbox
-from outbox.projection.build import Q as BuildQ
 from outbox.projection.build import build
 from outbox.testing.localcitus import CitusCluster
 
@@ -72,12 +71,29 @@ async def test_the_engine_reads_a_projectors_events_by_the_type_index(
     await pool.execute("ANALYZE outbox.event_journal")  # analyzed while empty
     await journal_of(pool, settings, random.Random(61))
     bucket = await pool.fetchval("SELECT outbox.outbox_bucket('a-sparse')")
-    args = f"({bucket}, ARRAY['a-sparse'], ARRAY[1::bigint], ARRAY[400::bigint], ARRAY['add'])"
-    async with pool.acquire() as conn, conn.transaction():
-        # As a long-lived session whose cached plans went generic; the step's plans are its own.
-        await conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
-        await conn.execute(BuildQ.set_step_plans)
-        for name, query in (("typed", Q.load_typed_ranges), ("counted", Q.count_typed_ranges)):
-            await conn.execute(f"PREPARE {name} AS {query}")
-            plan = "\n".join(r[0] for r in await conn.fetch(f"EXPLAIN EXECUTE {name}{args}"))
-            assert "event_journal_type_idx" in plan, plan
+    plans: list[str] = []
+
+    def heard(_: object, message: object) -> None:
+        plans.append(message.message)  # type: ignore[attr-defined]
+
+    async with pool.acquire() as conn:
+        conn.add_log_listener(heard)
+        # The plans of the statements inside the functions, as the server runs them, sent here.
+        await conn.execute("LOAD 'auto_explain'")
+        await conn.execute(AUTO_EXPLAIN)
+        # A long-lived session whose cached plans went generic: the reads plan for their
+        # arguments all the same.
+        await conn.execute("SET plan_cache_mode = force_generic_plan")
+        for query in (Q.load_typed_ranges, Q.count_typed_ranges) * 7:
+            await conn.fetch(query, bucket, ["a-sparse"], [1], [400], ["add"])
+        conn.remove_log_listener(heard)
+    journal = [p for p in plans if "on event_journal" in p]
+    assert len(journal) == 14
+    assert all("event_journal_type_idx" in p for p in journal), journal[-1]
+
+
+AUTO_EXPLAIN = """
+SET auto_explain.log_min_duration = 0;
+SET auto_explain.log_nested_statements = on;
+SET auto_explain.log_level = notice
+"""
