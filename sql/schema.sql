@@ -2955,7 +2955,7 @@ CREATE INDEX projection_checkpoint_keys_projector_key_idx ON outbox.projection_c
 
 CREATE INDEX projection_holds_due_idx ON outbox.projection_holds USING btree (projector, next_attempt_at) WHERE (status <> 'dead'::text);
 
-CREATE INDEX projection_holds_projector_idx ON outbox.projection_holds USING btree (projector, status);
+CREATE INDEX projection_holds_projector_key_idx ON outbox.projection_holds USING btree (projector, bucket, campaign_id, seq) INCLUDE (status);
 
 ALTER INDEX outbox.projection_apply_campaigns_claim_idx ATTACH PARTITION outbox.projection_apply_campaigns_0_bucket_due_at_idx;
 
