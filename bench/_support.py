@@ -259,6 +259,13 @@ def decode_amounts(payloads: Sequence[str]) -> list[int]:
     return [orjson.loads(p)["amount"] for p in payloads]
 
 
+async def upsert_chunk(conn: asyncpg.Connection, upsert: str, rows: Sequence[Any]) -> None:
+    """A raw pass's chunk of journal rows (`campaign_id`, `payload` as text), decoded in one
+    call and sent as the set-wise `upsert` (UPSERT_MANY's arguments)."""
+    payloads = orjson.loads("[" + ",".join(r["payload"] for r in rows) + "]")
+    await conn.execute(upsert, [r["campaign_id"] for r in rows], [p["amount"] for p in payloads])
+
+
 # Commit -> visible of the events `visible` (`_apps.visible_app`) applied that were appended
 # in a window ($1, $2), by their commit timestamps (track_commit_timestamp).
 WINDOW_LATENCY = """

@@ -40,7 +40,14 @@ from pathlib import Path
 
 import asyncpg
 import orjson
-from _support import UPSERT_MANY, Producer, bench_database, print_json, window_latency
+from _support import (
+    UPSERT_MANY,
+    Producer,
+    bench_database,
+    print_json,
+    upsert_chunk,
+    window_latency,
+)
 from catch_up import LEVEL_VISIBLE, LOAD_HISTORY
 from latency import HERE, WORKER, start, stop, wait_until
 
@@ -108,10 +115,7 @@ async def raw_pass(conn: asyncpg.Connection) -> float:
             rows = await conn.fetch(RAW_CHUNK, *after)
             if not rows:
                 break
-            payloads = orjson.loads("[" + ",".join(r["payload"] for r in rows) + "]")
-            await conn.execute(
-                upsert, [r["campaign_id"] for r in rows], [p["amount"] for p in payloads]
-            )
+            await upsert_chunk(conn, upsert, rows)
         done += len(rows)
         last = rows[-1]
         after = (last["bucket"], last["campaign_id"], last["seq"])

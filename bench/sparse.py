@@ -25,8 +25,8 @@ import sys
 import time
 
 import asyncpg
-import orjson
-from _support import UPSERT_MANY, bench_database, print_json
+from _support import UPSERT_MANY, bench_database, print_json, upsert_chunk
+from catch_up import LOAD_HISTORY
 from held_snapshot import PROFILE, TOP
 
 from outbox import EventBatch, Outbox, Settings, db
@@ -34,20 +34,12 @@ from outbox.buckets import bucket_count
 from outbox.projection.build import build
 from outbox.projection.builds import Progress
 
-LOAD = """
-WITH heads AS (
-    INSERT INTO outbox.campaign_head_keys (bucket, campaign_id, last_seq)
-    SELECT outbox.outbox_bucket('s-' || c), 's-' || c, ($2::integer - c - 1) / $1::integer + 1
-    FROM generate_series(0, least($1::integer, $2::integer) - 1) c
+# catch_up.py's history, one event in $3 of each campaign's of the projector's type.
+LOAD = LOAD_HISTORY.replace(
+    "'bench.tick'",
+    "CASE WHEN (g / $1::integer) % $3::integer = (g % $1::integer) % $3::integer "
+    "THEN 'bench.rare' ELSE 'bench.tick' END",
 )
-INSERT INTO outbox.event_journal (bucket, campaign_id, seq, event_type, payload)
-SELECT outbox.outbox_bucket('s-' || (g % $1::integer)), 's-' || (g % $1::integer),
-       g / $1::integer + 1,
-       CASE WHEN (g / $1::integer) % $3::integer = (g % $1::integer) % $3::integer
-            THEN 'bench.rare' ELSE 'bench.tick' END,
-       jsonb_build_object('amount', g % 7)
-FROM generate_series(0, $2::integer - 1) g
-"""
 RAW_CHUNK_BY_INDEX = """
 SELECT bucket, campaign_id, seq, payload::text
 FROM outbox.event_journal
@@ -77,10 +69,7 @@ async def raw_pass(conn: asyncpg.Connection, buckets: int) -> float:
                 rows = await conn.fetch(RAW_CHUNK_BY_INDEX, bucket, *after)
                 if not rows:
                     break
-                payloads = orjson.loads("[" + ",".join(r["payload"] for r in rows) + "]")
-                await conn.execute(
-                    upsert, [r["campaign_id"] for r in rows], [p["amount"] for p in payloads]
-                )
+                await upsert_chunk(conn, upsert, rows)
             done += len(rows)
             after = (rows[-1]["campaign_id"], rows[-1]["seq"])
     return done / (time.perf_counter() - started)

@@ -283,7 +283,9 @@ class _Walk:
             cursor = looked[-1]
             if p.stop is not None:
                 cursor = rows[p.stop - 1]["campaign_id"] if p.stop else step.after
-            step.waiting, got.skipped = p.waiting, len(p.skipped)
+            # Those it could not lock before where it stopped (a waited-for one is at `stop`).
+            step.waiting = p.waiting
+            got.skipped = sum(not r["locked"] for r in rows[: p.stop])
             # The campaigns left to the workers up to where the next step looks again.
             upto = looked.index(cursor) + 1 if cursor in looked else 0
             got.skipped += sum(c in queued for c in looked[:upto])

@@ -38,13 +38,12 @@ Count = Callable[[Sequence[Range]], Awaitable[dict[str, int]]]
 class Plan:
     """A step's ranges, each with the index of its campaign's row (`at`); how many of the
     step's rows it is done with (`stop`: the next step looks after them; None: all it looked
-    at); the rows it could not lock before `stop` (`skipped`); whether it stopped to wait for a
-    batch that holds a campaign an in-place rebuild must reset (`waiting`)."""
+    at); whether it stopped to wait for a batch that holds a campaign an in-place rebuild must
+    reset (`waiting`)."""
 
     ranges: list[Range] = field(default_factory=list)
     at: list[int] = field(default_factory=list)
     stop: int | None = None
-    skipped: list[int] = field(default_factory=list)
     waiting: bool = False
 
     def positions(self) -> int:
@@ -64,8 +63,7 @@ def plan(rows: Sequence[db.Record], *, in_place: bool, reset_after: str | None, 
             if fresh:  # reset every campaign: wait for the batch that holds this one
                 p.stop, p.waiting = i, True
                 break
-            p.skipped.append(i)
-            continue
+            continue  # skipped: a batch holds it
         applied, head = (0 if fresh else r["applied_seq"]), r["last_seq"] or 0
         if applied >= head and not fresh:
             continue
@@ -101,7 +99,6 @@ async def trim(p: Plan, count: Count, events: int) -> None:
                 n = (await count([one])).get(campaign, 0)
             p.ranges[:] = [(campaign, lo, hi, False, fresh)]
             del p.at[1:]
-        p.skipped = [i for i in p.skipped if i < p.stop]
         return
 
 
